@@ -1,0 +1,107 @@
+/* spotctl: thin client of spotd and the store commands. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "spot-config.h"
+#include "spotctl.h"
+#include "util.h"
+
+static int cmd_help(int argc, char **argv);
+
+/* The command table. Each group lives in its own file. */
+static const struct spotctl_cmd commands[] = {
+    {"help", "[COMMAND]", "show help", cmd_help},
+};
+
+int
+spotctl_fail(const char *fmt, ...)
+{
+  va_list ap;
+
+  fputs("spotctl: ", stderr);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  return SPOTCTL_EXIT_FAIL;
+}
+
+int
+spotctl_usage(const char *fmt, ...)
+{
+  va_list ap;
+
+  fputs("spotctl: ", stderr);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputs("\nTry 'spotctl --help'.\n", stderr);
+  return SPOTCTL_EXIT_USAGE;
+}
+
+static void
+usage(FILE *f)
+{
+  fprintf(f, "Usage: spotctl COMMAND [ARGS...]\n\n"
+             "Talk to a running spotd, work on the checkpoint store, "
+             "relaunch a job.\n\nCommands:\n");
+  for (size_t i = 0; i < SPOT_ARRAY_SIZE(commands); i++)
+    fprintf(f, "  %-9s %-34s %s\n", commands[i].name, commands[i].args,
+            commands[i].summary);
+  fprintf(f, "\nEach command takes --help. Exit status: 0 success, 1 failure, "
+             "2 usage error.\n");
+}
+
+static const struct spotctl_cmd *
+find_cmd(const char *name)
+{
+  for (size_t i = 0; i < SPOT_ARRAY_SIZE(commands); i++)
+    if (strcmp(commands[i].name, name) == 0)
+      return &commands[i];
+  return NULL;
+}
+
+static int
+cmd_help(int argc, char **argv)
+{
+  if (argc > 1) {
+    const struct spotctl_cmd *c = find_cmd(argv[1]);
+    char help[] = "--help";
+    char *av[] = {argv[1], help, NULL};
+
+    if (c == NULL)
+      return spotctl_usage("unknown command '%s'", argv[1]);
+    if (c->run != cmd_help)
+      return c->run(2, av);
+  }
+  usage(stdout);
+  return SPOTCTL_EXIT_OK;
+}
+
+int
+main(int argc, char **argv)
+{
+  const struct spotctl_cmd *c;
+
+  spot_log_init("spotctl", SPOT_LOG_WARNING);
+  if (argc < 2) {
+    usage(stderr);
+    return SPOTCTL_EXIT_USAGE;
+  }
+  if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    usage(stdout);
+    return SPOTCTL_EXIT_OK;
+  }
+  if (strcmp(argv[1], "--version") == 0) {
+    printf("spotctl %s\n", SPOT_VERSION);
+    return SPOTCTL_EXIT_OK;
+  }
+  c = find_cmd(argv[1]);
+  if (c == NULL)
+    return spotctl_usage("unknown command '%s'", argv[1]);
+  return c->run(argc - 1, argv + 1);
+}

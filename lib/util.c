@@ -1,0 +1,239 @@
+#include "util.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+uint64_t
+spot_now_mono_ms(void)
+{
+  struct timespec ts;
+
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+int64_t
+spot_now_wall_ms(void)
+{
+  struct timespec ts;
+
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+size_t
+spot_strlcpy(char *dst, const char *src, size_t size)
+{
+  size_t n = strlen(src);
+
+  if (size > 0) {
+    size_t c = n < size - 1 ? n : size - 1;
+    memcpy(dst, src, c);
+    dst[c] = '\0';
+  }
+  return n;
+}
+
+int
+spot_parse_int64(const char *s, int64_t min, int64_t max, int64_t *out)
+{
+  char *end;
+  long long v;
+
+  if (s == NULL || *s == '\0')
+    return -EINVAL;
+  errno = 0;
+  v = strtoll(s, &end, 10);
+  if (errno == ERANGE)
+    return -ERANGE;
+  if (*end != '\0' || end == s)
+    return -EINVAL;
+  if (v < min || v > max)
+    return -ERANGE;
+  *out = v;
+  return 0;
+}
+
+int
+spot_parse_size(const char *s, uint64_t *out)
+{
+  char *end;
+  unsigned long long v;
+  uint64_t mult = 1;
+
+  if (s == NULL || *s < '0' || *s > '9')
+    return -EINVAL;
+  errno = 0;
+  v = strtoull(s, &end, 10);
+  if (errno == ERANGE)
+    return -ERANGE;
+  switch (*end) {
+  case '\0':
+    break;
+  case 'k':
+  case 'K':
+    mult = 1024;
+    end++;
+    break;
+  case 'm':
+  case 'M':
+    mult = 1024 * 1024;
+    end++;
+    break;
+  case 'g':
+  case 'G':
+    mult = 1024ull * 1024 * 1024;
+    end++;
+    break;
+  default:
+    return -EINVAL;
+  }
+  if (*end == 'i' || *end == 'B')
+    end += (*end == 'i' && end[1] == 'B') ? 2 : 1;
+  if (*end != '\0')
+    return -EINVAL;
+  if (v > UINT64_MAX / mult)
+    return -ERANGE;
+  *out = v * mult;
+  return 0;
+}
+
+static int
+digits(const char **p, int n, int *out)
+{
+  int v = 0;
+
+  for (int i = 0; i < n; i++) {
+    if ((*p)[i] < '0' || (*p)[i] > '9')
+      return -EINVAL;
+    v = v * 10 + ((*p)[i] - '0');
+  }
+  *p += n;
+  *out = v;
+  return 0;
+}
+
+/* Days since the epoch for a proleptic Gregorian date (Howard Hinnant's
+ * days_from_civil), so no timegm()/TZ dependence. */
+static int64_t
+days_from_civil(int y, int m, int d)
+{
+  int64_t era, yoe, doy, doe;
+
+  y -= m <= 2;
+  era = (y >= 0 ? y : y - 399) / 400;
+  yoe = y - era * 400;
+  doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+  doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + doe - 719468;
+}
+
+int
+spot_rfc3339_parse(const char *s, int64_t *out_ms)
+{
+  int y, mo, d, h, mi, sec, ms = 0, off = 0;
+  const char *p = s;
+  int64_t t;
+
+  if (s == NULL)
+    return -EINVAL;
+  if (digits(&p, 4, &y) || *p++ != '-' || digits(&p, 2, &mo) || *p++ != '-' ||
+      digits(&p, 2, &d) || (*p != 'T' && *p != 't' && *p != ' '))
+    return -EINVAL;
+  p++;
+  if (digits(&p, 2, &h) || *p++ != ':' || digits(&p, 2, &mi) || *p++ != ':' ||
+      digits(&p, 2, &sec))
+    return -EINVAL;
+  if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || sec > 60)
+    return -EINVAL;
+  if (*p == '.') {
+    int scale = 100;
+    p++;
+    if (*p < '0' || *p > '9')
+      return -EINVAL;
+    while (*p >= '0' && *p <= '9') {
+      ms += (*p - '0') * scale;
+      scale /= 10;
+      p++;
+    }
+  }
+  if (*p == 'Z' || *p == 'z') {
+    p++;
+  } else if (*p == '+' || *p == '-') {
+    int oh, om, sign = *p == '-' ? -1 : 1;
+    p++;
+    if (digits(&p, 2, &oh) || *p++ != ':' || digits(&p, 2, &om) || oh > 23 ||
+        om > 59)
+      return -EINVAL;
+    off = sign * (oh * 60 + om);
+  } else {
+    return -EINVAL;
+  }
+  if (*p != '\0')
+    return -EINVAL;
+  t = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + sec;
+  t -= (int64_t)off * 60;
+  *out_ms = t * 1000 + ms;
+  return 0;
+}
+
+int
+spot_rfc3339_format(int64_t ms, char *buf, size_t size)
+{
+  time_t t = (time_t)(ms >= 0 ? ms / 1000 : (ms - 999) / 1000);
+  struct tm tm;
+
+  if (gmtime_r(&t, &tm) == NULL)
+    return -EINVAL;
+  if (strftime(buf, size, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
+    return -ENOSPC;
+  return 0;
+}
+
+uint64_t
+spot_backoff_ms(unsigned attempt, uint64_t base_ms, uint64_t cap_ms,
+                uint32_t rnd)
+{
+  uint64_t hi = base_ms, lo;
+
+  for (unsigned i = 0; i < attempt && hi < cap_ms; i++)
+    hi *= 2;
+  if (hi > cap_ms)
+    hi = cap_ms;
+  lo = base_ms / 2;
+  if (lo > hi)
+    lo = hi;
+  return lo + (uint64_t)(((hi - lo) * (uint64_t)rnd) / UINT32_MAX);
+}
+
+uint32_t
+spot_random_u32(void)
+{
+  uint32_t v;
+
+  if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v))
+    v = (uint32_t)spot_now_mono_ms() * 2654435761u;
+  return v;
+}
+
+const char *
+spot_fmt_bytes(uint64_t n, char *buf, size_t size)
+{
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)n;
+  size_t u = 0;
+
+  while (v >= 1024.0 && u + 1 < SPOT_ARRAY_SIZE(units)) {
+    v /= 1024.0;
+    u++;
+  }
+  if (u == 0)
+    snprintf(buf, size, "%" PRIu64 " B", n);
+  else
+    snprintf(buf, size, "%.1f %s", v, units[u]);
+  return buf;
+}

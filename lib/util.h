@@ -1,0 +1,44 @@
+/* Small helpers shared by every module: time, backoff, strings. */
+#ifndef SPOT_UTIL_H
+#define SPOT_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#define SPOT_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define spot_container_of(ptr, type, member)                                   \
+  ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
+
+/* Monotonic milliseconds (CLOCK_MONOTONIC) and wall-clock milliseconds
+ * since the epoch. Deadlines are always kept on the monotonic clock. */
+uint64_t spot_now_mono_ms(void);
+int64_t spot_now_wall_ms(void);
+
+/* Copies at most size-1 bytes and terminates. Returns strlen(src), so a
+ * result >= size means truncation. */
+size_t spot_strlcpy(char *dst, const char *src, size_t size);
+
+/* Strict integer parsing: the whole string, base 10, within [min, max].
+ * Returns 0 or -EINVAL / -ERANGE; *out only set on success. */
+int spot_parse_int64(const char *s, int64_t min, int64_t max, int64_t *out);
+/* Sizes with an optional K/M/G suffix (powers of 1024), e.g. "8M". */
+int spot_parse_size(const char *s, uint64_t *out);
+
+/* RFC 3339 ("2026-12-02T10:13:50Z", fractions and +hh:mm offsets
+ * accepted) to milliseconds since the epoch. */
+int spot_rfc3339_parse(const char *s, int64_t *out_ms);
+/* Formats as "YYYY-MM-DDTHH:MM:SSZ" (UTC). buf needs 21 bytes. */
+int spot_rfc3339_format(int64_t ms, char *buf, size_t size);
+
+/* Exponential backoff with full jitter: a delay in [base/2, min(cap,
+ * base * 2^attempt)] milliseconds. rnd is a uniform 32-bit random value
+ * (pass spot_random_u32() in production, a fixed value in tests). */
+uint64_t spot_backoff_ms(unsigned attempt, uint64_t base_ms, uint64_t cap_ms,
+                         uint32_t rnd);
+uint32_t spot_random_u32(void);
+
+/* Human-readable byte counts ("1.5 GiB") into buf. */
+const char *spot_fmt_bytes(uint64_t n, char *buf, size_t size);
+
+#endif

@@ -1,0 +1,96 @@
+#include "cmocka-compat.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "util.h"
+
+static void
+test_rfc3339(void **state)
+{
+  int64_t ms;
+  char buf[32];
+
+  assert_int_equal(spot_rfc3339_parse("1970-01-01T00:00:00Z", &ms), 0);
+  assert_int_equal(ms, 0);
+  assert_int_equal(spot_rfc3339_parse("2026-12-02T10:13:50Z", &ms), 0);
+  assert_int_equal(ms, 1796206430000LL);
+  assert_int_equal(spot_rfc3339_parse("2026-12-02T10:13:50.250Z", &ms), 0);
+  assert_int_equal(ms, 1796206430250LL);
+  assert_int_equal(spot_rfc3339_parse("2026-12-02T11:13:50+01:00", &ms), 0);
+  assert_int_equal(ms, 1796206430000LL);
+  assert_int_equal(spot_rfc3339_parse("2000-02-29T00:00:00Z", &ms), 0);
+  assert_int_equal(ms, 951782400000LL);
+  assert_int_equal(spot_rfc3339_parse("2026-13-02T10:13:50Z", &ms), -EINVAL);
+  assert_int_equal(spot_rfc3339_parse("2026-12-02 10:13:50", &ms), -EINVAL);
+  assert_int_equal(spot_rfc3339_parse("2026-12-02T10:13:50Zjunk", &ms),
+                   -EINVAL);
+  assert_int_equal(spot_rfc3339_parse("", &ms), -EINVAL);
+  assert_int_equal(spot_rfc3339_format(1796206430250LL, buf, sizeof(buf)), 0);
+  assert_string_equal(buf, "2026-12-02T10:13:50Z");
+}
+
+static void
+test_parse_numbers(void **state)
+{
+  int64_t v;
+  uint64_t u;
+
+  assert_int_equal(spot_parse_int64("42", 0, 100, &v), 0);
+  assert_int_equal(v, 42);
+  assert_int_equal(spot_parse_int64("101", 0, 100, &v), -ERANGE);
+  assert_int_equal(spot_parse_int64("4x", 0, 100, &v), -EINVAL);
+  assert_int_equal(spot_parse_int64("", 0, 100, &v), -EINVAL);
+  assert_int_equal(spot_parse_size("8M", &u), 0);
+  assert_int_equal(u, 8u << 20);
+  assert_int_equal(spot_parse_size("16MiB", &u), 0);
+  assert_int_equal(u, 16u << 20);
+  assert_int_equal(spot_parse_size("1g", &u), 0);
+  assert_int_equal(u, 1u << 30);
+  assert_int_equal(spot_parse_size("512", &u), 0);
+  assert_int_equal(u, 512);
+  assert_int_equal(spot_parse_size("-1", &u), -EINVAL);
+  assert_int_equal(spot_parse_size("3X", &u), -EINVAL);
+}
+
+static void
+test_backoff_bounds(void **state)
+{
+  /* rnd = 0 gives the floor, rnd = max the ceiling, and the ceiling is
+   * capped. */
+  assert_int_equal(spot_backoff_ms(0, 100, 10000, 0), 50);
+  assert_int_equal(spot_backoff_ms(0, 100, 10000, UINT32_MAX), 100);
+  assert_int_equal(spot_backoff_ms(3, 100, 10000, UINT32_MAX), 800);
+  assert_int_equal(spot_backoff_ms(30, 100, 10000, UINT32_MAX), 10000);
+  for (unsigned a = 0; a < 40; a++) {
+    uint64_t d = spot_backoff_ms(a, 200, 5000, spot_random_u32());
+    assert_true(d >= 100 && d <= 5000);
+  }
+}
+
+static void
+test_strlcpy_and_bytes(void **state)
+{
+  char b[4];
+  char out[32];
+
+  assert_int_equal(spot_strlcpy(b, "abcdef", sizeof(b)), 6);
+  assert_string_equal(b, "abc");
+  assert_string_equal(spot_fmt_bytes(512, out, sizeof(out)), "512 B");
+  assert_string_equal(spot_fmt_bytes(1536, out, sizeof(out)), "1.5 KiB");
+  assert_string_equal(spot_fmt_bytes(3ull << 30, out, sizeof(out)),
+                      "3.0 GiB");
+}
+
+int
+main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_rfc3339),
+      cmocka_unit_test(test_parse_numbers),
+      cmocka_unit_test(test_backoff_bounds),
+      cmocka_unit_test(test_strlcpy_and_bytes),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

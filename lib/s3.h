@@ -1,0 +1,174 @@
+/* Async S3 client on libuv + libcurl (through http.h). SigV4 is signed by
+ * curl (CURLOPT_AWS_SIGV4); we write the canonical path and query
+ * ourselves and send x-amz-content-sha256 on every request (see
+ * shared/VERIFIED.md for why). Responses and errors are parsed with
+ * expat. Bodies come from caller buffers and go to caller sinks, so no
+ * object is ever held whole unless the caller asks for it.
+ *
+ * Callback contract: if a function taking a callback returns < 0, the
+ * callback never runs; otherwise it runs exactly once, from the loop, with
+ * res->err == -ECANCELED when the operation was cancelled. The result and
+ * everything it points to are borrowed for the duration of the callback. */
+#ifndef SPOT_S3_H
+#define SPOT_S3_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "http.h"
+
+struct spot_creds {
+  char *access_key;
+  char *secret_key;
+  char *session_token; /* NULL when none */
+  int64_t expires_ms;  /* wall clock, 0 = never */
+};
+
+/* Supplies credentials before each request (after a refresh when they are
+ * about to expire). Returns 0 and fills *out (borrowed until the next call),
+ * or a negative errno. Async refresh (IMDS) is the provider's business: it
+ * keeps the last good credentials and refreshes ahead of expiry. */
+struct spot_creds_provider {
+  int (*get)(struct spot_creds_provider *p, const struct spot_creds **out);
+  void *data;
+};
+
+struct spot_s3_config {
+  const char *endpoint; /* "http://127.0.0.1:7480" or "https://s3.eu-west-1.amazonaws.com" */
+  const char *region;   /* "us-east-1" */
+  bool path_style;      /* true for custom endpoints */
+  struct spot_creds_provider *creds;
+  unsigned max_retries;      /* default 5 when 0 */
+  uint64_t retry_base_ms;    /* default 200 when 0 */
+  uint64_t retry_cap_ms;     /* default 10000 when 0 */
+  long connect_timeout_ms;   /* default 5000 when 0 */
+  long low_speed_time_s;     /* abort when < low_speed_limit B/s this long; default 20 */
+  long low_speed_limit;      /* default 1024 */
+  long request_timeout_ms;   /* whole request; 0 = none (big parts on slow links) */
+};
+
+struct spot_s3;
+struct spot_s3_op; /* one operation in flight, for spot_s3_cancel() */
+
+struct spot_s3_part_info {
+  int number;
+  char etag[128];
+  uint64_t size;
+};
+
+struct spot_s3_object_info {
+  const char *key;
+  uint64_t size;
+  const char *etag;
+  const char *last_modified; /* as the server wrote it, ISO 8601 */
+};
+
+struct spot_s3_upload_info {
+  const char *key;
+  const char *upload_id;
+  const char *initiated;
+};
+
+struct spot_s3_result {
+  int err;              /* 0, or negative errno (-EIO network, -EACCES 403, -ENOENT 404, -EEXIST 412 on If-None-Match, -ECANCELED) */
+  long http_status;     /* 0 when no response */
+  const char *s3_code;  /* "NoSuchKey", "SignatureDoesNotMatch", ... or "" */
+  const char *message;  /* human text: S3 Message or curl's error, or "" */
+  unsigned retries;     /* attempts beyond the first */
+  /* Per operation: */
+  const char *etag;       /* put, part, complete, head, get ("" if none) */
+  uint64_t content_length;/* head, get */
+  const char *upload_id;  /* mpu_create */
+  /* list: one page */
+  const struct spot_s3_object_info *objects;
+  size_t n_objects;
+  const char *const *common_prefixes;
+  size_t n_common_prefixes;
+  const char *next_token; /* NULL when this was the last page */
+  /* list_parts */
+  const struct spot_s3_part_info *parts;
+  size_t n_parts;
+  /* list_uploads */
+  const struct spot_s3_upload_info *uploads;
+  size_t n_uploads;
+  /* delete_objects: keys the server refused to delete */
+  const char *const *failed_keys;
+  size_t n_failed_keys;
+};
+
+typedef void (*spot_s3_cb)(const struct spot_s3_result *res, void *data);
+/* GET body sink: return 0 to continue, negative errno to abort the
+ * transfer (the op then fails with that error, no retry). Called with
+ * offset relative to the start of the requested range. On a retry the
+ * sink is restarted: reset_cb (if set) is called first. */
+typedef int (*spot_s3_sink_cb)(const void *p, size_t n, uint64_t offset,
+                               void *data);
+
+/* Owns nothing of cfg's strings: they are copied. http must outlive s3. */
+int spot_s3_new(struct spot_http *http, const struct spot_s3_config *cfg,
+                struct spot_s3 **out);
+/* Cancels every operation in flight (callbacks run with -ECANCELED), then
+ * frees. Safe on NULL. */
+void spot_s3_free(struct spot_s3 *s3);
+void spot_s3_cancel(struct spot_s3_op *op);
+
+enum spot_s3_put_flags {
+  SPOT_S3_IF_NONE_MATCH = 1 << 0, /* If-None-Match: * (commit) */
+};
+
+/* data must stay valid until the callback. Payload is hashed (SHA-256)
+ * into x-amz-content-sha256 when len <= 64 KiB, else UNSIGNED-PAYLOAD. */
+int spot_s3_put(struct spot_s3 *s3, const char *bucket, const char *key,
+                const void *data, size_t len, unsigned flags, spot_s3_cb cb,
+                void *cbdata, struct spot_s3_op **op);
+/* Range [off, off+len); len == 0 means to the end. Exactly one of sink or
+ * into is used: into collects the body in a capped buffer. */
+int spot_s3_get(struct spot_s3 *s3, const char *bucket, const char *key,
+                uint64_t off, uint64_t len, spot_s3_sink_cb sink,
+                struct spot_buf *into, spot_s3_cb cb, void *cbdata,
+                struct spot_s3_op **op);
+int spot_s3_head(struct spot_s3 *s3, const char *bucket, const char *key,
+                 spot_s3_cb cb, void *cbdata, struct spot_s3_op **op);
+/* ListObjectsV2, one page (max_keys 0 = server default 1000). token is
+ * the previous result's next_token or NULL. delimiter may be NULL. */
+int spot_s3_list(struct spot_s3 *s3, const char *bucket, const char *prefix,
+                 const char *delimiter, const char *token, unsigned max_keys,
+                 spot_s3_cb cb, void *cbdata, struct spot_s3_op **op);
+/* DeleteObjects, at most 1000 keys. */
+int spot_s3_delete_objects(struct spot_s3 *s3, const char *bucket,
+                           const char *const *keys, size_t n, spot_s3_cb cb,
+                           void *cbdata, struct spot_s3_op **op);
+int spot_s3_mpu_create(struct spot_s3 *s3, const char *bucket, const char *key,
+                       spot_s3_cb cb, void *cbdata, struct spot_s3_op **op);
+int spot_s3_mpu_part(struct spot_s3 *s3, const char *bucket, const char *key,
+                     const char *upload_id, int part_number, const void *data,
+                     size_t len, spot_s3_cb cb, void *cbdata,
+                     struct spot_s3_op **op);
+int spot_s3_mpu_complete(struct spot_s3 *s3, const char *bucket,
+                         const char *key, const char *upload_id,
+                         const struct spot_s3_part_info *parts, size_t n,
+                         spot_s3_cb cb, void *cbdata, struct spot_s3_op **op);
+int spot_s3_mpu_abort(struct spot_s3 *s3, const char *bucket, const char *key,
+                      const char *upload_id, spot_s3_cb cb, void *cbdata,
+                      struct spot_s3_op **op);
+int spot_s3_mpu_list_parts(struct spot_s3 *s3, const char *bucket,
+                           const char *key, const char *upload_id,
+                           spot_s3_cb cb, void *cbdata,
+                           struct spot_s3_op **op);
+/* ListMultipartUploads under a prefix, one page of up to 1000. */
+int spot_s3_list_uploads(struct spot_s3 *s3, const char *bucket,
+                         const char *prefix, spot_s3_cb cb, void *cbdata,
+                         struct spot_s3_op **op);
+
+/* Helpers, pure: */
+/* Percent-encodes per SigV4 (unreserved A-Za-z0-9-._~ kept); '/' kept
+ * when keep_slash (object keys in paths). */
+int spot_s3_uri_encode(const char *in, bool keep_slash, struct spot_buf *out);
+/* One line describing a failed result for users:
+ * "PUT s3://b/k: 403 SignatureDoesNotMatch: The request signature ..." */
+const char *spot_s3_strerror(const struct spot_s3_result *res, char *buf,
+                             size_t size);
+
+#endif

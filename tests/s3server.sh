@@ -1,0 +1,485 @@
+#!/usr/bin/env bash
+# s3server.sh - a throwaway single-node Ceph RGW (S3) on loopback for tests.
+#
+#   tests/s3server.sh start DIR [PORT]      start; prints `export K=V` lines
+#   tests/s3server.sh stop DIR              stop by DIR's pid files, empty DIR
+#   tests/s3server.sh run DIR [PORT] -- CMD [ARGS...]
+#                                           start, run CMD with the env, stop;
+#                                           exits with CMD's status
+#
+# Everything (config, keyrings, mon store, OSD with bluestore on a sparse
+# file, sockets, logs, pid files) lives under DIR. One mon (msgr2 only, on a
+# free non-default port), one OSD, one radosgw on 127.0.0.1:PORT (default:
+# 7480 if free, else another free port). A user with fixed keys and the
+# bucket `spotd-test` are created. On success DIR/env holds KEY=VALUE lines:
+# SPOT_TEST_S3_ENDPOINT, SPOT_TEST_S3_BUCKET, AWS_ACCESS_KEY_ID,
+# AWS_SECRET_ACCESS_KEY, AWS_REGION and AWS_DEFAULT_REGION (RGW's default
+# zonegroup signs with any region name; us-east-1 is what clients default to).
+#
+# Daemons are only ever signalled through the pid files in DIR, and only if
+# their command line still names DIR/ceph.conf.
+#
+# Environment knobs:
+#   S3SERVER_BLOCK_SIZE    sparse bluestore file size (default 32G)
+#   S3SERVER_TIMEOUT       seconds to wait for the gateway (default 60)
+set -euo pipefail
+
+readonly ACCESS_KEY=SPOTDTESTACCESSKEY01
+readonly SECRET_KEY=spotdTestSecretKey0123456789abcdefghijklm
+readonly BUCKET=spotd-test
+readonly REGION=us-east-1
+readonly RGW_ID=spotd
+readonly MARKER=.spotd-s3server
+readonly PY=/usr/bin/python3
+readonly PKGS=(ceph-mon ceph-osd radosgw ceph-common ceph-base uuid-runtime
+  python3-boto3)
+readonly DAEMONS=(rgw osd mon)        # stop order
+readonly CLAIMS="${TMPDIR:-/tmp}/spotd-s3server.ports"
+
+unset CEPH_ARGS CEPH_CONF
+
+log() { printf 's3server: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+usage() {
+  cat >&2 <<EOF
+usage: $0 start DIR [PORT]
+       $0 stop DIR
+       $0 run DIR [PORT] -- CMD [ARGS...]
+EOF
+  exit 2
+}
+
+ensure_packages() {
+  local missing=() p
+  for p in "${PKGS[@]}"; do
+    dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null |
+      grep -q '^install ok installed$' || missing+=("$p")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  log "installing ${missing[*]}"
+  local apt=(apt-get -o DPkg::Lock::Timeout=600 install -y
+    --no-install-recommends "${missing[@]}")
+  DEBIAN_FRONTEND=noninteractive "${apt[@]}" >&2 ||
+    { apt-get -o DPkg::Lock::Timeout=600 update >&2 &&
+      DEBIAN_FRONTEND=noninteractive "${apt[@]}" >&2; } ||
+    die "could not install ${missing[*]}"
+}
+
+# Absolute path of DIR (created if missing).
+resolve_dir() {
+  [[ -n $1 ]] || usage
+  mkdir -p -- "$1"
+  (cd -- "$1" && pwd -P)
+}
+
+# is_ours PID: alive (not a zombie) and started with our config file.
+is_ours() {
+  local pid=$1 state cmd
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  state=$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null) || return 1
+  [[ -n $state && $state != Z && $state != X ]] || return 1
+  cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+  [[ " $cmd " == *" $DIR/ceph.conf "* ]]
+}
+
+# Pick the gateway and mon ports under a lock, and claim them until stop, so
+# that concurrent starts with different DIRs do not pick the same ones. A
+# claim is stale once its DIR's marker no longer lists the port.
+pick_ports() {
+  local want=$1
+  mkdir -p "$CLAIMS"
+  "$PY" - "$CLAIMS" "$DIR" "$MARKER" "$want" <<'EOF'
+import fcntl, os, random, socket, sys
+claims, mydir, marker, want = sys.argv[1:5]
+
+def claimed(port):
+    try:
+        with open(os.path.join(claims, str(port))) as f:
+            owner = f.read().strip()
+        with open(os.path.join(owner, marker)) as f:
+            return str(port) in f.read().split()
+    except OSError:
+        return False
+
+def free(port):
+    if claimed(port):
+        return False
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+lock = open(os.path.join(claims, ".lock"), "w")
+fcntl.flock(lock, fcntl.LOCK_EX)
+if want:
+    if not free(int(want)):
+        sys.exit("port %s is busy" % want)
+    rgw = int(want)
+else:
+    cands = [7480] + list(range(7481, 7500)) + random.sample(range(17480, 17980), 100)
+    rgw = next((p for p in cands if free(p)), None)
+mon = next((p for p in random.sample(range(16300, 16800), 100)
+            if p != rgw and free(p)), None)
+if rgw is None or mon is None:
+    sys.exit("no free port found")
+with open(os.path.join(mydir, marker), "w") as f:
+    f.write("%d %d\n" % (rgw, mon))
+for p in (rgw, mon):
+    with open(os.path.join(claims, str(p)), "w") as f:
+        f.write(mydir + "\n")
+print(rgw, mon)
+EOF
+}
+
+release_ports() {
+  local p owner
+  [[ -f $DIR/$MARKER ]] || return 0
+  for p in $(cat "$DIR/$MARKER"); do
+    [[ $p =~ ^[0-9]+$ ]] || continue
+    owner=$(cat "$CLAIMS/$p" 2>/dev/null) || continue
+    [[ $owner == "$DIR" ]] && rm -f "$CLAIMS/$p"
+  done
+  return 0
+}
+
+write_conf() {
+  local fsid=$1 mon_port=$2 rgw_port=$3 block_size=$4
+  # \$name and \$cluster are Ceph's own metavariables.
+  cat >"$DIR/ceph.conf" <<EOF
+[global]
+fsid = $fsid
+mon_host = v2:127.0.0.1:$mon_port
+public_addr = 127.0.0.1
+ms_bind_msgr1 = false
+ms_bind_ipv6 = false
+auth_cluster_required = cephx
+auth_service_required = cephx
+auth_client_required = cephx
+keyring = $DIR/keyring
+run_dir = $DIR/run
+admin_socket = $DIR/run/\$name.asok
+pid_file = $DIR/run/\$name.pid
+log_file = $DIR/log/\$name.log
+mon_cluster_log_file = $DIR/log/cluster.log
+crash_dir = $DIR/crash
+log_to_stderr = false
+err_to_stderr = true
+osd_pool_default_size = 1
+osd_pool_default_min_size = 1
+mon_allow_pool_size_one = true
+mon_warn_on_pool_no_redundancy = false
+osd_crush_chooseleaf_type = 0
+osd_pool_default_pg_num = 8
+osd_pool_default_pgp_num = 8
+osd_pool_default_pg_autoscale_mode = off
+mon_max_pg_per_osd = 1000
+mon_data_avail_warn = 2
+mon_data_avail_crit = 1
+auth_allow_insecure_global_id_reclaim = false
+ms_async_op_threads = 2
+
+[mon]
+mon_data = $DIR/mon
+mon_memory_target = 268435456
+rocksdb_cache_size = 33554432
+
+[osd]
+osd_data = $DIR/osd
+keyring = $DIR/osd/keyring
+osd_objectstore = bluestore
+bluestore_block_path = $DIR/osd-block
+bluestore_block_create = true
+bluestore_block_size = $block_size
+bluestore_block_db_create = false
+bluestore_block_wal_create = false
+bluestore_fsck_on_mkfs = false
+bluestore_fsck_on_mount = false
+bluestore_cache_autotune = false
+bluestore_cache_size = 134217728
+osd_memory_target = 939524096
+osd_memory_cache_min = 67108864
+osd_op_num_shards = 2
+osd_op_num_threads_per_shard = 1
+osd_max_object_size = 1073741824
+
+[client.rgw.$RGW_ID]
+keyring = $DIR/rgw.keyring
+rgw_data = $DIR/rgw
+rgw_frontends = beast endpoint=127.0.0.1:$rgw_port
+rgw_thread_pool_size = 64
+rgw_enable_usage_log = false
+rgw_enable_ops_log = false
+rgw_enable_lc_threads = false
+rgw_dynamic_resharding = false
+EOF
+}
+
+# launch NAME CMD...: start a daemon in the foreground (-f) in the
+# background; its pid (not a wrapper's) goes to DIR/pids/NAME.
+launch() {
+  local name=$1
+  shift
+  local as_root=()
+  ((EUID == 0)) && as_root=(--setuser root --setgroup root)
+  if [[ ${S3SERVER_SAME_PGRP:-} == 1 ]]; then
+    # run mode: stay in the caller's process group so that a group kill
+    # (e.g. a test harness timeout) takes the daemons down too.
+    "$@" -c "$DIR/ceph.conf" -f "${as_root[@]}" \
+      </dev/null >>"$DIR/log/$name.out" 2>&1 &
+  else
+    # Not a process group leader here, so setsid execs without forking.
+    setsid "$@" -c "$DIR/ceph.conf" -f "${as_root[@]}" \
+      </dev/null >>"$DIR/log/$name.out" 2>&1 &
+  fi
+  echo $! >"$DIR/pids/$name"
+}
+
+ceph_cli() { timeout 60 ceph -c "$DIR/ceph.conf" --connect-timeout 30 "$@"; }
+
+dump_logs() {
+  local f
+  for f in "$DIR"/log/*; do
+    [[ -s $f ]] || continue
+    printf '%s\n' "----- tail of $f" >&2
+    tail -n 15 "$f" >&2
+  done
+}
+
+# stop_daemons TIMEOUT: SIGTERM the gateway, then OSD and mon together,
+# then SIGKILL whatever of ours is left.
+stop_daemons() {
+  local name pid left=() deadline
+  [[ -d $DIR/pids ]] || return 0
+  term_wait() {
+    local n p pids=()
+    for n in "$@"; do
+      p=$(cat "$DIR/pids/$n" 2>/dev/null) || continue
+      is_ours "$p" || continue
+      kill -TERM "$p" 2>/dev/null || true
+      pids+=("$p")
+    done
+    deadline=$((SECONDS + 10))
+    while ((SECONDS < deadline)); do
+      left=()
+      for p in "${pids[@]}"; do is_ours "$p" && left+=("$p"); done
+      ((${#left[@]} == 0)) && return 0
+      sleep 0.1
+    done
+    log "SIGKILL to ${left[*]} (did not stop on SIGTERM)"
+    kill -KILL "${left[@]}" 2>/dev/null || true
+    for _ in $(seq 50); do
+      for p in "${left[@]}"; do is_ours "$p" && { sleep 0.1; continue 2; }; done
+      return 0
+    done
+    log "processes ${left[*]} survive SIGKILL"
+  }
+  term_wait rgw
+  term_wait osd mon
+  for name in "${DAEMONS[@]}"; do
+    pid=$(cat "$DIR/pids/$name" 2>/dev/null) || continue
+    is_ours "$pid" && return 1
+  done
+  return 0
+}
+
+empty_dir() {
+  release_ports
+  find "$DIR" -mindepth 1 -maxdepth 1 -exec rm -rf -- {} +
+}
+
+cmd_stop() {
+  DIR=$(resolve_dir "$1")
+  local t0
+  t0=$(now)
+  if [[ ! -e $DIR/$MARKER ]]; then
+    [[ -z $(ls -A -- "$DIR") ]] && return 0
+    die "$DIR is not empty and was not made by $0; not touching it"
+  fi
+  stop_daemons || die "some daemons under $DIR did not stop"
+  empty_dir
+  log "stopped in $(since "$t0") s"
+}
+
+start_failed() {
+  local rc=$?
+  trap - ERR INT TERM EXIT
+  ((rc == 0)) && rc=1
+  log "start failed; logs follow"
+  dump_logs
+  stop_daemons || log "warning: some daemons did not stop"
+  empty_dir
+  exit "$rc"
+}
+
+cmd_start() {
+  DIR=$(resolve_dir "$1")
+  local want=${2:-} t0 ports rgw_port mon_port fsid osd_uuid osd_secret id
+  [[ -z $want || $want =~ ^[0-9]+$ ]] || usage
+  t0=$(now)
+  ensure_packages
+  if [[ -e $DIR/$MARKER ]]; then
+    log "$DIR holds an old server; stopping it first"
+    cmd_stop "$DIR"
+  fi
+  [[ -z $(ls -A -- "$DIR") ]] || die "$DIR is not empty"
+
+  trap start_failed EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  : >"$DIR/$MARKER"
+  ports=$(pick_ports "$want") || die "cannot pick ports"
+  read -r rgw_port mon_port <<<"$ports"
+  mkdir -p "$DIR"/{run,log,crash,pids,mon,osd,rgw}
+  fsid=$(uuidgen)
+  write_conf "$fsid" "$mon_port" "$rgw_port" "${S3SERVER_BLOCK_SIZE:-32G}"
+
+  # Monitor.
+  ceph-authtool --create-keyring "$DIR/keyring" --gen-key -n mon. \
+    --cap mon 'allow *' >/dev/null
+  ceph-authtool "$DIR/keyring" --gen-key -n client.admin \
+    --cap mon 'allow *' --cap osd 'allow *' --cap mgr 'allow *' \
+    --cap mds 'allow *' >/dev/null
+  monmaptool --create --fsid "$fsid" --addv a "[v2:127.0.0.1:$mon_port]" \
+    "$DIR/monmap" >/dev/null
+  ceph-mon -c "$DIR/ceph.conf" --mkfs -i a --monmap "$DIR/monmap" \
+    --keyring "$DIR/keyring" >>"$DIR/log/mkfs.out" 2>&1
+  launch mon ceph-mon -i a
+
+  # OSD: the store is made while the mon comes up; a new cluster's first
+  # OSD id is 0, checked against what the mon hands out below.
+  osd_uuid=$(uuidgen)
+  osd_secret=$(ceph-authtool --gen-print-key)
+  ceph-authtool --create-keyring "$DIR/osd/keyring" -n osd.0 \
+    --add-key "$osd_secret" >/dev/null
+  ceph-osd -c "$DIR/ceph.conf" -i 0 --mkfs --osd-uuid "$osd_uuid" \
+    >>"$DIR/log/mkfs.out" 2>&1 &
+  local mkfs_pid=$!
+  id=$(printf '{"cephx_secret": "%s"}' "$osd_secret" |
+    ceph_cli osd new "$osd_uuid" -i -)
+  wait "$mkfs_pid" || die "ceph-osd --mkfs failed"
+  [[ $id == 0 ]] || die "mon gave OSD id '$id', expected 0"
+  launch osd ceph-osd -i 0
+
+  # Gateway key, user (radosgw-admin waits for the OSD to be up and creates
+  # the zone and its pools), then the gateway itself.
+  ceph_cli auth get-or-create "client.rgw.$RGW_ID" mon 'allow rw' \
+    osd 'allow rwx' -o "$DIR/rgw.keyring" 2>>"$DIR/log/cli.out"
+  timeout "${S3SERVER_TIMEOUT:-60}" radosgw-admin -c "$DIR/ceph.conf" \
+    user create --uid=spotd-test --display-name="spotd test" \
+    --access-key="$ACCESS_KEY" --secret-key="$SECRET_KEY" \
+    >>"$DIR/log/cli.out" 2>&1 || die "radosgw-admin user create failed"
+  launch rgw radosgw -n "client.rgw.$RGW_ID"
+
+  # Ready = an authenticated S3 request works: create the bucket.
+  local endpoint=http://127.0.0.1:$rgw_port
+  "$PY" - "$endpoint" "$ACCESS_KEY" "$SECRET_KEY" "$REGION" "$BUCKET" \
+    "${S3SERVER_TIMEOUT:-60}" "$DIR/pids/rgw" <<'EOF' ||
+import os, sys, time
+import boto3, botocore.config, botocore.exceptions as bx
+endpoint, ak, sk, region, bucket, timeout, pidfile = sys.argv[1:8]
+s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ak,
+                  aws_secret_access_key=sk, region_name=region,
+                  config=botocore.config.Config(
+                      s3={"addressing_style": "path"}, connect_timeout=2,
+                      read_timeout=10, retries={"max_attempts": 1}))
+pid = int(open(pidfile).read())
+deadline = time.monotonic() + float(timeout)
+last = "no answer"
+while time.monotonic() < deadline:
+    if not os.path.exists("/proc/%d" % pid):
+        sys.exit("radosgw exited")
+    try:
+        s3.create_bucket(Bucket=bucket)
+        break
+    except bx.ClientError as e:
+        code = e.response["Error"]["Code"]
+        if code == "BucketAlreadyOwnedByYou":
+            break
+        last = code
+    except bx.BotoCoreError as e:
+        last = str(e)
+    time.sleep(0.2)
+else:
+    sys.exit("gateway not ready after %s s: %s" % (timeout, last))
+s3.head_bucket(Bucket=bucket)
+EOF
+    die "S3 gateway on $endpoint did not become ready"
+
+  cat >"$DIR/env" <<EOF
+SPOT_TEST_S3_ENDPOINT=$endpoint
+SPOT_TEST_S3_BUCKET=$BUCKET
+AWS_ACCESS_KEY_ID=$ACCESS_KEY
+AWS_SECRET_ACCESS_KEY=$SECRET_KEY
+AWS_REGION=$REGION
+AWS_DEFAULT_REGION=$REGION
+EOF
+  trap - EXIT INT TERM
+  log "ready on $endpoint (port $rgw_port, mon port $mon_port) in $(since "$t0") s"
+  sed 's/^/export /' "$DIR/env"
+}
+
+cmd_run() {
+  local dir=$1 port=
+  shift
+  DIR=$(resolve_dir "$dir")
+  if [[ ${1:-} != -- ]]; then port=${1:-}; shift || true; fi
+  [[ ${1:-} == -- ]] || usage
+  shift
+  (($# > 0)) || usage
+
+  stop_run() {
+    trap - EXIT INT TERM HUP
+    cmd_stop "$dir" || log "warning: stop failed"
+  }
+  trap stop_run EXIT
+  # A signal is passed on to CMD (Ctrl-C already reached it through the
+  # terminal); the server is stopped once CMD has exited.
+  local child="" sig=""
+  trap 'sig=INT' INT
+  trap 'sig=TERM; [[ -n $child ]] && kill -TERM "$child" 2>/dev/null' TERM
+  trap 'sig=HUP; [[ -n $child ]] && kill -HUP "$child" 2>/dev/null' HUP
+
+  (S3SERVER_SAME_PGRP=1 cmd_start "$dir" "$port" >&2) ||
+    die "S3 server did not start"
+  [[ -z $sig ]] || exit 130
+  set -a
+  # shellcheck source=/dev/null
+  . "$DIR/env"
+  set +a
+  unset AWS_SESSION_TOKEN AWS_SECURITY_TOKEN AWS_PROFILE
+
+  # Async so that traps run at once; explicit stdin, since an async
+  # command's stdin would otherwise be /dev/null.
+  exec 3<&0
+  "$@" <&3 3<&- &
+  child=$!
+  exec 3<&-
+  local status=0
+  while :; do
+    status=0
+    wait "$child" || status=$?
+    kill -0 "$child" 2>/dev/null || break   # gone: status is CMD's
+  done
+  exit "$status"
+}
+
+main() {
+  (($# >= 2)) || usage
+  local cmd=$1
+  shift
+  case $cmd in
+    start) (($# <= 2)) || usage; cmd_start "$@" ;;
+    stop) (($# == 1)) || usage; cmd_stop "$1" ;;
+    run) cmd_run "$@" ;;
+    *) usage ;;
+  esac
+}
+
+main "$@"

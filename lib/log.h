@@ -39,7 +39,8 @@ int spot_log_errno(int level, int err, const char *fmt, ...)
 #define log_info(...) spot_log(SPOT_LOG_INFO, __VA_ARGS__)
 #define log_debug(...) spot_log(SPOT_LOG_DEBUG, __VA_ARGS__)
 #define log_err_errno(r, ...) spot_log_errno(SPOT_LOG_ERR, (r), __VA_ARGS__)
-#define log_warn_errno(r, ...) spot_log_errno(SPOT_LOG_WARNING, (r), __VA_ARGS__)
+#define log_warn_errno(r, ...)                                                 \
+  spot_log_errno(SPOT_LOG_WARNING, (r), __VA_ARGS__)
 #define log_info_errno(r, ...) spot_log_errno(SPOT_LOG_INFO, (r), __VA_ARGS__)
 #define log_debug_errno(r, ...) spot_log_errno(SPOT_LOG_DEBUG, (r), __VA_ARGS__)
 

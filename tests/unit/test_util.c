@@ -79,8 +79,7 @@ test_strlcpy_and_bytes(void **state)
   assert_string_equal(b, "abc");
   assert_string_equal(spot_fmt_bytes(512, out, sizeof(out)), "512 B");
   assert_string_equal(spot_fmt_bytes(1536, out, sizeof(out)), "1.5 KiB");
-  assert_string_equal(spot_fmt_bytes(3ull << 30, out, sizeof(out)),
-                      "3.0 GiB");
+  assert_string_equal(spot_fmt_bytes(3ull << 30, out, sizeof(out)), "3.0 GiB");
 }
 
 int

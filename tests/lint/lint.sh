@@ -1,0 +1,49 @@
+#!/bin/bash
+# Static checks, one per invocation: banned | cppcheck | clang-tidy | format
+# Usage: lint.sh CHECK SRCDIR BUILDDIR
+set -uo pipefail
+check=$1 src=$2 build=$3
+cd "$src"
+mapfile -t csrc < <(git ls-files 'lib/*.c' 'daemon/*.c' 'client/*.c' 2>/dev/null ||
+  find lib daemon client -name '*.c')
+mapfile -t allc < <(git ls-files '*.c' '*.h' 2>/dev/null | grep -v '^tests/fuzz/corpus/')
+
+case "$check" in
+banned)
+  # STYLE.md: no strcpy, strcat, sprintf, atoi, strtok, system, signal,
+  # curl_easy_perform in our code.
+  if grep -nE '\b(strcpy|strcat|sprintf|vsprintf|atoi|atol|strtok|system|signal|curl_easy_perform|gets)[[:space:]]*\(' \
+    "${allc[@]}" | grep -vE '^\S+:[0-9]+:\s*(//|/?\*)'; then
+    echo "banned functions used (see STYLE.md)"
+    exit 1
+  fi
+  ;;
+cppcheck)
+  cppcheck --enable=warning,performance,portability --error-exitcode=1 -q \
+    --std=c11 -D_GNU_SOURCE --inline-suppr \
+    --suppress=missingIncludeSystem -I lib -I "$build" "${csrc[@]}"
+  ;;
+clang-tidy)
+  command -v clang-tidy >/dev/null || { echo "clang-tidy missing"; exit 1; }
+  rc=0
+  for f in "${csrc[@]}"; do
+    out=$(clang-tidy -p "$build" --quiet --extra-arg=-Wno-unknown-warning-option "$f" 2>/dev/null) || rc=1
+    if [ -n "$out" ]; then echo "$out"; rc=1; fi
+  done
+  exit $rc
+  ;;
+format)
+  rc=0
+  for f in "${allc[@]}"; do
+    if ! clang-format --dry-run --Werror "$f" >/dev/null 2>&1; then
+      echo "not clang-formatted: $f"
+      rc=1
+    fi
+  done
+  exit $rc
+  ;;
+*)
+  echo "unknown check $check"
+  exit 2
+  ;;
+esac

@@ -1,0 +1,151 @@
+/* The checkpoint manifest (MANIFEST.json): what a committed checkpoint
+ * holds and how each file is stored. Pure: build it, serialize it, parse it
+ * back; no I/O. Manifests read from the store are untrusted, so parsing
+ * validates everything the restore relies on (safe relative paths, frames
+ * that tile each file exactly, bounded sizes and counts) and reports the
+ * first problem naming the field, e.g. "files[2].path: '..' component".
+ *
+ * JSON (version 1; unknown keys are rejected, integers are JSON integers):
+ *
+ *   { "format": "spotd-checkpoint", "version": 1,
+ *     "name": "step-1200", "job": "llama-7b",
+ *     "created": "2026-12-02T10:13:50Z",
+ *     "totals": { "files": 2, "raw_bytes": 8388613, "stored_bytes": 6944102 },
+ *     "files": [
+ *       { "path": "model/weights.bin", "size": 8388613, "mode": 420,
+ *         "mtime_ns": 1796206430123456789, "filter": "bytegroup4",
+ *         "key": "model/weights.bin.zst",
+ *         "frames": [ { "raw_off": 0, "raw_len": 8388608,
+ *                       "comp_off": 0, "comp_len": 6944080,
+ *                       "crc32c": 3817410051 },
+ *                     { "raw_off": 8388608, "raw_len": 5,
+ *                       "comp_off": 6944080, "comp_len": 22,
+ *                       "crc32c": 1205127438 } ] },
+ *       { "path": "model/EMPTY", "size": 0, "mode": 420, "mtime_ns": 0,
+ *         "filter": "none", "frames": [] } ] }
+ *
+ * Per file: "path" relative to the checkpoint folder; "mode" the permission
+ * bits (<= 07777); "filter" a spot_filter_name(); "key" the object key
+ * relative to PREFIX/JOB/checkpoints/NAME/ (DESIGN.md: "<path>.zst"); the
+ * frames, one per part, tile [0, size) and the object [0, stored) with no
+ * gap or overlap, and "crc32c" is the CRC32C of the frame's raw bytes
+ * (codec.h says why raw). An EMPTY file has no frame and NO object: no
+ * "key", nothing is uploaded (an object can't be a zero-frame zstd stream
+ * that `zstd -d` accepts cheaply, and a PUT per empty file is wasted);
+ * restore just creates it. A non-empty file always has a key and >= 1 frame.
+ *
+ * Paths and keys: UTF-8 (JSON strings are), 1..SPOT_MANIFEST_PATH_MAX
+ * bytes, no NUL, no leading '/', no empty, "." or ".." component, each
+ * component <= 255 bytes; no two files share a path or a key, no file's
+ * path is a folder of another's ("a" and "a/b"), no key is
+ * "MANIFEST.json". Names and jobs satisfy spot_ckpt_name_valid().
+ *
+ * Not thread-safe: the store builds the manifest on its loop thread. */
+#ifndef SPOT_MANIFEST_H
+#define SPOT_MANIFEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "codec.h"
+
+#define SPOT_MANIFEST_VERSION 1
+#define SPOT_MANIFEST_FORMAT "spotd-checkpoint"
+#define SPOT_MANIFEST_NAME "MANIFEST.json"
+/* Bounds applied when building and when parsing. */
+#define SPOT_MANIFEST_PATH_MAX 4096
+#define SPOT_MANIFEST_COMPONENT_MAX 255
+#define SPOT_MANIFEST_FILES_MAX 1000000
+#define SPOT_MANIFEST_FRAMES_MAX 10000 /* per file: S3's part limit */
+#define SPOT_MANIFEST_TOTAL_FRAMES_MAX 4000000
+#define SPOT_MANIFEST_JSON_MAX ((size_t)256 << 20)
+#define SPOT_CKPT_NAME_MAX 128
+
+struct spot_manifest_frame {
+  uint64_t raw_off;  /* offset in the file */
+  uint64_t raw_len;  /* 1..SPOT_CODEC_PART_MAX */
+  uint64_t comp_off; /* offset in the object */
+  uint64_t comp_len; /* 1..spot_codec_bound(raw_len) */
+  uint32_t crc32c;   /* of the raw bytes */
+  bool set;          /* builder only: spot_manifest_set_frame() was called */
+};
+
+struct spot_manifest_file {
+  char *path;
+  char *key; /* NULL for an empty file */
+  uint64_t size;
+  uint64_t stored; /* sum of comp_len */
+  uint32_t mode;   /* st_mode & 07777 */
+  int64_t mtime_ns;
+  enum spot_filter filter;
+  struct spot_manifest_frame *frames;
+  size_t nframes;
+  size_t frames_alloc;
+};
+
+struct spot_manifest {
+  unsigned version;
+  char *name;
+  char *job;
+  int64_t created_ms; /* serialized with second precision */
+  uint64_t total_raw;
+  uint64_t total_stored;
+  struct spot_manifest_file *files; /* nfiles entries, in insertion order */
+  size_t nfiles;
+  size_t files_alloc;
+};
+
+/* Whether name is a valid checkpoint name (also used for job ids): 1..128
+ * bytes of printable ASCII other than space, no '/', no '\\', no "..",
+ * not ".". */
+bool spot_ckpt_name_valid(const char *name);
+/* Whether path is a valid relative path by the rules above. */
+bool spot_manifest_path_valid(const char *path);
+
+/* An empty manifest. Returns 0, -EINVAL (invalid name or job) or -ENOMEM. */
+int spot_manifest_new(const char *name, const char *job, int64_t created_ms,
+                      struct spot_manifest **out);
+void spot_manifest_free(struct spot_manifest *m);
+
+/* Adds a file; *out_index (may be NULL) identifies it for
+ * spot_manifest_set_frame(). key is NULL iff size is 0. Returns 0, -EINVAL
+ * (invalid path, key, mode, filter, or key/size mismatch), -EEXIST (same
+ * path or key already added), -E2BIG (too many files) or -ENOMEM. */
+int spot_manifest_add_file(struct spot_manifest *m, const char *path,
+                           const char *key, uint64_t size, uint32_t mode,
+                           int64_t mtime_ns, enum spot_filter filter,
+                           size_t *out_index);
+
+/* Records frame number part (0-based) of file index: parts may be set in
+ * any order (as workers finish); offsets are computed when serializing.
+ * Returns 0, -EINVAL (bad index, zero length, raw_len > SPOT_CODEC_PART_MAX,
+ * comp_len > spot_codec_bound(raw_len), file is empty), -E2BIG (part >=
+ * SPOT_MANIFEST_FRAMES_MAX or too many frames in total) or -ENOMEM. */
+int spot_manifest_set_frame(struct spot_manifest *m, size_t index,
+                            size_t part, uint64_t raw_len, uint64_t comp_len,
+                            uint32_t crc32c);
+
+/* Computes offsets and totals, validates the whole manifest by the parse
+ * rules, and returns a malloc'd NUL-terminated JSON text in *out. Returns
+ * 0, -EINVAL (then err says why, e.g. "files[0].frames[2]: missing") or
+ * -ENOMEM. err may be NULL. */
+int spot_manifest_to_json(struct spot_manifest *m, char **out, char *err,
+                          size_t errlen);
+
+/* Parses and validates len bytes of untrusted JSON (no NUL needed). On
+ * success *out is a new manifest with offsets and totals filled in.
+ * Returns 0, -EBADMSG (not valid JSON, wrong type, out of range, rule
+ * broken; err names the field), -E2BIG (len > SPOT_MANIFEST_JSON_MAX),
+ * -EPROTONOSUPPORT (unknown version) or -ENOMEM. */
+int spot_manifest_parse(const char *json, size_t len,
+                        struct spot_manifest **out, char *err, size_t errlen);
+
+/* The file with this path, or NULL. Linear. */
+const struct spot_manifest_file *
+spot_manifest_find(const struct spot_manifest *m, const char *path);
+/* The largest raw_len of any frame (0 when there is none): the part_max
+ * a restore needs for spot_codec_new(). */
+uint64_t spot_manifest_max_frame_raw(const struct spot_manifest *m);
+
+#endif

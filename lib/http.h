@@ -27,6 +27,8 @@ int spot_http_add(struct spot_http *h, CURL *easy, spot_http_done_cb cb,
  * CURLE_ABORTED_BY_CALLBACK before this returns. No-op if easy is not
  * active. */
 void spot_http_cancel(struct spot_http *h, CURL *easy);
+/* The loop h runs on (for callers that need timers next to it). */
+uv_loop_t *spot_http_loop(const struct spot_http *h);
 /* Number of transfers in progress. */
 unsigned spot_http_active(const struct spot_http *h);
 /* Cancels every transfer (callbacks run), closes the handles and frees

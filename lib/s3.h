@@ -72,11 +72,14 @@ struct spot_s3_upload_info {
 };
 
 struct spot_s3_result {
-  int err;              /* 0, or negative errno (-EIO network, -EACCES 403, -ENOENT 404, -EEXIST 412 on If-None-Match, -ECANCELED) */
+  int err;              /* 0, or negative errno (-EIO network, 5xx and errors inside a 200, -EACCES 401/403, -ENOENT 404 and NoSuch*, -EEXIST 412 on If-None-Match, -EINVAL 400, -EBUSY 409/429, -ERANGE 416, -EBADMSG unparsable reply, -EMSGSIZE reply over the cap, -ECANCELED; a sink's own error) */
   long http_status;     /* 0 when no response */
   const char *s3_code;  /* "NoSuchKey", "SignatureDoesNotMatch", ... or "" */
   const char *message;  /* human text: S3 Message or curl's error, or "" */
   unsigned retries;     /* attempts beyond the first */
+  const char *op_name;  /* "PUT", "GET", "LIST", "MPU-PART", ... */
+  const char *bucket;
+  const char *key;      /* "" for bucket-level operations */
   /* Per operation: */
   const char *etag;       /* put, part, complete, head, get ("" if none) */
   uint64_t content_length;/* head, get */
@@ -112,6 +115,9 @@ int spot_s3_new(struct spot_http *http, const struct spot_s3_config *cfg,
 /* Cancels every operation in flight (callbacks run with -ECANCELED), then
  * frees. Safe on NULL. */
 void spot_s3_free(struct spot_s3 *s3);
+/* Legal in any state until the op's callback has run (the op pointer is
+ * dead after that): the callback runs with -ECANCELED before this
+ * returns. */
 void spot_s3_cancel(struct spot_s3_op *op);
 
 enum spot_s3_put_flags {

@@ -1,0 +1,1297 @@
+/* The async S3 client: one struct spot_s3_op per operation, driven by
+ * curl through spot_http, SigV4 signed by curl.
+ *
+ * What we write ourselves, because curl 7.88 signs path and query exactly
+ * as given (see shared/VERIFIED.md): the path (keys percent-encoded,
+ * '/' kept), the query (names sorted, values encoded, `uploads=` with its
+ * '='), and x-amz-content-sha256 on every request.
+ *
+ * An op's life: INIT -> SENDING -> (BACKOFF -> SENDING)* -> DONE. Only
+ * set_state() moves it. DONE runs the user callback once, then the op
+ * closes its backoff timer and frees itself in the close callback. */
+#include "s3.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/evp.h>
+
+#include "log.h"
+#include "s3_internal.h"
+#include "sigv4.h"
+#include "spot-config.h"
+#include "util.h"
+
+#define PAYLOAD_HASH_MAX (64 * 1024)
+#define KEY_MAX 1024
+#define UPLOAD_ID_MAX 1024
+#define URL_CAP (16 * 1024)
+#define BODY_CAP (8u * 1024 * 1024)
+#define MAX_PARTS 10000
+#define MAX_DELETE 1000
+
+enum op_kind {
+  OP_PUT,
+  OP_GET,
+  OP_HEAD,
+  OP_LIST,
+  OP_DELETE_OBJECTS,
+  OP_MPU_CREATE,
+  OP_MPU_PART,
+  OP_MPU_COMPLETE,
+  OP_MPU_ABORT,
+  OP_MPU_LIST_PARTS,
+  OP_LIST_UPLOADS,
+  OP_KIND_LAST,
+};
+
+static const struct {
+  const char *name;
+  const char *method;
+  int xml; /* expected success body, or -1 */
+} kinds[OP_KIND_LAST] = {
+    [OP_PUT] = {"PUT", "PUT", -1},
+    [OP_GET] = {"GET", "GET", -1},
+    [OP_HEAD] = {"HEAD", "HEAD", -1},
+    [OP_LIST] = {"LIST", "GET", SPOT__S3_XML_LIST_OBJECTS},
+    [OP_DELETE_OBJECTS] = {"DELETE", "POST", SPOT__S3_XML_DELETE},
+    [OP_MPU_CREATE] = {"MPU-CREATE", "POST", SPOT__S3_XML_INITIATE},
+    [OP_MPU_PART] = {"MPU-PART", "PUT", -1},
+    [OP_MPU_COMPLETE] = {"MPU-COMPLETE", "POST", SPOT__S3_XML_COMPLETE},
+    [OP_MPU_ABORT] = {"MPU-ABORT", "DELETE", -1},
+    [OP_MPU_LIST_PARTS] = {"MPU-LIST-PARTS", "GET", SPOT__S3_XML_LIST_PARTS},
+    [OP_LIST_UPLOADS] = {"LIST-UPLOADS", "GET", SPOT__S3_XML_LIST_UPLOADS},
+};
+
+enum op_state {
+  OP_INIT,
+  OP_SENDING,
+  OP_BACKOFF,
+  OP_DONE,
+  OP_STATE_LAST,
+};
+
+static const char *const state_names[OP_STATE_LAST] = {
+    [OP_INIT] = "init",
+    [OP_SENDING] = "sending",
+    [OP_BACKOFF] = "backoff",
+    [OP_DONE] = "done",
+};
+
+struct spot_s3 {
+  struct spot_http *http;
+  uv_loop_t *loop;
+  char *scheme;   /* "http" or "https" */
+  char *hostport; /* "127.0.0.1:7480" */
+  char *region;
+  char *sigv4;    /* "aws:amz:REGION:s3" */
+  bool path_style;
+  struct spot_creds_provider *creds;
+  unsigned max_retries;
+  uint64_t retry_base_ms, retry_cap_ms;
+  long connect_timeout_ms, low_speed_time_s, low_speed_limit;
+  long request_timeout_ms;
+  struct spot_s3_op *ops;
+  unsigned next_id;
+  bool freeing;
+  spot__s3_request_hook_fn hook;
+  void *hook_data;
+};
+
+struct spot_s3_op {
+  struct spot_s3 *s3; /* NULL once DONE */
+  struct spot_s3_op *prev, *next;
+  enum op_kind kind;
+  enum op_state state;
+  unsigned id;
+  char *bucket;
+  char *key; /* "" for bucket-level ops */
+  struct spot_buf url;
+  /* request body: borrowed (put, part) or owned (complete, delete) */
+  const char *body;
+  size_t body_len, body_off;
+  char *owned_body;
+  bool upload;
+  char payload_hash[65];
+  char content_md5[32];
+  unsigned flags;
+  /* GET */
+  uint64_t off, len, got;
+  bool sent_range;
+  char if_match[160];
+  spot_s3_sink_cb sink;
+  struct spot_buf *into;
+  /* request */
+  CURL *easy;
+  struct curl_slist *headers;
+  char errbuf[CURL_ERROR_SIZE];
+  struct spot_buf resp;
+  int sink_err;
+  bool resp_overflow;
+  bool cancelled;
+  unsigned retries;
+  uv_timer_t timer;
+  spot_s3_cb cb;
+  void *cbdata;
+  /* result storage, alive during the callback */
+  struct spot__s3_xml_result xml;
+  char etag[160];
+  char code[128];
+  char message[512];
+  long status;
+  uint64_t content_length;
+};
+
+static void
+set_state(struct spot_s3_op *op, enum op_state st)
+{
+  if (op->state == st)
+    return;
+  log_debug("s3: op=%u %s s3://%s/%s: %s -> %s", op->id, kinds[op->kind].name,
+            op->bucket, op->key, state_names[op->state], state_names[st]);
+  op->state = st;
+}
+
+/* ---- pure helpers ---------------------------------------------------- */
+
+int
+spot_s3_uri_encode(const char *in, bool keep_slash, struct spot_buf *out)
+{
+  return spot__uri_encode_n(in, strlen(in), keep_slash, out);
+}
+
+static bool
+code_is(const char *code, const char *const *set)
+{
+  if (code == NULL || code[0] == '\0')
+    return false;
+  for (; *set != NULL; set++)
+    if (strcmp(code, *set) == 0)
+      return true;
+  return false;
+}
+
+static const char *const transient_codes[] = {
+    "SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout",
+    "Throttling", "ThrottlingException", "RequestLimitExceeded",
+    "RequestThrottled", "TooManyRequestsException", NULL,
+};
+
+bool
+spot__s3_should_retry(CURLcode rc, long status, const char *s3_code)
+{
+  switch (rc) {
+  case CURLE_OK:
+    break;
+  case CURLE_COULDNT_CONNECT:
+  case CURLE_RECV_ERROR:
+  case CURLE_SEND_ERROR:
+  case CURLE_OPERATION_TIMEDOUT:
+  case CURLE_GOT_NOTHING:
+  case CURLE_PARTIAL_FILE:
+    return true;
+  default:
+    return false;
+  }
+  if (status >= 500 && status <= 599)
+    return true;
+  if (status == 429)
+    return true;
+  /* RequestTimeout comes as a 400 and SlowDown as a 503; InternalError
+   * can come inside a 200 (CompleteMultipartUpload). */
+  return code_is(s3_code, transient_codes);
+}
+
+int
+spot__s3_map_error(CURLcode rc, long status, const char *s3_code)
+{
+  static const char *const missing[] = {"NoSuchKey", "NoSuchBucket",
+                                        "NoSuchUpload", NULL};
+
+  if (rc == CURLE_ABORTED_BY_CALLBACK)
+    return -ECANCELED;
+  if (rc != CURLE_OK)
+    return -EIO;
+  if (status >= 200 && status <= 299 && (s3_code == NULL || s3_code[0] == '\0'))
+    return 0;
+  if (code_is(s3_code, missing))
+    return -ENOENT;
+  switch (status) {
+  case 400:
+  case 411:
+    return -EINVAL;
+  case 401:
+  case 403:
+    return -EACCES;
+  case 404:
+    return -ENOENT;
+  case 405:
+  case 501:
+    return -EOPNOTSUPP;
+  case 409:
+    return -EBUSY;
+  case 412:
+    return -EEXIST;
+  case 413:
+    return -EFBIG;
+  case 416:
+    return -ERANGE;
+  case 429:
+    return -EBUSY;
+  default:
+    return -EIO;
+  }
+}
+
+const char *
+spot_s3_strerror(const struct spot_s3_result *res, char *buf, size_t size)
+{
+  const char *code = res->s3_code != NULL ? res->s3_code : "";
+  const char *msg = res->message != NULL ? res->message : "";
+  char status[24] = "", tries[40] = "";
+
+  if (size == 0)
+    return buf;
+  if (res->http_status > 0)
+    snprintf(status, sizeof(status), "%ld ", res->http_status);
+  if (res->retries > 0)
+    snprintf(tries, sizeof(tries), " (after %u retries)", res->retries);
+  if (code[0] == '\0' && msg[0] == '\0')
+    msg = strerror(-res->err);
+  snprintf(buf, size, "%s s3://%s/%s: %s%s%s%s%s",
+           res->op_name != NULL ? res->op_name : "S3",
+           res->bucket != NULL ? res->bucket : "",
+           res->key != NULL ? res->key : "", status, code,
+           code[0] != '\0' && msg[0] != '\0' ? ": " : "", msg, tries);
+  return buf;
+}
+
+/* ---- setup ----------------------------------------------------------- */
+
+static bool
+valid_region(const char *r)
+{
+  size_t n = strlen(r);
+
+  if (n == 0 || n > 32)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (!((r[i] >= 'a' && r[i] <= 'z') || (r[i] >= '0' && r[i] <= '9') ||
+          r[i] == '-'))
+      return false;
+  return true;
+}
+
+static bool
+valid_hostport(const char *h)
+{
+  if (h[0] == '\0')
+    return false;
+  for (; *h != '\0'; h++)
+    if (*h == '@' || *h == '?' || *h == '#' || *h == '/' || *h == ' ' ||
+        (unsigned char)*h < 0x21)
+      return false;
+  return true;
+}
+
+int
+spot_s3_new(struct spot_http *http, const struct spot_s3_config *cfg,
+            struct spot_s3 **out)
+{
+  struct spot_s3 *s3;
+  const char *rest;
+  size_t n;
+  char *sig = NULL;
+
+  if (http == NULL || cfg == NULL || cfg->endpoint == NULL ||
+      cfg->region == NULL || cfg->creds == NULL || cfg->creds->get == NULL)
+    return -EINVAL;
+  if (!valid_region(cfg->region)) {
+    log_err("s3: invalid region \"%s\"", cfg->region);
+    return -EINVAL;
+  }
+  s3 = calloc(1, sizeof(*s3));
+  if (s3 == NULL)
+    return -ENOMEM;
+  if (strncmp(cfg->endpoint, "http://", 7) == 0) {
+    s3->scheme = strdup("http");
+    rest = cfg->endpoint + 7;
+  } else if (strncmp(cfg->endpoint, "https://", 8) == 0) {
+    s3->scheme = strdup("https");
+    rest = cfg->endpoint + 8;
+  } else {
+    log_err("s3: endpoint \"%s\" is not an http:// or https:// URL",
+            cfg->endpoint);
+    free(s3);
+    return -EINVAL;
+  }
+  n = strcspn(rest, "/");
+  s3->hostport = strndup(rest, n);
+  s3->region = strdup(cfg->region);
+  if (asprintf(&sig, "aws:amz:%s:s3", cfg->region) < 0)
+    sig = NULL;
+  s3->sigv4 = sig;
+  if (s3->scheme == NULL || s3->hostport == NULL || s3->region == NULL ||
+      s3->sigv4 == NULL) {
+    spot_s3_free(s3);
+    return -ENOMEM;
+  }
+  if (!valid_hostport(s3->hostport) ||
+      (rest[n] != '\0' && strcmp(rest + n, "/") != 0)) {
+    log_err("s3: endpoint \"%s\" must be scheme://host[:port]", cfg->endpoint);
+    spot_s3_free(s3);
+    return -EINVAL;
+  }
+  s3->http = http;
+  s3->loop = spot_http_loop(http);
+  s3->path_style = cfg->path_style;
+  s3->creds = cfg->creds;
+  s3->max_retries = cfg->max_retries != 0 ? cfg->max_retries : 5;
+  s3->retry_base_ms = cfg->retry_base_ms != 0 ? cfg->retry_base_ms : 200;
+  s3->retry_cap_ms = cfg->retry_cap_ms != 0 ? cfg->retry_cap_ms : 10000;
+  s3->connect_timeout_ms =
+      cfg->connect_timeout_ms > 0 ? cfg->connect_timeout_ms : 5000;
+  s3->low_speed_time_s = cfg->low_speed_time_s > 0 ? cfg->low_speed_time_s : 20;
+  s3->low_speed_limit = cfg->low_speed_limit > 0 ? cfg->low_speed_limit : 1024;
+  s3->request_timeout_ms =
+      cfg->request_timeout_ms > 0 ? cfg->request_timeout_ms : 0;
+  *out = s3;
+  return 0;
+}
+
+void
+spot__s3_set_request_hook(struct spot_s3 *s3, spot__s3_request_hook_fn fn,
+                          void *data)
+{
+  s3->hook = fn;
+  s3->hook_data = data;
+}
+
+/* ---- op lifetime ----------------------------------------------------- */
+
+static void
+op_free_cb(uv_handle_t *handle)
+{
+  struct spot_s3_op *op =
+      spot_container_of((uv_timer_t *)handle, struct spot_s3_op, timer);
+
+  free(op);
+}
+
+/* Releases everything but the timer, then closes the timer; the memory
+ * goes in op_free_cb. */
+static void
+op_destroy(struct spot_s3_op *op)
+{
+  if (op->easy != NULL)
+    curl_easy_cleanup(op->easy);
+  curl_slist_free_all(op->headers);
+  spot__s3_xml_result_fini(&op->xml);
+  spot_buf_fini(&op->url);
+  spot_buf_fini(&op->resp);
+  free(op->owned_body);
+  free(op->bucket);
+  free(op->key);
+  uv_close((uv_handle_t *)&op->timer, op_free_cb);
+}
+
+static void
+op_unlink(struct spot_s3_op *op)
+{
+  struct spot_s3 *s3 = op->s3;
+
+  if (s3 == NULL)
+    return;
+  if (op->prev != NULL)
+    op->prev->next = op->next;
+  else
+    s3->ops = op->next;
+  if (op->next != NULL)
+    op->next->prev = op->prev;
+  op->prev = op->next = NULL;
+}
+
+static void
+finish(struct spot_s3_op *op, int err)
+{
+  struct spot_s3_result res;
+  char line[1024];
+
+  memset(&res, 0, sizeof(res));
+  res.err = err;
+  res.http_status = op->status;
+  res.s3_code = op->code;
+  res.message = op->message;
+  res.retries = op->retries;
+  res.op_name = kinds[op->kind].name;
+  res.bucket = op->bucket;
+  res.key = op->key;
+  res.etag = op->etag;
+  if (err == 0) {
+    res.content_length = op->content_length;
+    res.upload_id = op->xml.upload_id;
+    res.objects = op->xml.objects;
+    res.n_objects = op->xml.n_objects;
+    res.common_prefixes = (const char *const *)op->xml.prefixes;
+    res.n_common_prefixes = op->xml.n_prefixes;
+    res.next_token = op->xml.truncated ? op->xml.next_token : NULL;
+    res.parts = op->xml.parts;
+    res.n_parts = op->xml.n_parts;
+    res.uploads = op->xml.uploads;
+    res.n_uploads = op->xml.n_uploads;
+    res.failed_keys = (const char *const *)op->xml.failed_keys;
+    res.n_failed_keys = op->xml.n_failed_keys;
+  }
+  if (err < 0 && err != -ECANCELED)
+    log_debug("s3: op=%u %s", op->id, spot_s3_strerror(&res, line, sizeof(line)));
+  set_state(op, OP_DONE);
+  op_unlink(op);
+  op->s3 = NULL;
+  op->cb(&res, op->cbdata);
+  op_destroy(op);
+}
+
+/* ---- curl callbacks -------------------------------------------------- */
+
+static size_t
+read_cb(char *buf, size_t size, size_t nitems, void *data)
+{
+  struct spot_s3_op *op = data;
+  size_t want = size * nitems, left = op->body_len - op->body_off;
+
+  if (want > left)
+    want = left;
+  if (want > 0)
+    memcpy(buf, op->body + op->body_off, want);
+  op->body_off += want;
+  return want;
+}
+
+static int
+seek_cb(void *data, curl_off_t offset, int origin)
+{
+  struct spot_s3_op *op = data;
+
+  if (origin != SEEK_SET)
+    return CURL_SEEKFUNC_CANTSEEK;
+  if (offset < 0 || (uint64_t)offset > op->body_len)
+    return CURL_SEEKFUNC_FAIL;
+  op->body_off = (size_t)offset;
+  return CURL_SEEKFUNC_OK;
+}
+
+static size_t
+write_cb(char *p, size_t size, size_t nitems, void *data)
+{
+  struct spot_s3_op *op = data;
+  size_t len = size * nitems;
+  long status = 0;
+  int r;
+
+  curl_easy_getinfo(op->easy, CURLINFO_RESPONSE_CODE, &status);
+  if (op->kind == OP_GET && status >= 200 && status <= 299) {
+    if (op->sent_range && status != 206) {
+      /* the server ignored Range: these are not the bytes asked for */
+      op->sink_err = -EPROTO;
+      return 0;
+    }
+    if (op->sink != NULL)
+      r = op->sink(p, len, op->got, op->cbdata);
+    else
+      r = spot_buf_append(op->into, p, len);
+    if (r < 0) {
+      op->sink_err = r;
+      return 0;
+    }
+    op->got += len;
+    return len;
+  }
+  if (spot_buf_append(&op->resp, p, len) < 0) {
+    op->resp_overflow = true;
+    return 0;
+  }
+  return len;
+}
+
+static int
+debug_cb(CURL *easy, curl_infotype type, char *data, size_t size, void *userp)
+{
+  struct spot_s3_op *op = userp;
+
+  if (type == CURLINFO_HEADER_OUT && op->s3 != NULL && op->s3->hook != NULL)
+    op->s3->hook(data, size, op->s3->hook_data);
+  return 0;
+}
+
+/* ---- one attempt ----------------------------------------------------- */
+
+static void done_cb(CURL *easy, CURLcode rc, void *data);
+
+static int
+add_header(struct spot_s3_op *op, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static int
+add_header(struct spot_s3_op *op, const char *fmt, ...)
+{
+  char line[1024];
+  struct curl_slist *l;
+  va_list ap;
+  int n;
+
+  va_start(ap, fmt);
+  n = vsnprintf(line, sizeof(line), fmt, ap);
+  va_end(ap);
+  if (n < 0 || (size_t)n >= sizeof(line))
+    return -E2BIG;
+  l = curl_slist_append(op->headers, line);
+  if (l == NULL)
+    return -ENOMEM;
+  op->headers = l;
+  return 0;
+}
+
+static int
+build_headers(struct spot_s3_op *op, const struct spot_creds *creds)
+{
+  int r;
+
+  curl_slist_free_all(op->headers);
+  op->headers = NULL;
+  op->sent_range = false;
+  r = add_header(op, "x-amz-content-sha256: %s", op->payload_hash);
+  if (r == 0 && creds->session_token != NULL && creds->session_token[0] != '\0')
+    r = add_header(op, "x-amz-security-token: %s", creds->session_token);
+  if (r == 0 && (op->flags & SPOT_S3_IF_NONE_MATCH))
+    r = add_header(op, "If-None-Match: *");
+  if (r == 0 && op->content_md5[0] != '\0')
+    r = add_header(op, "Content-MD5: %s", op->content_md5);
+  if (r == 0 && op->owned_body != NULL)
+    r = add_header(op, "Content-Type: application/xml");
+  if (r == 0 && op->kind == OP_GET) {
+    uint64_t start = op->off + op->got;
+
+    if (op->len > 0) {
+      r = add_header(op, "Range: bytes=%llu-%llu", (unsigned long long)start,
+                     (unsigned long long)(op->off + op->len - 1));
+      op->sent_range = true;
+    } else if (start > 0) {
+      r = add_header(op, "Range: bytes=%llu-", (unsigned long long)start);
+      op->sent_range = true;
+    }
+    /* a resumed GET must read the same object version */
+    if (r == 0 && op->got > 0 && op->if_match[0] != '\0')
+      r = add_header(op, "If-Match: %s", op->if_match);
+  }
+  return r;
+}
+
+#define SETOPT(opt, val)                                                       \
+  do {                                                                         \
+    CURLcode c_ = curl_easy_setopt(op->easy, opt, val);                        \
+    if (c_ != CURLE_OK) {                                                      \
+      log_err("s3: curl_easy_setopt(%s): %s", #opt, curl_easy_strerror(c_));   \
+      return c_ == CURLE_OUT_OF_MEMORY ? -ENOMEM : -EINVAL;                    \
+    }                                                                          \
+  } while (0)
+
+static int
+attempt(struct spot_s3_op *op)
+{
+  struct spot_s3 *s3 = op->s3;
+  const struct spot_creds *creds = NULL;
+  int r;
+
+  r = s3->creds->get(s3->creds, &creds);
+  if (r < 0) {
+    snprintf(op->message, sizeof(op->message), "no credentials: %s",
+             strerror(-r));
+    return r;
+  }
+  if (creds == NULL || creds->access_key == NULL || creds->secret_key == NULL)
+    return -ENOKEY;
+  r = build_headers(op, creds);
+  if (r < 0)
+    return r;
+  spot_buf_reset(&op->resp);
+  op->resp_overflow = false;
+  op->sink_err = 0;
+  op->body_off = 0;
+  op->status = 0;
+  op->errbuf[0] = '\0';
+  op->code[0] = '\0';
+  op->message[0] = '\0';
+  curl_easy_reset(op->easy);
+  SETOPT(CURLOPT_URL, spot_buf_str(&op->url));
+  SETOPT(CURLOPT_PROTOCOLS_STR, "http,https");
+  SETOPT(CURLOPT_PATH_AS_IS, 1L);
+  SETOPT(CURLOPT_NOSIGNAL, 1L);
+  SETOPT(CURLOPT_ERRORBUFFER, op->errbuf);
+  SETOPT(CURLOPT_USERAGENT, "spotd/" SPOT_VERSION);
+  SETOPT(CURLOPT_AWS_SIGV4, s3->sigv4);
+  SETOPT(CURLOPT_USERNAME, creds->access_key);
+  SETOPT(CURLOPT_PASSWORD, creds->secret_key);
+  SETOPT(CURLOPT_HTTPHEADER, op->headers);
+  SETOPT(CURLOPT_SSL_VERIFYPEER, 1L);
+  SETOPT(CURLOPT_SSL_VERIFYHOST, 2L);
+  SETOPT(CURLOPT_TCP_KEEPALIVE, 1L);
+  SETOPT(CURLOPT_CONNECTTIMEOUT_MS, s3->connect_timeout_ms);
+  SETOPT(CURLOPT_LOW_SPEED_LIMIT, s3->low_speed_limit);
+  SETOPT(CURLOPT_LOW_SPEED_TIME, s3->low_speed_time_s);
+  if (s3->request_timeout_ms > 0)
+    SETOPT(CURLOPT_TIMEOUT_MS, s3->request_timeout_ms);
+  SETOPT(CURLOPT_WRITEFUNCTION, write_cb);
+  SETOPT(CURLOPT_WRITEDATA, op);
+  if (s3->hook != NULL) {
+    SETOPT(CURLOPT_DEBUGFUNCTION, debug_cb);
+    SETOPT(CURLOPT_DEBUGDATA, op);
+    SETOPT(CURLOPT_VERBOSE, 1L);
+  }
+  if (op->upload) {
+    /* UPLOAD sends the body from read_cb with a Content-Length (never
+     * chunked: Ceph answers 411); CUSTOMREQUEST turns it into a POST
+     * where needed without curl adding a form Content-Type. */
+    SETOPT(CURLOPT_UPLOAD, 1L);
+    SETOPT(CURLOPT_READFUNCTION, read_cb);
+    SETOPT(CURLOPT_READDATA, op);
+    SETOPT(CURLOPT_SEEKFUNCTION, seek_cb);
+    SETOPT(CURLOPT_SEEKDATA, op);
+    SETOPT(CURLOPT_INFILESIZE_LARGE, (curl_off_t)op->body_len);
+    if (strcmp(kinds[op->kind].method, "PUT") != 0)
+      SETOPT(CURLOPT_CUSTOMREQUEST, kinds[op->kind].method);
+  } else if (op->kind == OP_HEAD) {
+    SETOPT(CURLOPT_NOBODY, 1L);
+  } else if (strcmp(kinds[op->kind].method, "GET") != 0) {
+    SETOPT(CURLOPT_CUSTOMREQUEST, kinds[op->kind].method);
+  }
+  r = spot_http_add(s3->http, op->easy, done_cb, op);
+  if (r < 0)
+    return r;
+  set_state(op, OP_SENDING);
+  return 0;
+}
+
+static void
+backoff_cb(uv_timer_t *timer)
+{
+  struct spot_s3_op *op = spot_container_of(timer, struct spot_s3_op, timer);
+  int r;
+
+  r = attempt(op);
+  if (r < 0)
+    finish(op, r);
+}
+
+static void
+copy_str(char *dst, size_t size, const char *src)
+{
+  spot_strlcpy(dst, src != NULL ? src : "", size);
+}
+
+static void
+done_cb(CURL *easy, CURLcode rc, void *data)
+{
+  struct spot_s3_op *op = data;
+  struct curl_header *h = NULL;
+  curl_off_t cl = -1;
+  int err;
+
+  if (op->cancelled || rc == CURLE_ABORTED_BY_CALLBACK) {
+    copy_str(op->message, sizeof(op->message), "cancelled");
+    finish(op, -ECANCELED);
+    return;
+  }
+  curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &op->status);
+  if (rc == CURLE_OK || op->status > 0) {
+    if (curl_easy_header(easy, "ETag", 0, CURLH_HEADER, -1, &h) == CURLHE_OK &&
+        h != NULL)
+      copy_str(op->etag, sizeof(op->etag), h->value);
+  }
+  if (op->kind == OP_GET && op->if_match[0] == '\0' && op->etag[0] != '\0')
+    copy_str(op->if_match, sizeof(op->if_match), op->etag);
+
+  if (rc != CURLE_OK) {
+    if (op->sink_err < 0) {
+      finish(op, op->sink_err);
+      return;
+    }
+    if (op->resp_overflow) {
+      snprintf(op->message, sizeof(op->message), "response body over %u bytes",
+               SPOT__S3_XML_CAP);
+      finish(op, -EMSGSIZE);
+      return;
+    }
+    copy_str(op->message, sizeof(op->message),
+             op->errbuf[0] != '\0' ? op->errbuf : curl_easy_strerror(rc));
+    err = spot__s3_map_error(rc, op->status, NULL);
+  } else if (op->status >= 200 && op->status <= 299) {
+    err = 0;
+    if (kinds[op->kind].xml >= 0) {
+      spot__s3_xml_result_fini(&op->xml);
+      err = spot__s3_xml_parse((enum spot__s3_xml_kind)kinds[op->kind].xml,
+                               spot_buf_str(&op->resp), op->resp.len, &op->xml);
+      if (err < 0) {
+        snprintf(op->message, sizeof(op->message),
+                 "unparsable response body (%zu bytes)", op->resp.len);
+        err = -EBADMSG;
+      } else if (op->xml.is_error) {
+        /* CompleteMultipartUpload can fail inside a 200 */
+        copy_str(op->code, sizeof(op->code), op->xml.code);
+        copy_str(op->message, sizeof(op->message), op->xml.message);
+        err = -EIO;
+      } else if (op->kind == OP_MPU_COMPLETE && op->xml.etag != NULL) {
+        copy_str(op->etag, sizeof(op->etag), op->xml.etag);
+      }
+    }
+    if (err == 0) {
+      if (op->kind == OP_HEAD) {
+        curl_easy_getinfo(easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl);
+        op->content_length = cl >= 0 ? (uint64_t)cl : 0;
+      } else if (op->kind == OP_GET) {
+        op->content_length = op->got;
+      }
+    }
+  } else {
+    struct spot__s3_xml_result x;
+
+    if (op->resp.len > 0 &&
+        spot__s3_xml_parse(SPOT__S3_XML_ERROR, spot_buf_str(&op->resp),
+                           op->resp.len, &x) == 0) {
+      copy_str(op->code, sizeof(op->code), x.code);
+      copy_str(op->message, sizeof(op->message), x.message);
+      spot__s3_xml_result_fini(&x);
+    } else {
+      snprintf(op->message, sizeof(op->message), "HTTP %ld", op->status);
+    }
+    err = spot__s3_map_error(rc, op->status, op->code);
+  }
+  if (err == 0) {
+    finish(op, 0);
+    return;
+  }
+  if (err != -EBADMSG && spot__s3_should_retry(rc, op->status, op->code) &&
+      op->retries < op->s3->max_retries) {
+    uint64_t ms = spot_backoff_ms(op->retries, op->s3->retry_base_ms,
+                                  op->s3->retry_cap_ms, spot_random_u32());
+
+    op->retries++;
+    log_warn("s3: %s s3://%s/%s: %s%s%s; retry %u/%u in %llu ms",
+             kinds[op->kind].name, op->bucket, op->key,
+             rc != CURLE_OK ? "" : op->code,
+             rc != CURLE_OK || op->code[0] == '\0' ? "" : ": ", op->message,
+             op->retries, op->s3->max_retries, (unsigned long long)ms);
+    set_state(op, OP_BACKOFF);
+    uv_timer_start(&op->timer, backoff_cb, ms, 0);
+    return;
+  }
+  if (rc != CURLE_OK)
+    log_warn("s3: %s s3://%s/%s: %s", kinds[op->kind].name, op->bucket,
+             op->key, op->message);
+  finish(op, err);
+}
+
+/* ---- building operations ---------------------------------------------- */
+
+static bool
+valid_bucket(const char *b)
+{
+  size_t n = b != NULL ? strlen(b) : 0;
+
+  if (n < 3 || n > 63)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (!((b[i] >= 'a' && b[i] <= 'z') || (b[i] >= 'A' && b[i] <= 'Z') ||
+          (b[i] >= '0' && b[i] <= '9') || b[i] == '-' || b[i] == '.' ||
+          b[i] == '_'))
+      return false;
+  return true;
+}
+
+static bool
+valid_key(const char *k)
+{
+  size_t n = k != NULL ? strlen(k) : 0;
+
+  return n > 0 && n <= KEY_MAX;
+}
+
+/* Builds the op and its URL (query already canonical: sorted, encoded). */
+static int
+op_new(struct spot_s3 *s3, enum op_kind kind, const char *bucket,
+       const char *key, const char *query, spot_s3_cb cb, void *cbdata,
+       struct spot_s3_op **out)
+{
+  struct spot_s3_op *op;
+  int r;
+
+  if (s3 == NULL || cb == NULL)
+    return -EINVAL;
+  if (s3->freeing)
+    return -ESHUTDOWN;
+  if (!valid_bucket(bucket)) {
+    log_err("s3: invalid bucket name \"%s\"", bucket != NULL ? bucket : "");
+    return -EINVAL;
+  }
+  if (key != NULL && !valid_key(key))
+    return -EINVAL;
+  op = calloc(1, sizeof(*op));
+  if (op == NULL)
+    return -ENOMEM;
+  op->s3 = s3;
+  op->kind = kind;
+  op->state = OP_INIT;
+  op->id = ++s3->next_id;
+  op->cb = cb;
+  op->cbdata = cbdata;
+  memcpy(op->payload_hash, SPOT__SHA256_EMPTY, sizeof(op->payload_hash));
+  spot_buf_init(&op->url, URL_CAP);
+  spot_buf_init(&op->resp, SPOT__S3_XML_CAP);
+  op->bucket = strdup(bucket);
+  op->key = strdup(key != NULL ? key : "");
+  op->easy = curl_easy_init();
+  if (op->bucket == NULL || op->key == NULL || op->easy == NULL) {
+    r = -ENOMEM;
+    goto fail;
+  }
+  if (s3->path_style)
+    r = spot_buf_printf(&op->url, "%s://%s/%s%s", s3->scheme, s3->hostport,
+                        bucket, key != NULL ? "/" : "");
+  else
+    r = spot_buf_printf(&op->url, "%s://%s.%s/", s3->scheme, bucket,
+                        s3->hostport);
+  if (r == 0 && key != NULL)
+    r = spot_s3_uri_encode(key, true, &op->url);
+  if (r == 0 && query != NULL && query[0] != '\0')
+    r = spot_buf_printf(&op->url, "?%s", query);
+  if (r < 0)
+    goto fail;
+  r = uv_timer_init(s3->loop, &op->timer);
+  if (r < 0)
+    goto fail;
+  *out = op;
+  return 0;
+fail:
+  curl_easy_cleanup(op->easy);
+  spot_buf_fini(&op->url);
+  spot_buf_fini(&op->resp);
+  free(op->bucket);
+  free(op->key);
+  free(op);
+  return r;
+}
+
+/* First attempt; on failure the op is destroyed and cb never runs. */
+static int
+op_start(struct spot_s3_op *op, struct spot_s3_op **out)
+{
+  struct spot_s3 *s3 = op->s3;
+  int r;
+
+  if (op->upload && op->body_len <= PAYLOAD_HASH_MAX)
+    spot__sha256_hex(op->body_len > 0 ? op->body : "", op->body_len,
+                     op->payload_hash);
+  else if (op->upload)
+    spot_strlcpy(op->payload_hash, "UNSIGNED-PAYLOAD", sizeof(op->payload_hash));
+  r = attempt(op);
+  if (r < 0) {
+    log_debug("s3: %s s3://%s/%s: cannot start: %s", kinds[op->kind].name,
+              op->bucket, op->key, strerror(-r));
+    op->s3 = NULL;
+    op_destroy(op);
+    return r;
+  }
+  op->next = s3->ops;
+  if (s3->ops != NULL)
+    s3->ops->prev = op;
+  s3->ops = op;
+  if (out != NULL)
+    *out = op;
+  return 0;
+}
+
+static int
+query_upload_id(const char *upload_id, int part, struct spot_buf *q)
+{
+  int r = 0;
+
+  if (upload_id == NULL || upload_id[0] == '\0' ||
+      strlen(upload_id) > UPLOAD_ID_MAX)
+    return -EINVAL;
+  if (part > 0)
+    r = spot_buf_printf(q, "partNumber=%d&", part);
+  if (r == 0)
+    r = spot_buf_appends(q, "uploadId=");
+  if (r == 0)
+    r = spot_s3_uri_encode(upload_id, false, q);
+  return r;
+}
+
+int
+spot_s3_put(struct spot_s3 *s3, const char *bucket, const char *key,
+            const void *data, size_t len, unsigned flags, spot_s3_cb cb,
+            void *cbdata, struct spot_s3_op **op)
+{
+  struct spot_s3_op *o;
+  int r;
+
+  if (data == NULL && len > 0)
+    return -EINVAL;
+  r = op_new(s3, OP_PUT, bucket, key != NULL ? key : "", NULL, cb, cbdata, &o);
+  if (r < 0)
+    return r;
+  o->upload = true;
+  o->body = data;
+  o->body_len = len;
+  o->flags = flags;
+  return op_start(o, op);
+}
+
+int
+spot_s3_get(struct spot_s3 *s3, const char *bucket, const char *key,
+            uint64_t off, uint64_t len, spot_s3_sink_cb sink,
+            struct spot_buf *into, spot_s3_cb cb, void *cbdata,
+            struct spot_s3_op **op)
+{
+  struct spot_s3_op *o;
+  int r;
+
+  if ((sink == NULL) == (into == NULL))
+    return -EINVAL;
+  if (len > 0 && off + len < off)
+    return -EINVAL;
+  r = op_new(s3, OP_GET, bucket, key != NULL ? key : "", NULL, cb, cbdata, &o);
+  if (r < 0)
+    return r;
+  o->off = off;
+  o->len = len;
+  o->sink = sink;
+  o->into = into;
+  return op_start(o, op);
+}
+
+int
+spot_s3_head(struct spot_s3 *s3, const char *bucket, const char *key,
+             spot_s3_cb cb, void *cbdata, struct spot_s3_op **op)
+{
+  struct spot_s3_op *o;
+  int r;
+
+  r = op_new(s3, OP_HEAD, bucket, key != NULL ? key : "", NULL, cb, cbdata, &o);
+  if (r < 0)
+    return r;
+  return op_start(o, op);
+}
+
+static int
+add_param(struct spot_buf *q, const char *name, const char *value)
+{
+  int r = spot_buf_printf(q, "%s%s=", q->len > 0 ? "&" : "", name);
+
+  if (r == 0 && value != NULL)
+    r = spot_s3_uri_encode(value, false, q);
+  return r;
+}
+
+int
+spot__s3_list_query(const char *prefix, const char *delimiter,
+                    const char *token, unsigned max_keys, struct spot_buf *q)
+{
+  char mk[16];
+  int r = 0;
+
+  /* names in sorted order: continuation-token, delimiter, list-type,
+   * max-keys, prefix */
+  if (token != NULL && token[0] != '\0')
+    r = add_param(q, "continuation-token", token);
+  if (r == 0 && delimiter != NULL && delimiter[0] != '\0')
+    r = add_param(q, "delimiter", delimiter);
+  if (r == 0)
+    r = add_param(q, "list-type", "2");
+  if (r == 0 && max_keys > 0) {
+    snprintf(mk, sizeof(mk), "%u", max_keys);
+    r = add_param(q, "max-keys", mk);
+  }
+  if (r == 0 && prefix != NULL && prefix[0] != '\0')
+    r = add_param(q, "prefix", prefix);
+  return r;
+}
+
+int
+spot_s3_list(struct spot_s3 *s3, const char *bucket, const char *prefix,
+             const char *delimiter, const char *token, unsigned max_keys,
+             spot_s3_cb cb, void *cbdata, struct spot_s3_op **op)
+{
+  struct spot_s3_op *o;
+  struct spot_buf q;
+  int r;
+
+  spot_buf_init(&q, URL_CAP);
+  r = spot__s3_list_query(prefix, delimiter, token, max_keys, &q);
+  if (r == 0)
+    r = op_new(s3, OP_LIST, bucket, NULL, spot_buf_str(&q), cb, cbdata, &o);
+  spot_buf_fini(&q);
+  if (r < 0)
+    return r;
+  return op_start(o, op);
+}
+
+static void
+md5_base64(const void *p, size_t n, char out[32])
+{
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+
+  out[0] = '\0';
+  if (EVP_Digest(p, n, md, &len, EVP_md5(), NULL) == 1 && len == 16)
+    EVP_EncodeBlock((unsigned char *)out, md, 16); /* 24 chars + NUL */
+}
+
+int
+spot_s3_delete_objects(struct spot_s3 *s3, const char *bucket,
+                       const char *const *keys, size_t n, spot_s3_cb cb,
+                       void *cbdata, struct spot_s3_op **op)
+{
+  struct spot_s3_op *o;
+  struct spot_buf body;
+  int r;
+
+  if (n == 0 || n > MAX_DELETE || keys == NULL)
+    return -EINVAL;
+  spot_buf_init(&body, BODY_CAP);
+  r = spot_buf_appends(&body, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>"
+                              "<Delete><Quiet>true</Quiet>");
+  for (size_t i = 0; r == 0 && i < n; i++) {
+    if (!valid_key(keys[i])) {
+      r = -EINVAL;
+      break;
+    }
+    r = spot_buf_appends(&body, "<Object><Key>");
+    if (r == 0)
+      r = spot__xml_escape(keys[i], &body);
+    if (r == 0)
+      r = spot_buf_appends(&body, "</Key></Object>");
+  }
+  if (r == 0)
+    r = spot_buf_appends(&body, "</Delete>");
+  if (r == 0)
+    r = op_new(s3, OP_DELETE_OBJECTS, bucket, NULL, "delete=", cb, cbdata, &o);
+  if (r < 0) {
+    spot_buf_fini(&body);
+    return r;
+  }
+  o->upload = true;
+  o->body_len = body.len;
+  o->owned_body = spot_buf_steal(&body);
+  o->body = o->owned_body;
+  spot_buf_fini(&body);
+  if (o->owned_body == NULL) {
+    o->s3 = NULL;
+    op_destroy(o);
+    return -ENOMEM;
+  }
+  md5_base64(o->body, o->body_len, o->content_md5);
+  return op_start(o, op);
+}
+
+int
+spot_s3_mpu_create(struct spot_s3 *s3, const char *bucket, const char *key,
+                   spot_s3_cb cb, void *cbdata, struct spot_s3_op **op)
+{
+  struct spot_s3_op *o;
+  int r;
+
+  r = op_new(s3, OP_MPU_CREATE, bucket, key != NULL ? key : "", "uploads=",
+             cb, cbdata, &o);
+  if (r < 0)
+    return r;
+  o->upload = true; /* POST with an empty body and Content-Length: 0 */
+  o->body = "";
+  return op_start(o, op);
+}
+
+int
+spot_s3_mpu_part(struct spot_s3 *s3, const char *bucket, const char *key,
+                 const char *upload_id, int part_number, const void *data,
+                 size_t len, spot_s3_cb cb, void *cbdata,
+                 struct spot_s3_op **op)
+{
+  struct spot_s3_op *o;
+  struct spot_buf q;
+  int r;
+
+  if (part_number < 1 || part_number > MAX_PARTS || (data == NULL && len > 0))
+    return -EINVAL;
+  spot_buf_init(&q, URL_CAP);
+  r = query_upload_id(upload_id, part_number, &q);
+  if (r == 0)
+    r = op_new(s3, OP_MPU_PART, bucket, key != NULL ? key : "",
+               spot_buf_str(&q), cb, cbdata, &o);
+  spot_buf_fini(&q);
+  if (r < 0)
+    return r;
+  o->upload = true;
+  o->body = data;
+  o->body_len = len;
+  return op_start(o, op);
+}
+
+int
+spot_s3_mpu_complete(struct spot_s3 *s3, const char *bucket, const char *key,
+                     const char *upload_id,
+                     const struct spot_s3_part_info *parts, size_t n,
+                     spot_s3_cb cb, void *cbdata, struct spot_s3_op **op)
+{
+  struct spot_s3_op *o;
+  struct spot_buf q, body;
+  int r;
+
+  if (parts == NULL || n == 0 || n > MAX_PARTS)
+    return -EINVAL;
+  spot_buf_init(&q, URL_CAP);
+  spot_buf_init(&body, BODY_CAP);
+  r = query_upload_id(upload_id, 0, &q);
+  if (r == 0)
+    r = spot_buf_appends(&body, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>"
+                                "<CompleteMultipartUpload>");
+  for (size_t i = 0; r == 0 && i < n; i++) {
+    if (parts[i].number < 1 || parts[i].number > MAX_PARTS ||
+        (i > 0 && parts[i].number <= parts[i - 1].number)) {
+      r = -EINVAL; /* S3 wants them ascending */
+      break;
+    }
+    r = spot_buf_printf(&body, "<Part><PartNumber>%d</PartNumber><ETag>",
+                        parts[i].number);
+    if (r == 0)
+      r = spot__xml_escape(parts[i].etag, &body);
+    if (r == 0)
+      r = spot_buf_appends(&body, "</ETag></Part>");
+  }
+  if (r == 0)
+    r = spot_buf_appends(&body, "</CompleteMultipartUpload>");
+  if (r == 0)
+    r = op_new(s3, OP_MPU_COMPLETE, bucket, key != NULL ? key : "",
+               spot_buf_str(&q), cb, cbdata, &o);
+  spot_buf_fini(&q);
+  if (r < 0) {
+    spot_buf_fini(&body);
+    return r;
+  }
+  o->upload = true;
+  o->body_len = body.len;
+  o->owned_body = spot_buf_steal(&body);
+  o->body = o->owned_body;
+  spot_buf_fini(&body);
+  if (o->owned_body == NULL) {
+    o->s3 = NULL;
+    op_destroy(o);
+    return -ENOMEM;
+  }
+  return op_start(o, op);
+}
+
+static int
+upload_id_op(struct spot_s3 *s3, enum op_kind kind, const char *bucket,
+             const char *key, const char *upload_id, spot_s3_cb cb,
+             void *cbdata, struct spot_s3_op **op)
+{
+  struct spot_s3_op *o;
+  struct spot_buf q;
+  int r;
+
+  spot_buf_init(&q, URL_CAP);
+  r = query_upload_id(upload_id, 0, &q);
+  if (r == 0)
+    r = op_new(s3, kind, bucket, key != NULL ? key : "", spot_buf_str(&q), cb,
+               cbdata, &o);
+  spot_buf_fini(&q);
+  if (r < 0)
+    return r;
+  return op_start(o, op);
+}
+
+int
+spot_s3_mpu_abort(struct spot_s3 *s3, const char *bucket, const char *key,
+                  const char *upload_id, spot_s3_cb cb, void *cbdata,
+                  struct spot_s3_op **op)
+{
+  return upload_id_op(s3, OP_MPU_ABORT, bucket, key, upload_id, cb, cbdata, op);
+}
+
+int
+spot_s3_mpu_list_parts(struct spot_s3 *s3, const char *bucket,
+                       const char *key, const char *upload_id, spot_s3_cb cb,
+                       void *cbdata, struct spot_s3_op **op)
+{
+  return upload_id_op(s3, OP_MPU_LIST_PARTS, bucket, key, upload_id, cb,
+                      cbdata, op);
+}
+
+int
+spot_s3_list_uploads(struct spot_s3 *s3, const char *bucket,
+                     const char *prefix, spot_s3_cb cb, void *cbdata,
+                     struct spot_s3_op **op)
+{
+  struct spot_s3_op *o;
+  struct spot_buf q;
+  int r = 0;
+
+  spot_buf_init(&q, URL_CAP);
+  if (prefix != NULL && prefix[0] != '\0')
+    r = add_param(&q, "prefix", prefix);
+  if (r == 0)
+    r = add_param(&q, "uploads", "");
+  if (r == 0)
+    r = op_new(s3, OP_LIST_UPLOADS, bucket, NULL, spot_buf_str(&q), cb,
+               cbdata, &o);
+  spot_buf_fini(&q);
+  if (r < 0)
+    return r;
+  return op_start(o, op);
+}
+
+/* ---- cancel and free ------------------------------------------------- */
+
+void
+spot_s3_cancel(struct spot_s3_op *op)
+{
+  if (op == NULL)
+    return;
+  switch (op->state) {
+  case OP_SENDING:
+    op->cancelled = true;
+    /* runs done_cb, which finishes with -ECANCELED; the op's memory
+     * lives until its timer's close callback, so state is still
+     * readable here */
+    spot_http_cancel(op->s3->http, op->easy);
+    if (op->state == OP_SENDING)
+      finish(op, -ECANCELED);
+    break;
+  case OP_BACKOFF:
+    uv_timer_stop(&op->timer);
+    copy_str(op->message, sizeof(op->message), "cancelled");
+    finish(op, -ECANCELED);
+    break;
+  case OP_INIT:
+  case OP_DONE:
+  case OP_STATE_LAST:
+    break;
+  }
+}
+
+void
+spot_s3_free(struct spot_s3 *s3)
+{
+  if (s3 == NULL)
+    return;
+  s3->freeing = true;
+  while (s3->ops != NULL)
+    spot_s3_cancel(s3->ops);
+  free(s3->scheme);
+  free(s3->hostport);
+  free(s3->region);
+  free(s3->sigv4);
+  free(s3);
+}

@@ -15,6 +15,7 @@ static int cmd_help(int argc, char **argv);
 /* The command table. Each group lives in its own file. */
 static const struct spotctl_cmd commands[] = {
     {"help", "[COMMAND]", "show help", cmd_help},
+    {"emulate", "--provider aws|gcp|azure [...]", "local metadata service emulator", spotctl_cmd_emulate},
 };
 
 int

@@ -21,5 +21,6 @@ enum {
  * SPOTCTL_EXIT_FAIL. */
 int spotctl_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int spotctl_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int spotctl_cmd_emulate(int argc, char **argv); /* emulate.c */
 
 #endif

@@ -30,9 +30,10 @@
  * frames, one per part, tile [0, size) and the object [0, stored) with no
  * gap or overlap, and "crc32c" is the CRC32C of the frame's raw bytes
  * (codec.h says why raw). An EMPTY file has no frame and NO object: no
- * "key", nothing is uploaded (an object can't be a zero-frame zstd stream
- * that `zstd -d` accepts cheaply, and a PUT per empty file is wasted);
- * restore just creates it. A non-empty file always has a key and >= 1 frame.
+ * "key", nothing is uploaded (a PUT per empty file is a wasted round trip,
+ * and an empty object is not a zstd stream anyway); restore just creates
+ * it. A non-empty file always has a key and >= 1 frame.
+ * ("totals" are checked against the sums of the files when parsing.)
  *
  * Paths and keys: UTF-8 (JSON strings are), 1..SPOT_MANIFEST_PATH_MAX
  * bytes, no NUL, no leading '/', no empty, "." or ".." component, each
@@ -88,12 +89,13 @@ struct spot_manifest {
   unsigned version;
   char *name;
   char *job;
-  int64_t created_ms; /* serialized with second precision */
+  int64_t created_ms; /* 1970..9999, serialized with second precision */
   uint64_t total_raw;
   uint64_t total_stored;
   struct spot_manifest_file *files; /* nfiles entries, in insertion order */
   size_t nfiles;
   size_t files_alloc;
+  size_t total_frames;
 };
 
 /* Whether name is a valid checkpoint name (also used for job ids): 1..128
@@ -103,15 +105,17 @@ bool spot_ckpt_name_valid(const char *name);
 /* Whether path is a valid relative path by the rules above. */
 bool spot_manifest_path_valid(const char *path);
 
-/* An empty manifest. Returns 0, -EINVAL (invalid name or job) or -ENOMEM. */
+/* An empty manifest. Returns 0, -EINVAL (invalid name or job, created_ms
+ * outside 1970..9999) or -ENOMEM. */
 int spot_manifest_new(const char *name, const char *job, int64_t created_ms,
                       struct spot_manifest **out);
 void spot_manifest_free(struct spot_manifest *m);
 
 /* Adds a file; *out_index (may be NULL) identifies it for
  * spot_manifest_set_frame(). key is NULL iff size is 0. Returns 0, -EINVAL
- * (invalid path, key, mode, filter, or key/size mismatch), -EEXIST (same
- * path or key already added), -E2BIG (too many files) or -ENOMEM. */
+ * (invalid path or key, not UTF-8, mode > 07777, bad filter, key/size
+ * mismatch), -E2BIG (too many files) or -ENOMEM. Duplicates and "a" vs
+ * "a/b" conflicts are found by spot_manifest_to_json() (hash sets, once). */
 int spot_manifest_add_file(struct spot_manifest *m, const char *path,
                            const char *key, uint64_t size, uint32_t mode,
                            int64_t mtime_ns, enum spot_filter filter,

@@ -1,0 +1,910 @@
+/* The checkpoint manifest: builder, jansson serializer, strict parser.
+ * Everything the restore relies on is checked in one place, validate(),
+ * which both the builder (before writing) and the parser (after reading)
+ * run, so a manifest we write is always one we accept. */
+#include "manifest.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+/* 1970-01-01T00:00:00Z .. 9999-12-31T23:59:59Z: what RFC 3339 can say
+ * with a four-digit year */
+#define CREATED_MAX_MS INT64_C(253402300799999)
+/* where-strings like "files[999999].frames[9999]" */
+#define WHERE_MAX 64
+
+static int fail(char *err, size_t errlen, int r, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int
+fail(char *err, size_t errlen, int r, const char *fmt, ...)
+{
+  va_list ap;
+
+  if (err && errlen > 0) {
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return r;
+}
+
+/* Untrusted text quoted in an error message: at most 32 bytes, anything
+ * but printable ASCII shown as '?', so a manifest can't put escape
+ * sequences on the user's terminal. */
+static const char *
+quote(const char *s, char *buf, size_t size)
+{
+  size_t i;
+
+  for (i = 0; s[i] && i + 1 < size && i < 32; i++)
+    buf[i] = (s[i] > 0x20 && s[i] < 0x7f) ? s[i] : '?';
+  buf[i] = '\0';
+  return buf;
+}
+
+static bool
+utf8_valid(const unsigned char *s, size_t n)
+{
+  size_t i = 0;
+
+  while (i < n) {
+    unsigned c = s[i], need;
+    uint32_t cp, min;
+
+    if (c < 0x80) {
+      i++;
+      continue;
+    }
+    if ((c & 0xE0) == 0xC0)
+      need = 1, cp = c & 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0)
+      need = 2, cp = c & 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0)
+      need = 3, cp = c & 0x07, min = 0x10000;
+    else
+      return false;
+    if (n - i <= need)
+      return false;
+    for (unsigned k = 1; k <= need; k++) {
+      if ((s[i + k] & 0xC0) != 0x80)
+        return false;
+      cp = cp << 6 | (s[i + k] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+      return false;
+    i += need + 1;
+  }
+  return true;
+}
+
+/* NULL if p[0..len) is a valid relative path, else why not. */
+static const char *
+path_problem(const char *p, size_t len)
+{
+  size_t start = 0;
+
+  if (len == 0)
+    return "empty";
+  if (len > SPOT_MANIFEST_PATH_MAX)
+    return "longer than 4096 bytes";
+  if (memchr(p, '\0', len))
+    return "contains a NUL byte";
+  if (p[0] == '/')
+    return "absolute (leading '/')";
+  if (!utf8_valid((const unsigned char *)p, len))
+    return "not valid UTF-8";
+  for (size_t i = 0; i <= len; i++) {
+    size_t clen;
+
+    if (i < len && p[i] != '/')
+      continue;
+    clen = i - start;
+    if (clen == 0)
+      return "empty component ('//' or trailing '/')";
+    if (clen == 1 && p[start] == '.')
+      return "'.' component";
+    if (clen == 2 && p[start] == '.' && p[start + 1] == '.')
+      return "'..' component";
+    if (clen > SPOT_MANIFEST_COMPONENT_MAX)
+      return "component longer than 255 bytes";
+    start = i + 1;
+  }
+  return NULL;
+}
+
+bool
+spot_manifest_path_valid(const char *path)
+{
+  return path && path_problem(path, strlen(path)) == NULL;
+}
+
+bool
+spot_ckpt_name_valid(const char *name)
+{
+  size_t n;
+
+  if (!name)
+    return false;
+  n = strnlen(name, SPOT_CKPT_NAME_MAX + 1);
+  if (n == 0 || n > SPOT_CKPT_NAME_MAX)
+    return false;
+  if (strcmp(name, ".") == 0 || strstr(name, ".."))
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)name[i];
+
+    /* printable ASCII without space; '/' and '\\' would make folders */
+    if (c <= 0x20 || c >= 0x7f || c == '/' || c == '\\')
+      return false;
+  }
+  return true;
+}
+
+static void
+file_fini(struct spot_manifest_file *f)
+{
+  free(f->path);
+  free(f->key);
+  free(f->frames);
+}
+
+void
+spot_manifest_free(struct spot_manifest *m)
+{
+  if (!m)
+    return;
+  for (size_t i = 0; i < m->nfiles; i++)
+    file_fini(&m->files[i]);
+  free(m->files);
+  free(m->name);
+  free(m->job);
+  free(m);
+}
+
+int
+spot_manifest_new(const char *name, const char *job, int64_t created_ms,
+                  struct spot_manifest **out)
+{
+  struct spot_manifest *m;
+
+  if (!spot_ckpt_name_valid(name) || !spot_ckpt_name_valid(job) ||
+      created_ms < 0 || created_ms > CREATED_MAX_MS)
+    return -EINVAL;
+  m = calloc(1, sizeof(*m));
+  if (!m)
+    return -ENOMEM;
+  m->version = SPOT_MANIFEST_VERSION;
+  m->created_ms = created_ms;
+  m->name = strdup(name);
+  m->job = strdup(job);
+  if (!m->name || !m->job) {
+    spot_manifest_free(m);
+    return -ENOMEM;
+  }
+  *out = m;
+  return 0;
+}
+
+int
+spot_manifest_add_file(struct spot_manifest *m, const char *path,
+                       const char *key, uint64_t size, uint32_t mode,
+                       int64_t mtime_ns, enum spot_filter filter,
+                       size_t *out_index)
+{
+  struct spot_manifest_file *f;
+
+  if (!spot_manifest_path_valid(path) || mode > 07777 ||
+      (unsigned)filter >= SPOT_FILTER_LAST || (size == 0) != (key == NULL) ||
+      (key && (!spot_manifest_path_valid(key) ||
+               strcmp(key, SPOT_MANIFEST_NAME) == 0)))
+    return -EINVAL;
+  if (m->nfiles >= SPOT_MANIFEST_FILES_MAX)
+    return -E2BIG;
+  if (m->nfiles == m->files_alloc) {
+    size_t na = m->files_alloc ? m->files_alloc * 2 : 16;
+    struct spot_manifest_file *nf;
+
+    if (na > SPOT_MANIFEST_FILES_MAX)
+      na = SPOT_MANIFEST_FILES_MAX;
+    nf = realloc(m->files, na * sizeof(*nf));
+    if (!nf)
+      return -ENOMEM;
+    m->files = nf;
+    m->files_alloc = na;
+  }
+  f = &m->files[m->nfiles];
+  memset(f, 0, sizeof(*f));
+  f->path = strdup(path);
+  f->key = key ? strdup(key) : NULL;
+  if (!f->path || (key && !f->key)) {
+    file_fini(f);
+    return -ENOMEM;
+  }
+  f->size = size;
+  f->mode = mode;
+  f->mtime_ns = mtime_ns;
+  f->filter = filter;
+  if (out_index)
+    *out_index = m->nfiles;
+  m->nfiles++;
+  return 0;
+}
+
+int
+spot_manifest_set_frame(struct spot_manifest *m, size_t index, size_t part,
+                        uint64_t raw_len, uint64_t comp_len, uint32_t crc32c)
+{
+  struct spot_manifest_file *f;
+  struct spot_manifest_frame *fr;
+
+  if (index >= m->nfiles)
+    return -EINVAL;
+  f = &m->files[index];
+  if (f->size == 0 || raw_len == 0 || raw_len > SPOT_CODEC_PART_MAX ||
+      comp_len == 0 || comp_len > spot_codec_bound((size_t)raw_len))
+    return -EINVAL;
+  if (part >= SPOT_MANIFEST_FRAMES_MAX)
+    return -E2BIG;
+  if (part >= f->nframes) {
+    size_t grow = part + 1 - f->nframes;
+
+    if (m->total_frames + grow > SPOT_MANIFEST_TOTAL_FRAMES_MAX)
+      return -E2BIG;
+    if (part >= f->frames_alloc) {
+      size_t na = f->frames_alloc ? f->frames_alloc : 4;
+      struct spot_manifest_frame *nf;
+
+      while (na <= part)
+        na *= 2;
+      if (na > SPOT_MANIFEST_FRAMES_MAX)
+        na = SPOT_MANIFEST_FRAMES_MAX;
+      nf = realloc(f->frames, na * sizeof(*nf));
+      if (!nf)
+        return -ENOMEM;
+      f->frames = nf;
+      f->frames_alloc = na;
+    }
+    memset(&f->frames[f->nframes], 0, grow * sizeof(*f->frames));
+    f->nframes = part + 1;
+    m->total_frames += grow;
+  }
+  fr = &f->frames[part];
+  fr->raw_len = raw_len;
+  fr->comp_len = comp_len;
+  fr->crc32c = crc32c;
+  fr->set = true;
+  return 0;
+}
+
+/* The cross-field rules. compute: fill in offsets (builder); else check
+ * the parsed ones. Then the per-file and manifest totals are set. */
+static int
+validate(struct spot_manifest *m, bool compute, char *err, size_t errlen)
+{
+  json_t *paths = NULL, *keys = NULL;
+  uint64_t total_raw = 0, total_stored = 0;
+  size_t total_frames = 0;
+  int r = 0;
+
+  if (m->version != SPOT_MANIFEST_VERSION)
+    return fail(err, errlen, -EPROTONOSUPPORT, "version: %u not supported",
+                m->version);
+  if (!spot_ckpt_name_valid(m->name))
+    return fail(err, errlen, -EBADMSG, "name: not a valid checkpoint name");
+  if (!spot_ckpt_name_valid(m->job))
+    return fail(err, errlen, -EBADMSG, "job: not a valid job id");
+  if (m->created_ms < 0 || m->created_ms > CREATED_MAX_MS)
+    return fail(err, errlen, -EBADMSG, "created: outside 1970..9999");
+  if (m->nfiles > SPOT_MANIFEST_FILES_MAX)
+    return fail(err, errlen, -EBADMSG, "files: more than %d",
+                SPOT_MANIFEST_FILES_MAX);
+  paths = json_object();
+  keys = json_object();
+  if (!paths || !keys) {
+    r = -ENOMEM;
+    goto out;
+  }
+  for (size_t i = 0; i < m->nfiles; i++) {
+    struct spot_manifest_file *f = &m->files[i];
+    uint64_t raw = 0, comp = 0;
+    const char *why;
+
+    why = path_problem(f->path, strlen(f->path));
+    if (why) {
+      r = fail(err, errlen, -EBADMSG, "files[%zu].path: %s", i, why);
+      goto out;
+    }
+    if (f->mode > 07777) {
+      r = fail(err, errlen, -EBADMSG, "files[%zu].mode: %" PRIu32
+               " has bits other than 07777", i, f->mode);
+      goto out;
+    }
+    if ((unsigned)f->filter >= SPOT_FILTER_LAST) {
+      r = fail(err, errlen, -EBADMSG, "files[%zu].filter: unknown", i);
+      goto out;
+    }
+    if (f->size == 0 && (f->key || f->nframes)) {
+      r = fail(err, errlen, -EBADMSG,
+               "files[%zu]: an empty file has no key and no frames", i);
+      goto out;
+    }
+    if (f->size > 0 && !f->key) {
+      r = fail(err, errlen, -EBADMSG, "files[%zu].key: missing", i);
+      goto out;
+    }
+    if (f->size > 0 && f->nframes == 0) {
+      r = fail(err, errlen, -EBADMSG, "files[%zu].frames: empty, size is %"
+               PRIu64, i, f->size);
+      goto out;
+    }
+    if (f->key) {
+      why = path_problem(f->key, strlen(f->key));
+      if (!why && strcmp(f->key, SPOT_MANIFEST_NAME) == 0)
+        why = "reserved for the manifest";
+      if (why) {
+        r = fail(err, errlen, -EBADMSG, "files[%zu].key: %s", i, why);
+        goto out;
+      }
+      if (json_object_get(keys, f->key)) {
+        r = fail(err, errlen, -EBADMSG,
+                 "files[%zu].key: same object as another file", i);
+        goto out;
+      }
+      if (json_object_set_new(keys, f->key, json_true()) < 0) {
+        r = -ENOMEM;
+        goto out;
+      }
+    }
+    if (json_object_get(paths, f->path)) {
+      r = fail(err, errlen, -EBADMSG, "files[%zu].path: duplicate", i);
+      goto out;
+    }
+    if (json_object_set_new(paths, f->path, json_true()) < 0) {
+      r = -ENOMEM;
+      goto out;
+    }
+    if (f->nframes > SPOT_MANIFEST_FRAMES_MAX) {
+      r = fail(err, errlen, -EBADMSG, "files[%zu].frames: more than %d", i,
+               SPOT_MANIFEST_FRAMES_MAX);
+      goto out;
+    }
+    total_frames += f->nframes;
+    if (total_frames > SPOT_MANIFEST_TOTAL_FRAMES_MAX) {
+      r = fail(err, errlen, -EBADMSG, "files[%zu].frames: more than %d in all",
+               i, SPOT_MANIFEST_TOTAL_FRAMES_MAX);
+      goto out;
+    }
+    for (size_t j = 0; j < f->nframes; j++) {
+      struct spot_manifest_frame *fr = &f->frames[j];
+
+      if (!fr->set) {
+        r = fail(err, errlen, -EBADMSG, "files[%zu].frames[%zu]: missing", i,
+                 j);
+        goto out;
+      }
+      if (fr->raw_len == 0 || fr->raw_len > SPOT_CODEC_PART_MAX) {
+        r = fail(err, errlen, -EBADMSG,
+                 "files[%zu].frames[%zu].raw_len: %" PRIu64
+                 " not in 1..%zu", i, j, fr->raw_len, SPOT_CODEC_PART_MAX);
+        goto out;
+      }
+      if (fr->comp_len == 0 ||
+          fr->comp_len > spot_codec_bound((size_t)fr->raw_len)) {
+        r = fail(err, errlen, -EBADMSG,
+                 "files[%zu].frames[%zu].comp_len: %" PRIu64
+                 " not in 1..%zu", i, j, fr->comp_len,
+                 spot_codec_bound((size_t)fr->raw_len));
+        goto out;
+      }
+      if (compute) {
+        fr->raw_off = raw;
+        fr->comp_off = comp;
+      } else if (fr->raw_off != raw) {
+        r = fail(err, errlen, -EBADMSG,
+                 "files[%zu].frames[%zu].raw_off: %" PRIu64 ", expected %"
+                 PRIu64 " (frames must be contiguous)", i, j, fr->raw_off,
+                 raw);
+        goto out;
+      } else if (fr->comp_off != comp) {
+        r = fail(err, errlen, -EBADMSG,
+                 "files[%zu].frames[%zu].comp_off: %" PRIu64 ", expected %"
+                 PRIu64 " (frames must be contiguous)", i, j, fr->comp_off,
+                 comp);
+        goto out;
+      }
+      /* no overflow: <= 10000 frames of <= spot_codec_bound(128 MiB) */
+      raw += fr->raw_len;
+      comp += fr->comp_len;
+    }
+    if (raw != f->size) {
+      r = fail(err, errlen, -EBADMSG,
+               "files[%zu].frames: cover %" PRIu64 " bytes, size is %" PRIu64,
+               i, raw, f->size);
+      goto out;
+    }
+    f->stored = comp;
+    /* no overflow: <= 1e6 files of <= 1.4e12 bytes */
+    total_raw += raw;
+    total_stored += comp;
+  }
+  /* "a" and "a/b" can't both be files */
+  for (size_t i = 0; i < m->nfiles; i++) {
+    const char *p = m->files[i].path;
+
+    for (const char *s = strchr(p, '/'); s; s = strchr(s + 1, '/'))
+      if (json_object_getn(paths, p, (size_t)(s - p))) {
+        r = fail(err, errlen, -EBADMSG,
+                 "files[%zu].path: inside another file's path (%.*s)", i,
+                 (int)(s - p), p);
+        goto out;
+      }
+  }
+  m->total_raw = total_raw;
+  m->total_stored = total_stored;
+  m->total_frames = total_frames;
+out:
+  json_decref(paths);
+  json_decref(keys);
+  return r;
+}
+
+static int
+set_int(json_t *o, const char *k, json_int_t v)
+{
+  return json_object_set_new(o, k, json_integer(v));
+}
+
+int
+spot_manifest_to_json(struct spot_manifest *m, char **out, char *err,
+                      size_t errlen)
+{
+  json_t *root, *totals, *files;
+  char created[32];
+  char *s = NULL;
+  int r, bad = 0;
+
+  r = validate(m, true, err, errlen);
+  if (r == -ENOMEM)
+    return r;
+  if (r < 0)
+    return -EINVAL;
+  if (spot_rfc3339_format(m->created_ms, created, sizeof(created)) < 0)
+    return fail(err, errlen, -EINVAL, "created: cannot format");
+  root = json_object();
+  totals = json_object();
+  files = json_array();
+  if (!root || !totals || !files) {
+    json_decref(root);
+    json_decref(totals);
+    json_decref(files);
+    return -ENOMEM;
+  }
+  bad |= json_object_set_new(root, "format", json_string(SPOT_MANIFEST_FORMAT));
+  bad |= set_int(root, "version", m->version);
+  bad |= json_object_set_new(root, "name", json_string(m->name));
+  bad |= json_object_set_new(root, "job", json_string(m->job));
+  bad |= json_object_set_new(root, "created", json_string(created));
+  bad |= set_int(totals, "files", (json_int_t)m->nfiles);
+  bad |= set_int(totals, "raw_bytes", (json_int_t)m->total_raw);
+  bad |= set_int(totals, "stored_bytes", (json_int_t)m->total_stored);
+  bad |= json_object_set_new(root, "totals", totals);
+  bad |= json_object_set_new(root, "files", files);
+  for (size_t i = 0; i < m->nfiles && !bad; i++) {
+    const struct spot_manifest_file *f = &m->files[i];
+    json_t *o = json_object(), *frames = json_array();
+
+    if (!o || !frames) {
+      json_decref(o);
+      json_decref(frames);
+      bad = 1;
+      break;
+    }
+    /* on failure jansson has already dropped o (and frames below) */
+    if (json_array_append_new(files, o) < 0) {
+      json_decref(frames);
+      bad = 1;
+      break;
+    }
+    bad |= json_object_set_new(o, "path", json_string(f->path));
+    bad |= set_int(o, "size", (json_int_t)f->size);
+    bad |= set_int(o, "mode", f->mode);
+    bad |= set_int(o, "mtime_ns", f->mtime_ns);
+    bad |= json_object_set_new(o, "filter",
+                               json_string(spot_filter_name(f->filter)));
+    if (f->key)
+      bad |= json_object_set_new(o, "key", json_string(f->key));
+    bad |= json_object_set_new(o, "frames", frames);
+    for (size_t j = 0; j < f->nframes && !bad; j++) {
+      const struct spot_manifest_frame *fr = &f->frames[j];
+      json_t *fo = json_object();
+
+      bad |= json_array_append_new(frames, fo);
+      if (bad)
+        break;
+      bad |= set_int(fo, "raw_off", (json_int_t)fr->raw_off);
+      bad |= set_int(fo, "raw_len", (json_int_t)fr->raw_len);
+      bad |= set_int(fo, "comp_off", (json_int_t)fr->comp_off);
+      bad |= set_int(fo, "comp_len", (json_int_t)fr->comp_len);
+      bad |= set_int(fo, "crc32c", fr->crc32c);
+    }
+  }
+  if (!bad)
+    s = json_dumps(root, JSON_COMPACT);
+  json_decref(root);
+  if (!s)
+    return -ENOMEM;
+  *out = s;
+  return 0;
+}
+
+/* ---- parsing ---- */
+
+struct parse {
+  char *err;
+  size_t errlen;
+};
+
+/* Rejects keys not in the NULL-terminated list. */
+static int
+only_keys(struct parse *ps, json_t *o, const char *where,
+          const char *const *allowed)
+{
+  const char *k;
+  json_t *v;
+
+  json_object_foreach(o, k, v) {
+    char q[40];
+    size_t i;
+
+    for (i = 0; allowed[i]; i++)
+      if (strcmp(k, allowed[i]) == 0)
+        break;
+    if (!allowed[i])
+      return fail(ps->err, ps->errlen, -EBADMSG, "%s%s%s: unknown key",
+                  where, *where ? "." : "", quote(k, q, sizeof(q)));
+  }
+  return 0;
+}
+
+static int
+get_int(struct parse *ps, json_t *o, const char *where, const char *key,
+        int64_t min, int64_t max, int64_t *out)
+{
+  json_t *v = json_object_get(o, key);
+  json_int_t x;
+  const char *dot = *where ? "." : "";
+
+  if (!v)
+    return fail(ps->err, ps->errlen, -EBADMSG, "%s%s%s: missing", where, dot,
+                key);
+  if (!json_is_integer(v))
+    return fail(ps->err, ps->errlen, -EBADMSG, "%s%s%s: not an integer",
+                where, dot, key);
+  x = json_integer_value(v);
+  if (x < min || x > max)
+    return fail(ps->err, ps->errlen, -EBADMSG,
+                "%s%s%s: %lld not in %" PRId64 "..%" PRId64, where, dot, key,
+                (long long)x, min, max);
+  *out = x;
+  return 0;
+}
+
+static int
+get_str(struct parse *ps, json_t *o, const char *where, const char *key,
+        bool optional, const char **out, size_t *len)
+{
+  json_t *v = json_object_get(o, key);
+  const char *dot = *where ? "." : "";
+
+  if (!v && optional) {
+    *out = NULL;
+    *len = 0;
+    return 0;
+  }
+  if (!v)
+    return fail(ps->err, ps->errlen, -EBADMSG, "%s%s%s: missing", where, dot,
+                key);
+  if (!json_is_string(v))
+    return fail(ps->err, ps->errlen, -EBADMSG, "%s%s%s: not a string", where,
+                dot, key);
+  *out = json_string_value(v);
+  *len = json_string_length(v);
+  return 0;
+}
+
+static int
+parse_frames(struct parse *ps, json_t *arr, const char *where,
+             struct spot_manifest_file *f)
+{
+  static const char *const frame_keys[] = {"raw_off", "raw_len", "comp_off",
+                                           "comp_len", "crc32c", NULL};
+  size_t n = json_array_size(arr);
+
+  if (n > SPOT_MANIFEST_FRAMES_MAX)
+    return fail(ps->err, ps->errlen, -EBADMSG, "%s.frames: more than %d",
+                where, SPOT_MANIFEST_FRAMES_MAX);
+  if (n == 0)
+    return 0;
+  f->frames = calloc(n, sizeof(*f->frames));
+  if (!f->frames)
+    return -ENOMEM;
+  f->frames_alloc = n;
+  for (size_t j = 0; j < n; j++) {
+    struct spot_manifest_frame *fr = &f->frames[j];
+    json_t *o = json_array_get(arr, j);
+    char w[WHERE_MAX + 32];
+    int64_t v[5];
+    int r;
+
+    snprintf(w, sizeof(w), "%s.frames[%zu]", where, j);
+    if (!json_is_object(o))
+      return fail(ps->err, ps->errlen, -EBADMSG, "%s: not an object", w);
+    r = only_keys(ps, o, w, frame_keys);
+    if (r < 0)
+      return r;
+    for (int k = 0; k < 5; k++) {
+      r = get_int(ps, o, w, frame_keys[k], 0,
+                  k == 4 ? (int64_t)UINT32_MAX : INT64_MAX, &v[k]);
+      if (r < 0)
+        return r;
+    }
+    fr->raw_off = (uint64_t)v[0];
+    fr->raw_len = (uint64_t)v[1];
+    fr->comp_off = (uint64_t)v[2];
+    fr->comp_len = (uint64_t)v[3];
+    fr->crc32c = (uint32_t)v[4];
+    fr->set = true;
+    f->nframes = j + 1;
+  }
+  return 0;
+}
+
+static int
+parse_file(struct parse *ps, json_t *o, size_t i, struct spot_manifest_file *f)
+{
+  static const char *const file_keys[] = {"path",   "size", "mode",   "mtime_ns",
+                                          "filter", "key",  "frames", NULL};
+  char where[WHERE_MAX];
+  const char *s;
+  size_t len;
+  int64_t v;
+  json_t *frames;
+  int r;
+
+  snprintf(where, sizeof(where), "files[%zu]", i);
+  if (!json_is_object(o))
+    return fail(ps->err, ps->errlen, -EBADMSG, "%s: not an object", where);
+  r = only_keys(ps, o, where, file_keys);
+  if (r < 0)
+    return r;
+  r = get_str(ps, o, where, "path", false, &s, &len);
+  if (r < 0)
+    return r;
+  /* checked here for NUL bytes, which strlen() would hide later */
+  if (path_problem(s, len))
+    return fail(ps->err, ps->errlen, -EBADMSG, "%s.path: %s", where,
+                path_problem(s, len));
+  f->path = strdup(s);
+  if (!f->path)
+    return -ENOMEM;
+  r = get_str(ps, o, where, "key", true, &s, &len);
+  if (r < 0)
+    return r;
+  if (s) {
+    if (path_problem(s, len))
+      return fail(ps->err, ps->errlen, -EBADMSG, "%s.key: %s", where,
+                  path_problem(s, len));
+    f->key = strdup(s);
+    if (!f->key)
+      return -ENOMEM;
+  }
+  r = get_int(ps, o, where, "size", 0, INT64_MAX, &v);
+  if (r < 0)
+    return r;
+  f->size = (uint64_t)v;
+  r = get_int(ps, o, where, "mode", 0, 07777, &v);
+  if (r < 0)
+    return r;
+  f->mode = (uint32_t)v;
+  r = get_int(ps, o, where, "mtime_ns", INT64_MIN, INT64_MAX, &f->mtime_ns);
+  if (r < 0)
+    return r;
+  r = get_str(ps, o, where, "filter", false, &s, &len);
+  if (r < 0)
+    return r;
+  if (spot_filter_from_name(s, &f->filter) < 0) {
+    char q[40];
+
+    return fail(ps->err, ps->errlen, -EBADMSG, "%s.filter: unknown '%s'",
+                where, quote(s, q, sizeof(q)));
+  }
+  frames = json_object_get(o, "frames");
+  if (!frames)
+    return fail(ps->err, ps->errlen, -EBADMSG, "%s.frames: missing", where);
+  if (!json_is_array(frames))
+    return fail(ps->err, ps->errlen, -EBADMSG, "%s.frames: not an array",
+                where);
+  return parse_frames(ps, frames, where, f);
+}
+
+static int
+parse_root(struct parse *ps, json_t *root, struct spot_manifest *m)
+{
+  static const char *const root_keys[] = {"format", "version", "name",
+                                          "job",    "created", "totals",
+                                          "files",  NULL};
+  static const char *const totals_keys[] = {"files", "raw_bytes",
+                                            "stored_bytes", NULL};
+  const char *s;
+  size_t len;
+  int64_t v, tf, traw, tstored;
+  json_t *totals, *files;
+  int r;
+
+  if (!json_is_object(root))
+    return fail(ps->err, ps->errlen, -EBADMSG, "manifest: not an object");
+  r = get_str(ps, root, "", "format", false, &s, &len);
+  if (r < 0)
+    return r;
+  if (strcmp(s, SPOT_MANIFEST_FORMAT) != 0)
+    return fail(ps->err, ps->errlen, -EBADMSG, "format: not '%s'",
+                SPOT_MANIFEST_FORMAT);
+  /* the version before anything else, so a newer manifest says so */
+  r = get_int(ps, root, "", "version", 0, INT64_MAX, &v);
+  if (r < 0)
+    return r;
+  if (v != SPOT_MANIFEST_VERSION)
+    return fail(ps->err, ps->errlen, -EPROTONOSUPPORT,
+                "version: %lld not supported (this build reads %d)",
+                (long long)v, SPOT_MANIFEST_VERSION);
+  m->version = (unsigned)v;
+  r = only_keys(ps, root, "", root_keys);
+  if (r < 0)
+    return r;
+  r = get_str(ps, root, "", "name", false, &s, &len);
+  if (r < 0)
+    return r;
+  if (len != strlen(s) || !spot_ckpt_name_valid(s))
+    return fail(ps->err, ps->errlen, -EBADMSG,
+                "name: not a valid checkpoint name");
+  m->name = strdup(s);
+  r = get_str(ps, root, "", "job", false, &s, &len);
+  if (r < 0)
+    return r;
+  if (len != strlen(s) || !spot_ckpt_name_valid(s))
+    return fail(ps->err, ps->errlen, -EBADMSG, "job: not a valid job id");
+  m->job = strdup(s);
+  if (!m->name || !m->job)
+    return -ENOMEM;
+  r = get_str(ps, root, "", "created", false, &s, &len);
+  if (r < 0)
+    return r;
+  if (len != strlen(s) || spot_rfc3339_parse(s, &m->created_ms) < 0 ||
+      m->created_ms < 0 || m->created_ms > CREATED_MAX_MS)
+    return fail(ps->err, ps->errlen, -EBADMSG,
+                "created: not an RFC 3339 time in 1970..9999");
+  totals = json_object_get(root, "totals");
+  if (!totals)
+    return fail(ps->err, ps->errlen, -EBADMSG, "totals: missing");
+  if (!json_is_object(totals))
+    return fail(ps->err, ps->errlen, -EBADMSG, "totals: not an object");
+  r = only_keys(ps, totals, "totals", totals_keys);
+  if (r >= 0)
+    r = get_int(ps, totals, "totals", "files", 0, INT64_MAX, &tf);
+  if (r >= 0)
+    r = get_int(ps, totals, "totals", "raw_bytes", 0, INT64_MAX, &traw);
+  if (r >= 0)
+    r = get_int(ps, totals, "totals", "stored_bytes", 0, INT64_MAX, &tstored);
+  if (r < 0)
+    return r;
+  files = json_object_get(root, "files");
+  if (!files)
+    return fail(ps->err, ps->errlen, -EBADMSG, "files: missing");
+  if (!json_is_array(files))
+    return fail(ps->err, ps->errlen, -EBADMSG, "files: not an array");
+  if (json_array_size(files) > SPOT_MANIFEST_FILES_MAX)
+    return fail(ps->err, ps->errlen, -EBADMSG, "files: more than %d",
+                SPOT_MANIFEST_FILES_MAX);
+  if (json_array_size(files) > 0) {
+    m->files = calloc(json_array_size(files), sizeof(*m->files));
+    if (!m->files)
+      return -ENOMEM;
+    m->files_alloc = json_array_size(files);
+  }
+  for (size_t i = 0; i < json_array_size(files); i++) {
+    /* counted first, so the file is freed whatever happens */
+    m->nfiles = i + 1;
+    r = parse_file(ps, json_array_get(files, i), i, &m->files[i]);
+    if (r < 0)
+      return r;
+    m->total_frames += m->files[i].nframes;
+    if (m->total_frames > SPOT_MANIFEST_TOTAL_FRAMES_MAX)
+      return fail(ps->err, ps->errlen, -EBADMSG,
+                  "files[%zu].frames: more than %d in all", i,
+                  SPOT_MANIFEST_TOTAL_FRAMES_MAX);
+  }
+  r = validate(m, false, ps->err, ps->errlen);
+  if (r < 0)
+    return r;
+  if ((uint64_t)tf != m->nfiles)
+    return fail(ps->err, ps->errlen, -EBADMSG,
+                "totals.files: %lld, the manifest lists %zu", (long long)tf,
+                m->nfiles);
+  if ((uint64_t)traw != m->total_raw)
+    return fail(ps->err, ps->errlen, -EBADMSG,
+                "totals.raw_bytes: %lld, the files add up to %" PRIu64,
+                (long long)traw, m->total_raw);
+  if ((uint64_t)tstored != m->total_stored)
+    return fail(ps->err, ps->errlen, -EBADMSG,
+                "totals.stored_bytes: %lld, the frames add up to %" PRIu64,
+                (long long)tstored, m->total_stored);
+  return 0;
+}
+
+int
+spot_manifest_parse(const char *json, size_t len, struct spot_manifest **out,
+                    char *err, size_t errlen)
+{
+  struct parse ps = {err, errlen};
+  struct spot_manifest *m;
+  json_error_t jerr;
+  json_t *root;
+  int r;
+
+  if (len > SPOT_MANIFEST_JSON_MAX)
+    return fail(err, errlen, -E2BIG, "manifest: larger than %zu bytes",
+                SPOT_MANIFEST_JSON_MAX);
+  root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
+  if (!root) {
+    /* jansson quotes the input near the error: no control bytes out */
+    for (char *p = jerr.text; *p; p++)
+      if ((unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f)
+        *p = '?';
+    return fail(err, errlen, -EBADMSG, "manifest: invalid JSON: %s (line %d, "
+                "column %d)", jerr.text, jerr.line, jerr.column);
+  }
+  m = calloc(1, sizeof(*m));
+  if (!m) {
+    json_decref(root);
+    return -ENOMEM;
+  }
+  r = parse_root(&ps, root, m);
+  json_decref(root);
+  if (r < 0) {
+    if (r == -ENOMEM)
+      fail(err, errlen, r, "manifest: out of memory");
+    spot_manifest_free(m);
+    return r;
+  }
+  *out = m;
+  return 0;
+}
+
+const struct spot_manifest_file *
+spot_manifest_find(const struct spot_manifest *m, const char *path)
+{
+  for (size_t i = 0; i < m->nfiles; i++)
+    if (strcmp(m->files[i].path, path) == 0)
+      return &m->files[i];
+  return NULL;
+}
+
+uint64_t
+spot_manifest_max_frame_raw(const struct spot_manifest *m)
+{
+  uint64_t max = 0;
+
+  for (size_t i = 0; i < m->nfiles; i++)
+    for (size_t j = 0; j < m->files[i].nframes; j++)
+      if (m->files[i].frames[j].raw_len > max)
+        max = m->files[i].frames[j].raw_len;
+  return max;
+}

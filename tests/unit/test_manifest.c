@@ -1,0 +1,429 @@
+#include "cmocka-compat.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec.h"
+#include "manifest.h"
+
+#define ARRAY_N(a) (sizeof(a) / sizeof((a)[0]))
+
+/* 2026-12-02T10:13:50Z */
+#define CREATED_MS INT64_C(1796206430000)
+
+/* A valid manifest: one file of two frames, one empty file. */
+static const char base[] =
+    "{\"format\":\"spotd-checkpoint\",\"version\":1,\"name\":\"step-100\","
+    "\"job\":\"job1\",\"created\":\"2026-12-02T10:13:50Z\","
+    "\"totals\":{\"files\":2,\"raw_bytes\":10,\"stored_bytes\":35},"
+    "\"files\":["
+    "{\"path\":\"a/b.bin\",\"size\":10,\"mode\":420,\"mtime_ns\":123,"
+    "\"filter\":\"bytegroup4\",\"key\":\"a/b.bin.zst\",\"frames\":["
+    "{\"raw_off\":0,\"raw_len\":6,\"comp_off\":0,\"comp_len\":20,"
+    "\"crc32c\":4294967295},"
+    "{\"raw_off\":6,\"raw_len\":4,\"comp_off\":20,\"comp_len\":15,"
+    "\"crc32c\":7}]},"
+    "{\"path\":\"e\",\"size\":0,\"mode\":384,\"mtime_ns\":-5,"
+    "\"filter\":\"none\",\"frames\":[]}]}";
+
+/* base with the first occurrence of from replaced by to */
+static char *
+subst(const char *from, const char *to)
+{
+  const char *p = strstr(base, from);
+  size_t n = strlen(base) - strlen(from) + strlen(to) + 1;
+  char *s = malloc(n);
+
+  assert_non_null(p);
+  assert_non_null(s);
+  snprintf(s, n, "%.*s%s%s", (int)(p - base), base, to, p + strlen(from));
+  return s;
+}
+
+static void
+test_parse_base(void **state)
+{
+  struct spot_manifest *m = NULL;
+  const struct spot_manifest_file *f;
+  char err[256] = "";
+
+  assert_int_equal(spot_manifest_parse(base, strlen(base), &m, err,
+                                       sizeof(err)),
+                   0);
+  assert_string_equal(m->name, "step-100");
+  assert_string_equal(m->job, "job1");
+  assert_int_equal(m->created_ms, CREATED_MS);
+  assert_int_equal(m->nfiles, 2);
+  assert_int_equal(m->total_raw, 10);
+  assert_int_equal(m->total_stored, 35);
+  f = spot_manifest_find(m, "a/b.bin");
+  assert_non_null(f);
+  assert_string_equal(f->key, "a/b.bin.zst");
+  assert_int_equal(f->filter, SPOT_FILTER_BYTEGROUP4);
+  assert_int_equal(f->mode, 0644);
+  assert_int_equal(f->mtime_ns, 123);
+  assert_int_equal(f->nframes, 2);
+  assert_int_equal(f->stored, 35);
+  assert_int_equal(f->frames[0].crc32c, 0xFFFFFFFFu);
+  assert_int_equal(f->frames[1].raw_off, 6);
+  assert_int_equal(f->frames[1].comp_off, 20);
+  f = spot_manifest_find(m, "e");
+  assert_non_null(f);
+  assert_null(f->key);
+  assert_int_equal(f->nframes, 0);
+  assert_int_equal(f->mtime_ns, -5);
+  assert_null(spot_manifest_find(m, "a"));
+  assert_int_equal(spot_manifest_max_frame_raw(m), 6);
+  spot_manifest_free(m);
+  spot_manifest_free(NULL);
+}
+
+static void
+test_build_roundtrip(void **state)
+{
+  struct spot_manifest *m, *p;
+  size_t big, small, empty;
+  char *json, *json2, err[256] = "";
+
+  assert_int_equal(spot_manifest_new("ckpt-7", "job-x", CREATED_MS, &m), 0);
+  assert_int_equal(spot_manifest_add_file(m, "model/weights.bin",
+                                          "model/weights.bin.zst",
+                                          (8u << 20) * 2 + 5, 0644, 42,
+                                          SPOT_FILTER_BYTEGROUP4, &big),
+                   0);
+  assert_int_equal(spot_manifest_add_file(m, "empty", NULL, 0, 0600, 0,
+                                          SPOT_FILTER_NONE, &empty),
+                   0);
+  assert_int_equal(spot_manifest_add_file(m, "nested/dir/t.txt",
+                                          "nested/dir/t.txt.zst", 3, 0755,
+                                          -1, SPOT_FILTER_NONE, &small),
+                   0);
+  /* parts finish out of order */
+  assert_int_equal(spot_manifest_set_frame(m, big, 2, 5, 14, 3), 0);
+  assert_int_equal(spot_manifest_set_frame(m, small, 0, 3, 12, 99), 0);
+  /* frame 1 missing: refused with a message */
+  assert_int_equal(spot_manifest_set_frame(m, big, 0, 8u << 20, 7000000, 1),
+                   0);
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)),
+                   -EINVAL);
+  assert_non_null(strstr(err, "files[0].frames[1]: missing"));
+  assert_int_equal(spot_manifest_set_frame(m, big, 1, 8u << 20, 6900000, 2),
+                   0);
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), 0);
+  assert_int_equal(m->total_raw, (8u << 20) * 2 + 5 + 3);
+  assert_int_equal(m->total_stored, 7000000 + 6900000 + 14 + 12);
+  assert_int_equal(m->files[big].frames[2].raw_off, 16u << 20);
+  assert_int_equal(m->files[big].frames[2].comp_off, 13900000);
+  assert_non_null(strstr(json, "\"created\":\"2026-12-02T10:13:50Z\""));
+  assert_non_null(strstr(json, "\"filter\":\"bytegroup4\""));
+
+  assert_int_equal(spot_manifest_parse(json, strlen(json), &p, err,
+                                       sizeof(err)),
+                   0);
+  assert_int_equal(p->nfiles, 3);
+  assert_string_equal(p->files[2].path, "nested/dir/t.txt");
+  assert_int_equal(p->files[2].mode, 0755);
+  assert_int_equal(p->files[2].mtime_ns, -1);
+  assert_int_equal(p->files[0].frames[1].crc32c, 2);
+  assert_int_equal(p->files[0].frames[1].comp_off, 7000000);
+  assert_int_equal(spot_manifest_max_frame_raw(p), 8u << 20);
+  /* parse -> serialize is the identity */
+  assert_int_equal(spot_manifest_to_json(p, &json2, err, sizeof(err)), 0);
+  assert_string_equal(json, json2);
+  free(json);
+  free(json2);
+  spot_manifest_free(p);
+  spot_manifest_free(m);
+}
+
+static void
+test_builder_rejects(void **state)
+{
+  struct spot_manifest *m;
+  size_t i;
+  char *json = NULL, err[256];
+
+  assert_int_equal(spot_manifest_new("a/b", "job", 0, &m), -EINVAL);
+  assert_int_equal(spot_manifest_new("ok", "", 0, &m), -EINVAL);
+  assert_int_equal(spot_manifest_new("ok", "job", -1, &m), -EINVAL);
+  assert_int_equal(spot_manifest_new("ok", "job", INT64_MAX, &m), -EINVAL);
+  assert_int_equal(spot_manifest_new("ok", "job", 0, &m), 0);
+  assert_int_equal(spot_manifest_add_file(m, "../x", "x.zst", 1, 0644, 0,
+                                          SPOT_FILTER_NONE, NULL),
+                   -EINVAL);
+  assert_int_equal(spot_manifest_add_file(m, "x", NULL, 1, 0644, 0,
+                                          SPOT_FILTER_NONE, NULL),
+                   -EINVAL);
+  assert_int_equal(spot_manifest_add_file(m, "x", "x.zst", 0, 0644, 0,
+                                          SPOT_FILTER_NONE, NULL),
+                   -EINVAL);
+  assert_int_equal(spot_manifest_add_file(m, "x", "x.zst", 1, 0100644, 0,
+                                          SPOT_FILTER_NONE, NULL),
+                   -EINVAL);
+  assert_int_equal(spot_manifest_add_file(m, "x", "x.zst", 1, 0644, 0,
+                                          SPOT_FILTER_LAST, NULL),
+                   -EINVAL);
+  assert_int_equal(spot_manifest_add_file(m, "x", "MANIFEST.json", 1, 0644,
+                                          0, SPOT_FILTER_NONE, NULL),
+                   -EINVAL);
+  assert_int_equal(spot_manifest_add_file(m, "bad\xff", "x.zst", 1, 0644, 0,
+                                          SPOT_FILTER_NONE, NULL),
+                   -EINVAL);
+  assert_int_equal(spot_manifest_add_file(m, "x", "x.zst", 10, 0644, 0,
+                                          SPOT_FILTER_NONE, &i),
+                   0);
+  assert_int_equal(spot_manifest_set_frame(m, 5, 0, 10, 10, 0), -EINVAL);
+  assert_int_equal(spot_manifest_set_frame(m, i, 0, 0, 10, 0), -EINVAL);
+  assert_int_equal(spot_manifest_set_frame(m, i, 0, 10, 0, 0), -EINVAL);
+  assert_int_equal(spot_manifest_set_frame(m, i, 0, 10, 1000000, 0),
+                   -EINVAL);
+  assert_int_equal(
+      spot_manifest_set_frame(m, i, 0, SPOT_CODEC_PART_MAX + 1, 10, 0),
+      -EINVAL);
+  assert_int_equal(
+      spot_manifest_set_frame(m, i, SPOT_MANIFEST_FRAMES_MAX, 10, 10, 0),
+      -E2BIG);
+  /* frames that do not add up to the size */
+  assert_int_equal(spot_manifest_set_frame(m, i, 0, 9, 10, 0), 0);
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)),
+                   -EINVAL);
+  assert_non_null(strstr(err, "files[0].frames: cover 9 bytes, size is 10"));
+  assert_int_equal(spot_manifest_set_frame(m, i, 0, 10, 10, 0), 0);
+  /* a duplicate path, then a file inside a file */
+  assert_int_equal(spot_manifest_add_file(m, "x", "y.zst", 1, 0644, 0,
+                                          SPOT_FILTER_NONE, &i),
+                   0);
+  assert_int_equal(spot_manifest_set_frame(m, i, 0, 1, 10, 0), 0);
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)),
+                   -EINVAL);
+  assert_string_equal(err, "files[1].path: duplicate");
+  free(m->files[1].path);
+  m->files[1].path = strdup("x/y");
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)),
+                   -EINVAL);
+  assert_non_null(strstr(err, "files[1].path: inside another file's path"));
+  free(m->files[1].path);
+  m->files[1].path = strdup("z");
+  assert_int_equal(spot_manifest_to_json(m, &json, NULL, 0), 0);
+  free(json);
+  spot_manifest_free(m);
+}
+
+struct reject {
+  const char *from, *to; /* edit of base */
+  int code;
+  const char *msg; /* substring of the error */
+};
+
+static const struct reject rejects[] = {
+    {"\"a/b.bin\"", "\"a/../b.bin\"", -EBADMSG, "files[0].path: '..' component"},
+    {"\"a/b.bin\"", "\"..\"", -EBADMSG, "files[0].path: '..' component"},
+    {"\"a/b.bin\"", "\"/etc/passwd\"", -EBADMSG, "files[0].path: absolute"},
+    {"\"a/b.bin\"", "\"a//b.bin\"", -EBADMSG, "files[0].path: empty component"},
+    {"\"a/b.bin\"", "\"a/b.bin/\"", -EBADMSG, "files[0].path: empty component"},
+    {"\"a/b.bin\"", "\"./b.bin\"", -EBADMSG, "files[0].path: '.' component"},
+    {"\"a/b.bin\"", "\"\"", -EBADMSG, "files[0].path: empty"},
+    {"\"a/b.bin\"", "\"a\\u0000b\"", -EBADMSG, "invalid JSON"},
+    {"\"a/b.bin\"", "5", -EBADMSG, "files[0].path: not a string"},
+    {"\"path\":\"e\"", "\"path\":\"a/b.bin\"", -EBADMSG,
+     "files[1].path: duplicate"},
+    {"\"path\":\"e\"", "\"path\":\"a/b.bin/c\"", -EBADMSG,
+     "files[1].path: inside another file's path (a/b.bin)"},
+    {"\"key\":\"a/b.bin.zst\"", "\"key\":\"../x.zst\"", -EBADMSG,
+     "files[0].key: '..' component"},
+    {"\"key\":\"a/b.bin.zst\"", "\"key\":\"MANIFEST.json\"", -EBADMSG,
+     "files[0].key: reserved"},
+    {"\"key\":\"a/b.bin.zst\",", "", -EBADMSG, "files[0].key: missing"},
+    {"\"mtime_ns\":-5,", "\"mtime_ns\":-5,\"key\":\"e.zst\",", -EBADMSG,
+     "files[1]: an empty file has no key"},
+    {"\"raw_off\":6", "\"raw_off\":5", -EBADMSG,
+     "files[0].frames[1].raw_off: 5, expected 6"},
+    {"\"comp_off\":20", "\"comp_off\":21", -EBADMSG,
+     "files[0].frames[1].comp_off: 21, expected 20"},
+    {"\"raw_off\":0,", "\"raw_off\":1,", -EBADMSG,
+     "files[0].frames[0].raw_off: 1, expected 0"},
+    {"\"size\":10", "\"size\":11", -EBADMSG,
+     "files[0].frames: cover 10 bytes, size is 11"},
+    {"\"raw_len\":4", "\"raw_len\":0", -EBADMSG,
+     "files[0].frames[1].raw_len: 0 not in"},
+    {"\"raw_len\":4", "\"raw_len\":134217729", -EBADMSG,
+     "files[0].frames[1].raw_len: 134217729 not in"},
+    {"\"comp_len\":15", "\"comp_len\":100000", -EBADMSG,
+     "files[0].frames[1].comp_len: 100000 not in"},
+    {"\"version\":1", "\"version\":2", -EPROTONOSUPPORT,
+     "version: 2 not supported"},
+    {"\"version\":1", "\"version\":\"1\"", -EBADMSG, "version: not an integer"},
+    {"\"version\":1,", "", -EBADMSG, "version: missing"},
+    {"\"format\":\"spotd-checkpoint\"", "\"format\":\"other\"", -EBADMSG,
+     "format: not"},
+    {"\"size\":10", "\"size\":99999999999999999999", -EBADMSG,
+     "invalid JSON: too big integer"},
+    {"\"size\":10", "\"size\":1e30", -EBADMSG, "files[0].size: not an integer"},
+    {"\"size\":10", "\"size\":10.0", -EBADMSG, "files[0].size: not an integer"},
+    {"\"size\":10", "\"size\":-10", -EBADMSG, "files[0].size: -10 not in"},
+    {"\"crc32c\":7", "\"crc32c\":4294967296", -EBADMSG,
+     "files[0].frames[1].crc32c: 4294967296 not in"},
+    {"\"mode\":420", "\"mode\":4096", -EBADMSG, "files[0].mode: 4096 not in"},
+    {"\"mode\":420,", "", -EBADMSG, "files[0].mode: missing"},
+    {"\"filter\":\"bytegroup4\"", "\"filter\":\"lz4\"", -EBADMSG,
+     "files[0].filter: unknown 'lz4'"},
+    {"\"filter\":\"bytegroup4\"", "\"filter\":\"\\u001b[31m\"", -EBADMSG,
+     "files[0].filter: unknown '?[31m'"},
+    {"\"filter\":\"bytegroup4\"", "\"filter\":null", -EBADMSG,
+     "files[0].filter: not a string"},
+    {"\"files\":[", "\"files\":{\"x\":[", -EBADMSG, "invalid JSON"},
+    {"\"frames\":[]", "\"frames\":{}", -EBADMSG, "files[1].frames: not an array"},
+    {"\"frames\":[{", "\"frames\":[7,{", -EBADMSG,
+     "files[0].frames[0]: not an object"},
+    {"\"totals\":{\"files\":2,", "\"totals\":{\"files\":3,", -EBADMSG,
+     "totals.files: 3, the manifest lists 2"},
+    {"\"raw_bytes\":10", "\"raw_bytes\":11", -EBADMSG, "totals.raw_bytes: 11"},
+    {"\"stored_bytes\":35", "\"stored_bytes\":36", -EBADMSG,
+     "totals.stored_bytes: 36"},
+    {"\"totals\":{", "\"totals\":{\"extra\":1,", -EBADMSG,
+     "totals.extra: unknown key"},
+    {"\"mtime_ns\":123", "\"mtime_ns\":123,\"owner\":0", -EBADMSG,
+     "files[0].owner: unknown key"},
+    {"\"crc32c\":7", "\"crc32c\":7,\"x\":1", -EBADMSG,
+     "files[0].frames[1].x: unknown key"},
+    {"\"job\":\"job1\"", "\"job\":\"job1\",\"job\":\"job2\"", -EBADMSG,
+     "invalid JSON: duplicate object key"},
+    {"\"name\":\"step-100\"", "\"name\":\"a/b\"", -EBADMSG,
+     "name: not a valid checkpoint name"},
+    {"\"name\":\"step-100\"", "\"name\":\"..\"", -EBADMSG, "name: not a valid"},
+    {"\"job\":\"job1\"", "\"job\":\"\"", -EBADMSG, "job: not a valid job id"},
+    {"\"created\":\"2026-12-02T10:13:50Z\"", "\"created\":\"yesterday\"",
+     -EBADMSG, "created: not an RFC 3339 time"},
+    {"\"created\":\"2026-12-02T10:13:50Z\"", "\"created\":\"1969-12-31T23:59:59Z\"",
+     -EBADMSG, "created: not an RFC 3339 time"},
+};
+
+static void
+test_parse_rejects(void **state)
+{
+  for (size_t i = 0; i < ARRAY_N(rejects); i++) {
+    char *s = subst(rejects[i].from, rejects[i].to), err[256] = "";
+    struct spot_manifest *m = (void *)1;
+    int r = spot_manifest_parse(s, strlen(s), &m, err, sizeof(err));
+
+    if (r != rejects[i].code || !strstr(err, rejects[i].msg))
+      fail_msg("case %zu (%s -> %s): got %d '%s', want %d '%s'", i,
+               rejects[i].from, rejects[i].to, r, err, rejects[i].code,
+               rejects[i].msg);
+    if (getenv("SHOW_ERRORS"))
+      printf("# %s\n", err);
+    assert_ptr_equal(m, (void *)1); /* untouched on failure */
+    free(s);
+  }
+}
+
+static void
+test_parse_shapes(void **state)
+{
+  static const char *const bad[] = {
+      "", "[]", "null", "{", "{}", "\"x\"", "{\"format\":\"spotd-checkpoint\"}",
+      "{\"format\":1}", "\xff\xfe"};
+  struct spot_manifest *m;
+  char err[256], *big;
+
+  for (size_t i = 0; i < ARRAY_N(bad); i++) {
+    err[0] = '\0';
+    assert_int_equal(
+        spot_manifest_parse(bad[i], strlen(bad[i]), &m, err, sizeof(err)),
+        -EBADMSG);
+    assert_true(err[0] != '\0');
+  }
+  /* a path at the length limit is fine, one byte more is not */
+  big = malloc(2 * SPOT_MANIFEST_PATH_MAX);
+  assert_non_null(big);
+  for (size_t n = SPOT_MANIFEST_PATH_MAX; n <= SPOT_MANIFEST_PATH_MAX + 1;
+       n++) {
+    char path[SPOT_MANIFEST_PATH_MAX + 4], *s;
+
+    for (size_t k = 0; k < n; k++)
+      path[k] = (k % 200 == 199) ? '/' : 'p';
+    path[0] = 'q';
+    path[n] = '\0';
+    snprintf(big, 2 * SPOT_MANIFEST_PATH_MAX, "\"%s\"", path);
+    s = subst("\"e\"", big);
+    err[0] = '\0';
+    if (n == SPOT_MANIFEST_PATH_MAX) {
+      assert_int_equal(spot_manifest_parse(s, strlen(s), &m, err, sizeof(err)),
+                       0);
+      spot_manifest_free(m);
+    } else {
+      assert_int_equal(spot_manifest_parse(s, strlen(s), &m, err, sizeof(err)),
+                       -EBADMSG);
+      assert_non_null(strstr(err, "files[1].path: longer than 4096"));
+    }
+    free(s);
+  }
+  /* a 256-byte component */
+  memset(big, 'c', 256);
+  big[0] = '"';
+  big[257] = '"';
+  big[258] = '\0';
+  {
+    char *s = subst("\"e\"", big);
+
+    assert_int_equal(spot_manifest_parse(s, strlen(s), &m, err, sizeof(err)),
+                     -EBADMSG);
+    assert_non_null(strstr(err, "component longer than 255"));
+    free(s);
+  }
+  free(big);
+  assert_int_equal(spot_manifest_parse("{}", SPOT_MANIFEST_JSON_MAX + 1, &m,
+                                       err, sizeof(err)),
+                   -E2BIG);
+}
+
+static void
+test_names(void **state)
+{
+  char long_name[SPOT_CKPT_NAME_MAX + 2];
+
+  assert_true(spot_ckpt_name_valid("step-100"));
+  assert_true(spot_ckpt_name_valid("2026-12-02T10:13:50Z_v1.2"));
+  assert_false(spot_ckpt_name_valid(NULL));
+  assert_false(spot_ckpt_name_valid(""));
+  assert_false(spot_ckpt_name_valid("."));
+  assert_false(spot_ckpt_name_valid(".."));
+  assert_false(spot_ckpt_name_valid("a..b"));
+  assert_false(spot_ckpt_name_valid("a/b"));
+  assert_false(spot_ckpt_name_valid("a\\b"));
+  assert_false(spot_ckpt_name_valid("a b"));
+  assert_false(spot_ckpt_name_valid("a\nb"));
+  assert_false(spot_ckpt_name_valid("\x7f"));
+  assert_false(spot_ckpt_name_valid("caf\xc3\xa9"));
+  memset(long_name, 'n', sizeof(long_name));
+  long_name[SPOT_CKPT_NAME_MAX] = '\0';
+  assert_true(spot_ckpt_name_valid(long_name));
+  long_name[SPOT_CKPT_NAME_MAX] = 'n';
+  long_name[SPOT_CKPT_NAME_MAX + 1] = '\0';
+  assert_false(spot_ckpt_name_valid(long_name));
+
+  assert_true(spot_manifest_path_valid("a/b/c.pt"));
+  assert_true(spot_manifest_path_valid("..a/b..")); /* not a '..' component */
+  assert_true(spot_manifest_path_valid("caf\xc3\xa9"));
+  assert_false(spot_manifest_path_valid("caf\xc3"));
+  assert_false(spot_manifest_path_valid("\xed\xa0\x80")); /* surrogate */
+  assert_false(spot_manifest_path_valid("\xc0\xaf"));     /* overlong '/' */
+  assert_false(spot_manifest_path_valid("a/./b"));
+  assert_false(spot_manifest_path_valid(NULL));
+}
+
+int
+main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_parse_base),
+      cmocka_unit_test(test_build_roundtrip),
+      cmocka_unit_test(test_builder_rejects),
+      cmocka_unit_test(test_parse_rejects),
+      cmocka_unit_test(test_parse_shapes),
+      cmocka_unit_test(test_names),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

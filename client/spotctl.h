@@ -22,5 +22,8 @@ enum {
 int spotctl_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int spotctl_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int spotctl_cmd_emulate(int argc, char **argv); /* emulate.c */
+int spotctl_cmd_push(int argc, char **argv);    /* store_cmds.c */
+int spotctl_cmd_list(int argc, char **argv);    /* store_cmds.c */
+int spotctl_cmd_restore(int argc, char **argv); /* store_cmds.c */
 
 #endif

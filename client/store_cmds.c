@@ -1,0 +1,496 @@
+/* spotctl push / list / restore: the store commands. They work on the
+ * store directly (no daemon): one libuv loop, the S3 client, the store. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "aws.h"
+#include "http.h"
+#include "log.h"
+#include "s3.h"
+#include "s3url.h"
+#include "spotctl.h"
+#include "store.h"
+#include "util.h"
+
+struct session {
+  uv_loop_t loop;
+  struct spot_http *http;
+  struct spot_aws *aws;
+  struct spot_s3 *s3;
+  struct spot_store_config cfg;
+  char *bucket, *prefix, *job;
+  int err;
+  char msg[512];
+  bool done;
+  bool tty;
+  bool quiet;
+  bool json;
+  bool loop_ready;
+  const char *verb;
+  int exit_code;
+};
+
+struct common_opts {
+  const char *endpoint, *region, *profile, *name;
+  uint64_t part_size;
+  unsigned parallel, workers, keep;
+  enum spot_store_compress compress;
+  bool quiet, json;
+};
+
+enum {
+  OPT_ENDPOINT = 256,
+  OPT_REGION,
+  OPT_PROFILE,
+  OPT_PART_SIZE,
+  OPT_PARALLEL,
+  OPT_WORKERS,
+  OPT_COMPRESS,
+  OPT_KEEP,
+  OPT_JSON,
+};
+
+static const struct option long_opts[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"name", required_argument, NULL, 'n'},
+    {"quiet", no_argument, NULL, 'q'},
+    {"endpoint", required_argument, NULL, OPT_ENDPOINT},
+    {"region", required_argument, NULL, OPT_REGION},
+    {"profile", required_argument, NULL, OPT_PROFILE},
+    {"part-size", required_argument, NULL, OPT_PART_SIZE},
+    {"parallel", required_argument, NULL, OPT_PARALLEL},
+    {"workers", required_argument, NULL, OPT_WORKERS},
+    {"compress", required_argument, NULL, OPT_COMPRESS},
+    {"keep", required_argument, NULL, OPT_KEEP},
+    {"json", no_argument, NULL, OPT_JSON},
+    {NULL, 0, NULL, 0},
+};
+
+static const char common_help[] =
+    "  --endpoint URL     S3 endpoint (default: $AWS_ENDPOINT_URL_S3,\n"
+    "                     $AWS_ENDPOINT_URL, else AWS's regional endpoint)\n"
+    "  --region REGION    S3 region (default: $AWS_REGION, the profile, IMDS)\n"
+    "  --profile NAME     profile of ~/.aws/credentials and ~/.aws/config\n"
+    "  --parallel N       transfers in flight (default 4)\n"
+    "  --workers N        compressing threads (default: the cores)\n"
+    "  -q, --quiet        no summary line\n"
+    "  -h, --help         this help\n"
+    "Credentials: $AWS_ACCESS_KEY_ID/$AWS_SECRET_ACCESS_KEY, a profile, or "
+    "the\ninstance role (IMDSv2).\n";
+
+static int
+parse_uint(const char *opt, const char *v, int64_t min, int64_t max,
+           unsigned *out)
+{
+  int64_t n;
+
+  if (spot_parse_int64(v, min, max, &n) < 0)
+    return spotctl_usage("%s: expected a number from %" PRId64 " to %" PRId64
+                         ", got '%s'",
+                         opt, min, max, v);
+  *out = (unsigned)n;
+  return 0;
+}
+
+/* Parses the options shared by the store commands. Returns -1 to go on,
+ * or an exit status. */
+static int
+parse_opts(int argc, char **argv, struct common_opts *o, const char *usage)
+{
+  int c;
+
+  memset(o, 0, sizeof(*o));
+  o->keep = 0;
+  optind = 1;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "+hn:q", long_opts, NULL)) != -1) {
+    switch (c) {
+    case 'h':
+      fputs(usage, stdout);
+      fputs(common_help, stdout);
+      return SPOTCTL_EXIT_OK;
+    case 'n':
+      o->name = optarg;
+      break;
+    case 'q':
+      o->quiet = true;
+      break;
+    case OPT_ENDPOINT:
+      o->endpoint = optarg;
+      break;
+    case OPT_REGION:
+      o->region = optarg;
+      break;
+    case OPT_PROFILE:
+      o->profile = optarg;
+      break;
+    case OPT_PART_SIZE:
+      if (spot_parse_size(optarg, &o->part_size) < 0 ||
+          o->part_size < SPOT_STORE_PART_MIN ||
+          o->part_size > SPOT_STORE_PART_MAX || o->part_size % 4096 != 0)
+        return spotctl_usage("--part-size: expected 5M to 128M in whole "
+                             "KiB multiples of 4, got '%s'",
+                             optarg);
+      break;
+    case OPT_PARALLEL:
+      if (parse_uint("--parallel", optarg, 1, 64, &o->parallel) != 0)
+        return SPOTCTL_EXIT_USAGE;
+      break;
+    case OPT_WORKERS:
+      if (parse_uint("--workers", optarg, 1, 64, &o->workers) != 0)
+        return SPOTCTL_EXIT_USAGE;
+      break;
+    case OPT_KEEP:
+      if (parse_uint("--keep", optarg, 0, 100000, &o->keep) != 0)
+        return SPOTCTL_EXIT_USAGE;
+      break;
+    case OPT_COMPRESS:
+      if (strcmp(optarg, "auto") == 0)
+        o->compress = SPOT_STORE_COMPRESS_AUTO;
+      else if (strcmp(optarg, "always") == 0)
+        o->compress = SPOT_STORE_COMPRESS_ALWAYS;
+      else if (strcmp(optarg, "never") == 0)
+        o->compress = SPOT_STORE_COMPRESS_NEVER;
+      else
+        return spotctl_usage("--compress: expected auto, always or never, "
+                             "got '%s'",
+                             optarg);
+      break;
+    case OPT_JSON:
+      o->json = true;
+      break;
+    case '?':
+    default:
+      if (optopt != 0 && optopt < 256)
+        return spotctl_usage("%s: unknown option '-%c'", argv[0], optopt);
+      return spotctl_usage("%s: unknown or incomplete option '%s'", argv[0],
+                           argv[optind - 1]);
+    }
+  }
+  return -1;
+}
+
+static void
+aws_ready_cb(int err, const char *msg, void *data)
+{
+  struct session *s = data;
+
+  s->err = err;
+  if (err < 0)
+    snprintf(s->msg, sizeof(s->msg), "%s", msg);
+  s->done = true;
+}
+
+/* Loop, HTTP, credentials, S3. Returns 0 or an exit status after printing
+ * the error. */
+static int
+session_open(struct session *s, const char *url, const struct common_opts *o)
+{
+  struct spot_aws_options ao;
+  struct spot_s3_config sc;
+  char err[256];
+  int r;
+
+  s->tty = isatty(STDOUT_FILENO) == 1;
+  s->quiet = o->quiet;
+  s->json = o->json;
+  if (spot_s3_url_parse_job(url, &s->bucket, &s->prefix, &s->job, err,
+                            sizeof(err)) < 0)
+    return spotctl_usage("%s", err);
+  r = uv_loop_init(&s->loop);
+  if (r < 0)
+    return spotctl_fail("event loop: %s", uv_strerror(r));
+  s->loop_ready = true;
+  r = spot_http_new(&s->loop, &s->http);
+  if (r < 0)
+    return spotctl_fail("HTTP client: %s", strerror(-r));
+  memset(&ao, 0, sizeof(ao));
+  ao.endpoint = o->endpoint;
+  ao.region = o->region;
+  ao.profile = o->profile;
+  r = spot_aws_new(&s->loop, s->http, &ao, &s->aws);
+  if (r < 0)
+    return spotctl_fail("AWS settings: %s", strerror(-r));
+  r = spot_aws_start(s->aws, aws_ready_cb, s);
+  if (r < 0)
+    return spotctl_fail("AWS settings: %s", strerror(-r));
+  while (!s->done && uv_run(&s->loop, UV_RUN_ONCE) != 0)
+    ;
+  if (s->err < 0)
+    return spotctl_fail("%s", s->msg[0] ? s->msg : strerror(-s->err));
+  memset(&sc, 0, sizeof(sc));
+  spot_aws_s3_config(s->aws, &sc);
+  r = spot_s3_new(s->http, &sc, &s->s3);
+  if (r < 0)
+    return spotctl_fail("S3 client: %s", strerror(-r));
+  s->cfg.s3 = s->s3;
+  s->cfg.bucket = s->bucket;
+  s->cfg.prefix = s->prefix;
+  s->cfg.job = s->job;
+  s->cfg.part_size = o->part_size;
+  s->cfg.parallel = o->parallel;
+  s->cfg.workers = o->workers;
+  s->cfg.compress = o->compress;
+  s->cfg.keep = o->keep;
+  s->done = false;
+  return 0;
+}
+
+static void
+session_close(struct session *s)
+{
+  int r;
+
+  spot_s3_free(s->s3);
+  s->s3 = NULL;
+  if (s->aws != NULL)
+    spot_aws_close(s->aws, NULL, NULL);
+  if (s->http != NULL)
+    spot_http_close(s->http, NULL, NULL);
+  if (s->loop_ready) {
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    r = uv_loop_close(&s->loop);
+    if (r != 0)
+      log_err("internal: event loop not empty at exit: %s", uv_strerror(r));
+  }
+  free(s->bucket);
+  free(s->prefix);
+  free(s->job);
+}
+
+static void
+print_progress(const struct spot_store_progress *p, void *data)
+{
+  struct session *s = data;
+  char done[32], total[32];
+  double secs = (double)p->elapsed_ms / 1000.0;
+  double rate = secs > 0 ? (double)p->raw_done / secs : 0;
+  double eta;
+
+  if (!s->tty || s->quiet || p->phase == SPOT_STORE_PHASE_PLAN)
+    return;
+  spot_fmt_bytes(p->raw_done, done, sizeof(done));
+  spot_fmt_bytes(p->raw_total, total, sizeof(total));
+  eta = rate > 0 && p->raw_total > p->raw_done
+            ? (double)(p->raw_total - p->raw_done) / rate
+            : 0;
+  printf("\r\033[K%s: %s %s / %s  %.0f MB/s", p->name,
+         spot_store_phase_name(p->phase), done, total, rate / 1e6);
+  if (p->stored_done > 0 && p->raw_done > 0)
+    printf("  ratio %.2f", (double)p->raw_done / (double)p->stored_done);
+  if (p->phase == SPOT_STORE_PHASE_TRANSFER && eta > 0)
+    printf("  ETA %.0fs", eta);
+  if (p->retries > 0)
+    printf("  %u retries", p->retries);
+  if (p->phase == SPOT_STORE_PHASE_FINISH)
+    printf("\r\033[K");
+  fflush(stdout);
+}
+
+static void
+store_done_cb(const struct spot_store_result *res, void *data)
+{
+  struct session *s = data;
+  const char *verb = s->verb;
+  char raw[32], stored[32];
+  double secs = (double)res->elapsed_ms / 1000.0;
+
+  s->done = true;
+  if (res->err < 0) {
+    s->exit_code = spotctl_fail("%s", res->message);
+    return;
+  }
+  if (res->warning != NULL && res->warning[0] != '\0')
+    fprintf(stderr, "spotctl: warning: %s\n", res->warning);
+  if (!s->quiet)
+    printf("%s %s: %" PRIu64 " files, %s -> %s stored (ratio %.2f) in %.1f s "
+           "(%.0f MB/s), %u retries%s\n",
+           verb, res->name, res->files,
+           spot_fmt_bytes(res->raw_bytes, raw, sizeof(raw)),
+           spot_fmt_bytes(res->stored_bytes, stored, sizeof(stored)),
+           res->stored_bytes > 0
+               ? (double)res->raw_bytes / (double)res->stored_bytes
+               : 1.0,
+           secs, secs > 0 ? (double)res->raw_bytes / secs / 1e6 : 0.0,
+           res->retries, res->deleted > 0 ? ", old checkpoints deleted" : "");
+  s->exit_code = SPOTCTL_EXIT_OK;
+}
+
+static int
+run_op(struct session *s)
+{
+  while (!s->done && uv_run(&s->loop, UV_RUN_ONCE) != 0)
+    ;
+  if (!s->done)
+    return spotctl_fail("internal: the operation never finished");
+  return s->exit_code;
+}
+
+static const char push_usage[] =
+    "Usage: spotctl push DIR s3://BUCKET/[PREFIX/]JOB [OPTIONS]\n\n"
+    "Uploads every regular file under DIR as one checkpoint of JOB, then\n"
+    "commits it (the manifest is written last) and moves LATEST to it.\n\n"
+    "  -n, --name NAME    checkpoint name (default: DIR's base name)\n"
+    "  --part-size SIZE   bytes per part and zstd frame (default 8M)\n"
+    "  --compress MODE    auto (default), always or never\n"
+    "  --keep N           keep the N newest checkpoints, delete older ones\n";
+
+int
+spotctl_cmd_push(int argc, char **argv)
+{
+  struct common_opts o;
+  struct session s;
+  int r;
+
+  r = parse_opts(argc, argv, &o, push_usage);
+  if (r >= 0)
+    return r;
+  if (argc - optind != 2)
+    return spotctl_usage("push: expected DIR and s3://BUCKET/[PREFIX/]JOB");
+  if (o.name != NULL && strchr(o.name, '/') != NULL)
+    return spotctl_usage("push: --name '%s': a name cannot contain '/'",
+                         o.name);
+  memset(&s, 0, sizeof(s));
+  r = session_open(&s, argv[optind + 1], &o);
+  if (r == 0) {
+    s.verb = "pushed";
+    r = spot_store_push(&s.loop, &s.cfg, argv[optind], o.name, print_progress,
+                        store_done_cb, &s, NULL);
+    if (r == -EINVAL)
+      r = spotctl_fail("push: invalid checkpoint name '%s' (1-128 printable "
+                       "characters, no '/', not '..')",
+                       o.name != NULL ? o.name : argv[optind]);
+    else if (r < 0)
+      r = spotctl_fail("push: %s", strerror(-r));
+    else
+      r = run_op(&s);
+  }
+  session_close(&s);
+  return r;
+}
+
+static const char restore_usage[] =
+    "Usage: spotctl restore s3://BUCKET/[PREFIX/]JOB DIR [OPTIONS]\n\n"
+    "Restores a committed checkpoint into DIR (which must not exist, or be\n"
+    "empty): every frame is checked, and DIR appears only when complete.\n\n"
+    "  -n, --name NAME    checkpoint to restore (default: LATEST)\n";
+
+int
+spotctl_cmd_restore(int argc, char **argv)
+{
+  struct common_opts o;
+  struct session s;
+  int r;
+
+  r = parse_opts(argc, argv, &o, restore_usage);
+  if (r >= 0)
+    return r;
+  if (argc - optind != 2)
+    return spotctl_usage("restore: expected s3://BUCKET/[PREFIX/]JOB and DIR");
+  memset(&s, 0, sizeof(s));
+  r = session_open(&s, argv[optind], &o);
+  if (r == 0) {
+    s.verb = "restored";
+    r = spot_store_restore(&s.loop, &s.cfg, o.name, argv[optind + 1],
+                           print_progress, store_done_cb, &s, NULL);
+    if (r == -EINVAL)
+      r = spotctl_usage("restore: invalid checkpoint name '%s'",
+                        o.name != NULL ? o.name : "");
+    else if (r < 0)
+      r = spotctl_fail("restore: %s", strerror(-r));
+    else
+      r = run_op(&s);
+  }
+  session_close(&s);
+  return r;
+}
+
+static void
+list_done_cb(const struct spot_store_list_result *res, void *data)
+{
+  struct session *s = data;
+  size_t committed = 0;
+
+  s->done = true;
+  if (res->err < 0) {
+    s->exit_code = spotctl_fail("%s", res->message);
+    return;
+  }
+  s->exit_code = SPOTCTL_EXIT_OK;
+  if (s->json) {
+    printf("{\"job\":\"%s\",\"latest\":\"%s\",\"checkpoints\":[", s->job,
+           res->latest);
+    for (size_t i = 0; i < res->n; i++) {
+      const struct spot_store_entry *e = &res->entries[i];
+      char when[32] = "";
+      if (e->committed)
+        spot_rfc3339_format(e->created_ms, when, sizeof(when));
+      printf("%s{\"name\":\"%s\",\"committed\":%s,\"latest\":%s,"
+             "\"created\":\"%s\",\"files\":%" PRIu64 ",\"raw_bytes\":%" PRIu64
+             ",\"stored_bytes\":%" PRIu64 "}",
+             i ? "," : "", e->name, e->committed ? "true" : "false",
+             e->latest ? "true" : "false", when, e->files, e->raw_bytes,
+             e->stored_bytes);
+    }
+    printf("]}\n");
+    return;
+  }
+  printf("%-2s %-32s %-20s %6s %12s %12s\n", "", "NAME", "CREATED", "FILES",
+         "RAW", "STORED");
+  for (size_t i = 0; i < res->n; i++) {
+    const struct spot_store_entry *e = &res->entries[i];
+    char when[32], raw[32], stored[32];
+
+    if (!e->committed) {
+      printf("%-2s %-32s %s\n", "", e->name,
+             e->problem != NULL ? e->problem
+                                : "(uncommitted leftover, never restored)");
+      continue;
+    }
+    committed++;
+    spot_rfc3339_format(e->created_ms, when, sizeof(when));
+    printf("%-2s %-32s %-20s %6" PRIu64 " %12s %12s\n", e->latest ? "*" : "",
+           e->name, when, e->files,
+           spot_fmt_bytes(e->raw_bytes, raw, sizeof(raw)),
+           spot_fmt_bytes(e->stored_bytes, stored, sizeof(stored)));
+  }
+  if (res->n == 0)
+    printf("(no checkpoints)\n");
+  else if (res->latest[0] != '\0')
+    printf("* = LATEST (%s); %zu committed\n", res->latest, committed);
+}
+
+static const char list_usage[] =
+    "Usage: spotctl list s3://BUCKET/[PREFIX/]JOB [--json]\n\n"
+    "Lists the committed checkpoints of JOB, newest first, marks the one\n"
+    "LATEST names, and shows uncommitted leftovers as such.\n\n"
+    "  --json             one JSON document for scripts\n";
+
+int
+spotctl_cmd_list(int argc, char **argv)
+{
+  struct common_opts o;
+  struct session s;
+  int r;
+
+  r = parse_opts(argc, argv, &o, list_usage);
+  if (r >= 0)
+    return r;
+  if (argc - optind != 1)
+    return spotctl_usage("list: expected s3://BUCKET/[PREFIX/]JOB");
+  memset(&s, 0, sizeof(s));
+  r = session_open(&s, argv[optind], &o);
+  if (r == 0) {
+    r = spot_store_list(&s.loop, &s.cfg, list_done_cb, &s, NULL);
+    r = r < 0 ? spotctl_fail("list: %s", strerror(-r)) : run_op(&s);
+  }
+  session_close(&s);
+  return r;
+}

@@ -1,0 +1,145 @@
+/* The checkpoint store: push a folder to S3 as one committed checkpoint,
+ * restore one, list them, apply retention. Async on libuv; the S3 client
+ * (s3.h) moves the bytes and the codec (codec.h) runs on the libuv thread
+ * pool through uv_queue_work, whose work callbacks touch no loop state.
+ *
+ * Layout (DESIGN.md "Store layout and commit"), under ROOT = PREFIX/JOB:
+ *   ROOT/checkpoints/NAME/<relative path>.zst   one object per file
+ *   ROOT/checkpoints/NAME/MANIFEST.json         written last: the commit
+ *   ROOT/LATEST                                 name of the newest commit
+ *
+ * Commit rules: the manifest is PUT with If-None-Match: * once every
+ * object is complete, so a name commits at most once; LATEST moves after
+ * it. Readers trust nothing without a committed manifest.
+ *
+ * Memory: at most `workers` parts are being read/compressed (each with a
+ * raw buffer and the codec's scratch) and at most `workers + parallel`
+ * compressed parts exist at once, whatever the checkpoint size.
+ *
+ * Callback contract: if a function taking a callback returns < 0 the
+ * callback never runs; otherwise it runs exactly once, from the loop
+ * (err -ECANCELED after spot_store_cancel()). Results are borrowed for the
+ * duration of the callback. */
+#ifndef SPOT_STORE_H
+#define SPOT_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "s3.h"
+
+#define SPOT_STORE_PART_MIN ((uint64_t)5 << 20)   /* S3's multipart minimum */
+#define SPOT_STORE_PART_MAX ((uint64_t)128 << 20) /* SPOT_CODEC_PART_MAX */
+#define SPOT_STORE_PART_DEFAULT ((uint64_t)8 << 20)
+#define SPOT_STORE_PARALLEL_DEFAULT 4
+
+enum spot_store_compress {
+  SPOT_STORE_COMPRESS_AUTO = 0, /* trial per file; raw when net is faster */
+  SPOT_STORE_COMPRESS_ALWAYS,   /* trial per file; never switch to raw */
+  SPOT_STORE_COMPRESS_NEVER,    /* raw frames, no filter */
+};
+
+struct spot_store_config {
+  struct spot_s3 *s3;
+  const char *bucket;
+  const char *prefix; /* "" or "a/b": no leading or trailing '/' */
+  const char *job;
+  uint64_t part_size; /* 0 = SPOT_STORE_PART_DEFAULT */
+  unsigned parallel;  /* transfers in flight, 0 = default */
+  unsigned workers;   /* compressing threads, 0 = online cores (max 8) */
+  enum spot_store_compress compress;
+  unsigned keep;                /* push: committed checkpoints kept, 0 = all */
+  uint64_t stale_upload_age_ms; /* push: abort older uploads, 0 = 1 hour */
+};
+
+enum spot_store_phase {
+  SPOT_STORE_PHASE_PLAN = 0,
+  SPOT_STORE_PHASE_TRANSFER,
+  SPOT_STORE_PHASE_COMMIT,
+  SPOT_STORE_PHASE_RETAIN,
+  SPOT_STORE_PHASE_FINISH,
+  SPOT_STORE_PHASE_LAST,
+};
+
+struct spot_store_progress {
+  enum spot_store_phase phase;
+  const char *name;
+  uint64_t raw_done, raw_total; /* bytes of files read or written */
+  uint64_t stored_done;         /* compressed bytes moved */
+  uint64_t elapsed_ms;
+  unsigned retries;
+};
+
+struct spot_store_result {
+  int err;             /* 0 or negative errno */
+  const char *message; /* one line for users when err < 0, else "" */
+  const char *name;    /* the checkpoint pushed or restored */
+  uint64_t files;
+  uint64_t raw_bytes;
+  uint64_t stored_bytes;
+  unsigned retries;
+  uint64_t elapsed_ms;
+  uint64_t commit_ms;  /* push: time from start to the manifest committed */
+  unsigned deleted;    /* push: checkpoints removed by retention */
+  unsigned aborted;    /* push: stale multipart uploads aborted */
+  const char *warning; /* push: retention trouble (commit still fine), or "" */
+};
+
+struct spot_store_entry {
+  const char *name;
+  bool committed; /* false: objects without a manifest (leftovers) */
+  bool latest;
+  int64_t created_ms; /* committed only */
+  uint64_t files, raw_bytes, stored_bytes;
+  const char *problem; /* committed but unreadable manifest, else NULL */
+};
+
+struct spot_store_list_result {
+  int err;
+  const char *message;
+  const char *latest;                     /* "" when LATEST is absent */
+  const struct spot_store_entry *entries; /* newest first, then leftovers */
+  size_t n;
+};
+
+struct spot_store_op;
+
+typedef void (*spot_store_cb)(const struct spot_store_result *res, void *data);
+typedef void (*spot_store_list_cb)(const struct spot_store_list_result *res,
+                                   void *data);
+typedef void (*spot_store_progress_cb)(const struct spot_store_progress *p,
+                                       void *data);
+
+/* Pushes every regular file under dir as checkpoint name (NULL: the
+ * folder's base name). Symlinks and special files are skipped with a
+ * warning. A file that changes while it is read fails the push. */
+int spot_store_push(uv_loop_t *loop, const struct spot_store_config *cfg,
+                    const char *dir, const char *name,
+                    spot_store_progress_cb progress, spot_store_cb cb,
+                    void *data, struct spot_store_op **op);
+
+/* Restores checkpoint name (NULL: the one LATEST names) into dir, which
+ * must not exist or be an empty folder. Everything is written into a
+ * temporary folder next to dir, checked, fsynced, then renamed into
+ * place, so dir is either the whole checkpoint or untouched. */
+int spot_store_restore(uv_loop_t *loop, const struct spot_store_config *cfg,
+                       const char *name, const char *dir,
+                       spot_store_progress_cb progress, spot_store_cb cb,
+                       void *data, struct spot_store_op **op);
+
+int spot_store_list(uv_loop_t *loop, const struct spot_store_config *cfg,
+                    spot_store_list_cb cb, void *data,
+                    struct spot_store_op **op);
+
+/* Legal in every state. The callback still runs once, with -ECANCELED. */
+void spot_store_cancel(struct spot_store_op *op);
+
+/* "ROOT/checkpoints/NAME/" etc. into out (capped); pure helpers. */
+int spot_store_key(const struct spot_store_config *cfg, const char *name,
+                   const char *rel, struct spot_buf *out);
+
+const char *spot_store_phase_name(enum spot_store_phase p);
+
+#endif

@@ -106,8 +106,8 @@ static int check_group(const char *v, char *err, size_t errlen);
 static const struct key_def keys[] = {
     {"job", T_STRING, OFF(job), "ID", NULL, NULL, "my-job", 0, 0, NULL,
      check_job, F_REQUIRED,
-     "Job identity; names the job's folder in the store. 1 to 128 of "
-     "A-Z a-z 0-9 . _ -"},
+     "Job identity; names the job's folder in the store (1 to 128 letters, "
+     "digits, '.', '_' or '-')."},
     {"store", T_STRING, OFF(store), "s3://BUCKET/PREFIX", NULL, NULL,
      "s3://my-bucket/spotd", 0, 0, NULL, check_store, F_REQUIRED,
      "Where checkpoints go; the job root is PREFIX/JOB."},
@@ -154,7 +154,7 @@ static const struct key_def keys[] = {
     {"ckpt-timeout", T_DURATION, OFF(ckpt_timeout_ms), "SEC", "1800", NULL,
      NULL, 0, MS(7 * 86400), NULL, NULL, 0,
      "Stop waiting for a requested periodic checkpoint after this long and "
-     "warn (0 = wait forever). After a notice its deadline rules instead."},
+     "warn; 0 waits forever. After a notice its deadline rules instead."},
     {"grace", T_DURATION, OFF(grace_ms), "SEC", "10", NULL, NULL, 0,
      MS(3600), NULL, NULL, 0,
      "Time between SIGTERM and SIGKILL when stopping the trainer; cut short "
@@ -843,11 +843,10 @@ classify(struct load *ld, const char *line)
     }
     ld->kind = L_SECTION;
     ld->prev_key = false;
-    if (*skip_ws(close + 1) != '\0') {
+    /* inih ignores it; we don't, but go on checking the section's keys. */
+    if (*skip_ws(close + 1) != '\0')
       errs_add(ld->errs, "%s:%d: unexpected text after the section header",
                ld->name, ld->lineno);
-      return;
-    }
     if ((size_t)(close - start - 1) == 5 && strncmp(start + 1, "spotd", 5) == 0)
       ld->in_spotd = true;
     else
@@ -1168,7 +1167,9 @@ default_path(struct spot_config *cfg, const char *key, const char *env,
   const char *dir = getenv(env);
   char *v;
 
-  if (*field != NULL)
+  /* Recomputed on each call while it is a default: the environment may
+   * have changed since. */
+  if (*field != NULL && cfg->origin_[idx] != SPOT_CONFIG_ORIGIN_DEFAULT)
     return 0;
   if (dir != NULL && *dir != '\0') {
     size_t n = strcspn(dir, ":");
@@ -1179,6 +1180,7 @@ default_path(struct spot_config *cfg, const char *key, const char *env,
     if (v == NULL)
       return -ENOMEM;
   }
+  free(*field);
   *field = v;
   cfg->origin_[idx] = SPOT_CONFIG_ORIGIN_DEFAULT;
   return 0;
@@ -1434,12 +1436,12 @@ spot_config_write_effective(const struct spot_config *cfg, struct spot_buf *b)
     }
     if (v == NULL)
       continue;
-    if (cfg->origin_[i] == SPOT_CONFIG_ORIGIN_DEFAULT)
-      r = spot_buf_printf(b, "%s = %s\n", k->key, v);
-    else {
+    if (cfg->origin_[i] != SPOT_CONFIG_ORIGIN_DEFAULT) {
       where(cfg, i, at, sizeof(at));
-      r = spot_buf_printf(b, "%s = %s  # from %s\n", k->key, v, at);
+      r = spot_buf_printf(b, "# from %s\n", at);
     }
+    if (r == 0)
+      r = spot_buf_printf(b, "%s = %s\n", k->key, v);
   }
   return r;
 }

@@ -187,8 +187,9 @@ int spot_config_write_help(struct spot_buf *b);
 /* A commented example file with every key and its default
  * (systemd/spotd.conf is this output). */
 int spot_config_write_example(struct spot_buf *b);
-/* The effective configuration as a valid config file, one `key = value`
- * per set key, with "# from PATH:LINE" / "# from --key" comments. */
+/* The effective configuration as a config file, one `key = value` per
+ * set key, after a "# from PATH:LINE: key" / "# from --key" comment when
+ * not a default (values longer than a line are not wrapped). */
 int spot_config_write_effective(const struct spot_config *cfg,
                                 struct spot_buf *b);
 

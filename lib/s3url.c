@@ -133,6 +133,8 @@ check_prefix(const char *url, const char *p, size_t n, char *err,
 {
   size_t start = 0;
 
+  if (n == 0)
+    return 0;
   if (n > SPOT_S3_URL_PREFIX_MAX)
     return fail(err, errlen, "%.80s...: prefix longer than %d bytes", url,
                 SPOT_S3_URL_PREFIX_MAX);

@@ -51,11 +51,13 @@ gauss2(double *a, double *b)
   *b = r * sin(t);
 }
 
+/* n floats at p (byte pointer: no aliasing games) */
 static void
-fill_gauss_f32(float *p, size_t n, double sigma, int square)
+fill_gauss_f32(unsigned char *p, size_t n, double sigma, int square)
 {
   for (size_t i = 0; i < n; i += 2) {
     double a, b;
+    float fa, fb;
 
     gauss2(&a, &b);
     a *= sigma;
@@ -64,14 +66,16 @@ fill_gauss_f32(float *p, size_t n, double sigma, int square)
       a *= a;
       b *= b;
     }
-    p[i] = (float)a;
+    fa = (float)a;
+    fb = (float)b;
+    memcpy(p + 4 * i, &fa, 4);
     if (i + 1 < n)
-      p[i + 1] = (float)b;
+      memcpy(p + 4 * (i + 1), &fb, 4);
   }
 }
 
 static void
-fill_bf16(uint16_t *p, size_t n)
+fill_bf16(unsigned char *p, size_t n)
 {
   for (size_t i = 0; i < n; i += 2) {
     double a, b;
@@ -83,9 +87,15 @@ fill_bf16(uint16_t *p, size_t n)
     fb = (float)(b * 0.02);
     memcpy(&ua, &fa, 4);
     memcpy(&ub, &fb, 4);
-    p[i] = (uint16_t)(ua >> 16);
-    if (i + 1 < n)
-      p[i + 1] = (uint16_t)(ub >> 16);
+    ua >>= 16;
+    ub >>= 16;
+    /* little-endian bf16, as torch writes it on x86 */
+    p[2 * i] = (unsigned char)ua;
+    p[2 * i + 1] = (unsigned char)(ua >> 8);
+    if (i + 1 < n) {
+      p[2 * i + 2] = (unsigned char)ub;
+      p[2 * i + 3] = (unsigned char)(ub >> 8);
+    }
   }
 }
 
@@ -290,13 +300,13 @@ main(int argc, char **argv)
       return 1;
   }
   ds[0].name = "fp32+Adam";
-  fill_gauss_f32((float *)ds[0].data, ds[0].len / 12, 0.02, 0);
-  fill_gauss_f32((float *)(ds[0].data + ds[0].len / 3), ds[0].len / 12, 1e-3,
+  fill_gauss_f32(ds[0].data, ds[0].len / 12, 0.02, 0);
+  fill_gauss_f32(ds[0].data + ds[0].len / 3, ds[0].len / 12, 1e-3,
                  0);
-  fill_gauss_f32((float *)(ds[0].data + 2 * (ds[0].len / 3)),
+  fill_gauss_f32(ds[0].data + 2 * (ds[0].len / 3),
                  (ds[0].len - 2 * (ds[0].len / 3)) / 4, 1e-3, 1);
   ds[1].name = "bf16";
-  fill_bf16((uint16_t *)ds[1].data, ds[1].len / 2);
+  fill_bf16(ds[1].data, ds[1].len / 2);
   ds[2].name = "random";
   for (size_t i = 0; i + 8 <= ds[2].len; i += 8) {
     uint64_t v = next_u64();

@@ -27,6 +27,12 @@
 #define REFRESH_RETRY_BASE_MS 1000
 #define REFRESH_RETRY_CAP_MS 30000
 #define ROLE_MAX 128
+/* A busy IMDS (HTTP 429/5xx) gets this many tries per request; an absent
+ * one (connect error, timeout) only one, so a machine off EC2 learns it has
+ * no credentials within one timeout. */
+#define IMDS_TRIES 3
+#define IMDS_RETRY_BASE_MS 100
+#define IMDS_RETRY_CAP_MS 1000
 
 enum imds_state {
   IMDS_IDLE,
@@ -64,6 +70,7 @@ struct spot_aws {
   /* the cycle in progress */
   bool need_creds;
   bool need_region;
+  unsigned tries; /* of the current request */
   char *token;
   char role[ROLE_MAX + 1];
   struct spot_creds fetched;
@@ -506,6 +513,15 @@ imds_answer(struct spot_aws *aws, long status)
   char err[256];
   const char *what = imds_state_names[aws->state];
 
+  if ((status == 429 || status >= 500) && aws->tries < IMDS_TRIES) {
+    uint64_t d = spot_backoff_ms(aws->tries, IMDS_RETRY_BASE_MS,
+                                 IMDS_RETRY_CAP_MS, spot_random_u32());
+    log_debug("aws imds: %s answered HTTP %ld, retry in %" PRIu64 " ms", what,
+              status, d);
+    timer_arm(aws, d);
+    return;
+  }
+  aws->tries = 0;
   if (status != 200) {
     if (aws->state == IMDS_ROLE && status == 404)
       set_msg(aws, "instance metadata at %s: no IAM role attached to this "
@@ -605,6 +621,7 @@ imds_advance(struct spot_aws *aws)
 {
   char path[ROLE_MAX + 64];
 
+  aws->tries++;
   switch (aws->state) {
   case IMDS_TOKEN:
     if (imds_request(aws, true, "/latest/api/token") < 0)
@@ -635,6 +652,7 @@ cycle_start(struct spot_aws *aws, bool need_creds, bool need_region)
 {
   aws->need_creds = need_creds;
   aws->need_region = need_region;
+  aws->tries = 0;
   set_state(aws, IMDS_TOKEN);
   imds_advance(aws);
 }
@@ -652,6 +670,8 @@ timer_cb(uv_timer_t *t)
   }
   if (aws->state == IMDS_IDLE && aws->source == SPOT_AWS_SOURCE_IMDS)
     cycle_start(aws, true, false);
+  else if (aws->state != IMDS_IDLE && !aws->in_flight)
+    imds_advance(aws); /* a retry of the current request */
 }
 
 int

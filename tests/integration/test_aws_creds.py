@@ -54,6 +54,7 @@ class Imds:
         self.creds_status = 200
         self.fail_after = None  # creds GETs beyond this many answer 500
         self.unauthorized = 0
+        self.token_busy = 0  # answer this many token PUTs with 503
         self.requests = 0
         imds = self
 
@@ -79,6 +80,11 @@ class Imds:
                     return self.reply(404)
                 if ttl is None or not ttl.isdigit() or not 1 <= int(ttl) <= 21600:
                     return self.reply(400)
+                with imds.lock:
+                    busy = imds.token_busy > 0
+                    imds.token_busy -= 1 if busy else 0
+                if busy:
+                    return self.reply(503)
                 with imds.lock:
                     tok = "imds-token-%d-AQAEAExampleTokenValue" % len(imds.tokens)
                     imds.tokens.add(tok)
@@ -165,6 +171,68 @@ def no_leak(what, out, err, secrets):
     check(not leaked, what + ": no secret or token in the output")
 
 
+def emulator_checks(home, base):
+    """The same chain against `spotctl emulate` (fixed role credentials
+    valid 6 h: no refresh to see there, the stand-in above covers it)."""
+    spotctl = os.environ.get("SPOTCTL",
+                             os.path.join(BUILD, "client", "spotctl"))
+    if not os.access(spotctl, os.X_OK):
+        print("spotctl not built: skipping the emulator checks")
+        return
+    secret = "emuSecretExampleKey/DoNotPrint+0123456789ab"
+    token = "emuSessionTokenExample+/=="
+    creds = os.path.join(home, "role.json")
+    with open(creds, "w") as f:
+        f.write('{"AccessKeyId": "ASIAEMULATED", "SecretAccessKey": "%s", '
+                '"Token": "%s"}' % (secret, token))
+    emu = subprocess.Popen([spotctl, "emulate", "--provider", "aws",
+                            "--port", "0", "--region", "ap-southeast-2",
+                            "--role", "trainer-role", "--role-creds", creds],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        line = emu.stdout.readline().strip()
+        check(line.startswith("listening on http://127.0.0.1:"),
+              "emulator: started (%r)" % line)
+        if not line.startswith("listening on "):
+            return
+        url = line.split()[-1]
+        env = dict(base, AWS_EC2_METADATA_SERVICE_ENDPOINT=url)
+        rc, out, err, _ = run(env, "--watch-ms", "1500")
+        print(out + err)
+        check(rc == 0 and field(out, "source=", "source") == "imds",
+              "emulator: source=imds")
+        check(field(out, "initial", "key_id") == "ASIAEMULATED" and
+              field(out, "initial", "secret_sha256") == sha12(secret) and
+              field(out, "initial", "session_token") == "yes",
+              "emulator: the role's credentials")
+        check(field(out, "source=", "region") == "ap-southeast-2",
+              "emulator: region from placement/region")
+        check(field(out, "final", "key_id") == "ASIAEMULATED" and
+              "refreshes=0" in out, "emulator: 6 h credentials not refreshed")
+        no_leak("emulator", out, err, [secret, token])
+        # Every request refused: one clear line, quickly.
+        emu2 = subprocess.Popen([spotctl, "emulate", "--provider", "aws",
+                                 "--port", "0", "--fault", "throttle=1",
+                                 "--role-creds", creds],
+                                stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            url2 = emu2.stdout.readline().strip().split()[-1]
+            rc, out, err, secs = run(dict(base,
+                                          AWS_EC2_METADATA_SERVICE_ENDPOINT=url2))
+            check(rc == 1 and "no AWS credentials found" in err and
+                  "HTTP 503" in err, "emulator throttling: clear error (%r)" %
+                  err.strip())
+        finally:
+            emu2.terminate()
+            emu2.communicate(timeout=10)
+    finally:
+        emu.terminate()
+        emu.communicate(timeout=10)
+        os.unlink(creds)
+
+
 def main():
     if not os.access(DRIVER, os.X_OK):
         print("driver not built: " + DRIVER)
@@ -221,6 +289,16 @@ def main():
               "refresh failing: warned once, not per retry")
         no_leak("refresh failing", out, err, imds.secrets + list(imds.tokens))
         imds.fail_after = None
+
+        # 2b. A busy IMDS (503) is retried a bounded number of times.
+        imds.token_busy = 2
+        rc, out, err, _ = run(base)
+        check(rc == 0 and field(out, "source=", "source") == "imds",
+              "busy IMDS: two 503s then success")
+        imds.token_busy = 3
+        rc, out, err, _ = run(base)
+        check(rc == 1 and "HTTP 503" in err, "busy IMDS: three 503s, gives up")
+        imds.token_busy = 0
 
         # 3. The environment beats everything; IMDS is not asked.
         before = imds.requests
@@ -312,6 +390,7 @@ def main():
                   len(err.strip().splitlines()) == 1,
                   "%s: %r (got %d %r)" % (name, want, rc, err.strip()))
             no_leak(name, out, err, [env_secret])
+        emulator_checks(home, base)
     finally:
         imds.stop()
         for f in ("credentials", "config"):

@@ -36,7 +36,8 @@ record_cb(const struct spot_proto_msg *m, void *data)
     assert_non_null(m->args);
     assert_true(json_is_object(m->args));
     snprintf(s->names[i], sizeof(s->names[i]), "%s", m->cmd_name);
-    s->wait[i] = m->u.checkpoint.wait;
+    if (m->cmd == SPOT_PROTO_CMD_CHECKPOINT && m->args_error == NULL)
+      s->wait[i] = m->u.checkpoint.wait;
     if (m->cmd == SPOT_PROTO_CMD_DONE && m->args_error == NULL)
       snprintf(s->dir[i], sizeof(s->dir[i]), "%s", m->u.done.dir);
   } else {

@@ -560,17 +560,21 @@ imds_answer(struct spot_aws *aws, long status)
     imds_advance(aws);
     return;
   }
-  case IMDS_CREDS:
+  case IMDS_CREDS: {
+    int r;
+
     spot_aws_creds_clear(&aws->fetched);
-    if (spot_aws_imds_creds_parse(spot_buf_str(&aws->body), aws->body.len,
-                                  &aws->fetched, err, sizeof(err)) < 0) {
+    r = spot_aws_imds_creds_parse(spot_buf_str(&aws->body), aws->body.len,
+                                  &aws->fetched, err, sizeof(err));
+    /* The body held the secret, whether it parsed or not. */
+    if (aws->body.data != NULL)
+      explicit_bzero(aws->body.data, aws->body.len);
+    spot_buf_reset(&aws->body);
+    if (r < 0) {
       set_msg(aws, "instance metadata at %s: role %s: %s", aws->imds_url,
               aws->role, err);
       break;
     }
-    /* The body held the secret. */
-    explicit_bzero(aws->body.data, aws->body.len);
-    spot_buf_reset(&aws->body);
     if (aws->need_region) {
       set_state(aws, IMDS_REGION);
       imds_advance(aws);
@@ -578,6 +582,7 @@ imds_answer(struct spot_aws *aws, long status)
       cycle_done(aws);
     }
     return;
+  }
   case IMDS_REGION:
     rtrim(&aws->body);
     if (!spot_aws_region_valid(spot_buf_str(&aws->body))) {

@@ -30,7 +30,7 @@ struct sock_ctx {
 };
 
 struct xfer {
-  struct xfer *prev, *next;
+  struct xfer *next;
   CURL *easy;
   spot_http_done_cb cb;
   void *data;
@@ -229,12 +229,13 @@ finish_xfer(struct spot_http *h, struct xfer *x, CURLcode rc)
   mc = curl_multi_remove_handle(h->multi, easy);
   if (mc != CURLM_OK)
     log_warn("http: curl_multi_remove_handle: %s", curl_multi_strerror(mc));
-  if (x->prev != NULL)
-    x->prev->next = x->next;
-  else
-    h->xfers = x->next;
-  if (x->next != NULL)
-    x->next->prev = x->prev;
+  /* a handful of transfers: a singly linked list is enough */
+  for (struct xfer **pp = &h->xfers; *pp != NULL; pp = &(*pp)->next) {
+    if (*pp == x) {
+      *pp = x->next;
+      break;
+    }
+  }
   h->n_active--;
   free(x);
   cb(easy, rc, data);
@@ -275,9 +276,11 @@ spot_http_new(uv_loop_t *loop, struct spot_http **out)
     free(h);
     return -ENOMEM;
   }
-  if (curl_multi_setopt(h->multi, CURLMOPT_SOCKETFUNCTION, socket_fn) != CURLM_OK ||
+  if (curl_multi_setopt(h->multi, CURLMOPT_SOCKETFUNCTION, socket_fn) !=
+          CURLM_OK ||
       curl_multi_setopt(h->multi, CURLMOPT_SOCKETDATA, h) != CURLM_OK ||
-      curl_multi_setopt(h->multi, CURLMOPT_TIMERFUNCTION, timer_fn) != CURLM_OK ||
+      curl_multi_setopt(h->multi, CURLMOPT_TIMERFUNCTION, timer_fn) !=
+          CURLM_OK ||
       curl_multi_setopt(h->multi, CURLMOPT_TIMERDATA, h) != CURLM_OK) {
     log_err("http: curl_multi_setopt failed");
     curl_multi_cleanup(h->multi);
@@ -301,8 +304,7 @@ spot_http_loop(const struct spot_http *h)
 }
 
 int
-spot_http_add(struct spot_http *h, CURL *easy, spot_http_done_cb cb,
-              void *data)
+spot_http_add(struct spot_http *h, CURL *easy, spot_http_done_cb cb, void *data)
 {
   struct xfer *x;
   CURLMcode mc;
@@ -326,8 +328,6 @@ spot_http_add(struct spot_http *h, CURL *easy, spot_http_done_cb cb,
     return mc == CURLM_OUT_OF_MEMORY ? -ENOMEM : -EINVAL;
   }
   x->next = h->xfers;
-  if (h->xfers != NULL)
-    h->xfers->prev = x;
   h->xfers = x;
   h->n_active++;
   return 0;

@@ -87,7 +87,7 @@ struct spot_s3 {
   char *scheme;   /* "http" or "https" */
   char *hostport; /* "127.0.0.1:7480" */
   char *region;
-  char *sigv4;    /* "aws:amz:REGION:s3" */
+  char *sigv4; /* "aws:amz:REGION:s3" */
   bool path_style;
   struct spot_creds_provider *creds;
   unsigned max_retries;
@@ -175,9 +175,16 @@ code_is(const char *code, const char *const *set)
 }
 
 static const char *const transient_codes[] = {
-    "SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout",
-    "Throttling", "ThrottlingException", "RequestLimitExceeded",
-    "RequestThrottled", "TooManyRequestsException", NULL,
+    "SlowDown",
+    "InternalError",
+    "ServiceUnavailable",
+    "RequestTimeout",
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "RequestThrottled",
+    "TooManyRequestsException",
+    NULL,
 };
 
 bool
@@ -446,7 +453,8 @@ finish(struct spot_s3_op *op, int err)
     res.n_failed_keys = op->xml.n_failed_keys;
   }
   if (err < 0 && err != -ECANCELED)
-    log_debug("s3: op=%u %s", op->id, spot_s3_strerror(&res, line, sizeof(line)));
+    log_debug("s3: op=%u %s", op->id,
+              spot_s3_strerror(&res, line, sizeof(line)));
   set_state(op, OP_DONE);
   op_unlink(op);
   op->s3 = NULL;
@@ -530,8 +538,7 @@ debug_cb(CURL *easy, curl_infotype type, char *data, size_t size, void *userp)
 
 static void done_cb(CURL *easy, CURLcode rc, void *data);
 
-static int
-add_header(struct spot_s3_op *op, const char *fmt, ...)
+static int add_header(struct spot_s3_op *op, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 static int
@@ -788,8 +795,8 @@ done_cb(CURL *easy, CURLcode rc, void *data)
     return;
   }
   if (rc != CURLE_OK)
-    log_warn("s3: %s s3://%s/%s: %s", kinds[op->kind].name, op->bucket,
-             op->key, op->message);
+    log_warn("s3: %s s3://%s/%s: %s", kinds[op->kind].name, op->bucket, op->key,
+             op->message);
   finish(op, err);
 }
 
@@ -894,7 +901,8 @@ op_start(struct spot_s3_op *op, struct spot_s3_op **out)
     spot__sha256_hex(op->body_len > 0 ? op->body : "", op->body_len,
                      op->payload_hash);
   else if (op->upload)
-    spot_strlcpy(op->payload_hash, "UNSIGNED-PAYLOAD", sizeof(op->payload_hash));
+    spot_strlcpy(op->payload_hash, "UNSIGNED-PAYLOAD",
+                 sizeof(op->payload_hash));
   r = attempt(op);
   if (r < 0) {
     log_debug("s3: %s s3://%s/%s: cannot start: %s", kinds[op->kind].name,
@@ -940,7 +948,7 @@ spot_s3_put(struct spot_s3 *s3, const char *bucket, const char *key,
   if (data == NULL && len > 0)
     return -EINVAL;
   r = op_new(s3, OP_PUT, bucket, key != NULL ? key : "", NULL, cb, cbdata, &o);
-  if (r < 0)
+  if (r != 0)
     return r;
   o->upload = true;
   o->body = data;
@@ -963,7 +971,7 @@ spot_s3_get(struct spot_s3 *s3, const char *bucket, const char *key,
   if (len > 0 && off + len < off)
     return -EINVAL;
   r = op_new(s3, OP_GET, bucket, key != NULL ? key : "", NULL, cb, cbdata, &o);
-  if (r < 0)
+  if (r != 0)
     return r;
   o->off = off;
   o->len = len;
@@ -980,7 +988,7 @@ spot_s3_head(struct spot_s3 *s3, const char *bucket, const char *key,
   int r;
 
   r = op_new(s3, OP_HEAD, bucket, key != NULL ? key : "", NULL, cb, cbdata, &o);
-  if (r < 0)
+  if (r != 0)
     return r;
   return op_start(o, op);
 }
@@ -1033,7 +1041,7 @@ spot_s3_list(struct spot_s3 *s3, const char *bucket, const char *prefix,
   if (r == 0)
     r = op_new(s3, OP_LIST, bucket, NULL, spot_buf_str(&q), cb, cbdata, &o);
   spot_buf_fini(&q);
-  if (r < 0)
+  if (r != 0)
     return r;
   return op_start(o, op);
 }
@@ -1078,7 +1086,7 @@ spot_s3_delete_objects(struct spot_s3 *s3, const char *bucket,
     r = spot_buf_appends(&body, "</Delete>");
   if (r == 0)
     r = op_new(s3, OP_DELETE_OBJECTS, bucket, NULL, "delete=", cb, cbdata, &o);
-  if (r < 0) {
+  if (r != 0) {
     spot_buf_fini(&body);
     return r;
   }
@@ -1103,9 +1111,9 @@ spot_s3_mpu_create(struct spot_s3 *s3, const char *bucket, const char *key,
   struct spot_s3_op *o;
   int r;
 
-  r = op_new(s3, OP_MPU_CREATE, bucket, key != NULL ? key : "", "uploads=",
-             cb, cbdata, &o);
-  if (r < 0)
+  r = op_new(s3, OP_MPU_CREATE, bucket, key != NULL ? key : "", "uploads=", cb,
+             cbdata, &o);
+  if (r != 0)
     return r;
   o->upload = true; /* POST with an empty body and Content-Length: 0 */
   o->body = "";
@@ -1130,7 +1138,7 @@ spot_s3_mpu_part(struct spot_s3 *s3, const char *bucket, const char *key,
     r = op_new(s3, OP_MPU_PART, bucket, key != NULL ? key : "",
                spot_buf_str(&q), cb, cbdata, &o);
   spot_buf_fini(&q);
-  if (r < 0)
+  if (r != 0)
     return r;
   o->upload = true;
   o->body = data;
@@ -1175,7 +1183,7 @@ spot_s3_mpu_complete(struct spot_s3 *s3, const char *bucket, const char *key,
     r = op_new(s3, OP_MPU_COMPLETE, bucket, key != NULL ? key : "",
                spot_buf_str(&q), cb, cbdata, &o);
   spot_buf_fini(&q);
-  if (r < 0) {
+  if (r != 0) {
     spot_buf_fini(&body);
     return r;
   }
@@ -1207,7 +1215,7 @@ upload_id_op(struct spot_s3 *s3, enum op_kind kind, const char *bucket,
     r = op_new(s3, kind, bucket, key != NULL ? key : "", spot_buf_str(&q), cb,
                cbdata, &o);
   spot_buf_fini(&q);
-  if (r < 0)
+  if (r != 0)
     return r;
   return op_start(o, op);
 }
@@ -1221,18 +1229,17 @@ spot_s3_mpu_abort(struct spot_s3 *s3, const char *bucket, const char *key,
 }
 
 int
-spot_s3_mpu_list_parts(struct spot_s3 *s3, const char *bucket,
-                       const char *key, const char *upload_id, spot_s3_cb cb,
-                       void *cbdata, struct spot_s3_op **op)
+spot_s3_mpu_list_parts(struct spot_s3 *s3, const char *bucket, const char *key,
+                       const char *upload_id, spot_s3_cb cb, void *cbdata,
+                       struct spot_s3_op **op)
 {
-  return upload_id_op(s3, OP_MPU_LIST_PARTS, bucket, key, upload_id, cb,
-                      cbdata, op);
+  return upload_id_op(s3, OP_MPU_LIST_PARTS, bucket, key, upload_id, cb, cbdata,
+                      op);
 }
 
 int
-spot_s3_list_uploads(struct spot_s3 *s3, const char *bucket,
-                     const char *prefix, spot_s3_cb cb, void *cbdata,
-                     struct spot_s3_op **op)
+spot_s3_list_uploads(struct spot_s3 *s3, const char *bucket, const char *prefix,
+                     spot_s3_cb cb, void *cbdata, struct spot_s3_op **op)
 {
   struct spot_s3_op *o;
   struct spot_buf q;
@@ -1244,10 +1251,10 @@ spot_s3_list_uploads(struct spot_s3 *s3, const char *bucket,
   if (r == 0)
     r = add_param(&q, "uploads", "");
   if (r == 0)
-    r = op_new(s3, OP_LIST_UPLOADS, bucket, NULL, spot_buf_str(&q), cb,
-               cbdata, &o);
+    r = op_new(s3, OP_LIST_UPLOADS, bucket, NULL, spot_buf_str(&q), cb, cbdata,
+               &o);
   spot_buf_fini(&q);
-  if (r < 0)
+  if (r != 0)
     return r;
   return op_start(o, op);
 }

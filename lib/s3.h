@@ -36,17 +36,20 @@ struct spot_creds_provider {
 };
 
 struct spot_s3_config {
-  const char *endpoint; /* "http://127.0.0.1:7480" or "https://s3.eu-west-1.amazonaws.com" */
-  const char *region;   /* "us-east-1" */
-  bool path_style;      /* true for custom endpoints */
+  /* "http://127.0.0.1:7480" or "https://s3.eu-west-1.amazonaws.com" */
+  const char *endpoint;
+  const char *region; /* "us-east-1" */
+  bool path_style;    /* true for custom endpoints */
   struct spot_creds_provider *creds;
-  unsigned max_retries;      /* default 5 when 0 */
-  uint64_t retry_base_ms;    /* default 200 when 0 */
-  uint64_t retry_cap_ms;     /* default 10000 when 0 */
-  long connect_timeout_ms;   /* default 5000 when 0 */
-  long low_speed_time_s;     /* abort when < low_speed_limit B/s this long; default 20 */
-  long low_speed_limit;      /* default 1024 */
-  long request_timeout_ms;   /* whole request; 0 = none (big parts on slow links) */
+  unsigned max_retries;    /* default 5 when 0 */
+  uint64_t retry_base_ms;  /* default 200 when 0 */
+  uint64_t retry_cap_ms;   /* default 10000 when 0 */
+  long connect_timeout_ms; /* default 5000 when 0 */
+  /* abort when < low_speed_limit B/s this long; default 20 */
+  long low_speed_time_s;
+  long low_speed_limit; /* default 1024 */
+  /* whole request; 0 = none (big parts on slow links) */
+  long request_timeout_ms;
 };
 
 struct spot_s3;
@@ -72,18 +75,23 @@ struct spot_s3_upload_info {
 };
 
 struct spot_s3_result {
-  int err;              /* 0, or negative errno (-EIO network, 5xx and errors inside a 200, -EACCES 401/403, -ENOENT 404 and NoSuch*, -EEXIST 412 on If-None-Match, -EINVAL 400, -EBUSY 409/429, -ERANGE 416, -EBADMSG unparsable reply, -EMSGSIZE reply over the cap, -ECANCELED; a sink's own error) */
-  long http_status;     /* 0 when no response */
-  const char *s3_code;  /* "NoSuchKey", "SignatureDoesNotMatch", ... or "" */
-  const char *message;  /* human text: S3 Message or curl's error, or "" */
-  unsigned retries;     /* attempts beyond the first */
-  const char *op_name;  /* "PUT", "GET", "LIST", "MPU-PART", ... */
+  /* 0, or negative errno: -EIO network, 5xx and errors inside a 200;
+   * -EACCES 401/403; -ENOENT 404 and NoSuch*; -EEXIST 412 on
+   * If-None-Match; -EINVAL 400; -EBUSY 409/429; -ERANGE 416; -EBADMSG
+   * unparsable reply; -EMSGSIZE reply over the cap; -ECANCELED; or the
+   * error a GET sink returned. */
+  int err;
+  long http_status;    /* 0 when no response */
+  const char *s3_code; /* "NoSuchKey", "SignatureDoesNotMatch", ... or "" */
+  const char *message; /* human text: S3 Message or curl's error, or "" */
+  unsigned retries;    /* attempts beyond the first */
+  const char *op_name; /* "PUT", "GET", "LIST", "MPU-PART", ... */
   const char *bucket;
-  const char *key;      /* "" for bucket-level operations */
+  const char *key; /* "" for bucket-level operations */
   /* Per operation: */
-  const char *etag;       /* put, part, complete, head, get ("" if none) */
-  uint64_t content_length;/* head, get */
-  const char *upload_id;  /* mpu_create */
+  const char *etag;        /* put, part, complete, head, get ("" if none) */
+  uint64_t content_length; /* head, get */
+  const char *upload_id;   /* mpu_create */
   /* list: one page */
   const struct spot_s3_object_info *objects;
   size_t n_objects;
@@ -161,8 +169,7 @@ int spot_s3_mpu_abort(struct spot_s3 *s3, const char *bucket, const char *key,
                       struct spot_s3_op **op);
 int spot_s3_mpu_list_parts(struct spot_s3 *s3, const char *bucket,
                            const char *key, const char *upload_id,
-                           spot_s3_cb cb, void *cbdata,
-                           struct spot_s3_op **op);
+                           spot_s3_cb cb, void *cbdata, struct spot_s3_op **op);
 /* ListMultipartUploads under a prefix, one page of up to 1000. */
 int spot_s3_list_uploads(struct spot_s3 *s3, const char *bucket,
                          const char *prefix, spot_s3_cb cb, void *cbdata,

@@ -17,25 +17,25 @@
 #define SPOT__S3_XML_MAX_ITEMS 10000
 
 enum spot__s3_xml_kind {
-  SPOT__S3_XML_ERROR,          /* <Error> only */
-  SPOT__S3_XML_INITIATE,       /* InitiateMultipartUploadResult */
-  SPOT__S3_XML_LIST_OBJECTS,   /* ListBucketResult (V2) */
-  SPOT__S3_XML_LIST_PARTS,     /* ListPartsResult */
-  SPOT__S3_XML_LIST_UPLOADS,   /* ListMultipartUploadsResult */
-  SPOT__S3_XML_DELETE,         /* DeleteResult */
-  SPOT__S3_XML_COMPLETE,       /* CompleteMultipartUploadResult */
+  SPOT__S3_XML_ERROR,        /* <Error> only */
+  SPOT__S3_XML_INITIATE,     /* InitiateMultipartUploadResult */
+  SPOT__S3_XML_LIST_OBJECTS, /* ListBucketResult (V2) */
+  SPOT__S3_XML_LIST_PARTS,   /* ListPartsResult */
+  SPOT__S3_XML_LIST_UPLOADS, /* ListMultipartUploadsResult */
+  SPOT__S3_XML_DELETE,       /* DeleteResult */
+  SPOT__S3_XML_COMPLETE,     /* CompleteMultipartUploadResult */
   SPOT__S3_XML_KIND_LAST,
 };
 
 struct spot__s3_xml_result {
-  bool is_error;     /* the root was <Error> (any kind accepts it) */
-  char *code;        /* Error/Code, or the first DeleteResult/Error/Code */
+  bool is_error; /* the root was <Error> (any kind accepts it) */
+  char *code;    /* Error/Code, or the first DeleteResult/Error/Code */
   char *message;
-  char *upload_id;   /* initiate */
-  char *etag;        /* complete */
-  bool truncated;    /* IsTruncated */
-  char *next_token;  /* list objects: NextContinuationToken */
-  int next_part_marker; /* list parts */
+  char *upload_id;                     /* initiate */
+  char *etag;                          /* complete */
+  bool truncated;                      /* IsTruncated */
+  char *next_token;                    /* list objects: NextContinuationToken */
+  int next_part_marker;                /* list parts */
   struct spot_s3_object_info *objects; /* strings owned */
   size_t n_objects;
   char **prefixes;
@@ -52,8 +52,8 @@ struct spot__s3_xml_result {
  * filled; out->is_error tells an <Error> body), -EBADMSG for malformed or
  * unexpected XML (DOCTYPEs are refused), -ENOMEM or -E2BIG. out is always
  * safe to pass to spot__s3_xml_result_fini() afterwards. */
-int spot__s3_xml_parse(enum spot__s3_xml_kind kind, const char *xml,
-                       size_t len, struct spot__s3_xml_result *out);
+int spot__s3_xml_parse(enum spot__s3_xml_kind kind, const char *xml, size_t len,
+                       struct spot__s3_xml_result *out);
 void spot__s3_xml_result_fini(struct spot__s3_xml_result *r);
 
 /* XML-escapes s into out (&, <, >, ", '). -EINVAL for control characters

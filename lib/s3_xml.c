@@ -206,8 +206,10 @@ end_item(struct ctx *c, const char *item)
   if (c->kind == SPOT__S3_XML_LIST_OBJECTS && strcmp(item, "Contents") == 0) {
     struct spot_s3_object_info *a;
 
-    if (it->key == NULL)
-      { fail(c, -EBADMSG); return; }
+    if (it->key == NULL) {
+      fail(c, -EBADMSG);
+      return;
+    }
     a = grow(c, o->objects, o->n_objects, sizeof(*a));
     if (a == NULL)
       return;
@@ -226,8 +228,10 @@ end_item(struct ctx *c, const char *item)
              strcmp(item, "CommonPrefixes") == 0) {
     char **a;
 
-    if (it->prefix == NULL)
-      { fail(c, -EBADMSG); return; }
+    if (it->prefix == NULL) {
+      fail(c, -EBADMSG);
+      return;
+    }
     a = grow(c, o->prefixes, o->n_prefixes, sizeof(*a));
     if (a == NULL)
       return;
@@ -238,8 +242,10 @@ end_item(struct ctx *c, const char *item)
     struct spot_s3_part_info *a;
     const char *etag = it->etag != NULL ? it->etag : "";
 
-    if (it->number == 0)
-      { fail(c, -EBADMSG); return; }
+    if (it->number == 0) {
+      fail(c, -EBADMSG);
+      return;
+    }
     a = grow(c, o->parts, o->n_parts, sizeof(*a));
     if (a == NULL)
       return;
@@ -247,15 +253,19 @@ end_item(struct ctx *c, const char *item)
     a[o->n_parts].number = it->number;
     a[o->n_parts].size = it->size;
     if (spot_strlcpy(a[o->n_parts].etag, etag, sizeof(a->etag)) >=
-        sizeof(a->etag))
-      { fail(c, -EBADMSG); return; }
+        sizeof(a->etag)) {
+      fail(c, -EBADMSG);
+      return;
+    }
     o->n_parts++;
   } else if (c->kind == SPOT__S3_XML_LIST_UPLOADS &&
              strcmp(item, "Upload") == 0) {
     struct spot_s3_upload_info *a;
 
-    if (it->key == NULL || it->upload_id == NULL)
-      { fail(c, -EBADMSG); return; }
+    if (it->key == NULL || it->upload_id == NULL) {
+      fail(c, -EBADMSG);
+      return;
+    }
     a = grow(c, o->uploads, o->n_uploads, sizeof(*a));
     if (a == NULL)
       return;
@@ -271,8 +281,10 @@ end_item(struct ctx *c, const char *item)
   } else if (c->kind == SPOT__S3_XML_DELETE && strcmp(item, "Error") == 0) {
     char **a;
 
-    if (it->key == NULL)
-      { fail(c, -EBADMSG); return; }
+    if (it->key == NULL) {
+      fail(c, -EBADMSG);
+      return;
+    }
     a = grow(c, o->failed_keys, o->n_failed_keys, sizeof(*a));
     if (a == NULL)
       return;
@@ -442,13 +454,27 @@ spot__xml_escape(const char *s, struct spot_buf *out)
     if (ch < 0x20 && ch != '\t' && ch != '\n' && ch != '\r')
       return -EINVAL;
     switch (ch) {
-    case '&': r = spot_buf_appends(out, "&amp;"); break;
-    case '<': r = spot_buf_appends(out, "&lt;"); break;
-    case '>': r = spot_buf_appends(out, "&gt;"); break;
-    case '"': r = spot_buf_appends(out, "&quot;"); break;
-    case '\'': r = spot_buf_appends(out, "&apos;"); break;
-    case '\r': r = spot_buf_appends(out, "&#13;"); break;
-    default: r = spot_buf_append(out, s, 1); break;
+    case '&':
+      r = spot_buf_appends(out, "&amp;");
+      break;
+    case '<':
+      r = spot_buf_appends(out, "&lt;");
+      break;
+    case '>':
+      r = spot_buf_appends(out, "&gt;");
+      break;
+    case '"':
+      r = spot_buf_appends(out, "&quot;");
+      break;
+    case '\'':
+      r = spot_buf_appends(out, "&apos;");
+      break;
+    case '\r':
+      r = spot_buf_appends(out, "&#13;");
+      break;
+    default:
+      r = spot_buf_append(out, s, 1);
+      break;
     }
   }
   return r;

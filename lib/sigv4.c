@@ -17,8 +17,7 @@ static bool
 is_unreserved(unsigned char c)
 {
   return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
-         (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_' ||
-         c == '~';
+         (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_' || c == '~';
 }
 
 int
@@ -215,7 +214,8 @@ spot__sigv4_canonical_request(const struct spot__sigv4_request *req,
 {
   struct hdr hdrs[SIGV4_MAX_HEADERS];
   struct spot_buf names;
-  const char *path = req->path != NULL && req->path[0] != '\0' ? req->path : "/";
+  const char *path =
+      req->path != NULL && req->path[0] != '\0' ? req->path : "/";
   int r;
 
   if (req->n_headers > SIGV4_MAX_HEADERS)
@@ -322,7 +322,8 @@ hmac(const void *key, size_t klen, const char *msg, unsigned char out[32])
   unsigned int len = 0;
 
   if (HMAC(EVP_sha256(), key, (int)klen, (const unsigned char *)msg,
-           strlen(msg), out, &len) == NULL || len != 32)
+           strlen(msg), out, &len) == NULL ||
+      len != 32)
     return -EIO;
   return 0;
 }
@@ -332,7 +333,7 @@ spot__sigv4_signature(const char *secret, const char *amz_date,
                       const char *region, const char *service,
                       const char *string_to_sign, char hex[65])
 {
-  unsigned char k[32], sig[32];
+  unsigned char k[32] = {0}, sig[32] = {0};
   char date[9];
   struct spot_buf key;
   int r;

@@ -1,15 +1,16 @@
 /* s3_tool: drives lib/s3 on a libuv loop, for the integration tests.
  *
  *   s3_tool [OPTIONS] put BUCKET KEY FILE [--if-none-match]
- *   s3_tool [OPTIONS] put-multipart BUCKET KEY FILE [--part-size N] [--parallel P]
- *   s3_tool [OPTIONS] get BUCKET KEY OFF LEN OUT      (LEN 0 = to the end)
+ *   s3_tool [OPTIONS] put-multipart BUCKET KEY FILE [--part-size N] [--parallel
+ * P] s3_tool [OPTIONS] get BUCKET KEY OFF LEN OUT      (LEN 0 = to the end)
  *   s3_tool [OPTIONS] head BUCKET KEY
  *   s3_tool [OPTIONS] list BUCKET PREFIX [--max-keys N] [--delimiter D]
  *   s3_tool [OPTIONS] list-uploads BUCKET PREFIX
  *   s3_tool [OPTIONS] delete BUCKET KEY...
- *   s3_tool [OPTIONS] abort-test BUCKET KEY    (create, 2 parts, list parts, abort)
- *   s3_tool [OPTIONS] sigcheck BUCKET KEY      (our SigV4 == what curl sent)
- *   s3_tool [OPTIONS] cancel-test BUCKET KEY   (cancel while sending / in backoff)
+ *   s3_tool [OPTIONS] abort-test BUCKET KEY    (create, 2 parts, list parts,
+ * abort) s3_tool [OPTIONS] sigcheck BUCKET KEY      (our SigV4 == what curl
+ * sent) s3_tool [OPTIONS] cancel-test BUCKET KEY   (cancel while sending / in
+ * backoff)
  *
  * OPTIONS: --retries N --backoff-ms N --connect-timeout-ms N --endpoint URL
  *          -v (debug log)
@@ -74,16 +75,26 @@ static const char *
 errname(int err)
 {
   switch (-err) {
-  case EIO: return "EIO";
-  case EACCES: return "EACCES";
-  case ENOENT: return "ENOENT";
-  case EEXIST: return "EEXIST";
-  case EINVAL: return "EINVAL";
-  case ECANCELED: return "ECANCELED";
-  case EBUSY: return "EBUSY";
-  case ERANGE: return "ERANGE";
-  case EBADMSG: return "EBADMSG";
-  default: return "E?";
+  case EIO:
+    return "EIO";
+  case EACCES:
+    return "EACCES";
+  case ENOENT:
+    return "ENOENT";
+  case EEXIST:
+    return "EEXIST";
+  case EINVAL:
+    return "EINVAL";
+  case ECANCELED:
+    return "ECANCELED";
+  case EBUSY:
+    return "EBUSY";
+  case ERANGE:
+    return "ERANGE";
+  case EBADMSG:
+    return "EBADMSG";
+  default:
+    return "E?";
   }
 }
 
@@ -182,8 +193,8 @@ complete_cb(const struct spot_s3_result *res, void *data)
     report(t, res);
     return;
   }
-  printf("ok parts=%d max_in_flight=%d etag=%s\n", t->n_parts,
-         t->max_in_flight, res->etag);
+  printf("ok parts=%d max_in_flight=%d etag=%s\n", t->n_parts, t->max_in_flight,
+         res->etag);
 }
 
 static void
@@ -254,7 +265,8 @@ part_ctx_cb(const struct spot_s3_result *res, void *data)
 static void
 pump_parts(struct tool *t)
 {
-  while (!t->failed && t->in_flight < t->parallel && t->next_part < t->n_parts) {
+  while (!t->failed && t->in_flight < t->parallel &&
+         t->next_part < t->n_parts) {
     int i = t->next_part++;
     size_t off = (size_t)i * t->part_size;
     size_t len = t->size - off < t->part_size ? t->size - off : t->part_size;
@@ -390,8 +402,8 @@ abort_next(struct tool *t)
                                abort_step_cb, t, NULL);
     break;
   case 4:
-    r = spot_s3_mpu_abort(t->s3, t->bucket, t->key, t->upload_id,
-                          abort_step_cb, t, NULL);
+    r = spot_s3_mpu_abort(t->s3, t->bucket, t->key, t->upload_id, abort_step_cb,
+                          t, NULL);
     break;
   case 5:
     r = spot_s3_list_uploads(t->s3, t->bucket, t->key, abort_step_cb, t, NULL);
@@ -525,8 +537,12 @@ sig_hook(const char *raw, size_t len, void *data)
     *q++ = '\0';
   {
     struct spot__sigv4_request req = {
-        .method = method, .path = target, .query = q, .headers = hdrs,
-        .n_headers = n, .payload_hash = sh,
+        .method = method,
+        .path = target,
+        .query = q,
+        .headers = hdrs,
+        .n_headers = n,
+        .payload_hash = sh,
     };
 
     if (spot__sigv4_authorization(t->creds.access_key, t->creds.secret_key,
@@ -535,8 +551,9 @@ sig_hook(const char *raw, size_t len, void *data)
   }
   t->sig_checked++;
   if (strcmp(spot_buf_str(&mine), auth) != 0) {
-    fprintf(stderr, "sigcheck: MISMATCH for %s %s\n  curl: %.*s\n  ours: %.*s\n",
-            method, target, (int)strcspn(auth, "S") , auth,
+    fprintf(stderr,
+            "sigcheck: MISMATCH for %s %s\n  curl: %.*s\n  ours: %.*s\n",
+            method, target, (int)strcspn(auth, "S"), auth,
             (int)strcspn(spot_buf_str(&mine), "S"), spot_buf_str(&mine));
     t->sig_bad++;
   } else {
@@ -577,8 +594,8 @@ sig_next(struct tool *t)
     break;
   case 1:
     spot_buf_init(&got, 4096);
-    r = spot_s3_get(t->s3, t->bucket, t->key, 2, 4, NULL, &got, sig_step_cb,
-                    t, NULL);
+    r = spot_s3_get(t->s3, t->bucket, t->key, 2, 4, NULL, &got, sig_step_cb, t,
+                    NULL);
     break;
   case 2:
     spot_buf_fini(&got);
@@ -625,8 +642,8 @@ sig_step_cb(const struct spot_s3_result *res, void *data)
   }
   if (t->step == 3)
     spot_strlcpy(t->upload_id, res->upload_id, sizeof(t->upload_id));
-  if (t->step == 2 && (res->n_objects != 1 ||
-                       strcmp(res->objects[0].key, t->key) != 0)) {
+  if (t->step == 2 &&
+      (res->n_objects != 1 || strcmp(res->objects[0].key, t->key) != 0)) {
     fprintf(stderr, "error: listing by the key as prefix found %zu objects\n",
             res->n_objects);
     t->status = 1;
@@ -706,9 +723,10 @@ cancel_test(struct tool *t)
 static void
 usage(void)
 {
-  fprintf(stderr, "usage: s3_tool [--retries N] [--backoff-ms N] "
-                  "[--connect-timeout-ms N] [--endpoint URL] [-v] COMMAND ...\n"
-                  "  (see the comment at the top of tests/integration/s3_tool.c)\n");
+  fprintf(stderr,
+          "usage: s3_tool [--retries N] [--backoff-ms N] "
+          "[--connect-timeout-ms N] [--endpoint URL] [-v] COMMAND ...\n"
+          "  (see the comment at the top of tests/integration/s3_tool.c)\n");
   exit(2);
 }
 
@@ -800,8 +818,8 @@ main(int argc, char **argv)
       t.status = 1;
       goto out;
     }
-    r = spot_s3_put(t.s3, t.bucket, t.key, t.data, t.size, flags,
-                    print_etag_cb, &t, NULL);
+    r = spot_s3_put(t.s3, t.bucket, t.key, t.data, t.size, flags, print_etag_cb,
+                    &t, NULL);
   } else if (strcmp(cmd, "put-multipart") == 0 && argc - i >= 3) {
     t.bucket = argv[i];
     t.key = argv[i + 1];
@@ -828,8 +846,8 @@ main(int argc, char **argv)
   } else if (strcmp(cmd, "get") == 0 && argc - i == 5) {
     t.bucket = argv[i];
     t.key = argv[i + 1];
-    t.out_fd = open(argv[i + 4], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                    0644);
+    t.out_fd =
+        open(argv[i + 4], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (t.out_fd < 0) {
       fprintf(stderr, "error: %s: %s\n", argv[i + 4], strerror(errno));
       t.status = 1;

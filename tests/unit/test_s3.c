@@ -330,9 +330,9 @@ test_xml_limits(void **state)
   assert_int_equal(rc, -EBADMSG);
   spot_buf_fini(&b);
 
-  assert_int_equal(spot__s3_xml_parse(SPOT__S3_XML_ERROR, "x",
-                                      SPOT__S3_XML_CAP + 1, &r),
-                   -E2BIG);
+  assert_int_equal(
+      spot__s3_xml_parse(SPOT__S3_XML_ERROR, "x", SPOT__S3_XML_CAP + 1, &r),
+      -E2BIG);
 }
 
 static void
@@ -397,9 +397,8 @@ test_key_and_query_encoding(void **state)
   spot_buf_init(&b, 4096);
   spot_buf_init(&c, 4096);
   /* keys: '/' kept in paths, everything else but unreserved encoded */
-  assert_int_equal(spot_s3_uri_encode("job 1/ckpt+2/\xe2\x82\xac~x=y&z.bin",
-                                      true, &b),
-                   0);
+  assert_int_equal(
+      spot_s3_uri_encode("job 1/ckpt+2/\xe2\x82\xac~x=y&z.bin", true, &b), 0);
   assert_string_equal(spot_buf_str(&b),
                       "job%201/ckpt%2B2/%E2%82%AC~x%3Dy%26z.bin");
   spot_buf_reset(&b);
@@ -425,8 +424,11 @@ test_key_and_query_encoding(void **state)
   /* the other queries we write, checked against the canonical form */
   {
     static const char *const ours[] = {
-        "uploads=", "delete=", "partNumber=3&uploadId=2~a%2Bb%2F",
-        "uploadId=x", "prefix=j%2F&uploads=",
+        "uploads=",
+        "delete=",
+        "partNumber=3&uploadId=2~a%2Bb%2F",
+        "uploadId=x",
+        "prefix=j%2F&uploads=",
     };
 
     for (size_t i = 0; i < sizeof(ours) / sizeof(ours[0]); i++) {

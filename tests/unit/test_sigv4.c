@@ -14,7 +14,7 @@
 #define SUITE_SK "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
 #define SUITE_DATE "20150830T123600Z"
 #define SUITE_PREFIX                                                           \
-  "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20150830/us-east-1/service/"      \
+  "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20150830/us-east-1/service/"        \
   "aws4_request, SignedHeaders=host;x-amz-date, Signature="
 
 static const struct spot__sigv4_header suite_headers[] = {
@@ -41,8 +41,8 @@ check_suite(const char *method, const char *path, const char *query,
                                              "us-east-1", "service", &req,
                                              &auth),
                    0);
-  assert_true(strncmp(spot_buf_str(&auth), SUITE_PREFIX,
-                      strlen(SUITE_PREFIX)) == 0);
+  assert_true(
+      strncmp(spot_buf_str(&auth), SUITE_PREFIX, strlen(SUITE_PREFIX)) == 0);
   assert_string_equal(spot_buf_str(&auth) + strlen(SUITE_PREFIX), signature);
   spot_buf_fini(&auth);
 }
@@ -64,10 +64,10 @@ test_get_vanilla_steps(void **state)
   spot_buf_init(&sts, 4096);
   spot_buf_init(&names, 4096);
   assert_int_equal(spot__sigv4_canonical_request(&req, &creq, &names), 0);
-  assert_string_equal(spot_buf_str(&creq),
-                      "GET\n/\n\nhost:example.amazonaws.com\n"
-                      "x-amz-date:20150830T123600Z\n\nhost;x-amz-date\n"
-                      SPOT__SHA256_EMPTY);
+  assert_string_equal(
+      spot_buf_str(&creq),
+      "GET\n/\n\nhost:example.amazonaws.com\n"
+      "x-amz-date:20150830T123600Z\n\nhost;x-amz-date\n" SPOT__SHA256_EMPTY);
   assert_string_equal(spot_buf_str(&names), "host;x-amz-date");
   assert_int_equal(spot__sigv4_string_to_sign(SUITE_DATE, "us-east-1",
                                               "service", spot_buf_str(&creq),
@@ -94,41 +94,53 @@ test_get_vanilla_steps(void **state)
 static void
 test_suite_vectors(void **state)
 {
-  check_suite("GET", "/", NULL,
-              "5fa00fa31553b73ebf1942676e86291e8372ff2a2260956d9b8aae1d763fbf31");
+  check_suite(
+      "GET", "/", NULL,
+      "5fa00fa31553b73ebf1942676e86291e8372ff2a2260956d9b8aae1d763fbf31");
   /* get-vanilla-query-order-key-case: sorted by name, case-sensitive */
-  check_suite("GET", "/", "Param2=value2&Param1=value1",
-              "b97d918cfa904a5beff61c982a1b6f458b799221646efd99d3219ec94cdf2500");
+  check_suite(
+      "GET", "/", "Param2=value2&Param1=value1",
+      "b97d918cfa904a5beff61c982a1b6f458b799221646efd99d3219ec94cdf2500");
   /* get-vanilla-empty-query-key */
-  check_suite("GET", "/", "Param1=value1",
-              "a67d582fa61cc504c4bae71f336f98b97f1ea3c7a6bfe1b6e45aec72011b9aeb");
+  check_suite(
+      "GET", "/", "Param1=value1",
+      "a67d582fa61cc504c4bae71f336f98b97f1ea3c7a6bfe1b6e45aec72011b9aeb");
   /* get-utf8: the path's UTF-8 bytes percent-encoded */
-  check_suite("GET", "/\xe1\x88\xb4", NULL,
-              "8318018e0b0f223aa2bbf98705b62bb787dc9c0e678f255a891fd03141be5d85");
+  check_suite(
+      "GET", "/\xe1\x88\xb4", NULL,
+      "8318018e0b0f223aa2bbf98705b62bb787dc9c0e678f255a891fd03141be5d85");
   /* the same, already encoded by us: no double encoding */
-  check_suite("GET", "/%E1%88%B4", NULL,
-              "8318018e0b0f223aa2bbf98705b62bb787dc9c0e678f255a891fd03141be5d85");
+  check_suite(
+      "GET", "/%E1%88%B4", NULL,
+      "8318018e0b0f223aa2bbf98705b62bb787dc9c0e678f255a891fd03141be5d85");
   /* get-space */
-  check_suite("GET", "/example space/", NULL,
-              "652487583200325589f1fba4c7e578f72c47cb61beeca81406b39ddec1366741");
-  check_suite("GET", "/example%20space/", NULL,
-              "652487583200325589f1fba4c7e578f72c47cb61beeca81406b39ddec1366741");
+  check_suite(
+      "GET", "/example space/", NULL,
+      "652487583200325589f1fba4c7e578f72c47cb61beeca81406b39ddec1366741");
+  check_suite(
+      "GET", "/example%20space/", NULL,
+      "652487583200325589f1fba4c7e578f72c47cb61beeca81406b39ddec1366741");
   /* get-vanilla-utf8-query */
-  check_suite("GET", "/", "\xe1\x88\xb4=bar",
-              "2cdec8eed098649ff3a119c94853b13c643bcf08f8b0a1d91e12c9027818dd04");
+  check_suite(
+      "GET", "/", "\xe1\x88\xb4=bar",
+      "2cdec8eed098649ff3a119c94853b13c643bcf08f8b0a1d91e12c9027818dd04");
   /* get-vanilla-query-unreserved */
-  check_suite("GET", "/",
-              "-._~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz="
-              "-._~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz",
-              "9c3e54bfcdf0b19771a7f523ee5669cdf59bc7cc0884027167c21bb143a40197");
+  check_suite(
+      "GET", "/",
+      "-._~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz="
+      "-._~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz",
+      "9c3e54bfcdf0b19771a7f523ee5669cdf59bc7cc0884027167c21bb143a40197");
   /* get-vanilla-query-order-encoded: sorted on the encoded names */
-  check_suite("GET", "/", "Param-3=Value3&Param=Value2&%E1%88%B4=Value1",
-              "371d3713e185cc334048618a97f809c9ffe339c62934c032af5a0e595648fcac");
+  check_suite(
+      "GET", "/", "Param-3=Value3&Param=Value2&%E1%88%B4=Value1",
+      "371d3713e185cc334048618a97f809c9ffe339c62934c032af5a0e595648fcac");
   /* post-vanilla, post-vanilla-query */
-  check_suite("POST", "/", NULL,
-              "5da7c1a2acd57cee7505fc6676e4e544621c30862966e37dddb68e92efbe5d6b");
-  check_suite("POST", "/", "Param1=value1",
-              "28038455d6de14eafc1f9222cf5aa6f1a96197d7deb8263271d420d138af7f11");
+  check_suite(
+      "POST", "/", NULL,
+      "5da7c1a2acd57cee7505fc6676e4e544621c30862966e37dddb68e92efbe5d6b");
+  check_suite(
+      "POST", "/", "Param1=value1",
+      "28038455d6de14eafc1f9222cf5aa6f1a96197d7deb8263271d420d138af7f11");
 }
 
 #define S3_AK "AKIAIOSFODNN7EXAMPLE"
@@ -167,8 +179,8 @@ check_s3(const char *method, const char *path, const char *query,
                                          spot_buf_str(&sts), got),
                    0);
   assert_string_equal(got, sig);
-  assert_int_equal(spot__sigv4_authorization(S3_AK, S3_SK, S3_DATE,
-                                             "us-east-1", "s3", &req, &auth),
+  assert_int_equal(spot__sigv4_authorization(S3_AK, S3_SK, S3_DATE, "us-east-1",
+                                             "s3", &req, &auth),
                    0);
   assert_int_equal(
       spot_buf_printf(&want,
@@ -249,7 +261,10 @@ test_canonical_headers(void **state)
       {"Host", "h"},
   };
   struct spot__sigv4_request req = {
-      .method = "GET", .path = "/", .headers = h, .n_headers = 4,
+      .method = "GET",
+      .path = "/",
+      .headers = h,
+      .n_headers = 4,
       .payload_hash = "UNSIGNED-PAYLOAD",
   };
   struct spot_buf creq;
@@ -287,8 +302,8 @@ test_encoding(void **state)
   assert_int_equal(spot__uri_decode_n("bad%zz", 6, &b), -EINVAL);
   spot_buf_reset(&b);
   /* canonical query: sorted, re-encoded, idempotent */
-  assert_int_equal(
-      spot__sigv4_canonical_query("uploadId=a+b&partNumber=3", &b), 0);
+  assert_int_equal(spot__sigv4_canonical_query("uploadId=a+b&partNumber=3", &b),
+                   0);
   assert_string_equal(spot_buf_str(&b), "partNumber=3&uploadId=a%2Bb");
   spot_buf_reset(&b);
   assert_int_equal(spot__sigv4_canonical_query("b=2&a=x y&a=1&c", &b), 0);

@@ -1,18 +1,312 @@
-/* spotd: supervise a training command, checkpoint it, keep it durable. */
+/* spotd: supervise a training command, checkpoint it, keep it durable.
+ *
+ *   spotd run [OPTIONS] -- COMMAND [ARG...]     (foreground, per job)
+ *   spotd --config FILE [OPTIONS]               (systemd service)
+ *   spotd --config FILE --check-config          (validate only, -n)
+ *
+ * main() parses the arguments into the config (the command line beats the
+ * file), sets up signals and sd_notify, runs the engine on one libuv loop
+ * and requires uv_loop_close() == 0 at the end. */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "spot-config.h"
+#include "spotd.h"
+#include "util.h"
+
+enum {
+  OPT_CONFIG = 'c',
+  OPT_CHECK = 'n',
+  OPT_HELP = 'h',
+  OPT_VERSION = 0x100,
+  OPT_EXAMPLE,
+};
+
+static const struct option extra_opts[] = {
+    {"config", required_argument, NULL, OPT_CONFIG},
+    {"check-config", no_argument, NULL, OPT_CHECK},
+    {"help", no_argument, NULL, OPT_HELP},
+    {"version", no_argument, NULL, OPT_VERSION},
+    {"print-config-example", no_argument, NULL, OPT_EXAMPLE},
+};
+
+static struct spotd *the_daemon; /* for sd_notify from anywhere */
+
+void
+spotd_notify(struct spotd *d, const char *fmt, ...)
+{
+  char msg[512];
+  va_list ap;
+
+  (void)d;
+  if (getenv("NOTIFY_SOCKET") == NULL)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  sd_notify(0, msg);
+}
+
+static void
+usage(FILE *f)
+{
+  struct spot_buf b;
+
+  fprintf(f,
+          "Usage: spotd run [OPTIONS] -- COMMAND [ARG...]\n"
+          "       spotd --config FILE [OPTIONS]\n"
+          "\n"
+          "Runs a training command, has it checkpoint on a cloud interruption "
+          "notice\n"
+          "and on a schedule, uploads each checkpoint to S3 and commits it, "
+          "and\n"
+          "restores the newest committed one before the command starts.\n"
+          "\n"
+          "  -c, --config FILE          read options from FILE ([spotd] "
+          "section)\n"
+          "  -n, --check-config         validate the configuration and exit\n"
+          "  --print-config-example     print a commented config file\n"
+          "  -h, --help                 this help\n"
+          "  --version                  print the version\n"
+          "\nOptions (also config keys, without the dashes):\n");
+  spot_buf_init(&b, 1 << 20);
+  if (spot_config_write_help(&b) == 0)
+    fputs(spot_buf_str(&b), f);
+  spot_buf_fini(&b);
+  fprintf(f, "\nThe trainer gets SPOTD_CKPT_DIR, SPOTD_RESUME_DIR (after a "
+             "restore),\nSPOTD_JOB, SPOTD_SOCKET and SPOTD_RESTART_COUNT. "
+             "Exit status: the trainer's,\n75 after a handled preemption, 1 "
+             "on spotd's own errors.\n");
+}
+
+static void
+signal_cb(uv_signal_t *s, int signum)
+{
+  struct spotd *d = s->data;
+
+  if (signum == SIGHUP) {
+    log_info("SIGHUP: configuration reload is not supported while a job "
+             "runs; restart the service to apply changes");
+    return;
+  }
+  spotd_on_signal(d, signum);
+}
+
+static void
+watchdog_cb(uv_timer_t *t)
+{
+  struct spotd *d = t->data;
+
+  spotd_notify(d, "WATCHDOG=1");
+}
+
+static void
+close_walk_cb(uv_handle_t *h, void *arg)
+{
+  (void)arg;
+  if (!uv_is_closing(h)) {
+    log_err("internal: handle of type %s left open at exit",
+            uv_handle_type_name(uv_handle_get_type(h)));
+    uv_close(h, NULL);
+  }
+}
+
+static int
+run_daemon(struct spot_config *cfg, char **argv)
+{
+  struct spotd d;
+  uv_loop_t loop;
+  int r;
+
+  memset(&d, 0, sizeof(d));
+  the_daemon = &d;
+  d.cfg = cfg;
+  d.argv = argv;
+  r = uv_loop_init(&loop);
+  if (r < 0) {
+    log_err("event loop: %s", uv_strerror(r));
+    return 1;
+  }
+  d.loop = &loop;
+  uv_signal_init(&loop, &d.sigterm);
+  uv_signal_init(&loop, &d.sigint);
+  uv_signal_init(&loop, &d.sighup);
+  d.sigterm.data = d.sigint.data = d.sighup.data = &d;
+  uv_signal_start(&d.sigterm, signal_cb, SIGTERM);
+  uv_signal_start(&d.sigint, signal_cb, SIGINT);
+  uv_signal_start(&d.sighup, signal_cb, SIGHUP);
+  uv_timer_init(&loop, &d.watchdog);
+  d.watchdog.data = &d;
+  if (sd_watchdog_enabled(0, &d.watchdog_usec) > 0 && d.watchdog_usec > 0)
+    uv_timer_start(&d.watchdog, watchdog_cb, d.watchdog_usec / 2000,
+                   d.watchdog_usec / 2000);
+
+  r = spotd_start(&d);
+  if (r < 0) {
+    d.exit_code = 1;
+    spotd_close(&d);
+  }
+  /* Runs until spotd_close() has closed the engine's handles. The signal
+   * handles stay referenced: unref them once closing. */
+  while (uv_run(&loop, UV_RUN_ONCE) != 0) {
+    if (d.closing) {
+      uv_unref((uv_handle_t *)&d.sigterm);
+      uv_unref((uv_handle_t *)&d.sigint);
+      uv_unref((uv_handle_t *)&d.sighup);
+    }
+  }
+  /* Then the clients the store used, in dependency order. */
+  spot_s3_free(d.s3);
+  d.s3 = NULL;
+  spot_aws_close(d.aws, NULL, NULL);
+  d.aws = NULL;
+  if (d.http != NULL)
+    spot_http_close(d.http, NULL, NULL);
+  uv_close((uv_handle_t *)&d.sigterm, NULL);
+  uv_close((uv_handle_t *)&d.sigint, NULL);
+  uv_close((uv_handle_t *)&d.sighup, NULL);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_walk(&loop, close_walk_cb, NULL);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  r = uv_loop_close(&loop);
+  if (r != 0) {
+    log_err("internal: event loop not empty at exit: %s", uv_strerror(r));
+    return 70;
+  }
+  log_info("exit status %d", d.exit_code);
+  return d.exit_code < 0 ? 1 : d.exit_code;
+}
 
 int
 main(int argc, char **argv)
 {
+  struct option opts[SPOT_CONFIG_MAX_KEYS + 8];
+  struct spot_config *cfg;
+  const char *config_path = NULL;
+  char err[8192];
+  char **cmd = NULL;
+  int cmdc = 0, c, r, status;
+  bool check = false, run = false;
+
   spot_log_init("spotd", SPOT_LOG_INFO);
-  if (argc > 1 && strcmp(argv[1], "--version") == 0) {
-    printf("spotd %s\n", SPOT_VERSION);
+  if (argc > 1 && strcmp(argv[1], "run") == 0) {
+    run = true;
+    argv[1] = argv[0];
+    argv++;
+    argc--;
+  }
+  cfg = spot_config_new();
+  if (cfg == NULL) {
+    fprintf(stderr, "spotd: out of memory\n");
+    return 1;
+  }
+  r = spot_config_build_options(opts, SPOT_ARRAY_SIZE(opts), extra_opts,
+                                SPOT_ARRAY_SIZE(extra_opts));
+  if (r < 0) {
+    fprintf(stderr, "spotd: internal: option table too small\n");
+    spot_config_free(cfg);
+    return 1;
+  }
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "+c:nh", opts, NULL)) != -1) {
+    const char *key = spot_config_option_key(c);
+
+    if (key != NULL) {
+      r = spot_config_set(cfg, key, optarg, err, sizeof(err));
+      if (r < 0) {
+        fprintf(stderr, "spotd: %s\n", err);
+        spot_config_free(cfg);
+        return 2;
+      }
+      continue;
+    }
+    switch (c) {
+    case OPT_CONFIG:
+      config_path = optarg;
+      break;
+    case OPT_CHECK:
+      check = true;
+      break;
+    case OPT_HELP:
+      usage(stdout);
+      spot_config_free(cfg);
+      return 0;
+    case OPT_VERSION:
+      printf("spotd %s\n", SPOT_VERSION);
+      spot_config_free(cfg);
+      return 0;
+    case OPT_EXAMPLE: {
+      struct spot_buf b;
+      spot_buf_init(&b, 1 << 20);
+      spot_config_write_example(&b);
+      fputs(spot_buf_str(&b), stdout);
+      spot_buf_fini(&b);
+      spot_config_free(cfg);
+      return 0;
+    }
+    default:
+      if (optopt != 0 && optopt < 0x100)
+        fprintf(stderr, "spotd: unknown option '-%c'\n", optopt);
+      else
+        fprintf(stderr, "spotd: unknown option or missing value: '%s'\n",
+                argv[optind - 1]);
+      fprintf(stderr, "Try 'spotd --help'.\n");
+      spot_config_free(cfg);
+      return 2;
+    }
+  }
+  if (config_path != NULL) {
+    r = spot_config_load_file(cfg, config_path, err, sizeof(err));
+    if (r < 0) {
+      fprintf(stderr, "%s\n", err);
+      spot_config_free(cfg);
+      return 2;
+    }
+  }
+  if (optind < argc && strcmp(argv[optind - 1], "--") != 0 && !run) {
+    fprintf(stderr,
+            "spotd: unexpected argument '%s' (the training command "
+            "goes after '--' with 'spotd run')\n",
+            argv[optind]);
+    spot_config_free(cfg);
+    return 2;
+  }
+  r = spot_config_validate(cfg, optind < argc ? 0 : SPOT_CONFIG_NEED_COMMAND,
+                           err, sizeof(err));
+  if (r < 0) {
+    fprintf(stderr, "%s\n", err);
+    if (optind >= argc && cfg->command == NULL && !check)
+      fprintf(stderr, "spotd: no training command: use 'spotd run [OPTIONS] "
+                      "-- COMMAND' or 'command =' in the config\n");
+    spot_config_free(cfg);
+    return 2;
+  }
+  if (check) {
+    printf("configuration OK\n");
+    spot_config_free(cfg);
     return 0;
   }
-  fprintf(stderr, "spotd: the daemon is not built yet\n");
-  return 1;
+  spot_log_set_level(cfg->log_level);
+  if (optind < argc) {
+    status = run_daemon(cfg, argv + optind);
+  } else {
+    r = spot_config_split_args(cfg->command, &cmd, &cmdc, err, sizeof(err));
+    if (r < 0) {
+      fprintf(stderr, "spotd: command: %s\n", err);
+      spot_config_free(cfg);
+      return 2;
+    }
+    status = run_daemon(cfg, cmd);
+    spot_config_free_args(cmd);
+  }
+  spot_config_free(cfg);
+  return status;
 }

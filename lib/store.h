@@ -34,6 +34,9 @@
 #define SPOT_STORE_PART_MAX ((uint64_t)128 << 20) /* SPOT_CODEC_PART_MAX */
 #define SPOT_STORE_PART_DEFAULT ((uint64_t)8 << 20)
 #define SPOT_STORE_PARALLEL_DEFAULT 4
+/* The trainer's "this folder is complete" marker (DESIGN.md): a file of
+ * that name at the top of a pushed folder is not part of the checkpoint. */
+#define SPOT_STORE_MARKER "SPOTD_COMPLETE"
 
 enum spot_store_compress {
   SPOT_STORE_COMPRESS_AUTO = 0, /* trial per file; raw when net is faster */
@@ -112,9 +115,10 @@ typedef void (*spot_store_list_cb)(const struct spot_store_list_result *res,
 typedef void (*spot_store_progress_cb)(const struct spot_store_progress *p,
                                        void *data);
 
-/* Pushes every regular file under dir as checkpoint name (NULL: the
- * folder's base name). Symlinks and special files are skipped with a
- * warning. A file that changes while it is read fails the push. */
+/* Pushes every regular file under dir (but the top-level
+ * SPOT_STORE_MARKER) as checkpoint name (NULL: the folder's base name).
+ * Symlinks and special files are skipped with a warning. A file that changes
+ * while it is read fails the push. */
 int spot_store_push(uv_loop_t *loop, const struct spot_store_config *cfg,
                     const char *dir, const char *name,
                     spot_store_progress_cb progress, spot_store_cb cb,

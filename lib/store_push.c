@@ -262,6 +262,21 @@ walk_note(struct push_op *op, const char *path, const char *why)
              path, why);
 }
 
+/* Whether a sample is text (no control bytes but tab, newline, CR, FF):
+ * byte grouping is for floats, and text must stay a plain zstd stream of
+ * the file even when a grouping happens to gain on a regular layout. A
+ * float tensor's mantissa bytes hit the control range at once. */
+static bool
+looks_like_text(const unsigned char *p, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    if ((p[i] < 0x20 && p[i] != '\t' && p[i] != '\n' && p[i] != '\r' &&
+         p[i] != '\f') ||
+        p[i] == 0x7f)
+      return false;
+  return n > 0;
+}
+
 /* Runs on the thread pool. Errors go to op->err/msg, which the loop reads
  * only after the work is done. */
 static int
@@ -287,6 +302,9 @@ walk_dir(struct push_op *op, size_t *alloc, const char *abs, const char *rel,
     struct stat st;
 
     if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+      continue;
+    /* The trainer's completion marker is not part of the checkpoint. */
+    if (depth == 0 && strcmp(de->d_name, SPOT_STORE_MARKER) == 0)
       continue;
     if ((size_t)snprintf(cabs, sizeof(cabs), "%s/%s", abs, de->d_name) >=
             sizeof(cabs) ||
@@ -414,7 +432,7 @@ walk_work_cb(uv_work_t *req)
         fail_msg(op, r, "%s: codec trial failed", f->rel);
         break;
       }
-      f->filter = t.filter;
+      f->filter = looks_like_text(sample, n) ? SPOT_FILTER_NONE : t.filter;
       f->compress = t.compress;
     }
     f->nparts = f->size == 0 ? 0
@@ -554,6 +572,41 @@ busy(const struct push_op *op)
 
 /* -------------------------------------------------------------- xfer */
 
+/* S3 wants every part of a multipart upload but the last to be at least
+ * 5 MiB, and a well-compressed frame of a 5-8 MiB part is smaller (text,
+ * sparse tensors, bf16 at 8 MiB parts is just above). Such a frame is
+ * followed by a zstd skippable frame (magic 0x184D2A50, LE32 length, zero
+ * bytes) up to SPOT_STORE_PART_MIN: `zstd -d` and every zstd decoder skip
+ * it, so the object stays a plain zstd stream; the manifest's comp_len
+ * covers both frames, and restore checks the trailer is exactly that.
+ * Grouping frames into bigger parts would need a staging buffer per
+ * transfer; padding keeps memory where it is. Called on the worker. */
+static int
+pad_part(void *comp, size_t cap, size_t *len)
+{
+  unsigned char *p = (unsigned char *)comp + *len;
+  size_t pad;
+
+  if (*len >= SPOT_STORE_PART_MIN)
+    return 0;
+  pad = (size_t)SPOT_STORE_PART_MIN - *len;
+  if (pad < 8)
+    pad = 8; /* the skippable frame's header */
+  if (pad > cap - *len)
+    return -ENOBUFS;
+  p[0] = 0x50;
+  p[1] = 0x2A;
+  p[2] = 0x4D;
+  p[3] = 0x18;
+  p[4] = (unsigned char)((pad - 8) & 0xff);
+  p[5] = (unsigned char)(((pad - 8) >> 8) & 0xff);
+  p[6] = (unsigned char)(((pad - 8) >> 16) & 0xff);
+  p[7] = (unsigned char)(((pad - 8) >> 24) & 0xff);
+  memset(p + 8, 0, pad - 8);
+  *len += pad;
+  return 0;
+}
+
 static void
 encode_work_cb(uv_work_t *req)
 {
@@ -577,6 +630,8 @@ encode_work_cb(uv_work_t *req)
   s->work_err = spot_codec_encode(s->enc->codec, f->filter, s->mode,
                                   s->enc->raw, (size_t)s->raw_len, s->comp,
                                   s->comp_cap, &s->comp_len, &s->crc);
+  if (s->work_err == 0 && f->nparts > 1 && s->part + 1 < f->nparts)
+    s->work_err = pad_part(s->comp, s->comp_cap, &s->comp_len);
   s->work_ns = (spot_now_mono_ms() - t0) * 1000000u + 1;
 }
 
@@ -1485,8 +1540,8 @@ advance(struct push_op *op)
   case PUSH_COMMIT: {
     char *key = spot__store_key(&op->cfg.c, NULL, "LATEST");
 
-    log_info("committed checkpoint name=%s job=%s files=%zu", op->name,
-             op->cfg.job, op->nfiles);
+    log_debug("committed checkpoint name=%s job=%s files=%zu", op->name,
+              op->cfg.job, op->nfiles);
     set_state(op, PUSH_LATEST);
     if (key == NULL) {
       fail(op, -ENOMEM);

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <zstd.h>
 
 #include "codec.h"
 #include "log.h"
@@ -467,6 +468,28 @@ fetch_sink(const void *p, size_t n, uint64_t offset, void *data)
   return 0;
 }
 
+/* The length of the zstd frame at the start of a stored frame: all of it,
+ * or less when push padded it with one skippable frame to S3's part
+ * minimum (store_push.c pad_part()). Anything else after the frame is
+ * left in, and the codec rejects it as corrupt. */
+static size_t
+frame_len(const unsigned char *p, size_t n)
+{
+  size_t z = ZSTD_findFrameCompressedSize(p, n);
+  const unsigned char *t;
+  size_t rest;
+
+  if (ZSTD_isError(z) || z >= n || n - z < 8)
+    return n;
+  t = p + z;
+  rest = n - z - 8;
+  if ((t[0] & 0xf0) != 0x50 || t[1] != 0x2A || t[2] != 0x4D || t[3] != 0x18 ||
+      ((size_t)t[4] | (size_t)t[5] << 8 | (size_t)t[6] << 16 |
+       (size_t)t[7] << 24) != rest)
+    return n;
+  return z;
+}
+
 static void
 decode_work_cb(uv_work_t *req)
 {
@@ -477,7 +500,8 @@ decode_work_cb(uv_work_t *req)
   size_t done = 0;
   int fd;
 
-  s->work_err = spot_codec_decode(s->dec->codec, f->filter, s->comp, s->got,
+  s->work_err = spot_codec_decode(s->dec->codec, f->filter, s->comp,
+                                  frame_len(s->comp, s->got),
                                   s->dec->raw, (size_t)fr->raw_len, fr->crc32c);
   if (s->work_err < 0)
     return;

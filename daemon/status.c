@@ -1,0 +1,77 @@
+/* `spotctl status`: the daemon's state as the status object of proto.h. */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "spotd.h"
+#include "util.h"
+
+json_t *
+spotd_status_json(struct spotd *d)
+{
+  struct spot_proto_status st;
+  char deadline[32] = "", commit_time[32] = "";
+  char rtimes[SPOT_PROTO_MAX_RELAUNCH][32];
+  const char *mw;
+  uint64_t now = spot_now_mono_ms();
+
+  memset(&st, 0, sizeof(st));
+  st.state = spotd_state_name(d->state);
+  st.job = d->cfg->job;
+  st.store = d->store_url;
+  st.provider = d->meta != NULL
+                    ? spot_provider_name(spot_meta_provider(d->meta))
+                    : "none";
+  if (d->have_notice || d->state == SPOTD_DRAINING) {
+    st.has_notice = true;
+    st.notice.kind = d->reason[0] ? d->reason : d->notice.reason;
+    st.notice.seconds_left = -1;
+    if (d->deadline_wall != 0) {
+      spot_rfc3339_format(d->deadline_wall, deadline, sizeof(deadline));
+      st.notice.deadline = deadline;
+    }
+    if (d->deadline_mono != 0)
+      st.notice.seconds_left =
+          d->deadline_mono > now ? (int64_t)(d->deadline_mono - now) / 1000 : 0;
+  }
+  if (d->trainer.running) {
+    st.has_trainer = true;
+    st.trainer.pid = d->trainer.pid;
+    st.trainer.uptime_s = (int64_t)(now - d->trainer.start_ms) / 1000;
+    st.trainer.restart_count = d->restart_count;
+  }
+  if (d->last_commit[0] != '\0') {
+    st.has_last_commit = true;
+    st.last_commit.name = d->last_commit;
+    spot_rfc3339_format(d->last_commit_wall, commit_time, sizeof(commit_time));
+    st.last_commit.time = commit_time;
+    st.last_commit.age_s = (spot_now_wall_ms() - d->last_commit_wall) / 1000;
+  }
+  if (d->upload != NULL && d->upload_name[0] != '\0') {
+    st.has_upload = true;
+    st.upload.name = d->upload_name;
+    st.upload.bytes_done = d->upload_done_bytes;
+    st.upload.bytes_total = d->upload_total_bytes;
+    st.upload.rate = d->upload_rate;
+    st.upload.eta_s = -1;
+    if (d->upload_rate > 0 && d->upload_total_bytes >= d->upload_done_bytes)
+      st.upload.eta_s =
+          (int64_t)((double)(d->upload_total_bytes - d->upload_done_bytes) /
+                    d->upload_rate);
+  }
+  for (size_t i = 0;
+       i < d->nwarnings && st.n_warnings < SPOT_PROTO_MAX_WARNINGS; i++)
+    st.warnings[st.n_warnings++] = d->warnings[i];
+  mw = d->meta != NULL ? spot_meta_warning(d->meta) : NULL;
+  if (mw != NULL && st.n_warnings < SPOT_PROTO_MAX_WARNINGS)
+    st.warnings[st.n_warnings++] = mw;
+  for (size_t i = 0; i < d->nrelaunch; i++) {
+    spot_rfc3339_format(d->relaunches[i].wall_ms, rtimes[i], sizeof(rtimes[i]));
+    st.relaunch[i].time = rtimes[i];
+    st.relaunch[i].reason = d->relaunches[i].reason;
+    st.relaunch[i].exit_status = d->relaunches[i].exit_status;
+    st.relaunch[i].ok = d->relaunches[i].ok;
+  }
+  st.n_relaunch = d->nrelaunch;
+  return spot_proto_status_to_json(&st);
+}

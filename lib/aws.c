@@ -29,8 +29,7 @@
 #define TOKEN_MAX 8192
 #define IMDS_JSON_MAX (64 * 1024)
 
-static void
-set_err(char *err, size_t errlen, const char *fmt, ...)
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 static void
@@ -282,8 +281,7 @@ struct profile_file {
  * errno with a message. */
 static int
 profile_file_load(const struct profile_file *pf, const char *profile,
-                  bool config, struct profile_vals *v, char *err,
-                  size_t errlen)
+                  bool config, struct profile_vals *v, char *err, size_t errlen)
 {
   struct profile_parse pp = {.profile = profile, .config = config, .v = v};
   struct stat st;
@@ -405,13 +403,12 @@ profile_load(const char *name, struct profile *p, char *err, size_t errlen)
             shown(name, sb, sizeof(sb)), PROFILE_NAME_MAX);
     return -EINVAL;
   }
-  profile_file_path(&p->cred_file, "credentials",
-                    "AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials");
+  profile_file_path(&p->cred_file, "credentials", "AWS_SHARED_CREDENTIALS_FILE",
+                    ".aws/credentials");
   profile_file_path(&p->conf_file, "config", "AWS_CONFIG_FILE", ".aws/config");
   r = profile_file_load(&p->cred_file, p->name, false, &p->cred, err, errlen);
   if (r == 0)
-    r = profile_file_load(&p->conf_file, p->name, true, &p->conf, err,
-                          errlen);
+    r = profile_file_load(&p->conf_file, p->name, true, &p->conf, err, errlen);
   if (r < 0)
     profile_fini(p);
   return r;
@@ -427,20 +424,23 @@ creds_from_env(struct spot_creds *out, char *err, size_t errlen)
   if (kid == NULL && secret == NULL)
     return 1;
   if (secret == NULL) {
-    set_err(err, errlen, "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY "
-                         "is not: set both, or neither");
+    set_err(err, errlen,
+            "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY "
+            "is not: set both, or neither");
     return -EINVAL;
   }
   if (kid == NULL) {
-    set_err(err, errlen, "AWS_SECRET_ACCESS_KEY is set but AWS_ACCESS_KEY_ID "
-                         "is not: set both, or neither");
+    set_err(err, errlen,
+            "AWS_SECRET_ACCESS_KEY is set but AWS_ACCESS_KEY_ID "
+            "is not: set both, or neither");
     return -EINVAL;
   }
   if (!cred_value_ok(kid, KEY_ID_MAX) || !cred_value_ok(secret, SECRET_MAX) ||
       (token != NULL && !cred_value_ok(token, TOKEN_MAX))) {
-    set_err(err, errlen, "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or "
-                         "AWS_SESSION_TOKEN holds spaces, control characters "
-                         "or is too long");
+    set_err(err, errlen,
+            "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or "
+            "AWS_SESSION_TOKEN holds spaces, control characters "
+            "or is too long");
     return -EINVAL;
   }
   return creds_fill(kid, secret, token, 0, out);
@@ -475,9 +475,11 @@ creds_from_profile(const struct profile *p, struct spot_creds *out, char *err,
                                                    : p->conf.unsupported;
     if (u[0] == '\0')
       return 1;
-    set_err(err, errlen, "AWS profile '%s' uses %s, which spotd does not "
+    set_err(err, errlen,
+            "AWS profile '%s' uses %s, which spotd does not "
             "support: give it aws_access_key_id/aws_secret_access_key or use "
-            "the instance role", p->name, u);
+            "the instance role",
+            p->name, u);
     return -ENOTSUP;
   }
   if (v->key_id == NULL || v->secret == NULL) {
@@ -490,8 +492,10 @@ creds_from_profile(const struct profile *p, struct spot_creds *out, char *err,
   if (!cred_value_ok(v->key_id, KEY_ID_MAX) ||
       !cred_value_ok(v->secret, SECRET_MAX) ||
       (v->token != NULL && !cred_value_ok(v->token, TOKEN_MAX))) {
-    set_err(err, errlen, "AWS profile '%s' in %s: a key or token holds "
-            "spaces, control characters or is too long", p->name, pf->path);
+    set_err(err, errlen,
+            "AWS profile '%s' in %s: a key or token holds "
+            "spaces, control characters or is too long",
+            p->name, pf->path);
     return -EINVAL;
   }
   return creds_fill(v->key_id, v->secret, v->token, 0, out);
@@ -499,8 +503,7 @@ creds_from_profile(const struct profile *p, struct spot_creds *out, char *err,
 
 int
 spot_aws_creds_resolve_sync(const char *profile, struct spot_creds *out,
-                            enum spot_aws_source *src, char *err,
-                            size_t errlen)
+                            enum spot_aws_source *src, char *err, size_t errlen)
 {
   struct spot_creds c = {0};
   struct profile p;
@@ -553,7 +556,8 @@ region_take(const char *region, const char *from, char *out, size_t outlen,
   char sb[64];
 
   if (!spot_aws_region_valid(region)) {
-    set_err(err, errlen, "invalid AWS region '%s' (from %s): expected "
+    set_err(err, errlen,
+            "invalid AWS region '%s' (from %s): expected "
             "lowercase letters, digits and '-', like us-east-1",
             shown(region, sb, sizeof(sb)), from);
     return -EINVAL;
@@ -567,8 +571,7 @@ region_take(const char *region, const char *from, char *out, size_t outlen,
 
 int
 spot_aws_region_resolve_sync(const char *opt_region, const char *profile,
-                             char *out, size_t outlen, char *err,
-                             size_t errlen)
+                             char *out, size_t outlen, char *err, size_t errlen)
 {
   static const char *const env_names[] = {"AWS_REGION", "AWS_DEFAULT_REGION"};
   struct profile p;
@@ -590,8 +593,8 @@ spot_aws_region_resolve_sync(const char *opt_region, const char *profile,
     const struct profile_file *pf =
         p.cred.region != NULL ? &p.cred_file : &p.conf_file;
     snprintf(from, sizeof(from), "profile '%s' in %s", p.name, pf->path);
-    r = region_take(p.cred.region != NULL ? p.cred.region : p.conf.region,
-                    from, out, outlen, err, errlen);
+    r = region_take(p.cred.region != NULL ? p.cred.region : p.conf.region, from,
+                    out, outlen, err, errlen);
   }
   profile_fini(&p);
   return r;
@@ -608,20 +611,24 @@ spot_aws_endpoint_check(const char *url, char *out, size_t outlen, char *err,
   int r = -EINVAL;
 
   if (url == NULL || url[0] == '\0') {
-    set_err(err, errlen, "malformed endpoint '': expected http://HOST[:PORT] "
-                         "or https://HOST[:PORT]");
+    set_err(err, errlen,
+            "malformed endpoint '': expected http://HOST[:PORT] "
+            "or https://HOST[:PORT]");
     return -EINVAL;
   }
   if (strncasecmp(url, "http://", 7) != 0 &&
       strncasecmp(url, "https://", 8) != 0) {
-    set_err(err, errlen, "malformed endpoint '%s': it must start with "
-            "http:// or https://", shown(url, sb, sizeof(sb)));
+    set_err(err, errlen,
+            "malformed endpoint '%s': it must start with "
+            "http:// or https://",
+            shown(url, sb, sizeof(sb)));
     return -EINVAL;
   }
   if (strchr(url, '@') != NULL) {
     /* Never echo it: it may hold a password. */
-    set_err(err, errlen, "malformed endpoint: user or password in the URL "
-                         "(credentials never go there)");
+    set_err(err, errlen,
+            "malformed endpoint: user or password in the URL "
+            "(credentials never go there)");
     return -EINVAL;
   }
   u = curl_url();
@@ -711,8 +718,9 @@ spot_aws_endpoint_resolve(const char *opt_endpoint, const char *region,
     return 0;
   }
   if (!spot_aws_region_valid(region)) {
-    set_err(err, errlen, "no AWS region: set --region, AWS_REGION or the "
-                         "profile's region");
+    set_err(err, errlen,
+            "no AWS region: set --region, AWS_REGION or the "
+            "profile's region");
     return -EINVAL;
   }
   n = snprintf(out, outlen, "https://s3.%s.amazonaws.com%s", region,
@@ -776,16 +784,20 @@ spot_aws_imds_creds_parse(const char *json, size_t len, struct spot_creds *out,
   int r = -EINVAL;
 
   if (len > IMDS_JSON_MAX) {
-    set_err(err, errlen, "instance role credentials: answer larger than %d "
-            "bytes", IMDS_JSON_MAX);
+    set_err(err, errlen,
+            "instance role credentials: answer larger than %d "
+            "bytes",
+            IMDS_JSON_MAX);
     return -EINVAL;
   }
   /* jansson's error text may quote the input, which holds the secret:
    * report the position only. */
   root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
   if (root == NULL) {
-    set_err(err, errlen, "instance role credentials: malformed JSON at line "
-            "%d column %d", jerr.line, jerr.column);
+    set_err(err, errlen,
+            "instance role credentials: malformed JSON at line "
+            "%d column %d",
+            jerr.line, jerr.column);
     return -EINVAL;
   }
   if (!json_is_object(root)) {
@@ -793,29 +805,32 @@ spot_aws_imds_creds_parse(const char *json, size_t len, struct spot_creds *out,
     goto out;
   }
   code = json_object_get(root, "Code");
-  if (code != NULL &&
-      (!json_is_string(code) ||
-       strcmp(json_string_value(code), "Success") != 0)) {
+  if (code != NULL && (!json_is_string(code) ||
+                       strcmp(json_string_value(code), "Success") != 0)) {
     char sb[64];
-    set_err(err, errlen, "instance role credentials: Code is '%s', not "
-            "Success", json_is_string(code)
-                           ? shown(json_string_value(code), sb, sizeof(sb))
-                           : "(not a string)");
+    set_err(err, errlen,
+            "instance role credentials: Code is '%s', not "
+            "Success",
+            json_is_string(code)
+                ? shown(json_string_value(code), sb, sizeof(sb))
+                : "(not a string)");
     goto out;
   }
   for (size_t i = 0; i < SPOT_ARRAY_SIZE(fields); i++) {
     const char *why = NULL;
     vals[i] = json_str(root, fields[i].name, fields[i].max, &why);
     if (vals[i] == NULL) {
-      set_err(err, errlen, "instance role credentials: %s %s",
-              fields[i].name, why);
+      set_err(err, errlen, "instance role credentials: %s %s", fields[i].name,
+              why);
       goto out;
     }
   }
   if (spot_rfc3339_parse(vals[3], &expires) < 0 || expires <= 0) {
     char sb[64];
-    set_err(err, errlen, "instance role credentials: Expiration '%s' is not "
-            "an RFC 3339 time", shown(vals[3], sb, sizeof(sb)));
+    set_err(err, errlen,
+            "instance role credentials: Expiration '%s' is not "
+            "an RFC 3339 time",
+            shown(vals[3], sb, sizeof(sb)));
     goto out;
   }
   r = creds_fill(vals[0], vals[1], vals[2], expires, out);

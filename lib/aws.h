@@ -107,10 +107,9 @@ bool spot_aws_imds_disabled_by_env(void);
 /* Parses the JSON of GET /latest/meta-data/iam/security-credentials/ROLE
  * (AccessKeyId, SecretAccessKey, Token, Expiration; Code must be "Success"
  * when present). Pure. 0 with *out filled, or -EINVAL with a message that
- * never quotes the input. */
+ * never quotes a key, secret or token (only Code or Expiration). */
 int spot_aws_imds_creds_parse(const char *json, size_t len,
-                              struct spot_creds *out, char *err,
-                              size_t errlen);
+                              struct spot_creds *out, char *err, size_t errlen);
 
 /* When to refresh credentials that expire at expires_ms (wall clock), seen
  * at now_ms: 5 minutes before expiry when more than 10 minutes are left,

@@ -114,8 +114,7 @@ set_state(struct spot_aws *aws, enum imds_state s)
   aws->state = s;
 }
 
-static void
-set_msg(struct spot_aws *aws, const char *fmt, ...)
+static void set_msg(struct spot_aws *aws, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 static void
@@ -159,7 +158,8 @@ provider_get(struct spot_creds_provider *p, const struct spot_creds **out)
     char when[32];
     spot_rfc3339_format(aws->cur.expires_ms, when, sizeof(when));
     log_warn("AWS credentials from %s expired at %s; using them until a "
-             "refresh succeeds", spot_aws_source_name(aws->source), when);
+             "refresh succeeds",
+             spot_aws_source_name(aws->source), when);
     aws->warned_stale = true;
   }
   *out = &aws->cur;
@@ -202,10 +202,10 @@ spot_aws_new(uv_loop_t *loop, struct spot_http *http,
   aws->opt_endpoint = dup_opt(opts->endpoint, &fail);
   aws->opt_region = dup_opt(opts->region, &fail);
   aws->opt_profile = dup_opt(opts->profile, &fail);
-  aws->imds_disabled = opts->imds_disabled || http == NULL ||
-                       spot_aws_imds_disabled_by_env();
-  aws->timeout_ms =
-      opts->imds_timeout_ms > 0 ? opts->imds_timeout_ms : IMDS_DEFAULT_TIMEOUT_MS;
+  aws->imds_disabled =
+      opts->imds_disabled || http == NULL || spot_aws_imds_disabled_by_env();
+  aws->timeout_ms = opts->imds_timeout_ms > 0 ? opts->imds_timeout_ms
+                                              : IMDS_DEFAULT_TIMEOUT_MS;
   spot_buf_init(&aws->body, IMDS_BODY_MAX);
   aws->provider.get = provider_get;
   aws->provider.data = aws;
@@ -415,8 +415,10 @@ cycle_fail(struct spot_aws *aws, int err)
       set_msg(aws, "%s (%s)", SPOT_AWS_NO_CREDS_MSG, detail);
       err = -ENOKEY;
     } else {
-      set_msg(aws, "no AWS region: set --region, AWS_REGION or the profile's "
-              "region (%s)", detail);
+      set_msg(aws,
+              "no AWS region: set --region, AWS_REGION or the profile's "
+              "region (%s)",
+              detail);
       err = -EINVAL;
     }
     notify(aws, err);
@@ -431,7 +433,8 @@ cycle_fail(struct spot_aws *aws, int err)
     spot_rfc3339_format(aws->latest_expires_ms, when, sizeof(when));
     spot_log(aws->failures == 1 ? SPOT_LOG_WARNING : SPOT_LOG_DEBUG,
              "AWS credentials refresh failed: %s; keeping the current ones "
-             "(expire at %s), retry in %" PRIu64 " ms", aws->msg, when, d);
+             "(expire at %s), retry in %" PRIu64 " ms",
+             aws->msg, when, d);
     timer_arm(aws, d);
   }
 }
@@ -453,7 +456,8 @@ cycle_done(struct spot_aws *aws)
       aws->refreshes++;
       aws->warned_stale = false;
       log_debug("aws: credentials refreshed from instance metadata "
-                "key_id=%s", aws->fetched.access_key);
+                "key_id=%s",
+                aws->fetched.access_key);
     }
     memset(&aws->fetched, 0, sizeof(aws->fetched));
     aws->source = SPOT_AWS_SOURCE_IMDS;
@@ -476,9 +480,9 @@ cycle_done(struct spot_aws *aws)
 static void
 rtrim(struct spot_buf *b)
 {
-  while (b->len > 0 && (b->data[b->len - 1] == '\n' ||
-                        b->data[b->len - 1] == '\r' ||
-                        b->data[b->len - 1] == ' '))
+  while (b->len > 0 &&
+         (b->data[b->len - 1] == '\n' || b->data[b->len - 1] == '\r' ||
+          b->data[b->len - 1] == ' '))
     b->data[--b->len] = '\0';
 }
 
@@ -524,8 +528,10 @@ imds_answer(struct spot_aws *aws, long status)
   aws->tries = 0;
   if (status != 200) {
     if (aws->state == IMDS_ROLE && status == 404)
-      set_msg(aws, "instance metadata at %s: no IAM role attached to this "
-              "instance", aws->imds_url);
+      set_msg(aws,
+              "instance metadata at %s: no IAM role attached to this "
+              "instance",
+              aws->imds_url);
     else
       set_msg(aws, "instance metadata at %s: %s request answered HTTP %ld",
               aws->imds_url, what, status);
@@ -536,8 +542,7 @@ imds_answer(struct spot_aws *aws, long status)
   case IMDS_TOKEN:
     rtrim(&aws->body);
     if (!token_ok(spot_buf_str(&aws->body), aws->body.len)) {
-      set_msg(aws, "instance metadata at %s: malformed token",
-              aws->imds_url);
+      set_msg(aws, "instance metadata at %s: malformed token", aws->imds_url);
       break;
     }
     token_clear(aws);
@@ -638,8 +643,8 @@ imds_advance(struct spot_aws *aws)
       cycle_fail(aws, -EIO);
     return;
   case IMDS_CREDS:
-    snprintf(path, sizeof(path), "/latest/meta-data/iam/security-credentials/%s",
-             aws->role);
+    snprintf(path, sizeof(path),
+             "/latest/meta-data/iam/security-credentials/%s", aws->role);
     if (imds_request(aws, false, path) < 0)
       cycle_fail(aws, -EIO);
     return;

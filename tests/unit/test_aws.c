@@ -21,12 +21,18 @@ static unsigned n_tmp_files;
 static struct spot_buf log_lines;
 
 static const char *const aws_vars[] = {
-    "AWS_ACCESS_KEY_ID",   "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",   "AWS_PROFILE",
-    "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
-    "AWS_REGION",          "AWS_DEFAULT_REGION",
-    "AWS_ENDPOINT_URL",    "AWS_ENDPOINT_URL_S3",
-    "AWS_EC2_METADATA_DISABLED", "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_EC2_METADATA_DISABLED",
+    "AWS_EC2_METADATA_SERVICE_ENDPOINT",
 };
 
 static void
@@ -169,20 +175,19 @@ test_profile_sections(void **state)
   char err[512];
   const char *cred = tmp_file(
       "# comment\n"
-      "[default]\naws_access_key_id=AKIADEF\naws_secret_access_key=" SECRET
-      "\n"
+      "[default]\naws_access_key_id=AKIADEF\naws_secret_access_key=" SECRET "\n"
       "[dev]\nAWS_ACCESS_KEY_ID = AKIADEV\n"
       "aws_secret_access_key = " SECRET2 "\naws_session_token = tokdev\n"
       "[profile prod]\naws_access_key_id=AKIAWRONG\n"
       "aws_secret_access_key=" SECRET "\n");
-  const char *conf = tmp_file(
-      "[default]\nregion = eu-west-1\n"
-      "[profile prod]\naws_access_key_id = AKIAPROD\n"
-      "aws_secret_access_key = " SECRET "\nregion = us-west-2\n"
-      "[bare]\naws_access_key_id = AKIABARE\n"
-      "aws_secret_access_key = " SECRET "\n"
-      "[profile   spaced  ]\naws_access_key_id = AKIASPACED\n"
-      "aws_secret_access_key = " SECRET "\n");
+  const char *conf =
+      tmp_file("[default]\nregion = eu-west-1\n"
+               "[profile prod]\naws_access_key_id = AKIAPROD\n"
+               "aws_secret_access_key = " SECRET "\nregion = us-west-2\n"
+               "[bare]\naws_access_key_id = AKIABARE\n"
+               "aws_secret_access_key = " SECRET "\n"
+               "[profile   spaced  ]\naws_access_key_id = AKIASPACED\n"
+               "aws_secret_access_key = " SECRET "\n");
 
   setenv("AWS_SHARED_CREDENTIALS_FILE", cred, 1);
   setenv("AWS_CONFIG_FILE", conf, 1);
@@ -227,8 +232,8 @@ test_profile_sections(void **state)
 
   setenv("AWS_PROFILE", "bad]name", 1);
   assert_int_equal(resolve(&c, &src, err, sizeof(err)), -EINVAL);
-  setenv("AWS_PROFILE",
-         "a-profile-name-that-is-far-too-long-for-inih-sections", 1);
+  setenv("AWS_PROFILE", "a-profile-name-that-is-far-too-long-for-inih-sections",
+         1);
   assert_int_equal(resolve(&c, &src, err, sizeof(err)), -EINVAL);
   assert_non_null(strstr(err, "too long"));
 }
@@ -257,9 +262,8 @@ test_credentials_file_beats_config(void **state)
   assert_null(c.session_token);
   spot_aws_creds_clear(&c);
   /* The region still comes from the config file. */
-  assert_int_equal(spot_aws_region_resolve_sync(NULL, NULL, region,
-                                                sizeof(region), err,
-                                                sizeof(err)),
+  assert_int_equal(spot_aws_region_resolve_sync(
+                       NULL, NULL, region, sizeof(region), err, sizeof(err)),
                    0);
   assert_string_equal(region, "ap-south-1");
 }
@@ -337,8 +341,9 @@ test_unreadable_files(void **state)
   {
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    fputs("[default]\naws_access_key_id=AKIAHOME\naws_secret_access_key="
-          SECRET "\n", f);
+    fputs("[default]\naws_access_key_id=AKIAHOME\naws_secret_access_key=" SECRET
+          "\n",
+          f);
     fclose(f);
   }
   assert_int_equal(resolve(&c, &src, err, sizeof(err)), 0);
@@ -398,21 +403,18 @@ test_region(void **state)
          tmp_file("[default]\nregion = eu-central-1\n"
                   "[profile p]\nregion = Not A Region\n"),
          1);
-  assert_int_equal(spot_aws_region_resolve_sync(NULL, NULL, region,
-                                                sizeof(region), err,
-                                                sizeof(err)),
+  assert_int_equal(spot_aws_region_resolve_sync(
+                       NULL, NULL, region, sizeof(region), err, sizeof(err)),
                    0);
   assert_string_equal(region, "eu-central-1");
   setenv("AWS_DEFAULT_REGION", "us-west-1", 1);
-  assert_int_equal(spot_aws_region_resolve_sync(NULL, NULL, region,
-                                                sizeof(region), err,
-                                                sizeof(err)),
+  assert_int_equal(spot_aws_region_resolve_sync(
+                       NULL, NULL, region, sizeof(region), err, sizeof(err)),
                    0);
   assert_string_equal(region, "us-west-1");
   setenv("AWS_REGION", "us-west-2", 1);
-  assert_int_equal(spot_aws_region_resolve_sync(NULL, NULL, region,
-                                                sizeof(region), err,
-                                                sizeof(err)),
+  assert_int_equal(spot_aws_region_resolve_sync(
+                       NULL, NULL, region, sizeof(region), err, sizeof(err)),
                    0);
   assert_string_equal(region, "us-west-2");
   assert_int_equal(spot_aws_region_resolve_sync("sa-east-1", NULL, region,
@@ -422,30 +424,26 @@ test_region(void **state)
   assert_string_equal(region, "sa-east-1");
 
   /* Invalid ones name their source. */
-  assert_int_equal(spot_aws_region_resolve_sync("Mars!", NULL, region,
-                                                sizeof(region), err,
-                                                sizeof(err)),
+  assert_int_equal(spot_aws_region_resolve_sync(
+                       "Mars!", NULL, region, sizeof(region), err, sizeof(err)),
                    -EINVAL);
   assert_non_null(strstr(err, "invalid AWS region 'Mars!' (from --region)"));
   setenv("AWS_REGION", "bad region", 1);
-  assert_int_equal(spot_aws_region_resolve_sync(NULL, NULL, region,
-                                                sizeof(region), err,
-                                                sizeof(err)),
+  assert_int_equal(spot_aws_region_resolve_sync(
+                       NULL, NULL, region, sizeof(region), err, sizeof(err)),
                    -EINVAL);
   assert_non_null(strstr(err, "(from AWS_REGION)"));
   unsetenv("AWS_REGION");
   unsetenv("AWS_DEFAULT_REGION");
-  assert_int_equal(spot_aws_region_resolve_sync(NULL, "p", region,
-                                                sizeof(region), err,
-                                                sizeof(err)),
+  assert_int_equal(spot_aws_region_resolve_sync(
+                       NULL, "p", region, sizeof(region), err, sizeof(err)),
                    -EINVAL);
   assert_non_null(strstr(err, "profile 'p'"));
 
   /* Nothing set anywhere. */
   unsetenv("AWS_CONFIG_FILE");
-  assert_int_equal(spot_aws_region_resolve_sync(NULL, NULL, region,
-                                                sizeof(region), err,
-                                                sizeof(err)),
+  assert_int_equal(spot_aws_region_resolve_sync(
+                       NULL, NULL, region, sizeof(region), err, sizeof(err)),
                    1);
 }
 
@@ -457,17 +455,17 @@ test_endpoint(void **state)
   bool path_style = false, custom = false;
 
   /* Regional AWS endpoint, virtual-host style. */
-  assert_int_equal(spot_aws_endpoint_resolve(NULL, "eu-west-1", ep,
-                                             sizeof(ep), &path_style, &custom,
-                                             err, sizeof(err)),
+  assert_int_equal(spot_aws_endpoint_resolve(NULL, "eu-west-1", ep, sizeof(ep),
+                                             &path_style, &custom, err,
+                                             sizeof(err)),
                    0);
   assert_string_equal(ep, "https://s3.eu-west-1.amazonaws.com");
   assert_false(path_style);
   assert_false(custom);
   assert_false(spot_aws_endpoint_is_custom(NULL));
-  assert_int_equal(spot_aws_endpoint_resolve(NULL, "cn-north-1", ep,
-                                             sizeof(ep), &path_style, &custom,
-                                             err, sizeof(err)),
+  assert_int_equal(spot_aws_endpoint_resolve(NULL, "cn-north-1", ep, sizeof(ep),
+                                             &path_style, &custom, err,
+                                             sizeof(err)),
                    0);
   assert_string_equal(ep, "https://s3.cn-north-1.amazonaws.com.cn");
   assert_int_equal(spot_aws_endpoint_resolve(NULL, NULL, ep, sizeof(ep),
@@ -487,9 +485,9 @@ test_endpoint(void **state)
   assert_true(path_style);
   assert_true(custom);
   setenv("AWS_ENDPOINT_URL_S3", "https://s3.example.com", 1);
-  assert_int_equal(spot_aws_endpoint_resolve(NULL, "us-east-1", ep,
-                                             sizeof(ep), &path_style, &custom,
-                                             err, sizeof(err)),
+  assert_int_equal(spot_aws_endpoint_resolve(NULL, "us-east-1", ep, sizeof(ep),
+                                             &path_style, &custom, err,
+                                             sizeof(err)),
                    0);
   assert_string_equal(ep, "https://s3.example.com");
   assert_int_equal(spot_aws_endpoint_resolve("HTTP://[::1]:7480", NULL, ep,
@@ -511,14 +509,14 @@ test_endpoint(void **state)
                                              sizeof(err)),
                    -EINVAL);
   assert_non_null(strstr(err, "(from AWS_ENDPOINT_URL_S3)"));
-  assert_int_equal(spot_aws_endpoint_check("http://", ep, sizeof(ep), err,
-                                           sizeof(err)),
-                   -EINVAL);
+  assert_int_equal(
+      spot_aws_endpoint_check("http://", ep, sizeof(ep), err, sizeof(err)),
+      -EINVAL);
   assert_int_equal(spot_aws_endpoint_check("", NULL, 0, err, sizeof(err)),
                    -EINVAL);
-  assert_int_equal(spot_aws_endpoint_check("http://h/bucket", NULL, 0, err,
-                                           sizeof(err)),
-                   -EINVAL);
+  assert_int_equal(
+      spot_aws_endpoint_check("http://h/bucket", NULL, 0, err, sizeof(err)),
+      -EINVAL);
   assert_non_null(strstr(err, "a path"));
   assert_int_equal(
       spot_aws_endpoint_check("http://h?x=1", NULL, 0, err, sizeof(err)),
@@ -526,21 +524,21 @@ test_endpoint(void **state)
   assert_int_equal(
       spot_aws_endpoint_check("http://h#f", NULL, 0, err, sizeof(err)),
       -EINVAL);
-  assert_int_equal(spot_aws_endpoint_check("http://h:99999", NULL, 0, err,
-                                           sizeof(err)),
-                   -EINVAL);
-  assert_int_equal(spot_aws_endpoint_check("http://a b", NULL, 0, err,
-                                           sizeof(err)),
-                   -EINVAL);
+  assert_int_equal(
+      spot_aws_endpoint_check("http://h:99999", NULL, 0, err, sizeof(err)),
+      -EINVAL);
+  assert_int_equal(
+      spot_aws_endpoint_check("http://a b", NULL, 0, err, sizeof(err)),
+      -EINVAL);
   /* A password in the URL is refused and never echoed. */
-  assert_int_equal(spot_aws_endpoint_check("http://user:" SECRET "@h", NULL,
-                                           0, err, sizeof(err)),
+  assert_int_equal(spot_aws_endpoint_check("http://user:" SECRET "@h", NULL, 0,
+                                           err, sizeof(err)),
                    -EINVAL);
   assert_non_null(strstr(err, "user or password"));
   assert_null(strstr(err, SECRET));
   assert_null(strstr(err, "user:"));
-  assert_int_equal(spot_aws_endpoint_check("https://s3.example.com:443",
-                                           NULL, 0, err, sizeof(err)),
+  assert_int_equal(spot_aws_endpoint_check("https://s3.example.com:443", NULL,
+                                           0, err, sizeof(err)),
                    0);
 }
 
@@ -598,8 +596,9 @@ test_imds_json(void **state)
       spot_aws_imds_creds_parse(doc, strlen(doc), &c, err, sizeof(err)),
       -EINVAL);
   assert_non_null(strstr(err, "Token missing"));
-  snprintf(doc, sizeof(doc), "{\"AccessKeyId\":\"A\",\"Token\":\"t\","
-                             "\"Expiration\":\"2026-12-02T15:13:50Z\"}");
+  snprintf(doc, sizeof(doc),
+           "{\"AccessKeyId\":\"A\",\"Token\":\"t\","
+           "\"Expiration\":\"2026-12-02T15:13:50Z\"}");
   assert_int_equal(
       spot_aws_imds_creds_parse(doc, strlen(doc), &c, err, sizeof(err)),
       -EINVAL);
@@ -660,8 +659,7 @@ test_refresh_delay(void **state)
 
   assert_int_equal(spot_aws_refresh_delay_ms(now, 0), -1);
   /* Six hours: five minutes before expiry. */
-  assert_int_equal(spot_aws_refresh_delay_ms(now, now + 360 * min),
-                   355 * min);
+  assert_int_equal(spot_aws_refresh_delay_ms(now, now + 360 * min), 355 * min);
   assert_int_equal(spot_aws_refresh_delay_ms(now, now + 11 * min), 6 * min);
   /* Short lifetimes: at half-life. */
   assert_int_equal(spot_aws_refresh_delay_ms(now, now + 10 * min), 5 * min);
@@ -774,9 +772,9 @@ test_async_errors(void **state)
   /* Nothing anywhere and IMDS disabled by the environment. */
   setenv("AWS_EC2_METADATA_DISABLED", "TRUE", 1);
   assert_int_equal(spot_aws_new(&loop, NULL, &o, &aws), 0);
-  assert_int_equal(spot_aws_creds_provider(aws)->get(
-                       spot_aws_creds_provider(aws), &c),
-                   -ENOKEY);
+  assert_int_equal(
+      spot_aws_creds_provider(aws)->get(spot_aws_creds_provider(aws), &c),
+      -ENOKEY);
   assert_int_equal(spot_aws_start(aws, ready_cb, &rd), 0);
   assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
   assert_int_equal(rd.calls, 1);
@@ -851,8 +849,8 @@ main(void)
       cmocka_unit_test_setup_teardown(test_env_beats_profile, setup, teardown),
       cmocka_unit_test_setup_teardown(test_env_half_set, setup, teardown),
       cmocka_unit_test_setup_teardown(test_profile_sections, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_credentials_file_beats_config,
-                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_credentials_file_beats_config, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_profile_half_and_unsupported, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_unreadable_files, setup, teardown),

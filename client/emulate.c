@@ -494,6 +494,7 @@ gcp_get(struct emu *e, struct MHD_Connection *c, const char *path,
     }
   }
   spot_strlcpy(value, malformed ? "GARBAGE\x01{" : v, sizeof(value));
+  gcp_etag(value, etag, sizeof(etag)); /* the ETag of what is served */
   r = MHD_create_response_from_buffer(strlen(value), value,
                                       MHD_RESPMEM_MUST_COPY);
   if (r == NULL)

@@ -25,8 +25,10 @@
 
 #define DEFAULT_BASE "http://169.254.169.254"
 #define AZURE_API "api-version=2020-07-01"
+/* Retries back off from 200 ms to max(2 s, 2 poll intervals), no more:
+ * a notice gives 30-120 s, so a longer pause would risk missing it. */
 #define BACKOFF_BASE_MS 200
-#define BACKOFF_CAP_MS 5000
+#define BACKOFF_MIN_CAP_MS 2000
 #define URL_MAX 1024
 #define ETAG_MAX 128
 #define TOKEN_MAX 512
@@ -506,10 +508,13 @@ static void
 op_failed(struct op *op, const char *why)
 {
   struct spot_meta *m = op->m;
-  uint64_t delay;
+  uint64_t delay, cap;
 
   op->failures++;
-  delay = spot_backoff_ms(op->failures - 1, BACKOFF_BASE_MS, BACKOFF_CAP_MS,
+  cap = 2 * (uint64_t)m->cfg.poll_interval_ms;
+  if (cap < BACKOFF_MIN_CAP_MS)
+    cap = BACKOFF_MIN_CAP_MS;
+  delay = spot_backoff_ms(op->failures - 1, BACKOFF_BASE_MS, cap,
                           spot_random_u32());
   if (op->failures == m->cfg.warn_after) {
     log_warn("meta %s: %s (%u consecutive failures), retrying in %" PRIu64
@@ -525,6 +530,10 @@ op_failed(struct op *op, const char *why)
   } else {
     log_info("meta %s: %s (failure %u), retrying in %" PRIu64 " ms",
              op_names[op->kind], why, op->failures, delay);
+    if (m->warning_op == op) /* keep the line current for spotctl status */
+      snprintf(m->warning, sizeof(m->warning),
+               "metadata %s: %u consecutive failures, last: %s",
+               op_names[op->kind], op->failures, why);
   }
   if (m->closing)
     return;

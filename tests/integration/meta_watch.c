@@ -34,6 +34,7 @@ struct watch {
   bool ack;
   bool stopping;
   bool had_warning;
+  enum spot_provider last_provider;
 };
 
 static void
@@ -74,11 +75,10 @@ status_cb(struct spot_meta *m, void *data)
 {
   struct watch *w = data;
   const char *warn = spot_meta_warning(m);
-  static enum spot_provider last = SPOT_PROVIDER_AUTO;
 
-  if (spot_meta_provider(m) != last) {
-    last = spot_meta_provider(m);
-    printf("provider %s\n", spot_provider_name(last));
+  if (spot_meta_provider(m) != w->last_provider) {
+    w->last_provider = spot_meta_provider(m);
+    printf("provider %s\n", spot_provider_name(w->last_provider));
   }
   if (warn != NULL && !w->had_warning)
     printf("warning %s\n", warn);
@@ -252,6 +252,8 @@ main(int argc, char **argv)
     return 1;
   }
   printf("started wall_ms=%" PRId64 "\n", spot_now_wall_ms());
+  w.last_provider = SPOT_PROVIDER_AUTO;
+  status_cb(w.meta, &w); /* prints the provider unless auto */
   fflush(stdout);
   uv_run(&w.loop, UV_RUN_DEFAULT);
   r = uv_loop_close(&w.loop);

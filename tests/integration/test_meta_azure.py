@@ -1,0 +1,125 @@
+"""lib/meta against `spotctl emulate --provider azure`: the Metadata
+header, DocumentIncarnation, the Resources filter, NotBefore as the
+deadline, and the ack sent only when asked."""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from metalib import Emulator, Watch, run, stats  # noqa: E402
+
+EVENTS = "/metadata/scheduledevents?api-version=2020-07-01"
+MD = {"Metadata": "true"}
+
+
+def test_contract():
+    import json
+    e = Emulator("azure", "--vm-name", "trainer-7")
+    st, _, _ = e.request(EVENTS)
+    assert st == 400, st  # Metadata: true missing
+    st, _, _ = e.request("/metadata/scheduledevents", headers=MD)
+    assert st == 400, st  # api-version missing
+    st, body, _ = e.request(EVENTS, headers=MD)
+    doc = json.loads(body)
+    assert doc["Events"] == [], doc
+    inc0 = doc["DocumentIncarnation"]
+    st, body, _ = e.request(EVENTS, headers=MD)
+    assert json.loads(body)["DocumentIncarnation"] == inc0  # no change
+    e.control("notice", deadline="30")
+    st, body, _ = e.request(EVENTS, headers=MD)
+    doc = json.loads(body)
+    assert doc["DocumentIncarnation"] == inc0 + 1, doc
+    ev = doc["Events"][0]
+    assert ev["EventType"] == "Preempt" and ev["Resources"] == ["trainer-7"]
+    assert ev["EventStatus"] == "Scheduled" and ev["NotBefore"].endswith(
+        " GMT"), ev
+    st, _, _ = e.request(EVENTS, method="POST", headers=MD, data=json.dumps(
+        {"StartRequests": [{"EventId": ev["EventId"]}]}).encode())
+    assert st == 200, st
+    _, line = e.out.wait("^ack EventId=" + ev["EventId"], 5)
+    assert line is not None
+    st, body, _ = e.request(EVENTS, headers=MD)
+    doc = json.loads(body)
+    assert doc["DocumentIncarnation"] == inc0 + 2, doc
+    assert doc["Events"][0]["EventStatus"] == "Started", doc
+    assert doc["Events"][0]["NotBefore"] == "", doc
+    e.stop()
+
+
+def test_notice_no_ack_unless_asked():
+    e = Emulator("azure", "--vm-name", "trainer-7")
+    w = Watch(e.url, "auto", "--poll-ms", "1000")  # name from IMDS
+    lat = []
+    time.sleep(0.5)
+    t0 = time.time()
+    e.control("notice", deadline="30")
+    _, n = w.notice(5)
+    assert n is not None, "preempt not detected"
+    assert n["kind"] == "preempt" and n["reason"] == "azure-preempt", n
+    # deadline = NotBefore (whole seconds)
+    assert abs(int(n["deadline_wall_ms"]) - (t0 + 30) * 1000) < 1500, n
+    lat.append(int(n["wall_ms"]) - t0 * 1000)
+    time.sleep(2)
+    assert e.state()["acks"] == [], e.state()
+    assert not e.out.matching("^ack "), "ack sent without being asked"
+    assert len(w.notices()) == 1  # reported once across polls
+    stats("azure detection latency (poll 1 s)", lat)
+    w.stop()
+    e.stop()
+
+
+def test_resource_filter():
+    e = Emulator("azure", "--vm-name", "trainer-7")
+    w = Watch(e.url, "azure", "--poll-ms", "300", "--vm-name", "trainer-7")
+    e.control("notice", resource="another-vm")
+    time.sleep(2)
+    assert not w.notices(), w.notices()
+    e.control("maintenance", deadline="600")  # a Reboot for this VM
+    _, n = w.notice(5)
+    assert n is not None and n["reason"] == "azure-reboot", n
+    w.stop()
+    e.stop()
+
+
+def test_ack_when_asked():
+    e = Emulator("azure")
+    w = Watch(e.url, "azure", "--poll-ms", "300", "--ack")
+    e.control("notice")
+    _, n = w.notice(5)
+    assert n is not None
+    _, line = w.out.wait("^ack status=0", 5)
+    assert line is not None, "ack not accepted"
+    _, line = e.out.wait("^ack EventId=" + n["id"], 5)
+    assert line is not None, "emulator saw no ack"
+    assert e.state()["acks"] == [n["id"]], e.state()
+    time.sleep(1)  # the Started event is the same notice: not re-reported
+    assert len(w.notices()) == 1, w.notices()
+    w.stop()
+    e.stop()
+
+
+def test_faults():
+    e = Emulator("azure")
+    w = Watch(e.url, "azure", "--poll-ms", "300", "--warn-after", "3",
+              "--vm-name", "spotd-vm")
+    for fault in ("throttle", "malformed", "reset"):  # each for sure
+        e.control("fault", clear="1", **{fault: "1"})
+        time.sleep(1.5)
+    e.control("fault", throttle="0.5", malformed="0.3", reset="0.1")
+    time.sleep(2)
+    e.control("fault", clear="1", stall="3")
+    _, line = w.out.wait("^warning ", 15)
+    assert line is not None, "no warning under stalls"
+    e.control("fault", clear="1")
+    e.control("notice")
+    _, n = w.notice(30)
+    assert n is not None, "notice missed after faults"
+    assert w.err.matching("HTTP 503") and w.err.matching("malformed")
+    _, line = w.out.wait("^warning-cleared", 10)
+    assert line is not None
+    w.stop()
+    e.stop()
+
+
+run([test_contract, test_notice_no_ack_unless_asked, test_resource_filter,
+     test_ack_when_asked, test_faults])

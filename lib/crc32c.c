@@ -5,7 +5,8 @@
 #include <pthread.h>
 #include <string.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(SPOT_NO_SIMD) /* -DSPOT_NO_SIMD: portable code only */
 #define HAVE_X86_CRC 1
 #include <nmmintrin.h>
 #else

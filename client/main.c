@@ -14,11 +14,21 @@ static int cmd_help(int argc, char **argv);
 
 /* The command table. Each group lives in its own file. */
 static const struct spotctl_cmd commands[] = {
-    {"push", "DIR s3://BUCKET/[PREFIX/]JOB", "upload and commit a checkpoint", spotctl_cmd_push},
-    {"list", "s3://BUCKET/[PREFIX/]JOB", "list the checkpoints of a job", spotctl_cmd_list},
-    {"restore", "s3://BUCKET/[PREFIX/]JOB DIR", "restore a committed checkpoint", spotctl_cmd_restore},
+    {"push", "DIR s3://BUCKET/[PREFIX/]JOB", "upload and commit a checkpoint",
+     spotctl_cmd_push},
+    {"list", "s3://BUCKET/[PREFIX/]JOB", "list the checkpoints of a job",
+     spotctl_cmd_list},
+    {"restore", "s3://BUCKET/[PREFIX/]JOB DIR",
+     "restore a committed checkpoint", spotctl_cmd_restore},
+    {"status", "[--json]", "what the running spotd is doing",
+     spotctl_cmd_status},
+    {"checkpoint", "[--wait]", "ask spotd for a checkpoint now",
+     spotctl_cmd_checkpoint},
+    {"done", "DIR", "tell spotd a checkpoint folder is complete",
+     spotctl_cmd_done},
     {"help", "[COMMAND]", "show help", cmd_help},
-    {"emulate", "--provider aws|gcp|azure [...]", "local metadata service emulator", spotctl_cmd_emulate},
+    {"emulate", "--provider aws|gcp|azure [...]",
+     "local metadata service emulator", spotctl_cmd_emulate},
 };
 
 int

@@ -21,9 +21,12 @@ enum {
  * SPOTCTL_EXIT_FAIL. */
 int spotctl_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int spotctl_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-int spotctl_cmd_emulate(int argc, char **argv); /* emulate.c */
-int spotctl_cmd_push(int argc, char **argv);    /* store_cmds.c */
-int spotctl_cmd_list(int argc, char **argv);    /* store_cmds.c */
-int spotctl_cmd_restore(int argc, char **argv); /* store_cmds.c */
+int spotctl_cmd_emulate(int argc, char **argv);    /* emulate.c */
+int spotctl_cmd_status(int argc, char **argv);     /* ctl_cmds.c */
+int spotctl_cmd_checkpoint(int argc, char **argv); /* ctl_cmds.c */
+int spotctl_cmd_done(int argc, char **argv);       /* ctl_cmds.c */
+int spotctl_cmd_push(int argc, char **argv);       /* store_cmds.c */
+int spotctl_cmd_list(int argc, char **argv);       /* store_cmds.c */
+int spotctl_cmd_restore(int argc, char **argv);    /* store_cmds.c */
 
 #endif

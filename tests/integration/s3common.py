@@ -15,7 +15,11 @@ def unique_prefix(name):
 
 
 def tool(*args, timeout=60, env=None):
-    return spotlib.run([TOOL] + list(args), timeout=timeout, env=env)
+    """Runs s3_tool; SPOT_S3_TOOL_WRAPPER (e.g. "valgrind -q
+    --error-exitcode=99") runs it under a checker."""
+    wrapper = os.environ.get("SPOT_S3_TOOL_WRAPPER", "").split()
+    return spotlib.run(wrapper + [TOOL] + list(args), timeout=timeout * (5 if wrapper else 1),
+                       env=env)
 
 
 def closed_port():

@@ -248,6 +248,7 @@ spotctl_cmd_status(int argc, char **argv)
   json_t *root = NULL;
   int r;
 
+  memset(&msg, 0, sizeof(msg));
   r = parse(argc, argv, &o, status_usage, false);
   if (r >= 0)
     return r;
@@ -297,6 +298,7 @@ spotctl_cmd_checkpoint(int argc, char **argv)
   json_t *root = NULL;
   int r;
 
+  memset(&msg, 0, sizeof(msg));
   r = parse(argc, argv, &o, checkpoint_usage, true);
   if (r >= 0)
     return r;
@@ -335,6 +337,7 @@ spotctl_cmd_done(int argc, char **argv)
   char *abs;
   int r;
 
+  memset(&msg, 0, sizeof(msg));
   r = parse(argc, argv, &o, done_usage, false);
   if (r >= 0)
     return r;

@@ -516,7 +516,7 @@ run_relaunch(struct spotd *d)
   }
   n = 0;
   for (char **e = environ; *e != NULL; e++)
-    if (strncmp(*e, "SPOTD_", 6) != 0 && strncmp(*e, "NOTIFY_SOCKET=", 14))
+    if (strncmp(*e, "SPOTD_", 6) != 0 && strncmp(*e, "NOTIFY_SOCKET=", 14) != 0)
       env[n++] = strdup(*e);
   if (d->deadline_wall != 0)
     spot_rfc3339_format(d->deadline_wall, deadline, sizeof(deadline));

@@ -71,7 +71,8 @@ trainer_start(struct trainer *t, struct spotd *d)
     return -ENOMEM;
   /* Our own variables win over inherited ones of the same name. */
   for (char **e = environ; *e != NULL && r == 0; e++)
-    if (strncmp(*e, "SPOTD_", 6) != 0 && strncmp(*e, "NOTIFY_SOCKET=", 14) &&
+    if (strncmp(*e, "SPOTD_", 6) != 0 &&
+        strncmp(*e, "NOTIFY_SOCKET=", 14) != 0 &&
         strncmp(*e, "WATCHDOG_", 9) != 0 && strncmp(*e, "LISTEN_", 7) != 0)
       r = env_add(env, &n, "%s", *e);
   if (r == 0)

@@ -1328,7 +1328,8 @@ retain_step(struct push_op *op)
     case PUSH_RETAIN_DELETE:
       /* Oldest beyond keep; never the one just pushed. */
       while (op->del_phase == 0 && op->del_idx < op->nentries &&
-             strcmp(op->entries[op->del_idx].name, op->name) == 0)
+             (op->entries[op->del_idx].name == NULL ||
+              strcmp(op->entries[op->del_idx].name, op->name) == 0))
         op->del_idx++;
       if (op->del_idx >= op->nentries) {
         set_state(op, PUSH_RETAIN_UPLOADS);
@@ -1370,6 +1371,10 @@ retain_step(struct push_op *op)
       }
       if (op->upload_idx < op->nuploads) {
         struct spot_s3_upload_info *u = &op->uploads[op->upload_idx];
+        if (u->key == NULL || u->upload_id == NULL) {
+          op->upload_idx++;
+          continue;
+        }
         op->abort_key = strdup(u->key);
         op->abort_id = strdup(u->upload_id);
         if (op->abort_key != NULL && op->abort_id != NULL)

@@ -25,6 +25,7 @@ struct spot_codec {
   unsigned char *scratch; /* part_max bytes: filtered data */
   unsigned char *trial;   /* spot_codec_bound(sample) bytes, lazily */
   size_t trial_size;
+  enum spot_codec_mode cctx_mode; /* what the CCtx is set up for */
 };
 
 static const char *const filter_names[SPOT_FILTER_LAST] = {
@@ -539,6 +540,24 @@ spot_codec_bound(size_t n)
   return z > r ? z : r;
 }
 
+/* The compression parameters of a mode (only when they change: setting
+ * them is cheap, but a change may resize the context's tables). */
+static size_t
+set_level(struct spot_codec *c, enum spot_codec_mode mode)
+{
+  bool dense = mode == SPOT_CODEC_DENSE;
+  size_t r;
+
+  r = ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_compressionLevel,
+                             dense ? SPOT_CODEC_DENSE_LEVEL : SPOT_CODEC_LEVEL);
+  if (!ZSTD_isError(r))
+    r = ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_literalCompressionMode,
+                               dense ? ZSTD_ps_auto : ZSTD_ps_enable);
+  if (!ZSTD_isError(r))
+    c->cctx_mode = mode;
+  return r;
+}
+
 int
 spot_codec_new(size_t part_max, struct spot_codec **out)
 {
@@ -558,11 +577,7 @@ spot_codec_new(size_t part_max, struct spot_codec **out)
     spot_codec_free(c);
     return -ENOMEM;
   }
-  r = ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_compressionLevel,
-                             SPOT_CODEC_LEVEL);
-  if (!ZSTD_isError(r))
-    r = ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_literalCompressionMode,
-                               ZSTD_ps_enable);
+  r = set_level(c, SPOT_CODEC_ZSTD);
   if (!ZSTD_isError(r))
     r = ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_contentSizeFlag, 1);
   if (!ZSTD_isError(r))
@@ -624,7 +639,11 @@ encode(struct spot_codec *c, enum spot_filter filter,
     *out_len = write_raw_frame(dst, in, n);
     return 0;
   }
-  r = ZSTD_compress2(c->cctx, dst, dst_cap, in, n);
+  r = 0;
+  if (mode != c->cctx_mode)
+    r = set_level(c, mode);
+  if (!ZSTD_isError(r))
+    r = ZSTD_compress2(c->cctx, dst, dst_cap, in, n);
   if (ZSTD_isError(r)) {
     /* the context may be mid-frame: start clean next time */
     ZSTD_CCtx_reset(c->cctx, ZSTD_reset_session_only);
@@ -701,6 +720,7 @@ spot_codec_choose_filter(struct spot_codec *c, const void *sample, size_t n,
 
   memset(&t, 0, sizeof(t));
   t.filter = SPOT_FILTER_NONE;
+  t.mode = SPOT_CODEC_RAW;
   if (n > SPOT_CODEC_SAMPLE_MAX)
     n = SPOT_CODEC_SAMPLE_MAX;
   if (n > c->part_max)
@@ -738,8 +758,19 @@ spot_codec_choose_filter(struct spot_codec *c, const void *sample, size_t n,
       t.filter = (enum spot_filter)f;
     }
   t.compress = best * 100 <= n * (100 - SPOT_CODEC_MIN_SAVING_PCT);
+  t.mode = t.compress ? SPOT_CODEC_ZSTD : SPOT_CODEC_RAW;
   if (!t.compress)
     t.filter = SPOT_FILTER_NONE;
+  /* Grouped floats only have literal entropy to lose: no dense trial. */
+  if (t.compress && t.filter == SPOT_FILTER_NONE) {
+    int r = encode(c, SPOT_FILTER_NONE, SPOT_CODEC_DENSE, sample, n,
+                   c->trial, c->trial_size, &t.dense_size, NULL);
+
+    if (r < 0)
+      return r;
+    if (t.dense_size * 100 <= best * (100 - SPOT_CODEC_DENSE_GAIN_PCT))
+      t.mode = SPOT_CODEC_DENSE;
+  }
   *out = t;
   return 0;
 }

@@ -23,6 +23,9 @@
  * fp32 weights + Adam after 4-plane grouping, 1.52 on bf16 after 2-plane
  * grouping, at ~2 GB/s per core (VERIFIED.md, bench/codec_bench.c).
  *
+ * Dense mode (SPOT_CODEC_DENSE) is zstd level 1 for unfiltered data with
+ * real redundancy (text), where the fast setting leaves half the gain.
+ *
  * Raw mode (SPOT_CODEC_RAW) writes the same bytes as zstd raw blocks: a
  * valid frame that any zstd decodes, at memcpy speed. The store uses it
  * when compression does not pay for a file (spot_codec_choose_filter()
@@ -53,8 +56,9 @@ enum spot_filter {
 };
 
 enum spot_codec_mode {
-  SPOT_CODEC_ZSTD = 0, /* filter + zstd compression */
+  SPOT_CODEC_ZSTD = 0, /* filter + zstd SPOT_CODEC_LEVEL, forced literals */
   SPOT_CODEC_RAW,      /* filter + zstd raw blocks (no compression) */
+  SPOT_CODEC_DENSE,    /* filter + zstd SPOT_CODEC_DENSE_LEVEL: text-like */
   SPOT_CODEC_MODE_LAST,
 };
 
@@ -72,6 +76,12 @@ enum spot_codec_mode {
 /* Compression is worth it only if it saves at least this many percent of
  * the sample; below that the file goes out in raw frames. */
 #define SPOT_CODEC_MIN_SAVING_PCT 1
+/* Unfiltered data (text, JSON, pickles) gains from real match finding:
+ * level 1 halves text that level -1000 only shrinks by 1.6x, at ~1/3 of
+ * the speed (bench/codec_bench). SPOT_CODEC_DENSE is chosen when it makes
+ * the sample this many percent smaller than SPOT_CODEC_ZSTD. */
+#define SPOT_CODEC_DENSE_LEVEL 1
+#define SPOT_CODEC_DENSE_GAIN_PCT 25
 
 struct spot_codec;
 
@@ -120,10 +130,12 @@ int spot_codec_decode(struct spot_codec *c, enum spot_filter filter,
 
 /* The outcome of trying every filter on a sample. */
 struct spot_codec_trial {
-  enum spot_filter filter; /* the filter to use for the whole file */
-  bool compress;           /* false: send raw frames (SPOT_CODEC_RAW) */
-  size_t sample_len;       /* bytes tried (<= SPOT_CODEC_SAMPLE_MAX) */
-  size_t size[SPOT_FILTER_LAST]; /* compressed sample size per filter */
+  enum spot_filter filter;   /* the filter to use for the whole file */
+  enum spot_codec_mode mode; /* the mode to start with */
+  bool compress;             /* mode != SPOT_CODEC_RAW */
+  size_t sample_len;         /* bytes tried (<= SPOT_CODEC_SAMPLE_MAX) */
+  size_t size[SPOT_FILTER_LAST]; /* sample size per filter, fast mode */
+  size_t dense_size; /* sample size in dense mode (0: not tried) */
 };
 
 /* Compresses the first min(n, SPOT_CODEC_SAMPLE_MAX) bytes of a file
@@ -131,11 +143,13 @@ struct spot_codec_trial {
  * it beats SPOT_FILTER_NONE by SPOT_CODEC_FILTER_GAIN_PCT, else
  * SPOT_FILTER_NONE (text, random, already compressed data); and compress =
  * false when even the best saves less than SPOT_CODEC_MIN_SAVING_PCT
- * (then the file's frames should be SPOT_CODEC_RAW with SPOT_FILTER_NONE:
- * zstd would only store raw blocks, more slowly). An empty sample gives
- * SPOT_FILTER_NONE and compress = false. Costs about three compressions
- * of 1 MiB (~2 ms); run it on the worker thread that reads the first
- * part. Returns 0 or the errors of spot_codec_encode(). */
+ * (then mode = SPOT_CODEC_RAW with SPOT_FILTER_NONE: zstd would only store
+ * raw blocks, more slowly). When no filter helps and the data compresses,
+ * SPOT_CODEC_DENSE is also tried, and mode says which of the two zstd
+ * settings to use (dense if SPOT_CODEC_DENSE_GAIN_PCT smaller). An empty
+ * sample gives SPOT_FILTER_NONE and SPOT_CODEC_RAW. Costs three or four
+ * compressions of 1 MiB (2-5 ms); run it on the worker thread that reads
+ * the first part. Returns 0 or the errors of spot_codec_encode(). */
 int spot_codec_choose_filter(struct spot_codec *c, const void *sample,
                              size_t n, struct spot_codec_trial *out);
 
@@ -149,8 +163,9 @@ int spot_codec_choose_filter(struct spot_codec *c, const void *sample,
  * pipeline moves min(compress_bps, net_bps * ratio) raw bytes per second,
  * raw mode moves net_bps; compression is kept when it is not slower (it
  * also saves storage). An unknown figure (0) means "compress". The store
- * should re-evaluate every few parts and switch per part (the mode does
- * not change how frames decode). */
+ * should re-evaluate every few parts and switch per part between the
+ * trial's mode and SPOT_CODEC_RAW (the mode does not change how frames
+ * decode). */
 bool spot_codec_compress_pays(double compress_bps, double net_bps,
                               double ratio);
 

@@ -3,7 +3,7 @@
  *     (u32 LE), then bytes decoded as a frame with filter selector % 3:
  *     must fail cleanly or succeed with output of that CRC;
  *   selector & 0x80 set: the rest is raw data, encoded with filter
- *     selector % 3 in mode (selector >> 2) & 1 and decoded back: must be
+ *     selector % 3 in mode ((selector >> 2) & 31) % 3 and decoded back: must be
  *     the identity. */
 #include <errno.h>
 #include <stdint.h>
@@ -41,7 +41,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   data++;
   size--;
   if (sel & 0x80) {
-    enum spot_codec_mode mode = (sel >> 2) & 1 ? SPOT_CODEC_RAW : SPOT_CODEC_ZSTD;
+    enum spot_codec_mode mode = (enum spot_codec_mode)(((sel >> 2) & 0x1f) % 3);
     size_t len;
     uint32_t crc;
 

@@ -1,6 +1,7 @@
 #include "cmocka-compat.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zstd.h>
@@ -437,9 +438,9 @@ test_plain_zstd_decodes(void **state)
     size_t len, k = n - off < part ? n - off : part;
     uint32_t crc;
 
-    /* alternate modes, as when the store adapts mid-file */
+    /* every mode in turn, as when the store adapts mid-file */
     assert_int_equal(spot_codec_encode(c, SPOT_FILTER_NONE,
-                                       i % 2 ? SPOT_CODEC_RAW : SPOT_CODEC_ZSTD,
+                                       (enum spot_codec_mode)(i % 3),
                                        src + off, k, obj + olen, bound, &len,
                                        &crc),
                      0);
@@ -489,21 +490,45 @@ test_choose_filter(void **state)
   assert_int_equal(spot_codec_choose_filter(c, p, n, &t), 0);
   assert_int_equal(t.filter, SPOT_FILTER_BYTEGROUP4);
   assert_true(t.compress);
+  assert_int_equal(t.mode, SPOT_CODEC_ZSTD);
+  assert_int_equal(t.dense_size, 0);
   assert_int_equal(t.sample_len, SPOT_CODEC_SAMPLE_MAX);
   assert_true(t.size[SPOT_FILTER_BYTEGROUP4] < t.size[SPOT_FILTER_NONE]);
   fill_bf16(p, n);
   assert_int_equal(spot_codec_choose_filter(c, p, n, &t), 0);
   assert_int_equal(t.filter, SPOT_FILTER_BYTEGROUP2);
   assert_true(t.compress);
+  assert_int_equal(t.mode, SPOT_CODEC_ZSTD);
   fill_random(p, n);
   assert_int_equal(spot_codec_choose_filter(c, p, n, &t), 0);
   assert_int_equal(t.filter, SPOT_FILTER_NONE);
   assert_false(t.compress);
+  assert_int_equal(t.mode, SPOT_CODEC_RAW);
   memset(p, 0, n);
   assert_int_equal(spot_codec_choose_filter(c, p, n, &t), 0);
   assert_int_equal(t.filter, SPOT_FILTER_NONE);
   assert_true(t.compress);
-  for (size_t i = 0; i < n; i++)
+  assert_int_not_equal(t.mode, SPOT_CODEC_RAW);
+  /* log-like text: words from a small vocabulary with random numbers;
+   * level 1 finds the repeats that level -1000 misses */
+  for (size_t i = 0; i < n;) {
+    static const char *const w[] = {"step ", "loss=", "lr=", "epoch ",
+                                    "tokens ", "saved ", "\n"};
+    const char *s = w[rnd() % 7];
+    char num[16];
+
+    for (; *s && i < n; s++)
+      p[i++] = (unsigned char)*s;
+    snprintf(num, sizeof(num), "%u ", (unsigned)(rnd() % 1000));
+    for (s = num; *s && i < n; s++)
+      p[i++] = (unsigned char)*s;
+  }
+  assert_int_equal(spot_codec_choose_filter(c, p, n, &t), 0);
+  assert_int_equal(t.filter, SPOT_FILTER_NONE);
+  assert_true(t.compress);
+  assert_int_equal(t.mode, SPOT_CODEC_DENSE);
+  assert_true(t.dense_size > 0 && t.dense_size < t.size[SPOT_FILTER_NONE]);
+  for (size_t i = 0; i < 1000; i++)
     p[i] = (unsigned char)"the quick brown fox jumps over the lazy dog\n"[i % 44];
   assert_int_equal(spot_codec_choose_filter(c, p, 1000, &t), 0);
   assert_int_equal(t.filter, SPOT_FILTER_NONE);
@@ -512,6 +537,7 @@ test_choose_filter(void **state)
   assert_int_equal(spot_codec_choose_filter(c, p, 0, &t), 0);
   assert_int_equal(t.filter, SPOT_FILTER_NONE);
   assert_false(t.compress);
+  assert_int_equal(t.mode, SPOT_CODEC_RAW);
   spot_codec_free(c);
   free(p);
 }

@@ -121,6 +121,17 @@ class Watch:
             return None, None
         return i, dict(kv.split("=", 1) for kv in line.split()[1:])
 
+    def healthy(self, timeout):
+        """Waits until the last warning line is "warning-cleared" (or there
+        never was a warning)."""
+        end = time.time() + timeout
+        while time.time() < end:
+            w = self.out.matching(r"^warning")
+            if not w or w[-1] == "warning-cleared":
+                return True
+            time.sleep(0.1)
+        return False
+
     def notices(self):
         return self.out.matching(r"^notice ")
 

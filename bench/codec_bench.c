@@ -103,19 +103,20 @@ static void
 fill_text(char *p, size_t n)
 {
   static const char *const words[] = {
-      "step", "loss", "lr", "epoch", "grad_norm", "tokens", "throughput",
-      "checkpoint", "saved", "warmup", "batch", "eval", "accuracy", "the",
-      "model", "layer", "attention", "weights", "optimizer", "scheduler"};
+      "step",   "loss",       "lr",         "epoch",     "grad_norm",
+      "tokens", "throughput", "checkpoint", "saved",     "warmup",
+      "batch",  "eval",       "accuracy",   "the",       "model",
+      "layer",  "attention",  "weights",    "optimizer", "scheduler"};
   size_t i = 0;
   unsigned long line = 0;
 
   while (i < n) {
     char l[160];
-    int len = snprintf(l, sizeof(l), "%lu %s=%.4f %s %s=%lu %s\n", line++,
-                       words[next_u64() % 20], uniform() * 4,
-                       words[next_u64() % 20], words[next_u64() % 20],
-                       (unsigned long)(next_u64() % 100000),
-                       words[next_u64() % 20]);
+    int len =
+        snprintf(l, sizeof(l), "%lu %s=%.4f %s %s=%lu %s\n", line++,
+                 words[next_u64() % 20], uniform() * 4, words[next_u64() % 20],
+                 words[next_u64() % 20], (unsigned long)(next_u64() % 100000),
+                 words[next_u64() % 20]);
     size_t c = (size_t)len < n - i ? (size_t)len : n - i;
 
     memcpy(p + i, l, c);
@@ -301,8 +302,7 @@ main(int argc, char **argv)
   }
   ds[0].name = "fp32+Adam";
   fill_gauss_f32(ds[0].data, ds[0].len / 12, 0.02, 0);
-  fill_gauss_f32(ds[0].data + ds[0].len / 3, ds[0].len / 12, 1e-3,
-                 0);
+  fill_gauss_f32(ds[0].data + ds[0].len / 3, ds[0].len / 12, 1e-3, 0);
   fill_gauss_f32(ds[0].data + 2 * (ds[0].len / 3),
                  (ds[0].len - 2 * (ds[0].len / 3)) / 4, 1e-3, 1);
   ds[1].name = "bf16";
@@ -339,8 +339,8 @@ main(int argc, char **argv)
       fprintf(stderr, "codec_bench: %s: round trip failed\n", ds[i].name);
       return 1;
     }
-    printf("| %s | %s | %s | %.3f | %.0f | %.0f | %.0f | %.0f |\n",
-           ds[i].name, spot_filter_name(t.filter),
+    printf("| %s | %s | %s | %.3f | %.0f | %.0f | %.0f | %.0f |\n", ds[i].name,
+           spot_filter_name(t.filter),
            t.mode == SPOT_CODEC_RAW     ? "raw"
            : t.mode == SPOT_CODEC_DENSE ? "dense"
                                         : "zstd",

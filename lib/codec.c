@@ -10,7 +10,7 @@
 
 #include "crc32c.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) &&        \
     !defined(SPOT_NO_SIMD) /* -DSPOT_NO_SIMD: portable code only */
 #define HAVE_X86_SIMD 1
 #include <nmmintrin.h> /* SSE4.2 crc32, includes SSSE3 */
@@ -103,8 +103,8 @@ group4_c(unsigned char *restrict d, const unsigned char *restrict s, size_t m,
 }
 
 static void
-ungroup2_c(unsigned char *restrict d, const unsigned char *restrict s,
-           size_t m, size_t i)
+ungroup2_c(unsigned char *restrict d, const unsigned char *restrict s, size_t m,
+           size_t i)
 {
   const unsigned char *s1 = s + m;
 
@@ -115,8 +115,8 @@ ungroup2_c(unsigned char *restrict d, const unsigned char *restrict s,
 }
 
 static void
-ungroup4_c(unsigned char *restrict d, const unsigned char *restrict s,
-           size_t m, size_t i)
+ungroup4_c(unsigned char *restrict d, const unsigned char *restrict s, size_t m,
+           size_t i)
 {
   const unsigned char *s1 = s + m, *s2 = s + 2 * m, *s3 = s + 3 * m;
 
@@ -143,9 +143,12 @@ group4_ssse3(unsigned char *restrict d, const unsigned char *restrict s,
   for (i = 0; i + 16 <= m; i += 16) {
     const unsigned char *p = s + 4 * i;
     __m128i v0 = _mm_shuffle_epi8(_mm_loadu_si128((const void *)p), mask);
-    __m128i v1 = _mm_shuffle_epi8(_mm_loadu_si128((const void *)(p + 16)), mask);
-    __m128i v2 = _mm_shuffle_epi8(_mm_loadu_si128((const void *)(p + 32)), mask);
-    __m128i v3 = _mm_shuffle_epi8(_mm_loadu_si128((const void *)(p + 48)), mask);
+    __m128i v1 =
+        _mm_shuffle_epi8(_mm_loadu_si128((const void *)(p + 16)), mask);
+    __m128i v2 =
+        _mm_shuffle_epi8(_mm_loadu_si128((const void *)(p + 32)), mask);
+    __m128i v3 =
+        _mm_shuffle_epi8(_mm_loadu_si128((const void *)(p + 48)), mask);
     __m128i t0 = _mm_unpacklo_epi32(v0, v1), t1 = _mm_unpacklo_epi32(v2, v3);
     __m128i t2 = _mm_unpackhi_epi32(v0, v1), t3 = _mm_unpackhi_epi32(v2, v3);
 
@@ -610,9 +613,9 @@ spot_codec_part_max(const struct spot_codec *c)
 
 /* Filter + frame; the CRC32C of src into *crc unless crc is NULL. */
 static int
-encode(struct spot_codec *c, enum spot_filter filter,
-       enum spot_codec_mode mode, const void *src, size_t n, void *dst,
-       size_t dst_cap, size_t *out_len, uint32_t *crc)
+encode(struct spot_codec *c, enum spot_filter filter, enum spot_codec_mode mode,
+       const void *src, size_t n, void *dst, size_t dst_cap, size_t *out_len,
+       uint32_t *crc)
 {
   unsigned k;
   const void *in = src;
@@ -656,8 +659,7 @@ encode(struct spot_codec *c, enum spot_filter filter,
 int
 spot_codec_encode(struct spot_codec *c, enum spot_filter filter,
                   enum spot_codec_mode mode, const void *src, size_t n,
-                  void *dst, size_t dst_cap, size_t *out_len,
-                  uint32_t *out_crc)
+                  void *dst, size_t dst_cap, size_t *out_len, uint32_t *out_crc)
 {
   size_t len;
   uint32_t crc = 0;
@@ -731,9 +733,8 @@ spot_codec_choose_filter(struct spot_codec *c, const void *sample, size_t n,
     return 0;
   }
   if (c->trial_size < spot_codec_bound(n)) {
-    size_t size = spot_codec_bound(n < SPOT_CODEC_SAMPLE_MAX
-                                       ? SPOT_CODEC_SAMPLE_MAX
-                                       : n);
+    size_t size =
+        spot_codec_bound(n < SPOT_CODEC_SAMPLE_MAX ? SPOT_CODEC_SAMPLE_MAX : n);
     unsigned char *p = realloc(c->trial, size);
 
     if (!p)
@@ -742,8 +743,8 @@ spot_codec_choose_filter(struct spot_codec *c, const void *sample, size_t n,
     c->trial_size = size;
   }
   for (unsigned f = 0; f < SPOT_FILTER_LAST; f++) {
-    int r = encode(c, (enum spot_filter)f, SPOT_CODEC_ZSTD, sample, n,
-                   c->trial, c->trial_size, &t.size[f], NULL);
+    int r = encode(c, (enum spot_filter)f, SPOT_CODEC_ZSTD, sample, n, c->trial,
+                   c->trial_size, &t.size[f], NULL);
 
     if (r < 0)
       return r;
@@ -763,8 +764,8 @@ spot_codec_choose_filter(struct spot_codec *c, const void *sample, size_t n,
     t.filter = SPOT_FILTER_NONE;
   /* Grouped floats only have literal entropy to lose: no dense trial. */
   if (t.compress && t.filter == SPOT_FILTER_NONE) {
-    int r = encode(c, SPOT_FILTER_NONE, SPOT_CODEC_DENSE, sample, n,
-                   c->trial, c->trial_size, &t.dense_size, NULL);
+    int r = encode(c, SPOT_FILTER_NONE, SPOT_CODEC_DENSE, sample, n, c->trial,
+                   c->trial_size, &t.dense_size, NULL);
 
     if (r < 0)
       return r;

@@ -130,12 +130,12 @@ int spot_codec_decode(struct spot_codec *c, enum spot_filter filter,
 
 /* The outcome of trying every filter on a sample. */
 struct spot_codec_trial {
-  enum spot_filter filter;   /* the filter to use for the whole file */
-  enum spot_codec_mode mode; /* the mode to start with */
-  bool compress;             /* mode != SPOT_CODEC_RAW */
-  size_t sample_len;         /* bytes tried (<= SPOT_CODEC_SAMPLE_MAX) */
+  enum spot_filter filter;       /* the filter to use for the whole file */
+  enum spot_codec_mode mode;     /* the mode to start with */
+  bool compress;                 /* mode != SPOT_CODEC_RAW */
+  size_t sample_len;             /* bytes tried (<= SPOT_CODEC_SAMPLE_MAX) */
   size_t size[SPOT_FILTER_LAST]; /* sample size per filter, fast mode */
-  size_t dense_size; /* sample size in dense mode (0: not tried) */
+  size_t dense_size;             /* sample size in dense mode (0: not tried) */
 };
 
 /* Compresses the first min(n, SPOT_CODEC_SAMPLE_MAX) bytes of a file
@@ -150,8 +150,8 @@ struct spot_codec_trial {
  * sample gives SPOT_FILTER_NONE and SPOT_CODEC_RAW. Costs three or four
  * compressions of 1 MiB (2-5 ms); run it on the worker thread that reads
  * the first part. Returns 0 or the errors of spot_codec_encode(). */
-int spot_codec_choose_filter(struct spot_codec *c, const void *sample,
-                             size_t n, struct spot_codec_trial *out);
+int spot_codec_choose_filter(struct spot_codec *c, const void *sample, size_t n,
+                             struct spot_codec_trial *out);
 
 /* Whether compressing keeps the upload at least as fast as sending raw
  * frames. compress_bps: raw bytes per second all compressing workers

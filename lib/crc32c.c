@@ -5,7 +5,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) &&        \
     !defined(SPOT_NO_SIMD) /* -DSPOT_NO_SIMD: portable code only */
 #define HAVE_X86_CRC 1
 #include <nmmintrin.h>
@@ -54,9 +54,9 @@ spot_crc32c_sw(uint32_t crc, const void *p, size_t n)
          (uint32_t)s[7] << 24;
     lo ^= c;
     c = table[7][lo & 0xff] ^ table[6][(lo >> 8) & 0xff] ^
-        table[5][(lo >> 16) & 0xff] ^ table[4][lo >> 24] ^
-        table[3][hi & 0xff] ^ table[2][(hi >> 8) & 0xff] ^
-        table[1][(hi >> 16) & 0xff] ^ table[0][hi >> 24];
+        table[5][(lo >> 16) & 0xff] ^ table[4][lo >> 24] ^ table[3][hi & 0xff] ^
+        table[2][(hi >> 8) & 0xff] ^ table[1][(hi >> 16) & 0xff] ^
+        table[0][hi >> 24];
     s += 8;
     n -= 8;
   }

@@ -323,8 +323,9 @@ validate(struct spot_manifest *m, bool compute, char *err, size_t errlen)
       goto out;
     }
     if (f->mode > 07777) {
-      r = fail(err, errlen, -EBADMSG, "files[%zu].mode: %" PRIu32
-               " has bits other than 07777", i, f->mode);
+      r = fail(err, errlen, -EBADMSG,
+               "files[%zu].mode: %" PRIu32 " has bits other than 07777", i,
+               f->mode);
       goto out;
     }
     if ((unsigned)f->filter >= SPOT_FILTER_LAST) {
@@ -341,8 +342,8 @@ validate(struct spot_manifest *m, bool compute, char *err, size_t errlen)
       goto out;
     }
     if (f->size > 0 && f->nframes == 0) {
-      r = fail(err, errlen, -EBADMSG, "files[%zu].frames: empty, size is %"
-               PRIu64, i, f->size);
+      r = fail(err, errlen, -EBADMSG,
+               "files[%zu].frames: empty, size is %" PRIu64, i, f->size);
       goto out;
     }
     if (f->key) {
@@ -392,16 +393,15 @@ validate(struct spot_manifest *m, bool compute, char *err, size_t errlen)
       }
       if (fr->raw_len == 0 || fr->raw_len > SPOT_CODEC_PART_MAX) {
         r = fail(err, errlen, -EBADMSG,
-                 "files[%zu].frames[%zu].raw_len: %" PRIu64
-                 " not in 1..%zu", i, j, fr->raw_len, SPOT_CODEC_PART_MAX);
+                 "files[%zu].frames[%zu].raw_len: %" PRIu64 " not in 1..%zu", i,
+                 j, fr->raw_len, SPOT_CODEC_PART_MAX);
         goto out;
       }
       if (fr->comp_len == 0 ||
           fr->comp_len > spot_codec_bound((size_t)fr->raw_len)) {
         r = fail(err, errlen, -EBADMSG,
-                 "files[%zu].frames[%zu].comp_len: %" PRIu64
-                 " not in 1..%zu", i, j, fr->comp_len,
-                 spot_codec_bound((size_t)fr->raw_len));
+                 "files[%zu].frames[%zu].comp_len: %" PRIu64 " not in 1..%zu",
+                 i, j, fr->comp_len, spot_codec_bound((size_t)fr->raw_len));
         goto out;
       }
       if (compute) {
@@ -409,15 +409,15 @@ validate(struct spot_manifest *m, bool compute, char *err, size_t errlen)
         fr->comp_off = comp;
       } else if (fr->raw_off != raw) {
         r = fail(err, errlen, -EBADMSG,
-                 "files[%zu].frames[%zu].raw_off: %" PRIu64 ", expected %"
-                 PRIu64 " (frames must be contiguous)", i, j, fr->raw_off,
-                 raw);
+                 "files[%zu].frames[%zu].raw_off: %" PRIu64
+                 ", expected %" PRIu64 " (frames must be contiguous)",
+                 i, j, fr->raw_off, raw);
         goto out;
       } else if (fr->comp_off != comp) {
         r = fail(err, errlen, -EBADMSG,
-                 "files[%zu].frames[%zu].comp_off: %" PRIu64 ", expected %"
-                 PRIu64 " (frames must be contiguous)", i, j, fr->comp_off,
-                 comp);
+                 "files[%zu].frames[%zu].comp_off: %" PRIu64
+                 ", expected %" PRIu64 " (frames must be contiguous)",
+                 i, j, fr->comp_off, comp);
         goto out;
       }
       /* no overflow: <= 10000 frames of <= spot_codec_bound(128 MiB) */
@@ -560,7 +560,8 @@ only_keys(struct parse *ps, json_t *o, const char *where,
   const char *k;
   json_t *v;
 
-  json_object_foreach(o, k, v) {
+  json_object_foreach(o, k, v)
+  {
     char q[40];
     size_t i;
 
@@ -568,8 +569,8 @@ only_keys(struct parse *ps, json_t *o, const char *where,
       if (strcmp(k, allowed[i]) == 0)
         break;
     if (!allowed[i])
-      return fail(ps->err, ps->errlen, -EBADMSG, "%s%s%s: unknown key",
-                  where, *where ? "." : "", quote(k, q, sizeof(q)));
+      return fail(ps->err, ps->errlen, -EBADMSG, "%s%s%s: unknown key", where,
+                  *where ? "." : "", quote(k, q, sizeof(q)));
   }
   return 0;
 }
@@ -586,8 +587,8 @@ get_int(struct parse *ps, json_t *o, const char *where, const char *key,
     return fail(ps->err, ps->errlen, -EBADMSG, "%s%s%s: missing", where, dot,
                 key);
   if (!json_is_integer(v))
-    return fail(ps->err, ps->errlen, -EBADMSG, "%s%s%s: not an integer",
-                where, dot, key);
+    return fail(ps->err, ps->errlen, -EBADMSG, "%s%s%s: not an integer", where,
+                dot, key);
   x = json_integer_value(v);
   if (x < min || x > max)
     return fail(ps->err, ps->errlen, -EBADMSG,
@@ -624,13 +625,13 @@ static int
 parse_frames(struct parse *ps, json_t *arr, const char *where,
              struct spot_manifest_file *f)
 {
-  static const char *const frame_keys[] = {"raw_off", "raw_len", "comp_off",
-                                           "comp_len", "crc32c", NULL};
+  static const char *const frame_keys[] = {"raw_off",  "raw_len", "comp_off",
+                                           "comp_len", "crc32c",  NULL};
   size_t n = json_array_size(arr);
 
   if (n > SPOT_MANIFEST_FRAMES_MAX)
-    return fail(ps->err, ps->errlen, -EBADMSG, "%s.frames: more than %d",
-                where, SPOT_MANIFEST_FRAMES_MAX);
+    return fail(ps->err, ps->errlen, -EBADMSG, "%s.frames: more than %d", where,
+                SPOT_MANIFEST_FRAMES_MAX);
   if (n == 0)
     return 0;
   f->frames = calloc(n, sizeof(*f->frames));
@@ -670,8 +671,8 @@ parse_frames(struct parse *ps, json_t *arr, const char *where,
 static int
 parse_file(struct parse *ps, json_t *o, size_t i, struct spot_manifest_file *f)
 {
-  static const char *const file_keys[] = {"path",   "size", "mode",   "mtime_ns",
-                                          "filter", "key",  "frames", NULL};
+  static const char *const file_keys[] = {
+      "path", "size", "mode", "mtime_ns", "filter", "key", "frames", NULL};
   char where[WHERE_MAX];
   const char *s;
   size_t len;
@@ -723,8 +724,8 @@ parse_file(struct parse *ps, json_t *o, size_t i, struct spot_manifest_file *f)
   if (spot_filter_from_name(s, &f->filter) < 0) {
     char q[40];
 
-    return fail(ps->err, ps->errlen, -EBADMSG, "%s.filter: unknown '%s'",
-                where, quote(s, q, sizeof(q)));
+    return fail(ps->err, ps->errlen, -EBADMSG, "%s.filter: unknown '%s'", where,
+                quote(s, q, sizeof(q)));
   }
   frames = json_object_get(o, "frames");
   if (!frames)
@@ -738,9 +739,8 @@ parse_file(struct parse *ps, json_t *o, size_t i, struct spot_manifest_file *f)
 static int
 parse_root(struct parse *ps, json_t *root, struct spot_manifest *m)
 {
-  static const char *const root_keys[] = {"format", "version", "name",
-                                          "job",    "created", "totals",
-                                          "files",  NULL};
+  static const char *const root_keys[] = {"format",  "version", "name",  "job",
+                                          "created", "totals",  "files", NULL};
   static const char *const totals_keys[] = {"files", "raw_bytes",
                                             "stored_bytes", NULL};
   const char *s;
@@ -868,8 +868,10 @@ spot_manifest_parse(const char *json, size_t len, struct spot_manifest **out,
     for (char *p = jerr.text; *p; p++)
       if ((unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f)
         *p = '?';
-    return fail(err, errlen, -EBADMSG, "manifest: invalid JSON: %s (line %d, "
-                "column %d)", jerr.text, jerr.line, jerr.column);
+    return fail(err, errlen, -EBADMSG,
+                "manifest: invalid JSON: %s (line %d, "
+                "column %d)",
+                jerr.text, jerr.line, jerr.column);
   }
   m = calloc(1, sizeof(*m));
   if (!m) {

@@ -126,8 +126,8 @@ int spot_manifest_add_file(struct spot_manifest *m, const char *path,
  * Returns 0, -EINVAL (bad index, zero length, raw_len > SPOT_CODEC_PART_MAX,
  * comp_len > spot_codec_bound(raw_len), file is empty), -E2BIG (part >=
  * SPOT_MANIFEST_FRAMES_MAX or too many frames in total) or -ENOMEM. */
-int spot_manifest_set_frame(struct spot_manifest *m, size_t index,
-                            size_t part, uint64_t raw_len, uint64_t comp_len,
+int spot_manifest_set_frame(struct spot_manifest *m, size_t index, size_t part,
+                            uint64_t raw_len, uint64_t comp_len,
                             uint32_t crc32c);
 
 /* Computes offsets and totals, validates the whole manifest by the parse

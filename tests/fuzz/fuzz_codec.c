@@ -64,8 +64,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
       return 0;
     raw_len = (uint32_t)data[0] | (uint32_t)data[1] << 8 |
               (uint32_t)data[2] << 16 | (uint32_t)data[3] << 24;
-    crc = (uint32_t)data[4] | (uint32_t)data[5] << 8 |
-          (uint32_t)data[6] << 16 | (uint32_t)data[7] << 24;
+    crc = (uint32_t)data[4] | (uint32_t)data[5] << 8 | (uint32_t)data[6] << 16 |
+          (uint32_t)data[7] << 24;
     raw_len %= PART_MAX + 1;
     r = spot_codec_decode(codec, f, data + 8, size - 8, out, raw_len, crc);
     if (r == 0 && spot_crc32c(0, out, raw_len) != crc)

@@ -158,7 +158,7 @@ test_filter_names(void **state)
   assert_int_equal(spot_filter_from_name(NULL, &f), -EINVAL);
 }
 
-static const size_t odd_sizes[] = {0,  1,  2,  3,  4,  5,   7,   15,   16,
+static const size_t odd_sizes[] = {0,  1,  2,  3,  4,  5,  7,   15,   16,
                                    17, 63, 64, 65, 66, 67, 255, 4097, 100003};
 
 static void
@@ -216,9 +216,8 @@ roundtrip(struct spot_codec *c, const unsigned char *src, size_t n,
   uint32_t crc = 0;
 
   assert_true(dst && back);
-  assert_int_equal(spot_codec_encode(c, f, mode, src, n, dst, bound, &len,
-                                     &crc),
-                   0);
+  assert_int_equal(
+      spot_codec_encode(c, f, mode, src, n, dst, bound, &len, &crc), 0);
   assert_true(len > 0 && len <= bound);
   assert_int_equal(crc, spot_crc32c(0, src, n));
   back[n] = 0x77; /* canary: decode writes exactly n bytes */
@@ -235,8 +234,8 @@ roundtrip(struct spot_codec *c, const unsigned char *src, size_t n,
 static void
 test_roundtrip_all(void **state)
 {
-  static const size_t sizes[] = {0, 1, 3, 5, 4097, 131072, 131073,
-                                 (1 << 20) + 3};
+  static const size_t sizes[] = {0,    1,      3,      5,
+                                 4097, 131072, 131073, (1 << 20) + 3};
   size_t max = (1 << 20) + 3;
   unsigned char *src = malloc(max);
   struct spot_codec *c;
@@ -266,12 +265,11 @@ test_ratio_float(void **state)
   assert_true(src && dst);
   assert_int_equal(spot_codec_new(n, &c), 0);
   fill_fp32(src, n);
-  assert_int_equal(spot_codec_encode(c, SPOT_FILTER_NONE, SPOT_CODEC_ZSTD,
-                                     src, n, dst, bound, &l0, &crc),
+  assert_int_equal(spot_codec_encode(c, SPOT_FILTER_NONE, SPOT_CODEC_ZSTD, src,
+                                     n, dst, bound, &l0, &crc),
                    0);
-  assert_int_equal(spot_codec_encode(c, SPOT_FILTER_BYTEGROUP4,
-                                     SPOT_CODEC_ZSTD, src, n, dst, bound, &l4,
-                                     &crc),
+  assert_int_equal(spot_codec_encode(c, SPOT_FILTER_BYTEGROUP4, SPOT_CODEC_ZSTD,
+                                     src, n, dst, bound, &l4, &crc),
                    0);
   /* Gaussian fp32: grouping gains ~10% and reaches ~1.2 */
   assert_true(l4 < l0);
@@ -291,8 +289,8 @@ make_frame(struct spot_codec *c, const unsigned char *src, size_t n,
   unsigned char *dst = malloc(bound + 16);
 
   assert_non_null(dst);
-  assert_int_equal(
-      spot_codec_encode(c, f, mode, src, n, dst, bound, len, crc), 0);
+  assert_int_equal(spot_codec_encode(c, f, mode, src, n, dst, bound, len, crc),
+                   0);
   return dst;
 }
 
@@ -310,24 +308,23 @@ test_corrupt_frames(void **state)
   for (unsigned m = 0; m < SPOT_CODEC_MODE_LAST; m++) {
     fr = make_frame(c, src, n, SPOT_FILTER_BYTEGROUP4, m, &len, &crc);
     /* checksum mismatch is its own error */
-    assert_int_equal(spot_codec_decode(c, SPOT_FILTER_BYTEGROUP4, fr, len,
-                                       back, n, crc ^ 1),
-                     -EILSEQ);
+    assert_int_equal(
+        spot_codec_decode(c, SPOT_FILTER_BYTEGROUP4, fr, len, back, n, crc ^ 1),
+        -EILSEQ);
     /* the wrong filter decodes but fails the checksum */
     assert_int_equal(
-        spot_codec_decode(c, SPOT_FILTER_NONE, fr, len, back, n, crc),
-        -EILSEQ);
+        spot_codec_decode(c, SPOT_FILTER_NONE, fr, len, back, n, crc), -EILSEQ);
     /* truncated, trailing bytes, wrong expected size, empty */
-    assert_int_equal(spot_codec_decode(c, SPOT_FILTER_BYTEGROUP4, fr, len - 1,
-                                       back, n, crc),
-                     -EBADMSG);
+    assert_int_equal(
+        spot_codec_decode(c, SPOT_FILTER_BYTEGROUP4, fr, len - 1, back, n, crc),
+        -EBADMSG);
     fr[len] = 0;
-    assert_int_equal(spot_codec_decode(c, SPOT_FILTER_BYTEGROUP4, fr, len + 1,
-                                       back, n, crc),
-                     -EBADMSG);
-    assert_int_equal(spot_codec_decode(c, SPOT_FILTER_BYTEGROUP4, fr, len,
-                                       back, n - 1, crc),
-                     -EBADMSG);
+    assert_int_equal(
+        spot_codec_decode(c, SPOT_FILTER_BYTEGROUP4, fr, len + 1, back, n, crc),
+        -EBADMSG);
+    assert_int_equal(
+        spot_codec_decode(c, SPOT_FILTER_BYTEGROUP4, fr, len, back, n - 1, crc),
+        -EBADMSG);
     assert_int_equal(
         spot_codec_decode(c, SPOT_FILTER_BYTEGROUP4, fr, 0, back, n, crc),
         -EBADMSG);
@@ -351,16 +348,15 @@ test_corrupt_frames(void **state)
         assert_true(failed * 10 >= tried * 9);
     }
     assert_int_equal(
-        spot_codec_decode(c, SPOT_FILTER_BYTEGROUP4, fr, len, back, n, crc),
-        0);
+        spot_codec_decode(c, SPOT_FILTER_BYTEGROUP4, fr, len, back, n, crc), 0);
     free(fr);
   }
   /* garbage and a skippable frame */
   {
     unsigned char g[256] = {0x50, 0x2A, 0x4D, 0x18, 4, 0, 0, 0, 1, 2, 3, 4};
 
-    assert_int_equal(
-        spot_codec_decode(c, SPOT_FILTER_NONE, g, 12, back, 0, 0), -EBADMSG);
+    assert_int_equal(spot_codec_decode(c, SPOT_FILTER_NONE, g, 12, back, 0, 0),
+                     -EBADMSG);
     for (int i = 0; i < 200; i++) {
       fill_random(g, sizeof(g));
       if (i & 1) {
@@ -389,27 +385,25 @@ test_errors(void **state)
   assert_null(c);
   spot_codec_free(NULL);
   assert_int_equal(spot_codec_new(32, &c), 0);
-  assert_int_equal(spot_codec_encode(c, SPOT_FILTER_NONE, SPOT_CODEC_ZSTD,
-                                     src, 33, dst, sizeof(dst), &len, &crc),
+  assert_int_equal(spot_codec_encode(c, SPOT_FILTER_NONE, SPOT_CODEC_ZSTD, src,
+                                     33, dst, sizeof(dst), &len, &crc),
                    -E2BIG);
-  assert_int_equal(spot_codec_encode(c, SPOT_FILTER_LAST, SPOT_CODEC_ZSTD,
-                                     src, 8, dst, sizeof(dst), &len, &crc),
+  assert_int_equal(spot_codec_encode(c, SPOT_FILTER_LAST, SPOT_CODEC_ZSTD, src,
+                                     8, dst, sizeof(dst), &len, &crc),
                    -EINVAL);
   assert_int_equal(spot_codec_encode(c, SPOT_FILTER_NONE, SPOT_CODEC_MODE_LAST,
                                      src, 8, dst, sizeof(dst), &len, &crc),
                    -EINVAL);
-  assert_int_equal(spot_codec_encode(c, SPOT_FILTER_NONE, SPOT_CODEC_ZSTD,
-                                     src, 8, dst, 8, &len, &crc),
+  assert_int_equal(spot_codec_encode(c, SPOT_FILTER_NONE, SPOT_CODEC_ZSTD, src,
+                                     8, dst, 8, &len, &crc),
                    -ENOBUFS);
-  assert_int_equal(spot_codec_encode(c, SPOT_FILTER_NONE, SPOT_CODEC_ZSTD,
-                                     src, 32, dst, sizeof(dst), &len, &crc),
+  assert_int_equal(spot_codec_encode(c, SPOT_FILTER_NONE, SPOT_CODEC_ZSTD, src,
+                                     32, dst, sizeof(dst), &len, &crc),
                    0);
-  assert_int_equal(spot_codec_decode(c, SPOT_FILTER_NONE, dst, len, src, 33,
-                                     crc),
-                   -E2BIG);
-  assert_int_equal(spot_codec_decode(c, SPOT_FILTER_LAST, dst, len, src, 32,
-                                     crc),
-                   -EINVAL);
+  assert_int_equal(
+      spot_codec_decode(c, SPOT_FILTER_NONE, dst, len, src, 33, crc), -E2BIG);
+  assert_int_equal(
+      spot_codec_decode(c, SPOT_FILTER_LAST, dst, len, src, 32, crc), -EINVAL);
   assert_true(spot_codec_bound(0) >= 20);
   assert_true(spot_codec_bound(1 << 20) >= ZSTD_compressBound(1 << 20));
   spot_codec_free(c);
@@ -440,9 +434,8 @@ test_plain_zstd_decodes(void **state)
 
     /* every mode in turn, as when the store adapts mid-file */
     assert_int_equal(spot_codec_encode(c, SPOT_FILTER_NONE,
-                                       (enum spot_codec_mode)(i % 3),
-                                       src + off, k, obj + olen, bound, &len,
-                                       &crc),
+                                       (enum spot_codec_mode)(i % 3), src + off,
+                                       k, obj + olen, bound, &len, &crc),
                      0);
     /* each frame alone: ZSTD_decompress, content size in the header */
     assert_int_equal(ZSTD_getFrameContentSize(obj + olen, len), k);
@@ -464,8 +457,8 @@ test_plain_zstd_decodes(void **state)
     size_t len;
     uint32_t crc;
 
-    assert_int_equal(spot_codec_encode(c, SPOT_FILTER_NONE, SPOT_CODEC_RAW,
-                                       src, 0, obj, bound, &len, &crc),
+    assert_int_equal(spot_codec_encode(c, SPOT_FILTER_NONE, SPOT_CODEC_RAW, src,
+                                       0, obj, bound, &len, &crc),
                      0);
     assert_int_equal(ZSTD_decompress(out, 1, obj, len), 0);
   }
@@ -512,7 +505,7 @@ test_choose_filter(void **state)
   /* log-like text: words from a small vocabulary with random numbers;
    * level 1 finds the repeats that level -1000 misses */
   for (size_t i = 0; i < n;) {
-    static const char *const w[] = {"step ", "loss=", "lr=", "epoch ",
+    static const char *const w[] = {"step ",   "loss=",  "lr=", "epoch ",
                                     "tokens ", "saved ", "\n"};
     const char *s = w[rnd() % 7];
     char num[16];
@@ -529,7 +522,8 @@ test_choose_filter(void **state)
   assert_int_equal(t.mode, SPOT_CODEC_DENSE);
   assert_true(t.dense_size > 0 && t.dense_size < t.size[SPOT_FILTER_NONE]);
   for (size_t i = 0; i < 1000; i++)
-    p[i] = (unsigned char)"the quick brown fox jumps over the lazy dog\n"[i % 44];
+    p[i] =
+        (unsigned char)"the quick brown fox jumps over the lazy dog\n"[i % 44];
   assert_int_equal(spot_codec_choose_filter(c, p, 1000, &t), 0);
   assert_int_equal(t.filter, SPOT_FILTER_NONE);
   assert_true(t.compress);

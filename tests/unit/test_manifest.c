@@ -49,9 +49,8 @@ test_parse_base(void **state)
   const struct spot_manifest_file *f;
   char err[256] = "";
 
-  assert_int_equal(spot_manifest_parse(base, strlen(base), &m, err,
-                                       sizeof(err)),
-                   0);
+  assert_int_equal(
+      spot_manifest_parse(base, strlen(base), &m, err, sizeof(err)), 0);
   assert_string_equal(m->name, "step-100");
   assert_string_equal(m->job, "job1");
   assert_int_equal(m->created_ms, CREATED_MS);
@@ -97,20 +96,17 @@ test_build_roundtrip(void **state)
                                           SPOT_FILTER_NONE, &empty),
                    0);
   assert_int_equal(spot_manifest_add_file(m, "nested/dir/t.txt",
-                                          "nested/dir/t.txt.zst", 3, 0755,
-                                          -1, SPOT_FILTER_NONE, &small),
+                                          "nested/dir/t.txt.zst", 3, 0755, -1,
+                                          SPOT_FILTER_NONE, &small),
                    0);
   /* parts finish out of order */
   assert_int_equal(spot_manifest_set_frame(m, big, 2, 5, 14, 3), 0);
   assert_int_equal(spot_manifest_set_frame(m, small, 0, 3, 12, 99), 0);
   /* frame 1 missing: refused with a message */
-  assert_int_equal(spot_manifest_set_frame(m, big, 0, 8u << 20, 7000000, 1),
-                   0);
-  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)),
-                   -EINVAL);
+  assert_int_equal(spot_manifest_set_frame(m, big, 0, 8u << 20, 7000000, 1), 0);
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), -EINVAL);
   assert_non_null(strstr(err, "files[0].frames[1]: missing"));
-  assert_int_equal(spot_manifest_set_frame(m, big, 1, 8u << 20, 6900000, 2),
-                   0);
+  assert_int_equal(spot_manifest_set_frame(m, big, 1, 8u << 20, 6900000, 2), 0);
   assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), 0);
   assert_int_equal(m->total_raw, (8u << 20) * 2 + 5 + 3);
   assert_int_equal(m->total_stored, 7000000 + 6900000 + 14 + 12);
@@ -119,9 +115,8 @@ test_build_roundtrip(void **state)
   assert_non_null(strstr(json, "\"created\":\"2026-12-02T10:13:50Z\""));
   assert_non_null(strstr(json, "\"filter\":\"bytegroup4\""));
 
-  assert_int_equal(spot_manifest_parse(json, strlen(json), &p, err,
-                                       sizeof(err)),
-                   0);
+  assert_int_equal(
+      spot_manifest_parse(json, strlen(json), &p, err, sizeof(err)), 0);
   assert_int_equal(p->nfiles, 3);
   assert_string_equal(p->files[2].path, "nested/dir/t.txt");
   assert_int_equal(p->files[2].mode, 0755);
@@ -153,9 +148,9 @@ test_builder_rejects(void **state)
   assert_int_equal(spot_manifest_add_file(m, "../x", "x.zst", 1, 0644, 0,
                                           SPOT_FILTER_NONE, NULL),
                    -EINVAL);
-  assert_int_equal(spot_manifest_add_file(m, "x", NULL, 1, 0644, 0,
-                                          SPOT_FILTER_NONE, NULL),
-                   -EINVAL);
+  assert_int_equal(
+      spot_manifest_add_file(m, "x", NULL, 1, 0644, 0, SPOT_FILTER_NONE, NULL),
+      -EINVAL);
   assert_int_equal(spot_manifest_add_file(m, "x", "x.zst", 0, 0644, 0,
                                           SPOT_FILTER_NONE, NULL),
                    -EINVAL);
@@ -165,8 +160,8 @@ test_builder_rejects(void **state)
   assert_int_equal(spot_manifest_add_file(m, "x", "x.zst", 1, 0644, 0,
                                           SPOT_FILTER_LAST, NULL),
                    -EINVAL);
-  assert_int_equal(spot_manifest_add_file(m, "x", "MANIFEST.json", 1, 0644,
-                                          0, SPOT_FILTER_NONE, NULL),
+  assert_int_equal(spot_manifest_add_file(m, "x", "MANIFEST.json", 1, 0644, 0,
+                                          SPOT_FILTER_NONE, NULL),
                    -EINVAL);
   assert_int_equal(spot_manifest_add_file(m, "bad\xff", "x.zst", 1, 0644, 0,
                                           SPOT_FILTER_NONE, NULL),
@@ -177,8 +172,7 @@ test_builder_rejects(void **state)
   assert_int_equal(spot_manifest_set_frame(m, 5, 0, 10, 10, 0), -EINVAL);
   assert_int_equal(spot_manifest_set_frame(m, i, 0, 0, 10, 0), -EINVAL);
   assert_int_equal(spot_manifest_set_frame(m, i, 0, 10, 0, 0), -EINVAL);
-  assert_int_equal(spot_manifest_set_frame(m, i, 0, 10, 1000000, 0),
-                   -EINVAL);
+  assert_int_equal(spot_manifest_set_frame(m, i, 0, 10, 1000000, 0), -EINVAL);
   assert_int_equal(
       spot_manifest_set_frame(m, i, 0, SPOT_CODEC_PART_MAX + 1, 10, 0),
       -EINVAL);
@@ -187,22 +181,19 @@ test_builder_rejects(void **state)
       -E2BIG);
   /* frames that do not add up to the size */
   assert_int_equal(spot_manifest_set_frame(m, i, 0, 9, 10, 0), 0);
-  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)),
-                   -EINVAL);
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), -EINVAL);
   assert_non_null(strstr(err, "files[0].frames: cover 9 bytes, size is 10"));
   assert_int_equal(spot_manifest_set_frame(m, i, 0, 10, 10, 0), 0);
   /* a duplicate path, then a file inside a file */
-  assert_int_equal(spot_manifest_add_file(m, "x", "y.zst", 1, 0644, 0,
-                                          SPOT_FILTER_NONE, &i),
-                   0);
+  assert_int_equal(
+      spot_manifest_add_file(m, "x", "y.zst", 1, 0644, 0, SPOT_FILTER_NONE, &i),
+      0);
   assert_int_equal(spot_manifest_set_frame(m, i, 0, 1, 10, 0), 0);
-  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)),
-                   -EINVAL);
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), -EINVAL);
   assert_string_equal(err, "files[1].path: duplicate");
   free(m->files[1].path);
   m->files[1].path = strdup("x/y");
-  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)),
-                   -EINVAL);
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), -EINVAL);
   assert_non_null(strstr(err, "files[1].path: inside another file's path"));
   free(m->files[1].path);
   m->files[1].path = strdup("z");
@@ -218,7 +209,8 @@ struct reject {
 };
 
 static const struct reject rejects[] = {
-    {"\"a/b.bin\"", "\"a/../b.bin\"", -EBADMSG, "files[0].path: '..' component"},
+    {"\"a/b.bin\"", "\"a/../b.bin\"", -EBADMSG,
+     "files[0].path: '..' component"},
     {"\"a/b.bin\"", "\"..\"", -EBADMSG, "files[0].path: '..' component"},
     {"\"a/b.bin\"", "\"/etc/passwd\"", -EBADMSG, "files[0].path: absolute"},
     {"\"a/b.bin\"", "\"a//b.bin\"", -EBADMSG, "files[0].path: empty component"},
@@ -274,7 +266,8 @@ static const struct reject rejects[] = {
     {"\"filter\":\"bytegroup4\"", "\"filter\":null", -EBADMSG,
      "files[0].filter: not a string"},
     {"\"files\":[", "\"files\":{\"x\":[", -EBADMSG, "invalid JSON"},
-    {"\"frames\":[]", "\"frames\":{}", -EBADMSG, "files[1].frames: not an array"},
+    {"\"frames\":[]", "\"frames\":{}", -EBADMSG,
+     "files[1].frames: not an array"},
     {"\"frames\":[{", "\"frames\":[7,{", -EBADMSG,
      "files[0].frames[0]: not an object"},
     {"\"totals\":{\"files\":2,", "\"totals\":{\"files\":3,", -EBADMSG,
@@ -296,8 +289,9 @@ static const struct reject rejects[] = {
     {"\"job\":\"job1\"", "\"job\":\"\"", -EBADMSG, "job: not a valid job id"},
     {"\"created\":\"2026-12-02T10:13:50Z\"", "\"created\":\"yesterday\"",
      -EBADMSG, "created: not an RFC 3339 time"},
-    {"\"created\":\"2026-12-02T10:13:50Z\"", "\"created\":\"1969-12-31T23:59:59Z\"",
-     -EBADMSG, "created: not an RFC 3339 time"},
+    {"\"created\":\"2026-12-02T10:13:50Z\"",
+     "\"created\":\"1969-12-31T23:59:59Z\"", -EBADMSG,
+     "created: not an RFC 3339 time"},
 };
 
 static void
@@ -322,9 +316,15 @@ test_parse_rejects(void **state)
 static void
 test_parse_shapes(void **state)
 {
-  static const char *const bad[] = {
-      "", "[]", "null", "{", "{}", "\"x\"", "{\"format\":\"spotd-checkpoint\"}",
-      "{\"format\":1}", "\xff\xfe"};
+  static const char *const bad[] = {"",
+                                    "[]",
+                                    "null",
+                                    "{",
+                                    "{}",
+                                    "\"x\"",
+                                    "{\"format\":\"spotd-checkpoint\"}",
+                                    "{\"format\":1}",
+                                    "\xff\xfe"};
   struct spot_manifest *m;
   char err[256], *big;
 

@@ -32,7 +32,7 @@ SAVE_EVERY = 100
 ARGS = ["--steps", str(STEPS), "--seed", "7", "--log-every", "1",
         "--save-every", str(SAVE_EVERY)]
 SLEEP = "0.02"       # per step in the preempted runs: room to signal mid-run
-SIGNAL_SLACK = 25    # steps the trainer may take to act on SIGUSR1
+SIGNAL_SLACK = 50    # steps the trainer may take to act on SIGUSR1
 WAIT = 90            # seconds for any one expected line
 
 STEP_RE = re.compile(r"^step (\d+) loss (\S+)$")

@@ -189,6 +189,20 @@ upload_progress_cb(const struct spot_store_progress *p, void *data)
   d->upload_done_bytes = p->raw_done;
   d->upload_total_bytes = p->raw_total;
   d->upload_rate = secs > 0 ? (double)p->raw_done / secs : 0;
+  /* One progress line every 2 s for long uploads. */
+  if (p->phase == SPOT_STORE_PHASE_TRANSFER && p->raw_total > 0 &&
+      p->elapsed_ms >= d->upload_log_ms + 2000) {
+    char done[32], total[32];
+
+    d->upload_log_ms = p->elapsed_ms;
+    log_info("uploading %s: %s / %s (%.0f%%) at %.0f MB/s, ratio %.2f",
+             p->name, spot_fmt_bytes(p->raw_done, done, sizeof(done)),
+             spot_fmt_bytes(p->raw_total, total, sizeof(total)),
+             100.0 * (double)p->raw_done / (double)p->raw_total,
+             d->upload_rate / 1e6,
+             p->stored_done > 0 ? (double)p->raw_done / (double)p->stored_done
+                                : 1.0);
+  }
 }
 
 static void
@@ -204,9 +218,12 @@ push_done_cb(const struct spot_store_result *res, void *data)
     double secs = (double)res->elapsed_ms / 1000.0;
 
     log_info("committed checkpoint name=%s files=%" PRIu64 " raw=%" PRIu64
-             " stored=%" PRIu64 " in %.1f s (%u retries)",
-             name, res->files, res->raw_bytes, res->stored_bytes, secs,
-             res->retries);
+             " stored=%" PRIu64 " ratio=%.2f in %.1f s (%u retries)",
+             name, res->files, res->raw_bytes, res->stored_bytes,
+             res->stored_bytes > 0
+                 ? (double)res->raw_bytes / (double)res->stored_bytes
+                 : 1.0,
+             secs, res->retries);
     if (res->warning != NULL && res->warning[0] != '\0')
       spotd_warn(d, "%s", res->warning);
     spot_strlcpy(d->last_commit, name, sizeof(d->last_commit));
@@ -250,6 +267,7 @@ start_upload(struct spotd *d, const char *name)
   d->upload_start_mono = spot_now_mono_ms();
   d->upload_done_bytes = d->upload_total_bytes = 0;
   d->upload_rate = 0;
+  d->upload_log_ms = 0;
   log_info("uploading checkpoint %s", name);
   r = spot_store_push(d->loop, &d->store, dir, name, upload_progress_cb,
                       push_done_cb, d, &d->upload);

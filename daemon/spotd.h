@@ -127,6 +127,7 @@ struct spotd {
   struct spot_store_op *upload;
   char upload_name[256];
   uint64_t upload_start_mono;
+  uint64_t upload_log_ms; /* last progress line, ms into the upload */
   uint64_t upload_done_bytes, upload_total_bytes;
   double upload_rate;
   char waiting[256];

@@ -28,5 +28,6 @@ int spotctl_cmd_done(int argc, char **argv);       /* ctl_cmds.c */
 int spotctl_cmd_push(int argc, char **argv);       /* store_cmds.c */
 int spotctl_cmd_list(int argc, char **argv);       /* store_cmds.c */
 int spotctl_cmd_restore(int argc, char **argv);    /* store_cmds.c */
+int spotctl_cmd_relaunch(int argc, char **argv);   /* relaunch.c */
 
 #endif

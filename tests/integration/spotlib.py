@@ -246,3 +246,310 @@ def leftovers_next_to(path):
     parent = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(os.path.abspath(path))
     return [n for n in os.listdir(parent) if n.startswith("." + base + ".spotd-restore")]
+
+
+# ----------------------------------------------------------------- daemon
+# Helpers of the daemon tests (test_daemon_*.py, test_systemd_*.py): run
+# spotd on a temporary socket and checkpoint folder with a command (the
+# fake trainer by default), follow its log lines, run `spotctl emulate`.
+# Every process started here is remembered and killed (by its own pid) by
+# kill_started(), which the tests call in a finally block.
+
+import json as _json
+import re as _re
+import signal as _signal
+import threading as _threading
+import time as _time
+
+FAKE_TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                            "fake_trainer.py")
+_STARTED = []
+
+
+def spotd_exe():
+    return os.environ.get("SPOTD") or builddir_path("daemon", "spotd")
+
+
+def spotctl_exe():
+    return os.environ.get("SPOTCTL") or builddir_path("client", "spotctl")
+
+
+def kill_started():
+    """SIGKILLs the processes this test started that still run."""
+    for p in _STARTED:
+        if p.poll() is None:
+            try:
+                p.kill()
+                p.wait(10)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class LineLog:
+    """Collects a pipe's lines (text) in a thread, with their time; echoes
+    them to our stdout with a prefix when echo is set (meson keeps it)."""
+
+    def __init__(self, pipe, echo=None):
+        self.lines = []
+        self.cv = _threading.Condition()
+        self.echo = echo
+        self.t = _threading.Thread(target=self._run, args=(pipe,), daemon=True)
+        self.t.start()
+
+    def _run(self, pipe):
+        for raw in pipe:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            if self.echo:
+                print("%s%s" % (self.echo, line), flush=True)
+            with self.cv:
+                self.lines.append((_time.time(), line))
+                self.cv.notify_all()
+
+    def wait(self, pattern, timeout, start=0):
+        """First line at index >= start matching the regex: (index, line),
+        or (None, None) after timeout seconds."""
+        rx = _re.compile(pattern)
+        end = _time.time() + timeout
+        with self.cv:
+            while True:
+                for i in range(start, len(self.lines)):
+                    if rx.search(self.lines[i][1]):
+                        return i, self.lines[i][1]
+                left = end - _time.time()
+                if left <= 0:
+                    return None, None
+                self.cv.wait(left)
+
+    def matching(self, pattern):
+        rx = _re.compile(pattern)
+        with self.cv:
+            return [l for _, l in self.lines if rx.search(l)]
+
+    def time_of(self, pattern):
+        """Arrival time of the first matching line, or None."""
+        rx = _re.compile(pattern)
+        with self.cv:
+            for t, l in self.lines:
+                if rx.search(l):
+                    return t
+        return None
+
+    def count(self):
+        with self.cv:
+            return len(self.lines)
+
+    def text(self):
+        with self.cv:
+            return "\n".join(l for _, l in self.lines)
+
+    def join(self, timeout=5):
+        self.t.join(timeout)
+
+
+def daemon_env():
+    """Skips without a test S3 server; returns (endpoint, bucket). Sets
+    what spotd, spotctl and boto3 need (never the real IMDS)."""
+    return store_env()
+
+
+def daemon_job(test):
+    """A store and job nobody else uses: (store_url, job, job_key_prefix)."""
+    _, bucket = daemon_env()
+    prefix = "itest-daemon/%s-%d-%d" % (test, os.getpid(), int(_time.time() * 1000))
+    return "s3://%s/%s" % (bucket, prefix), "job", prefix + "/job/"
+
+
+class Daemon:
+    """`spotd run` with its own socket and checkpoint folder under workdir.
+
+    trainer: arguments of fake_trainer.py (its event log is
+    workdir/trainer.log), or cmd: a whole command instead. args: more spotd
+    options. interval: --interval (0 = no periodic checkpoints)."""
+
+    def __init__(self, workdir, store, job, trainer=(), cmd=None, args=(),
+                 provider="none", metadata_url=None, interval=0, env=None,
+                 echo=True, poll_interval="500ms", grace=None):
+        self.workdir = workdir
+        os.makedirs(workdir, exist_ok=True)
+        self.ckpt_dir = os.path.join(workdir, "ckpt")
+        self.socket = os.path.join(workdir, "spotd.sock")
+        self.trainer_log = os.path.join(workdir, "trainer.log")
+        self.job, self.store = job, store
+        argv = [spotd_exe(), "run", "--job", job, "--store", store,
+                "--ckpt-dir", self.ckpt_dir, "--socket", self.socket,
+                "--provider", provider, "--interval", str(interval)]
+        if metadata_url:
+            argv += ["--metadata-url", metadata_url,
+                     "--poll-interval", poll_interval]
+        if grace is not None:
+            argv += ["--grace", str(grace)]
+        argv += [str(a) for a in args]
+        if cmd is None:
+            cmd = [PY3, FAKE_TRAINER, "--log", self.trainer_log] + \
+                [str(a) for a in trainer]
+        argv += ["--"] + list(cmd)
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.argv = argv
+        self.t0 = _time.time()
+        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=full_env)
+        _STARTED.append(self.p)
+        self.pid = self.p.pid
+        self.err = LineLog(self.p.stderr, "spotd: " if echo else None)
+        self.out = LineLog(self.p.stdout, "stdout: " if echo else None)
+        self.rc = None
+
+    def wait_log(self, pattern, timeout=30, start=0):
+        """The first stderr line matching pattern, or None."""
+        return self.err.wait(pattern, timeout, start)[1]
+
+    def wait_exit(self, timeout=60):
+        """spotd's exit status; -9 (and killed) if it did not exit in time."""
+        try:
+            self.rc = self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            print("spotd did not exit within %d s: killing pid %d" %
+                  (timeout, self.p.pid))
+            self.p.kill()
+            self.p.wait(10)
+            self.rc = -9
+        self.err.join()
+        self.out.join()
+        return self.rc
+
+    def send(self, sig):
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+
+    def running(self):
+        return self.p.poll() is None
+
+    def spotctl(self, *args, timeout=60, env=None):
+        """spotctl SUBCOMMAND --socket OURS ARGS..."""
+        args = [str(a) for a in args]
+        return run([spotctl_exe(), args[0], "--socket", self.socket] + args[1:],
+                   timeout=timeout, env=env)
+
+    def status(self):
+        """`spotctl status --json` as a dict (None on failure)."""
+        cp = self.spotctl("status", "--json", timeout=20)
+        if cp.returncode != 0:
+            print("spotctl status failed (%d): %s" % (cp.returncode, cp.stderr))
+            return None
+        return _json.loads(cp.stdout)
+
+    def events(self, ev=None):
+        """The fake trainer's events (dicts), optionally of one kind."""
+        return trainer_events(self.trainer_log, ev)
+
+    def wait_event(self, ev, timeout=30, pred=None):
+        """The first trainer event of kind ev (matching pred), or None."""
+        end = _time.time() + timeout
+        while True:
+            for e in self.events(ev):
+                if pred is None or pred(e):
+                    return e
+            if _time.time() >= end:
+                return None
+            _time.sleep(0.05)
+
+    def log(self):
+        return self.err.text()
+
+
+def trainer_events(path, ev=None):
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                if not line.endswith("\n"):
+                    break  # being written
+                e = _json.loads(line)
+                if ev is None or e["ev"] == ev:
+                    out.append(e)
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def latest(job_prefix):
+    """The store's LATEST for a job root key prefix ("…/job/"), or None."""
+    try:
+        return s3_get(job_prefix + "LATEST").decode().strip()
+    except Exception:  # noqa: BLE001 - NoSuchKey
+        return None
+
+
+def committed(job_prefix):
+    """Names of checkpoints with a committed manifest under the job root."""
+    names = []
+    for k in s3_keys(job_prefix + "checkpoints/"):
+        if k.endswith("/MANIFEST.json"):
+            names.append(k[len(job_prefix + "checkpoints/"):].split("/")[0])
+    return sorted(names)
+
+
+class EmulatorProc:
+    """`spotctl emulate --provider P --port 0 ARGS...` on loopback."""
+
+    def __init__(self, provider, *args):
+        self.p = subprocess.Popen(
+            [spotctl_exe(), "emulate", "--provider", provider, "--port", "0"] +
+            [str(a) for a in args], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE)
+        _STARTED.append(self.p)
+        self.out = LineLog(self.p.stdout, "emulate: ")
+        self.err = LineLog(self.p.stderr, "emulate(err): ")
+        _, line = self.out.wait(r"^listening on ", 10)
+        if line is None:
+            self.p.kill()
+            raise RuntimeError("the emulator did not start")
+        self.url = line.split()[-1]
+        assert self.url.startswith("http://127."), self.url
+
+    def control(self, what, **params):
+        """POST /__emulate/WHAT?params (notice, rebalance, ...)."""
+        import urllib.request
+        q = "&".join("%s=%s" % kv for kv in params.items())
+        req = urllib.request.Request(
+            self.url + "/__emulate/" + what + ("?" + q if q else ""),
+            method="POST", data=b"")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200, (what, r.status)
+
+    def state(self):
+        import urllib.request
+        with urllib.request.urlopen(self.url + "/__emulate/state", timeout=10) as r:
+            return _json.loads(r.read().decode())
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(_signal.SIGTERM)
+        try:
+            return self.p.wait(15)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            return self.p.wait(5)
+
+
+def relaunch_hook(workdir):
+    """(command for --relaunch, path of its output): a hook that records its
+    SPOTD_* environment and the time as JSON, one object per run."""
+    script = os.path.join(workdir, "relaunch_hook.py")
+    out = os.path.join(workdir, "relaunch.jsonl")
+    with open(script, "w") as f:
+        f.write("import json, os, sys, time\n"
+                "e = {k: v for k, v in os.environ.items() if k.startswith('SPOTD_')}\n"
+                "e['_t'] = time.time()\n"
+                "with open(sys.argv[1], 'a') as f:\n"
+                "    f.write(json.dumps(e) + '\\n')\n")
+    return "%s %s %s" % (PY3, script, out), out
+
+
+def read_jsonl(path):
+    try:
+        with open(path) as f:
+            return [_json.loads(l) for l in f if l.strip()]
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,158 @@
+#!/usr/bin/python3
+"""A fake trainer that follows the trainer contract of DESIGN.md, for the
+daemon's integration tests.
+
+It counts steps (a short sleep each), and:
+  - on the checkpoint signal (SIGUSR1 unless --signal) sets a flag; at the
+    next step it writes SPOTD_CKPT_DIR/step-NNNNNN/ (a `step` file, a
+    `data.bin` of --bytes bytes) and then the empty SPOTD_COMPLETE marker;
+  - resumes from SPOTD_RESUME_DIR/step when that is set;
+  - optionally ignores the signal, crashes at step N (exit status or a
+    signal), exits 0 at step N, checkpoints on its own every N steps,
+    ignores SIGTERM.
+
+Every event is one JSON line appended to the file named by --log (default:
+$FAKE_TRAINER_LOG), flushed at once, so a test can follow it:
+  {"ev": "start", "pid": .., "env": {SPOTD_* variables}, "step": first}
+  {"ev": "step", "step": N}
+  {"ev": "signal", "step": N}
+  {"ev": "checkpoint", "name": "step-000012", "step": 12, "why": "signal"}
+  {"ev": "term", "step": N}
+  {"ev": "exit", "status": S} / {"ev": "crash", "status": S, "signal": SIG}
+"""
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+STATE = {"flag": False, "step": 0, "term": False}
+LOG = None
+
+
+def emit(ev, **kw):
+    kw = dict(kw)
+    kw["ev"] = ev
+    kw["t"] = round(time.time(), 3)
+    line = json.dumps(kw, sort_keys=True) + "\n"
+    if LOG is not None:
+        os.write(LOG, line.encode())
+
+
+def on_ckpt_signal(signum, frame):
+    STATE["flag"] = True
+
+
+def on_term(signum, frame):
+    STATE["term"] = True
+
+
+def write_checkpoint(ckpt_dir, step, nbytes, why):
+    name = "step-%06d" % step
+    path = os.path.join(ckpt_dir, name)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "step"), "w") as f:
+        f.write("%d\n" % step)
+    # Some bytes that depend on the step, mildly compressible.
+    block = (("step %d " % step) * 64).encode()[:512] + os.urandom(512)
+    with open(os.path.join(path, "data.bin"), "wb") as f:
+        left = nbytes
+        while left > 0:
+            n = min(left, len(block))
+            f.write(block[:n])
+            left -= n
+    # The marker comes last, once every file is closed.
+    with open(os.path.join(path, "SPOTD_COMPLETE"), "w"):
+        pass
+    emit("checkpoint", name=name, step=step, why=why)
+    return name
+
+
+def env_int(name, default):
+    v = os.environ.get(name)
+    return int(v) if v not in (None, "") else default
+
+
+def main():
+    global LOG
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--log", default=os.environ.get("FAKE_TRAINER_LOG"))
+    ap.add_argument("--step-sleep", type=float,
+                    default=float(os.environ.get("FAKE_TRAINER_STEP_SLEEP", "0.05")))
+    ap.add_argument("--bytes", type=int, default=env_int("FAKE_TRAINER_BYTES", 64 << 10))
+    ap.add_argument("--signal", default="USR1")
+    ap.add_argument("--ignore-signal", action="store_true")
+    ap.add_argument("--ignore-term", action="store_true")
+    ap.add_argument("--crash-at", type=int, default=0,
+                    help="crash at this step (absolute step number)")
+    ap.add_argument("--crash-status", default="3",
+                    help="exit status, or a signal name (SEGV, KILL, ABRT)")
+    ap.add_argument("--exit-at", type=int, default=0,
+                    help="exit 0 at this step")
+    ap.add_argument("--every", type=int, default=0,
+                    help="checkpoint on its own every N steps")
+    ap.add_argument("--max-steps", type=int, default=100000)
+    a = ap.parse_args()
+
+    if a.log:
+        LOG = os.open(a.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    sig = getattr(signal, "SIG" + a.signal.upper().replace("SIG", ""))
+    signal.signal(sig, signal.SIG_IGN if a.ignore_signal else on_ckpt_signal)
+    if a.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, on_term)
+
+    ckpt_dir = os.environ.get("SPOTD_CKPT_DIR")
+    if not ckpt_dir:
+        print("fake_trainer: SPOTD_CKPT_DIR is not set", file=sys.stderr)
+        return 2
+    step = 0
+    resume = os.environ.get("SPOTD_RESUME_DIR")
+    if resume:
+        with open(os.path.join(resume, "step")) as f:
+            step = int(f.read().strip())
+    env = {k: v for k, v in os.environ.items() if k.startswith("SPOTD_")}
+    emit("start", pid=os.getpid(), pgid=os.getpgid(0), sid=os.getsid(0),
+         env=env, step=step)
+
+    last_ckpt = step
+    while step < a.max_steps:
+        time.sleep(a.step_sleep)
+        if STATE["term"]:
+            emit("term", step=step)
+            emit("exit", status=143)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return 143
+        step += 1
+        emit("step", step=step)
+        if a.crash_at and step == a.crash_at:
+            st = a.crash_status
+            if st.isdigit():
+                emit("crash", status=int(st), step=step)
+                return int(st)
+            signum = getattr(signal, "SIG" + st.upper().replace("SIG", ""))
+            emit("crash", signal=int(signum), step=step)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            time.sleep(5)
+            return 99
+        if STATE["flag"]:
+            STATE["flag"] = False
+            emit("signal", step=step)
+            write_checkpoint(ckpt_dir, step, a.bytes, "signal")
+            last_ckpt = step
+        elif a.every and step - last_ckpt >= a.every:
+            write_checkpoint(ckpt_dir, step, a.bytes, "own")
+            last_ckpt = step
+        if a.exit_at and step == a.exit_at:
+            emit("exit", status=0, step=step)
+            return 0
+    emit("exit", status=0, step=step)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

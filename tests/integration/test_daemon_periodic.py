@@ -1,0 +1,105 @@
+"""spotd: periodic checkpoints (--interval) and the trainer's own ones are
+uploaded in the background and committed (manifest, LATEST), local copies
+older than the newest commit are removed, and a trainer that exits 0 ends
+spotd with 0 after its last upload."""
+import os
+import re
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import spotlib as sl  # noqa: E402
+
+
+def periodic(c, wd):
+    store, job, prefix = sl.daemon_job("periodic")
+    try:
+        d = sl.Daemon(os.path.join(wd, "a"), store, job, interval=1,
+                      trainer=["--exit-at", 70, "--step-sleep", 0.05])
+        rc = d.wait_exit(60)
+        c.check(rc == 0, "periodic: spotd exits 0 after the trainer's exit 0",
+                "rc=%s" % rc)
+        asked = d.err.matching(r"checkpoint requested \(interval\): SIGUSR1")
+        c.check(len(asked) >= 2, "periodic: the interval timer signalled the "
+                "trainer (%d times)" % len(asked))
+        made = [e["name"] for e in d.events("checkpoint")]
+        c.check(len(made) >= 2 and all(e["why"] == "signal"
+                                       for e in d.events("checkpoint")),
+                "periodic: the trainer checkpointed on the signal: %s" % made)
+        commits = re.findall(r"committed checkpoint name=(\S+)", d.log())
+        c.check(len(commits) >= 2, "periodic: commits logged: %s" % commits)
+        names = sl.committed(prefix)
+        c.check(names and names[-1] == made[-1],
+                "periodic: manifests in the store for %s" % names,
+                "made %s" % made)
+        c.check(sl.latest(prefix) == made[-1],
+                "periodic: LATEST names the newest checkpoint %s" % made[-1],
+                "LATEST=%r" % sl.latest(prefix))
+        # the pending upload was finished before the exit
+        i_exit = d.err.wait(r"trainer pid=\d+ exited with status 0", 0)[0]
+        i_last = d.err.wait(r"committed checkpoint name=" + made[-1], 0)[0]
+        i_end = d.err.wait(r"state \S+ -> exiting", 0)[0]
+        c.check(None not in (i_exit, i_last, i_end) and i_last < i_end,
+                "periodic: the last upload finished before spotd exited")
+        local = sorted(os.listdir(d.ckpt_dir))
+        c.check(local == [made[-1]],
+                "periodic: local copies older than the newest commit removed",
+                "left: %s" % local)
+        cp = sl.spotctl("list", "%s/%s" % (store, job), timeout=60)
+        c.check(cp.returncode == 0 and made[-1] in cp.stdout,
+                "periodic: spotctl list shows %s" % made[-1],
+                cp.stdout + cp.stderr)
+        out = os.path.join(wd, "restored")
+        cp = sl.spotctl("restore", "%s/%s" % (store, job), out, timeout=60)
+        ok, why = (False, cp.stderr)
+        if cp.returncode == 0:
+            # the marker stays local: the manifest is the store's marker
+            expect = os.path.join(wd, "expect")
+            shutil.copytree(os.path.join(d.ckpt_dir, made[-1]), expect)
+            os.unlink(os.path.join(expect, "SPOTD_COMPLETE"))
+            ok, why = sl.same_tree(out, expect)
+        c.check(ok, "periodic: the committed checkpoint restores "
+                "byte-identical (without the local SPOTD_COMPLETE)", why)
+    finally:
+        sl.kill_started()
+        sl.s3_cleanup(prefix)
+
+
+def own_schedule(c, wd):
+    """No interval: checkpoints the trainer makes by itself go up too."""
+    store, job, prefix = sl.daemon_job("own")
+    try:
+        d = sl.Daemon(os.path.join(wd, "b"), store, job, interval=0,
+                      trainer=["--every", 15, "--exit-at", 50,
+                               "--step-sleep", 0.04])
+        rc = d.wait_exit(60)
+        c.check(rc == 0, "own: spotd exits 0", "rc=%s" % rc)
+        c.check(not d.err.matching(r"checkpoint requested"),
+                "own: no signal without --interval or a notice")
+        made = [e["name"] for e in d.events("checkpoint")]
+        c.check(made == ["step-000015", "step-000030", "step-000045"],
+                "own: the trainer made its own checkpoints: %s" % made)
+        names = sl.committed(prefix)
+        # an older waiting checkpoint may be superseded by a newer one, but
+        # the newest is always committed
+        c.check("step-000045" in names and set(names) <= set(made),
+                "own: committed %s" % names)
+        c.check(sl.latest(prefix) == "step-000045",
+                "own: LATEST is step-000045", "LATEST=%r" % sl.latest(prefix))
+    finally:
+        sl.kill_started()
+        sl.s3_cleanup(prefix)
+
+
+def main():
+    sl.daemon_env()
+    c = sl.Checks()
+    with tempfile.TemporaryDirectory(prefix="spotd-periodic-") as wd:
+        periodic(c, wd)
+        own_schedule(c, wd)
+    c.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -396,8 +396,8 @@ class Daemon:
                                   stderr=subprocess.PIPE, env=full_env)
         _STARTED.append(self.p)
         self.pid = self.p.pid
-        self.err = LineLog(self.p.stderr, "spotd: " if echo else None)
-        self.out = LineLog(self.p.stdout, "stdout: " if echo else None)
+        self.err = LineLog(self.p.stderr, "[spotd] " if echo else None)
+        self.out = LineLog(self.p.stdout, "[stdout] " if echo else None)
         self.rc = None
 
     def wait_log(self, pattern, timeout=30, start=0):
@@ -499,8 +499,8 @@ class EmulatorProc:
             [str(a) for a in args], stdout=subprocess.PIPE,
             stderr=subprocess.PIPE)
         _STARTED.append(self.p)
-        self.out = LineLog(self.p.stdout, "emulate: ")
-        self.err = LineLog(self.p.stderr, "emulate(err): ")
+        self.out = LineLog(self.p.stdout, "[emulate] ")
+        self.err = LineLog(self.p.stderr, "[emulate] ")
         _, line = self.out.wait(r"^listening on ", 10)
         if line is None:
             self.p.kill()

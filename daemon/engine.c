@@ -762,8 +762,21 @@ restart_count_cb(const struct spot_s3_result *res, void *data)
   char *key, *buf = d->restart_buf;
   int64_t n = 0;
 
-  if (res->err == 0)
-    spot_parse_int64(spot_buf_str(&d->restart_body), 0, INT32_MAX, &n);
+  if (res->err == 0) {
+    /* The object is written as "N\n": strip the line end before parsing. */
+    char num[32];
+    size_t len = spot_strlcpy(num, spot_buf_str(&d->restart_body), sizeof(num));
+
+    if (len >= sizeof(num))
+      len = sizeof(num) - 1;
+    while (len > 0 && (num[len - 1] == '\n' || num[len - 1] == '\r' ||
+                       num[len - 1] == ' '))
+      num[--len] = '\0';
+    if (spot_parse_int64(num, 0, INT32_MAX, &n) < 0) {
+      spotd_warn(d, "the store's RESTARTS is not a count: starting at 1");
+      n = 0;
+    }
+  }
   spot_buf_fini(&d->restart_body);
   d->restart_count = n + 1;
   snprintf(buf, sizeof(d->restart_buf), "%lld\n", (long long)d->restart_count);

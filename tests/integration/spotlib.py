@@ -374,6 +374,8 @@ class Daemon:
         self.ckpt_dir = os.path.join(workdir, "ckpt")
         self.socket = os.path.join(workdir, "spotd.sock")
         self.trainer_log = os.path.join(workdir, "trainer.log")
+        if os.path.exists(self.trainer_log):  # a previous run's
+            os.unlink(self.trainer_log)
         self.job, self.store = job, store
         argv = [spotd_exe(), "run", "--job", job, "--store", store,
                 "--ckpt-dir", self.ckpt_dir, "--socket", self.socket,

@@ -238,9 +238,8 @@ schedule_maintenance(struct emu *e, double after, double deadline,
       ((spot_now_wall_ms() + (int64_t)((after + deadline) * 1000.0)) / 1000) *
       1000;
   e->maint_cancel_at =
-      cancel ? e->maint_at : (cancel_after > 0
-                                  ? deadline_after(now, cancel_after)
-                                  : 0);
+      cancel ? e->maint_at
+             : (cancel_after > 0 ? deadline_after(now, cancel_after) : 0);
   e->maint_seq++;
   e->maint_started = false;
   pthread_cond_broadcast(&e->cond);
@@ -373,8 +372,7 @@ aws_get(struct emu *e, struct MHD_Connection *c, const char *path,
     bool cancelled = maint_cancelled(e, now);
 
     if (malformed)
-      return reply(c, 200, "text/plain", "[ {\n  \"NotBefore\" : ", NULL,
-                   NULL);
+      return reply(c, 200, "text/plain", "[ {\n  \"NotBefore\" : ", NULL, NULL);
     if (!maint_visible(e, now))
       return reply(c, 200, "text/plain", "[]", NULL, NULL);
     spot_time_format_aws_event(e->maint_deadline_wall, t1, sizeof(t1));
@@ -416,8 +414,7 @@ aws_get(struct emu *e, struct MHD_Connection *c, const char *path,
 
 /* The current value of a GCP key, or NULL for 404. */
 static const char *
-gcp_value(struct emu *e, const char *key, uint64_t now, char *buf,
-          size_t size)
+gcp_value(struct emu *e, const char *key, uint64_t now, char *buf, size_t size)
 {
   if (strcmp(key, "instance/preempted") == 0)
     return notice_visible(e, now) ? "TRUE" : "FALSE";
@@ -519,10 +516,10 @@ azure_events(struct emu *e, uint64_t now)
   if (arr == NULL)
     return NULL;
   if (notice_visible(e, now)) {
-    const char *type = strcmp(e->action, "terminate") == 0   ? "Terminate"
-                       : strcmp(e->action, "reboot") == 0    ? "Reboot"
+    const char *type = strcmp(e->action, "terminate") == 0  ? "Terminate"
+                       : strcmp(e->action, "reboot") == 0   ? "Reboot"
                        : strcmp(e->action, "redeploy") == 0 ? "Redeploy"
-                                                             : "Preempt";
+                                                            : "Preempt";
     if (e->notice_started)
       nb[0] = '\0';
     else
@@ -577,7 +574,8 @@ azure_ack(struct emu *e, struct MHD_Connection *c, const struct emu_conn *u)
   }
   snprintf(nid, sizeof(nid), "5C1A0B3D-0000-4000-8000-%012X", e->notice_seq);
   snprintf(mid, sizeof(mid), "7D2B0C4E-0000-4000-8000-%012X", e->maint_seq);
-  json_array_foreach(reqs, i, r) {
+  json_array_foreach(reqs, i, r)
+  {
     const char *id = json_string_value(json_object_get(r, "EventId"));
 
     if (id == NULL)
@@ -631,8 +629,8 @@ azure(struct emu *e, struct MHD_Connection *c, const char *method,
     return reply(c, 200, "application/json", body, NULL, NULL);
   }
   if (strcmp(path, "/metadata/scheduledevents") != 0)
-    return reply(c, 404, "application/json", "{\"error\":\"Not found\"}",
-                 NULL, NULL);
+    return reply(c, 404, "application/json", "{\"error\":\"Not found\"}", NULL,
+                 NULL);
   if (strcmp(method, "POST") == 0)
     return azure_ack(e, c, u);
   events = azure_events(e, now);
@@ -646,8 +644,8 @@ azure(struct emu *e, struct MHD_Connection *c, const char *method,
     free(events);
   }
   if (malformed)
-    return reply(c, 200, "application/json", "{\"DocumentIncarnation\":",
-                 NULL, NULL);
+    return reply(c, 200, "application/json", "{\"DocumentIncarnation\":", NULL,
+                 NULL);
   if (asprintf(&doc, "{\"DocumentIncarnation\":%" PRId64 ",\"Events\":%s}",
                e->incarnation, e->last_events) < 0)
     return MHD_NO;
@@ -745,8 +743,7 @@ control(struct emu *e, struct MHD_Connection *c, const char *method,
     }
     if ((v = arg(c, "stall_fraction")) != NULL) {
       if (parse_fraction(v, &f) < 0)
-        return reply(c, 400, "text/plain", "bad stall_fraction\n", NULL,
-                     NULL);
+        return reply(c, 400, "text/plain", "bad stall_fraction\n", NULL, NULL);
       e->stall_fraction = f;
     }
     if ((v = arg(c, "stall")) != NULL) {
@@ -832,8 +829,7 @@ handler(void *cls, struct MHD_Connection *c, const char *url,
     if (strcmp(url, "/latest/api/token") == 0)
       ret = strcmp(method, "PUT") == 0
                 ? aws_token(e, c)
-                : reply(c, 405, "text/plain", "Method Not Allowed", NULL,
-                        NULL);
+                : reply(c, 405, "text/plain", "Method Not Allowed", NULL, NULL);
     else if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
       ret = reply(c, 405, "text/plain", "Method Not Allowed", NULL, NULL);
     else
@@ -895,7 +891,8 @@ usage(FILE *f)
       "/__emulate/rebalance, /__emulate/maintenance, /__emulate/cancel,\n"
       "/__emulate/fault, /__emulate/lifecycle; GET /__emulate/state.\n"
       "Prints \"listening on http://ADDR:PORT\" when ready and one line per\n"
-      "Azure acknowledgement (\"ack EventId=...\"). Stops on SIGINT/SIGTERM.\n");
+      "Azure acknowledgement (\"ack EventId=...\"). Stops on "
+      "SIGINT/SIGTERM.\n");
 }
 
 static int
@@ -978,10 +975,23 @@ int
 spotctl_cmd_emulate(int argc, char **argv)
 {
   enum {
-    OPT_PORT = 256, OPT_BIND, OPT_NOTICE_AFTER, OPT_NOTICE_DEADLINE,
-    OPT_ACTION, OPT_REBALANCE_AFTER, OPT_MAINT_AFTER, OPT_MAINT_CANCEL,
-    OPT_IMDSV2, OPT_FAULT, OPT_REGION, OPT_INSTANCE_ID, OPT_VM_NAME,
-    OPT_ROLE, OPT_ROLE_CREDS, OPT_PROVIDER, OPT_HELP,
+    OPT_PORT = 256,
+    OPT_BIND,
+    OPT_NOTICE_AFTER,
+    OPT_NOTICE_DEADLINE,
+    OPT_ACTION,
+    OPT_REBALANCE_AFTER,
+    OPT_MAINT_AFTER,
+    OPT_MAINT_CANCEL,
+    OPT_IMDSV2,
+    OPT_FAULT,
+    OPT_REGION,
+    OPT_INSTANCE_ID,
+    OPT_VM_NAME,
+    OPT_ROLE,
+    OPT_ROLE_CREDS,
+    OPT_PROVIDER,
+    OPT_HELP,
   };
   static const struct option opts[] = {
       {"provider", required_argument, NULL, OPT_PROVIDER},
@@ -1058,8 +1068,7 @@ spotctl_cmd_emulate(int argc, char **argv)
     }
     case OPT_ACTION:
       action_set = true;
-      if (spot_strlcpy(e.action, optarg, sizeof(e.action)) >=
-          sizeof(e.action))
+      if (spot_strlcpy(e.action, optarg, sizeof(e.action)) >= sizeof(e.action))
         return spotctl_usage("emulate: bad --action '%s'", optarg);
       break;
     case OPT_IMDSV2:
@@ -1101,12 +1110,11 @@ spotctl_cmd_emulate(int argc, char **argv)
   }
   if (optind < argc)
     return spotctl_usage("emulate: unexpected argument '%s'", argv[optind]);
-  if (provider == NULL ||
-      spot_provider_from_name(provider, &e.provider) < 0 ||
+  if (provider == NULL || spot_provider_from_name(provider, &e.provider) < 0 ||
       (e.provider != SPOT_PROVIDER_AWS && e.provider != SPOT_PROVIDER_GCP &&
        e.provider != SPOT_PROVIDER_AZURE))
     return spotctl_usage("emulate: --provider aws|gcp|azure is required");
-  e.notice_deadline_s = notice_deadline >= 0   ? (unsigned)notice_deadline
+  e.notice_deadline_s = notice_deadline >= 0 ? (unsigned)notice_deadline
                         : e.provider == SPOT_PROVIDER_AWS ? 120
                                                           : 30;
   /* each provider's usual event when --action is not given */
@@ -1154,8 +1162,8 @@ spotctl_cmd_emulate(int argc, char **argv)
                        completed, NULL, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1,
                        MHD_OPTION_END);
   if (d == NULL) {
-    ret = spotctl_fail("emulate: cannot listen on %s:%" PRId64, bind_addr,
-                       port);
+    ret =
+        spotctl_fail("emulate: cannot listen on %s:%" PRId64, bind_addr, port);
     goto out;
   }
   info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);

@@ -119,8 +119,8 @@ struct op {
   uint64_t last_hash;  /* report only on change */
   char etag[ETAG_MAX]; /* GCP: the last ETag seen */
   char new_etag[ETAG_MAX];
-  bool flavor_ok;      /* GCP probe: Metadata-Flavor: Google came back */
-  char *post;          /* ack body */
+  bool flavor_ok; /* GCP probe: Metadata-Flavor: Google came back */
+  char *post;     /* ack body */
   spot_meta_ack_cb ack_cb;
   void *ack_data;
   char url[URL_MAX];
@@ -288,8 +288,8 @@ header_value(const char *line, size_t n, const char *name, char *out,
     line++;
     n--;
   }
-  while (n > 0 && (line[n - 1] == '\r' || line[n - 1] == '\n' ||
-                   line[n - 1] == ' '))
+  while (n > 0 &&
+         (line[n - 1] == '\r' || line[n - 1] == '\n' || line[n - 1] == ' '))
     n--;
   v = n < size - 1 ? n : size - 1;
   memcpy(out, line, v);
@@ -429,8 +429,7 @@ build_request(struct op *op)
   op->hdrs = h;
   if (curl_easy_setopt(op->easy, CURLOPT_URL, op->url) != CURLE_OK ||
       curl_easy_setopt(op->easy, CURLOPT_HTTPHEADER, h) != CURLE_OK ||
-      curl_easy_setopt(op->easy, CURLOPT_WRITEFUNCTION, write_cb) !=
-          CURLE_OK ||
+      curl_easy_setopt(op->easy, CURLOPT_WRITEFUNCTION, write_cb) != CURLE_OK ||
       curl_easy_setopt(op->easy, CURLOPT_WRITEDATA, op) != CURLE_OK ||
       curl_easy_setopt(op->easy, CURLOPT_HEADERFUNCTION, header_cb) !=
           CURLE_OK ||
@@ -447,8 +446,7 @@ build_request(struct op *op)
     if (curl_easy_setopt(op->easy, CURLOPT_CUSTOMREQUEST, "PUT") != CURLE_OK)
       return -EINVAL;
   } else if (op->kind == OP_AZURE_ACK) {
-    if (curl_easy_setopt(op->easy, CURLOPT_POSTFIELDS, op->post) !=
-            CURLE_OK ||
+    if (curl_easy_setopt(op->easy, CURLOPT_POSTFIELDS, op->post) != CURLE_OK ||
         curl_easy_setopt(op->easy, CURLOPT_POSTFIELDSIZE,
                          (long)strlen(op->post)) != CURLE_OK)
       return -EINVAL;
@@ -752,8 +750,8 @@ handle_body(struct op *op, long status)
     break;
   case OP_AWS_MAINTENANCE:
     r = status == 404 ? 1
-                      : spot_meta_aws_parse_maintenance(
-                            body, len, now, n, MAX_NOTICES, &count);
+                      : spot_meta_aws_parse_maintenance(body, len, now, n,
+                                                        MAX_NOTICES, &count);
     break;
   case OP_AWS_LIFECYCLE:
     r = status == 404 ? 1 : spot_meta_aws_parse_lifecycle(body, len, now, n);
@@ -772,8 +770,8 @@ handle_body(struct op *op, long status)
       }
     break;
   case OP_AZURE_EVENTS:
-    r = spot_meta_azure_parse(body, len, m->name_known ? m->vm_name : NULL,
-                              now, n, MAX_NOTICES, &count, &inc);
+    r = spot_meta_azure_parse(body, len, m->name_known ? m->vm_name : NULL, now,
+                              n, MAX_NOTICES, &count, &inc);
     if (r >= 0 && inc != m->incarnation) {
       log_debug("meta azure: DocumentIncarnation %" PRId64, inc);
       m->incarnation = inc;
@@ -951,9 +949,9 @@ done_cb(CURL *easy, CURLcode rc, void *data)
   op_succeeded(op);
   if (is_gcp(op->kind)) {
     /* valid ETags are short tokens; anything else we do not echo back */
-    bool ok = op->new_etag[0] != '\0' &&
-              strspn(op->new_etag, "0123456789abcdefABCDEF") ==
-                  strlen(op->new_etag);
+    bool ok =
+        op->new_etag[0] != '\0' &&
+        strspn(op->new_etag, "0123456789abcdefABCDEF") == strlen(op->new_etag);
     if (ok) {
       spot_strlcpy(op->etag, op->new_etag, sizeof(op->etag));
       set_state(op, OP_IDLE);

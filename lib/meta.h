@@ -47,18 +47,18 @@ typedef void (*spot_meta_ack_cb)(int status, void *data);
 typedef void (*spot_meta_close_cb)(void *data);
 
 struct spot_meta_config {
-  enum spot_provider provider; /* AUTO, AWS, GCP, AZURE or NONE */
-  const char *base_url;        /* NULL: the provider's link-local address */
-  unsigned poll_interval_ms;   /* default 1000 */
-  unsigned http_timeout_ms;    /* per request; default 2000 */
-  unsigned probe_timeout_ms;   /* auto detection; default 500 */
-  unsigned gcp_wait_sec;       /* long poll timeout_sec; default 60 */
-  unsigned warn_after;         /* consecutive failures; default 5 */
-  unsigned token_ttl_sec;      /* IMDSv2 token TTL, 1..21600; default 21600 */
-  bool imdsv1_fallback;        /* go tokenless when the token PUT fails */
-  bool aws_lifecycle;          /* also watch target-lifecycle-state */
-  const char *vm_name;         /* Azure; NULL: ask IMDS compute/name */
-  int64_t (*wall_now)(void);   /* NULL: spot_now_wall_ms (tests inject) */
+  enum spot_provider provider;   /* AUTO, AWS, GCP, AZURE or NONE */
+  const char *base_url;          /* NULL: the provider's link-local address */
+  unsigned poll_interval_ms;     /* default 1000 */
+  unsigned http_timeout_ms;      /* per request; default 2000 */
+  unsigned probe_timeout_ms;     /* auto detection; default 500 */
+  unsigned gcp_wait_sec;         /* long poll timeout_sec; default 60 */
+  unsigned warn_after;           /* consecutive failures; default 5 */
+  unsigned token_ttl_sec;        /* IMDSv2 token TTL, 1..21600; default 21600 */
+  bool imdsv1_fallback;          /* go tokenless when the token PUT fails */
+  bool aws_lifecycle;            /* also watch target-lifecycle-state */
+  const char *vm_name;           /* Azure; NULL: ask IMDS compute/name */
+  int64_t (*wall_now)(void);     /* NULL: spot_now_wall_ms (tests inject) */
   spot_meta_status_cb status_cb; /* optional; gets the same data as cb */
 };
 

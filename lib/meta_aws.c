@@ -67,8 +67,8 @@ out:
 }
 
 int
-spot_meta_aws_parse_rebalance(const char *body, size_t len,
-                              int64_t now_wall_ms, struct spot_notice *out)
+spot_meta_aws_parse_rebalance(const char *body, size_t len, int64_t now_wall_ms,
+                              struct spot_notice *out)
 {
   struct spot_notice n;
   const char *time;
@@ -95,10 +95,9 @@ spot_meta_aws_parse_rebalance(const char *body, size_t len,
 static int
 cancelled(const char *state, const char *desc)
 {
-  if (state != NULL &&
-      (strcasecmp(state, "canceled") == 0 ||
-       strcasecmp(state, "cancelled") == 0 ||
-       strcasecmp(state, "completed") == 0))
+  if (state != NULL && (strcasecmp(state, "canceled") == 0 ||
+                        strcasecmp(state, "cancelled") == 0 ||
+                        strcasecmp(state, "completed") == 0))
     return 1;
   if (desc != NULL && (strncmp(desc, "[Canceled]", 10) == 0 ||
                        strncmp(desc, "[Completed]", 11) == 0))
@@ -137,7 +136,8 @@ spot_meta_aws_parse_maintenance(const char *body, size_t len,
     json_decref(j);
     return -EINVAL;
   }
-  json_array_foreach(j, i, ev) {
+  json_array_foreach(j, i, ev)
+  {
     const char *code = json_string_value(json_object_get(ev, "Code"));
     const char *id = json_string_value(json_object_get(ev, "EventId"));
     const char *nb = json_string_value(json_object_get(ev, "NotBefore"));
@@ -159,8 +159,9 @@ spot_meta_aws_parse_maintenance(const char *body, size_t len,
     if (code != NULL && (strcmp(code, "instance-stop") == 0 ||
                          strcmp(code, "instance-retirement") == 0)) {
       t->kind = code[9] == 's' ? SPOT_NOTICE_STOP : SPOT_NOTICE_TERMINATE;
-      spot_strlcpy(t->reason, code[9] == 's' ? "aws-instance-stop"
-                                             : "aws-instance-retirement",
+      spot_strlcpy(t->reason,
+                   code[9] == 's' ? "aws-instance-stop"
+                                  : "aws-instance-retirement",
                    sizeof(t->reason));
     }
     t->deadline_wall_ms = when > 0 ? when : now_wall_ms;
@@ -185,8 +186,8 @@ spot_meta_aws_parse_maintenance(const char *body, size_t len,
 }
 
 int
-spot_meta_aws_parse_lifecycle(const char *body, size_t len,
-                              int64_t now_wall_ms, struct spot_notice *out)
+spot_meta_aws_parse_lifecycle(const char *body, size_t len, int64_t now_wall_ms,
+                              struct spot_notice *out)
 {
   struct spot_notice n;
   const char *p = body;

@@ -27,7 +27,8 @@ has_resource(json_t *resources, const char *vm_name)
 
   if (vm_name == NULL || vm_name[0] == '\0')
     return 1;
-  json_array_foreach(resources, i, r) {
+  json_array_foreach(resources, i, r)
+  {
     const char *s = json_string_value(r);
     if (s != NULL && strcmp(s, vm_name) == 0)
       return 1;
@@ -89,8 +90,8 @@ parse_event(json_t *ev, const char *vm_name, int64_t now_wall_ms,
 
 int
 spot_meta_azure_parse(const char *body, size_t len, const char *vm_name,
-                      int64_t now_wall_ms, struct spot_notice *out,
-                      size_t max, size_t *n, int64_t *incarnation)
+                      int64_t now_wall_ms, struct spot_notice *out, size_t max,
+                      size_t *n, int64_t *incarnation)
 {
   struct spot_notice tmp[16];
   size_t count = 0, i;
@@ -106,7 +107,8 @@ spot_meta_azure_parse(const char *body, size_t len, const char *vm_name,
     json_decref(j);
     return -EINVAL;
   }
-  json_array_foreach(events, i, ev) {
+  json_array_foreach(events, i, ev)
+  {
     if (count == SPOT_ARRAY_SIZE(tmp))
       break;
     r = parse_event(ev, vm_name, now_wall_ms, &tmp[count]);

@@ -44,8 +44,8 @@ init_notice(struct spot_notice *n, enum spot_notice_kind kind,
 }
 
 int
-spot_meta_gcp_parse_preempted(const char *body, size_t len,
-                              int64_t now_wall_ms, struct spot_notice *out)
+spot_meta_gcp_parse_preempted(const char *body, size_t len, int64_t now_wall_ms,
+                              struct spot_notice *out)
 {
   struct spot_notice n;
   const char *p;

@@ -69,8 +69,8 @@ parse_dmy(const char *p, int64_t *out_ms)
     return -EINVAL;
   if (d < 1 || d > 31)
     return -EINVAL;
-  snprintf(iso, sizeof(iso), "%04d-%02d-%02dT%02d:%02d:%02dZ", y, mo, d, h,
-           mi, s);
+  snprintf(iso, sizeof(iso), "%04d-%02d-%02dT%02d:%02d:%02dZ", y, mo, d, h, mi,
+           s);
   return spot_rfc3339_parse(iso, out_ms);
 }
 

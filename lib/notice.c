@@ -10,8 +10,8 @@
 #include "util.h"
 
 static const char *const provider_names[SPOT_PROVIDER_LAST] = {
-    [SPOT_PROVIDER_NONE] = "none",   [SPOT_PROVIDER_AWS] = "aws",
-    [SPOT_PROVIDER_GCP] = "gcp",     [SPOT_PROVIDER_AZURE] = "azure",
+    [SPOT_PROVIDER_NONE] = "none", [SPOT_PROVIDER_AWS] = "aws",
+    [SPOT_PROVIDER_GCP] = "gcp",   [SPOT_PROVIDER_AZURE] = "azure",
     [SPOT_PROVIDER_AUTO] = "auto",
 };
 

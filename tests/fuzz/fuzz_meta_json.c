@@ -65,8 +65,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     count = 1;
     break;
   case 6:
-    r = spot_meta_azure_parse(body, size, (data[0] & 0x80) ? NULL : "vm0",
-                              now, n, 4, &count, &inc);
+    r = spot_meta_azure_parse(body, size, (data[0] & 0x80) ? NULL : "vm0", now,
+                              n, 4, &count, &inc);
     assert(r >= 0 || inc == -7); /* incarnation only on 0 and 1 */
     break;
   default:

@@ -27,9 +27,8 @@ test_dates(void **state)
   assert_int_equal(spot_time_parse_aws_event("2 Jan 2006 15:04:05 GMT", &ms),
                    0);
   assert_int_equal(ms, 1136214245000LL);
-  assert_int_equal(spot_time_format_aws_event(1136214245000LL, buf,
-                                              sizeof(buf)),
-                   0);
+  assert_int_equal(
+      spot_time_format_aws_event(1136214245000LL, buf, sizeof(buf)), 0);
   assert_string_equal(buf, "2 Jan 2006 15:04:05 GMT");
   assert_int_equal(spot_time_parse_aws_event("21 Jan 2019 09:00:43", &ms),
                    -EINVAL);
@@ -53,8 +52,8 @@ test_dates(void **state)
   assert_int_equal(spot_time_format_rfc1123(NOW, buf, 10), -ENOSPC);
   assert_int_equal(spot_time_parse_rfc1123("19 Sep 2016 18:29:47 GMT", &ms),
                    -EINVAL);
-  assert_int_equal(
-      spot_time_parse_rfc1123("Mon, 9 Sep 2016 18:29:47 GMT", &ms), -EINVAL);
+  assert_int_equal(spot_time_parse_rfc1123("Mon, 9 Sep 2016 18:29:47 GMT", &ms),
+                   -EINVAL);
   assert_int_equal(
       spot_time_parse_rfc1123("Mon, 19 Sep 2016 18:29:47 UTC", &ms), -EINVAL);
   assert_int_equal(
@@ -108,10 +107,10 @@ test_aws_instance_action(void **state)
   assert_int_equal(spot_meta_aws_parse_instance_action(
                        S("{\"action\":\"stop\",\"time\":7}"), NOW, &n),
                    -EINVAL);
-  assert_int_equal(spot_meta_aws_parse_instance_action(
-                       S("{\"action\":\"stop\",\"time\":\"2026-12-02T1"), NOW,
-                       &n),
-                   -EINVAL);
+  assert_int_equal(
+      spot_meta_aws_parse_instance_action(
+          S("{\"action\":\"stop\",\"time\":\"2026-12-02T1"), NOW, &n),
+      -EINVAL);
   assert_int_equal(spot_meta_aws_parse_instance_action(S("[]"), NOW, &n),
                    -EINVAL);
   assert_int_equal(spot_meta_aws_parse_instance_action(S(""), NOW, &n),
@@ -131,20 +130,19 @@ test_aws_rebalance(void **state)
 {
   struct spot_notice n;
 
-  assert_int_equal(spot_meta_aws_parse_rebalance(
-                       S("{\"noticeTime\": \"2020-10-27T08:22:00Z\"}"), NOW,
-                       &n),
-                   0);
+  assert_int_equal(
+      spot_meta_aws_parse_rebalance(
+          S("{\"noticeTime\": \"2020-10-27T08:22:00Z\"}"), NOW, &n),
+      0);
   assert_int_equal(n.kind, SPOT_NOTICE_REBALANCE);
   assert_string_equal(n.reason, "aws-rebalance");
   assert_string_equal(n.id, "rebalance@2020-10-27T08:22:00Z");
   assert_int_equal(n.deadline_wall_ms, 0); /* advisory */
-  assert_int_equal(spot_meta_aws_parse_rebalance(S("{\"noticeTime\": 1}"),
-                                                 NOW, &n),
-                   -EINVAL);
-  assert_int_equal(spot_meta_aws_parse_rebalance(S("{\"noticeTime\":"), NOW,
-                                                 &n),
-                   -EINVAL);
+  assert_int_equal(
+      spot_meta_aws_parse_rebalance(S("{\"noticeTime\": 1}"), NOW, &n),
+      -EINVAL);
+  assert_int_equal(
+      spot_meta_aws_parse_rebalance(S("{\"noticeTime\":"), NOW, &n), -EINVAL);
 }
 
 /* The user guide's example, plus a canceled and a completed event. */
@@ -182,8 +180,8 @@ test_aws_maintenance(void **state)
   struct spot_notice n[4];
   size_t count = 99;
 
-  assert_int_equal(spot_meta_aws_parse_maintenance(
-                       maint_doc, strlen(maint_doc), NOW, n, 4, &count),
+  assert_int_equal(spot_meta_aws_parse_maintenance(maint_doc, strlen(maint_doc),
+                                                   NOW, n, 4, &count),
                    0);
   assert_int_equal(count, 2); /* canceled and completed are not reported */
   assert_string_equal(n[0].id, "instance-event-0d59937288b749b32");
@@ -196,8 +194,8 @@ test_aws_maintenance(void **state)
   assert_string_equal(n[1].reason, "aws-instance-retirement");
 
   /* max caps the output, soonest first */
-  assert_int_equal(spot_meta_aws_parse_maintenance(
-                       maint_doc, strlen(maint_doc), NOW, n, 1, &count),
+  assert_int_equal(spot_meta_aws_parse_maintenance(maint_doc, strlen(maint_doc),
+                                                   NOW, n, 1, &count),
                    0);
   assert_int_equal(count, 1);
   assert_string_equal(n[0].id, "instance-event-0d59937288b749b32");
@@ -231,7 +229,8 @@ test_aws_lifecycle(void **state)
   assert_int_equal(spot_meta_aws_parse_lifecycle(S("InService"), NOW, &n), 1);
   assert_int_equal(spot_meta_aws_parse_lifecycle(S("Warmed:Stopped"), NOW, &n),
                    1);
-  assert_int_equal(spot_meta_aws_parse_lifecycle(S("Terminated\n"), NOW, &n), 0);
+  assert_int_equal(spot_meta_aws_parse_lifecycle(S("Terminated\n"), NOW, &n),
+                   0);
   assert_int_equal(n.kind, SPOT_NOTICE_TERMINATE);
   assert_int_equal(n.deadline_wall_ms, NOW);
   assert_string_equal(n.reason, "aws-asg-terminate");
@@ -254,8 +253,7 @@ test_gcp(void **state)
   assert_string_equal(n.id, "preempted");
   assert_int_equal(spot_meta_gcp_parse_preempted(S("TRUE\n"), NOW, &n), 0);
   assert_int_equal(spot_meta_gcp_parse_preempted(S("true"), NOW, &n), -EINVAL);
-  assert_int_equal(spot_meta_gcp_parse_preempted(S("TRUEX"), NOW, &n),
-                   -EINVAL);
+  assert_int_equal(spot_meta_gcp_parse_preempted(S("TRUEX"), NOW, &n), -EINVAL);
   assert_int_equal(spot_meta_gcp_parse_preempted(S(""), NOW, &n), -EINVAL);
   assert_int_equal(spot_meta_gcp_parse_preempted("TRUE\0", 5, NOW, &n),
                    -EINVAL);
@@ -359,16 +357,16 @@ test_azure(void **state)
                                          "OtherVM", NOW, n, 4, &count, &inc),
                    1);
   assert_int_equal(inc, 3);
-  assert_int_equal(spot_meta_azure_parse(
-                       S("{\"DocumentIncarnation\":1,\"Events\":[]}"), "vm",
-                       NOW, n, 4, &count, &inc),
-                   1);
+  assert_int_equal(
+      spot_meta_azure_parse(S("{\"DocumentIncarnation\":1,\"Events\":[]}"),
+                            "vm", NOW, n, 4, &count, &inc),
+      1);
   assert_int_equal(inc, 1);
 
   /* garbage */
   inc = -1;
-  assert_int_equal(spot_meta_azure_parse(S("{\"Events\":[]}"), "vm", NOW, n,
-                                         4, &count, &inc),
+  assert_int_equal(spot_meta_azure_parse(S("{\"Events\":[]}"), "vm", NOW, n, 4,
+                                         &count, &inc),
                    -EINVAL);
   assert_int_equal(
       spot_meta_azure_parse(S("{\"DocumentIncarnation\":1,\"Events\":[{}]}"),

@@ -135,7 +135,8 @@ def main():
                 return int(st)
             signum = getattr(signal, "SIG" + st.upper().replace("SIG", ""))
             emit("crash", signal=int(signum), step=step)
-            signal.signal(signum, signal.SIG_DFL)
+            if signum not in (signal.SIGKILL, signal.SIGSTOP):
+                signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             time.sleep(5)
             return 99

@@ -624,7 +624,7 @@ advance(struct spotd *d)
       record_relaunch(d, -1, false);
     }
     spotd_set_state(d, SPOTD_STOPPING);
-    /* fall through */
+    SPOT_FALLTHROUGH;
   case SPOTD_STOPPING:
     if (d->trainer.running) {
       grace = d->cfg->grace_ms;

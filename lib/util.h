@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <time.h>
 
+/* An intended fall-through between switch labels (gcc and clang). */
+#define SPOT_FALLTHROUGH __attribute__((fallthrough))
 #define SPOT_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define spot_container_of(ptr, type, member)                                   \
   ((type *)(void *)((char *)(ptr)-offsetof(type, member)))

@@ -153,6 +153,19 @@ def test_malformed():
     e.stop()
 
 
+def test_lifecycle_imdsv1():
+    """Optional target-lifecycle-state watch; tokens optional here."""
+    e = Emulator("aws", "--imdsv2", "optional")
+    w = Watch(e.url, "aws", "--poll-ms", "300", "--lifecycle", "--imdsv1")
+    time.sleep(1)
+    assert not w.notices()  # InService
+    e.control("lifecycle", state="Terminated")
+    _, n = w.notice(5)
+    assert n is not None and n["reason"] == "aws-asg-terminate", n
+    w.stop()
+    e.stop()
+
+
 def test_auto_none():
     """auto with nobody answering reports provider none."""
     import subprocess
@@ -166,4 +179,5 @@ def test_auto_none():
 
 run([test_contract, test_notice_deadline_and_latency,
      test_rebalance_and_maintenance, test_token_expiry_mid_run,
-     test_throttle_stall_reset, test_malformed, test_auto_none])
+     test_throttle_stall_reset, test_malformed, test_lifecycle_imdsv1,
+     test_auto_none])

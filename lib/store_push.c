@@ -1600,7 +1600,10 @@ spot__store_push_cancel(struct spot_store_op *sop)
   for (size_t i = 0; i < op->nfiles; i++)
     if (op->files[i].s3op != NULL)
       spot_s3_cancel(op->files[i].s3op);
-  if (op->s3op != NULL)
+  /* Cancelling the parts above runs their callbacks at once, which may
+   * already have moved to ABORT and started a multipart abort in s3op:
+   * that cleanup must run, not be cancelled too. */
+  if (op->s3op != NULL && op->state != PUSH_ABORT)
     spot_s3_cancel(op->s3op);
 }
 

@@ -24,6 +24,10 @@ if os.environ.get("ASAN_OPTIONS"):
     LIMIT_KB = 1 << 40
 SIZE = int(os.environ.get("SPOT_TEST_MEMORY_BYTES", 1 << 30))
 exe = os.environ.get("SPOTCTL") or spotlib.builddir_path("client", "spotctl")
+with open(exe, "rb") as _f:
+    # ASan's shadow memory and quarantine are not the program's: under a
+    # sanitizer build the RSS is printed, not asserted
+    SANITIZED = b"__asan_init" in _f.read()
 
 
 def peak_kb(args, tmp):
@@ -47,12 +51,14 @@ try:
         c.check(cp.returncode == 0, "push of %d MiB succeeds" % (SIZE >> 20),
                 cp.stdout + cp.stderr)
         print("push peak RSS %.1f MiB (%s)" % (kb / 1024, cp.stdout.strip()))
-        c.check(0 < kb <= LIMIT_KB, "push peak RSS %.1f MiB <= 96 MiB" % (kb / 1024))
+        c.check(0 < kb and (SANITIZED or kb <= LIMIT_KB),
+                "push peak RSS %.1f MiB <= 96 MiB%s" % (kb / 1024, " (ASan: not checked)" * SANITIZED))
         dst = os.path.join(tmp, "restored")
         cp, kb = peak_kb(["restore", url, dst, "--workers", "2", "--parallel", "4"], tmp)
         c.check(cp.returncode == 0, "restore succeeds", cp.stdout + cp.stderr)
         print("restore peak RSS %.1f MiB (%s)" % (kb / 1024, cp.stdout.strip()))
-        c.check(0 < kb <= LIMIT_KB, "restore peak RSS %.1f MiB <= 96 MiB" % (kb / 1024))
+        c.check(0 < kb and (SANITIZED or kb <= LIMIT_KB),
+                "restore peak RSS %.1f MiB <= 96 MiB%s" % (kb / 1024, " (ASan: not checked)" * SANITIZED))
         ok, detail = spotlib.same_tree(src, dst)
         c.check(ok, "the restored copy is exact", detail)
 finally:

@@ -21,7 +21,8 @@
 #
 # Environment knobs:
 #   S3SERVER_BLOCK_SIZE    sparse bluestore file size (default 32G)
-#   S3SERVER_TIMEOUT       seconds to wait for the gateway (default 60)
+#   S3SERVER_TIMEOUT       limit in seconds for the start, package install
+#                          excluded (default 60)
 set -euo pipefail
 
 readonly ACCESS_KEY=SPOTDTESTACCESSKEY01
@@ -37,8 +38,12 @@ readonly DAEMONS=(rgw osd mon)        # stop order
 readonly CLAIMS="${TMPDIR:-/tmp}/spotd-s3server.ports"
 
 unset CEPH_ARGS CEPH_CONF
+STEP_PID="" MKFS_PID=""
 
-log() { printf 's3server: %s\n' "$*" >&2; }
+# Messages go to fd 9, the caller's stderr, even from inside a redirected
+# function call.
+exec 9>&2
+log() { printf 's3server: %s\n' "$*" >&9; }
 die() { log "error: $*"; exit 1; }
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
@@ -141,7 +146,9 @@ EOF
 release_ports() {
   local p owner
   [[ -f $DIR/$MARKER ]] || return 0
-  for p in $(cat "$DIR/$MARKER"); do
+  local ports=()
+  read -r -a ports <"$DIR/$MARKER" || true
+  for p in "${ports[@]}"; do
     [[ $p =~ ^[0-9]+$ ]] || continue
     owner=$(cat "$CLAIMS/$p" 2>/dev/null) || continue
     [[ $owner == "$DIR" ]] && rm -f "$CLAIMS/$p"
@@ -187,6 +194,10 @@ ms_async_op_threads = 2
 
 [mon]
 mon_data = $DIR/mon
+# Commit map changes at once instead of once a second: RGW's first start
+# makes ~20 osdmap epochs (pools, application tags), 1 s each by default.
+paxos_propose_interval = 0.01
+paxos_min_wait = 0.001
 mon_memory_target = 268435456
 rocksdb_cache_size = 33554432
 
@@ -205,9 +216,12 @@ bluestore_cache_autotune = false
 bluestore_cache_size = 134217728
 osd_memory_target = 939524096
 osd_memory_cache_min = 67108864
-osd_op_num_shards = 2
-osd_op_num_threads_per_shard = 1
-osd_max_object_size = 1073741824
+osd_mon_shutdown_timeout = 1
+
+[client]
+# A client whose op waits for an OSD to come up only asks for a newer map
+# on this tick (default 5 s).
+objecter_tick_interval = 0.5
 
 [client.rgw.$RGW_ID]
 keyring = $DIR/rgw.keyring
@@ -232,28 +246,73 @@ launch() {
     # run mode: stay in the caller's process group so that a group kill
     # (e.g. a test harness timeout) takes the daemons down too.
     "$@" -c "$DIR/ceph.conf" -f "${as_root[@]}" \
-      </dev/null >>"$DIR/log/$name.out" 2>&1 &
+      </dev/null >>"$DIR/log/$name.out" 2>&1 9>&- &
   else
     # Not a process group leader here, so setsid execs without forking.
     setsid "$@" -c "$DIR/ceph.conf" -f "${as_root[@]}" \
-      </dev/null >>"$DIR/log/$name.out" 2>&1 &
+      </dev/null >>"$DIR/log/$name.out" 2>&1 9>&- &
   fi
   echo $! >"$DIR/pids/$name"
 }
 
-ceph_cli() { timeout 60 ceph -c "$DIR/ceph.conf" --connect-timeout 30 "$@"; }
+# step CMD...: run an external command asynchronously and wait for it, so
+# that a signal's trap runs at once (start_failed then kills it), within
+# what is left of the start's time limit.
+step() {
+  local left=$((DEADLINE - SECONDS)) rc=0
+  ((left > 0)) || die "start limit of $TIMEOUT s reached before $1"
+  timeout --foreground "$left" "$@" 9>&- &
+  STEP_PID=$!
+  wait "$STEP_PID" || rc=$?
+  STEP_PID=""
+  ((rc != 124)) || log "$1 timed out (start limit $TIMEOUT s)"
+  return "$rc"
+}
+
+ceph_cli() { step ceph -c "$DIR/ceph.conf" --connect-timeout 30 "$@"; }
+
+# Ready = an authenticated S3 request works: create the bucket (again).
+readonly READY_PY='
+import sys, time
+import boto3, botocore.config, botocore.exceptions as bx
+endpoint, ak, sk, region, bucket, pidfile = sys.argv[1:7]
+s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ak,
+                  aws_secret_access_key=sk, region_name=region,
+                  config=botocore.config.Config(
+                      s3={"addressing_style": "path"}, connect_timeout=2,
+                      read_timeout=10, retries={"max_attempts": 1}))
+pid = open(pidfile).read().strip()
+while True:
+    try:
+        with open("/proc/%s/stat" % pid) as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in "ZX":
+                raise OSError
+    except (OSError, IndexError):
+        sys.exit("radosgw exited")
+    try:
+        s3.create_bucket(Bucket=bucket)
+        break
+    except bx.ClientError as e:
+        if e.response["Error"]["Code"] == "BucketAlreadyOwnedByYou":
+            break
+    except bx.BotoCoreError:
+        pass
+    time.sleep(0.2)
+s3.head_bucket(Bucket=bucket)
+'
 
 dump_logs() {
   local f
   for f in "$DIR"/log/*; do
     [[ -s $f ]] || continue
-    printf '%s\n' "----- tail of $f" >&2
-    tail -n 15 "$f" >&2
+    printf '%s\n' "----- tail of $f" >&9
+    tail -n 15 "$f" >&9
   done
 }
 
-# stop_daemons TIMEOUT: SIGTERM the gateway, then OSD and mon together,
-# then SIGKILL whatever of ours is left.
+# stop_daemons: SIGTERM the gateway, the OSD, then the mon, one after the
+# other (an OSD stopping tells the mon; with the mon gone it waits
+# osd_mon_shutdown_timeout); SIGKILL any of them still there after 10 s.
 stop_daemons() {
   local name pid left=() deadline
   [[ -d $DIR/pids ]] || return 0
@@ -281,7 +340,8 @@ stop_daemons() {
     log "processes ${left[*]} survive SIGKILL"
   }
   term_wait rgw
-  term_wait osd mon
+  term_wait osd
+  term_wait mon
   for name in "${DAEMONS[@]}"; do
     pid=$(cat "$DIR/pids/$name" 2>/dev/null) || continue
     is_ours "$pid" && return 1
@@ -295,6 +355,8 @@ empty_dir() {
 }
 
 cmd_stop() {
+  [[ -n $1 ]] || usage
+  [[ -e $1 ]] || return 0
   DIR=$(resolve_dir "$1")
   local t0
   t0=$(now)
@@ -309,10 +371,21 @@ cmd_stop() {
 
 start_failed() {
   local rc=$?
-  trap - ERR INT TERM EXIT
+  # Cleanup is bounded; a second signal must not cut it short.
+  trap - EXIT
+  trap '' INT TERM HUP
   ((rc == 0)) && rc=1
-  log "start failed; logs follow"
-  dump_logs
+  local p
+  for p in ${STEP_PID:-} ${MKFS_PID:-}; do
+    kill -TERM "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  done
+  if ((rc == 130 || rc == 143)); then
+    log "start interrupted; cleaning up"
+  else
+    log "start failed"
+    dump_logs
+  fi
   stop_daemons || log "warning: some daemons did not stop"
   empty_dir
   exit "$rc"
@@ -333,6 +406,8 @@ cmd_start() {
   trap start_failed EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
+  TIMEOUT=${S3SERVER_TIMEOUT:-60}
+  DEADLINE=$((SECONDS + TIMEOUT))
   : >"$DIR/$MARKER"
   ports=$(pick_ports "$want") || die "cannot pick ports"
   read -r rgw_port mon_port <<<"$ports"
@@ -358,59 +433,33 @@ cmd_start() {
   osd_secret=$(ceph-authtool --gen-print-key)
   ceph-authtool --create-keyring "$DIR/osd/keyring" -n osd.0 \
     --add-key "$osd_secret" >/dev/null
-  ceph-osd -c "$DIR/ceph.conf" -i 0 --mkfs --osd-uuid "$osd_uuid" \
-    >>"$DIR/log/mkfs.out" 2>&1 &
-  local mkfs_pid=$!
-  id=$(printf '{"cephx_secret": "%s"}' "$osd_secret" |
-    ceph_cli osd new "$osd_uuid" -i -)
-  wait "$mkfs_pid" || die "ceph-osd --mkfs failed"
+  ceph-osd -c "$DIR/ceph.conf" -i 0 --mkfs --no-mon-config \
+    --osd-uuid "$osd_uuid" >>"$DIR/log/mkfs.out" 2>&1 9>&- &
+  MKFS_PID=$!
+  printf '{"cephx_secret": "%s"}\n' "$osd_secret" >"$DIR/osd/new.json"
+  ceph_cli osd new "$osd_uuid" -i "$DIR/osd/new.json" >"$DIR/osd/id" \
+    2>>"$DIR/log/cli.out" || die "ceph osd new failed"
+  wait "$MKFS_PID" || die "ceph-osd --mkfs failed"
+  MKFS_PID=""
+  id=$(<"$DIR/osd/id")
   [[ $id == 0 ]] || die "mon gave OSD id '$id', expected 0"
   launch osd ceph-osd -i 0
 
   # Gateway key, user (radosgw-admin waits for the OSD to be up and creates
   # the zone and its pools), then the gateway itself.
   ceph_cli auth get-or-create "client.rgw.$RGW_ID" mon 'allow rw' \
-    osd 'allow rwx' -o "$DIR/rgw.keyring" 2>>"$DIR/log/cli.out"
-  timeout "${S3SERVER_TIMEOUT:-60}" radosgw-admin -c "$DIR/ceph.conf" \
+    osd 'allow rwx' -o "$DIR/rgw.keyring" 2>>"$DIR/log/cli.out" ||
+    die "ceph auth get-or-create failed"
+  step radosgw-admin -c "$DIR/ceph.conf" \
     user create --uid=spotd-test --display-name="spotd test" \
     --access-key="$ACCESS_KEY" --secret-key="$SECRET_KEY" \
     >>"$DIR/log/cli.out" 2>&1 || die "radosgw-admin user create failed"
   launch rgw radosgw -n "client.rgw.$RGW_ID"
 
-  # Ready = an authenticated S3 request works: create the bucket.
   local endpoint=http://127.0.0.1:$rgw_port
-  "$PY" - "$endpoint" "$ACCESS_KEY" "$SECRET_KEY" "$REGION" "$BUCKET" \
-    "${S3SERVER_TIMEOUT:-60}" "$DIR/pids/rgw" <<'EOF' ||
-import os, sys, time
-import boto3, botocore.config, botocore.exceptions as bx
-endpoint, ak, sk, region, bucket, timeout, pidfile = sys.argv[1:8]
-s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ak,
-                  aws_secret_access_key=sk, region_name=region,
-                  config=botocore.config.Config(
-                      s3={"addressing_style": "path"}, connect_timeout=2,
-                      read_timeout=10, retries={"max_attempts": 1}))
-pid = int(open(pidfile).read())
-deadline = time.monotonic() + float(timeout)
-last = "no answer"
-while time.monotonic() < deadline:
-    if not os.path.exists("/proc/%d" % pid):
-        sys.exit("radosgw exited")
-    try:
-        s3.create_bucket(Bucket=bucket)
-        break
-    except bx.ClientError as e:
-        code = e.response["Error"]["Code"]
-        if code == "BucketAlreadyOwnedByYou":
-            break
-        last = code
-    except bx.BotoCoreError as e:
-        last = str(e)
-    time.sleep(0.2)
-else:
-    sys.exit("gateway not ready after %s s: %s" % (timeout, last))
-s3.head_bucket(Bucket=bucket)
-EOF
-    die "S3 gateway on $endpoint did not become ready"
+  step "$PY" -c "$READY_PY" "$endpoint" "$ACCESS_KEY" "$SECRET_KEY" \
+    "$REGION" "$BUCKET" "$DIR/pids/rgw" 2>>"$DIR/log/ready.out" ||
+    die "S3 gateway on $endpoint did not answer: $(tail -n 1 "$DIR/log/ready.out" 2>/dev/null)"
 
   cat >"$DIR/env" <<EOF
 SPOT_TEST_S3_ENDPOINT=$endpoint
@@ -425,8 +474,34 @@ EOF
   sed 's/^/export /' "$DIR/env"
 }
 
+# Traps of cmd_run. Signals go to whatever runs (the start, then CMD); the
+# server is stopped once it has exited. The start is told with SIGTERM (an
+# async subshell ignores SIGINT). Ctrl-C on a terminal reaches CMD directly,
+# so SIGINT is passed on to CMD only when we are not the terminal's
+# foreground group.
+# shellcheck disable=SC2317
+stop_run() {
+  trap - EXIT
+  trap '' INT TERM HUP
+  cmd_stop "$DIR" || log "warning: stop failed"
+}
+
+# shellcheck disable=SC2317
+on_signal() {
+  local s=$1 me tty
+  sig=$s
+  [[ -n $child ]] || return 0
+  if [[ $phase == start ]]; then
+    s=TERM
+  elif [[ $s == INT ]]; then
+    read -r me tty < <(ps -o pgid=,tpgid= -p $$) || true
+    [[ $me == "$tty" ]] && return 0
+  fi
+  kill -s "$s" "$child" 2>/dev/null || true
+}
+
 cmd_run() {
-  local dir=$1 port=
+  local dir=$1 port=""
   shift
   DIR=$(resolve_dir "$dir")
   if [[ ${1:-} != -- ]]; then port=${1:-}; shift || true; fi
@@ -434,40 +509,49 @@ cmd_run() {
   shift
   (($# > 0)) || usage
 
-  stop_run() {
-    trap - EXIT INT TERM HUP
-    cmd_stop "$dir" || log "warning: stop failed"
-  }
   trap stop_run EXIT
-  # A signal is passed on to CMD (Ctrl-C already reached it through the
-  # terminal); the server is stopped once CMD has exited.
-  local child="" sig=""
-  trap 'sig=INT' INT
-  trap 'sig=TERM; [[ -n $child ]] && kill -TERM "$child" 2>/dev/null' TERM
-  trap 'sig=HUP; [[ -n $child ]] && kill -HUP "$child" 2>/dev/null' HUP
+  child="" sig="" phase=start
+  trap 'on_signal INT' INT
+  trap 'on_signal TERM' TERM
+  trap 'on_signal HUP' HUP
 
-  (S3SERVER_SAME_PGRP=1 cmd_start "$dir" "$port" >&2) ||
-    die "S3 server did not start"
-  [[ -z $sig ]] || exit 130
+  # Both steps run asynchronously so that the traps fire at once. An async
+  # command has SIGINT and SIGQUIT ignored and stdin on /dev/null unless
+  # told otherwise: CMD gets the default dispositions and our stdin back.
+  local status=0
+  (S3SERVER_SAME_PGRP=1 cmd_start "$dir" "$port" >&2) &
+  child=$!
+  wait_child || status=$?
+  child=""
+  case $sig in
+    INT) exit 130 ;; TERM) exit 143 ;; HUP) exit 129 ;;
+  esac
+  ((status == 0)) || die "S3 server did not start"
   set -a
   # shellcheck source=/dev/null
   . "$DIR/env"
   set +a
   unset AWS_SESSION_TOKEN AWS_SECURITY_TOKEN AWS_PROFILE
 
-  # Async so that traps run at once; explicit stdin, since an async
-  # command's stdin would otherwise be /dev/null.
+  phase=cmd
   exec 3<&0
-  "$@" <&3 3<&- &
+  env --default-signal=INT,QUIT -- "$@" <&3 3<&- &
   child=$!
   exec 3<&-
-  local status=0
-  while :; do
-    status=0
-    wait "$child" || status=$?
-    kill -0 "$child" 2>/dev/null || break   # gone: status is CMD's
-  done
+  status=0
+  wait_child || status=$?
   exit "$status"
+}
+
+# wait_child: wait for $child to exit, across interrupting traps; returns
+# its status.
+wait_child() {
+  local rc
+  while :; do
+    rc=0
+    wait "$child" || rc=$?
+    kill -0 "$child" 2>/dev/null || return "$rc"
+  done
 }
 
 main() {

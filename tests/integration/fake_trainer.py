@@ -48,7 +48,7 @@ def on_term(signum, frame):
     STATE["term"] = True
 
 
-def write_checkpoint(ckpt_dir, step, nbytes, why):
+def write_checkpoint(ckpt_dir, step, nbytes, why, rand=False):
     name = "step-%06d" % step
     path = os.path.join(ckpt_dir, name)
     os.makedirs(path, exist_ok=True)
@@ -59,8 +59,12 @@ def write_checkpoint(ckpt_dir, step, nbytes, why):
     with open(os.path.join(path, "data.bin"), "wb") as f:
         left = nbytes
         while left > 0:
-            n = min(left, len(block))
-            f.write(block[:n])
+            if rand:  # incompressible: a slow upload
+                n = min(left, 1 << 20)
+                f.write(os.urandom(n))
+            else:
+                n = min(left, len(block))
+                f.write(block[:n])
             left -= n
     # The marker comes last, once every file is closed.
     with open(os.path.join(path, "SPOTD_COMPLETE"), "w"):
@@ -81,6 +85,8 @@ def main():
     ap.add_argument("--step-sleep", type=float,
                     default=float(os.environ.get("FAKE_TRAINER_STEP_SLEEP", "0.05")))
     ap.add_argument("--bytes", type=int, default=env_int("FAKE_TRAINER_BYTES", 64 << 10))
+    ap.add_argument("--random", action="store_true",
+                    help="checkpoint data is random bytes (incompressible)")
     ap.add_argument("--signal", default="USR1")
     ap.add_argument("--ignore-signal", action="store_true")
     ap.add_argument("--ignore-term", action="store_true")
@@ -143,10 +149,10 @@ def main():
         if STATE["flag"]:
             STATE["flag"] = False
             emit("signal", step=step)
-            write_checkpoint(ckpt_dir, step, a.bytes, "signal")
+            write_checkpoint(ckpt_dir, step, a.bytes, "signal", a.random)
             last_ckpt = step
         elif a.every and step - last_ckpt >= a.every:
-            write_checkpoint(ckpt_dir, step, a.bytes, "own")
+            write_checkpoint(ckpt_dir, step, a.bytes, "own", a.random)
             last_ckpt = step
         if a.exit_at and step == a.exit_at:
             emit("exit", status=0, step=step)

@@ -694,6 +694,17 @@ spotd_on_signal(struct spotd *d, int signum)
     spotd_close(d);
     return;
   }
+  /* Already acting on a notice: the signal is the same end arriving by
+   * another road (Slurm SIGTERMs the job as soon as the requeue is
+   * accepted). Finish that; keep its relaunch and its exit status. */
+  if (d->have_notice && !d->drain_sigterm &&
+      (d->state == SPOTD_DRAINING || d->state == SPOTD_RELAUNCHING ||
+       d->state == SPOTD_STOPPING)) {
+    log_notice("signal %d: already stopping for the %s notice, finishing "
+               "that (again to stop now)",
+               signum, d->reason);
+    return;
+  }
   log_notice("signal %d: final checkpoint, then stop (again to stop now)",
              signum);
   d->drain_sigterm = true;
@@ -709,6 +720,19 @@ launch(struct spotd *d)
 {
   int r;
 
+  if (d->have_notice) {
+    /* The machine is going away: starting the trainer would only cost
+     * the time left. Relaunch elsewhere and leave. */
+    log_warn("notice %s before the trainer started: not starting it",
+             d->notice.reason);
+    spot_strlcpy(d->reason, d->notice.reason, sizeof(d->reason));
+    d->deadline_mono = d->notice.deadline_mono_ms;
+    d->deadline_wall = d->notice.deadline_wall_ms;
+    d->final_pending = false;
+    spotd_set_state(d, SPOTD_DRAINING);
+    advance(d);
+    return;
+  }
   r = trainer_start(&d->trainer, d);
   if (r < 0) {
     d->exit_code = 127;
@@ -727,10 +751,6 @@ launch(struct spotd *d)
   spotd_set_state(d, SPOTD_RUNNING);
   spotd_notify(d, "READY=1\nSTATUS=running, trainer pid %d",
                (int)d->trainer.pid);
-  /* A notice that arrived while restoring. */
-  if (d->have_notice)
-    start_drain(d, d->notice.reason, d->notice.deadline_mono_ms,
-                d->notice.deadline_wall_ms);
 }
 
 static void

@@ -109,7 +109,7 @@ call(const struct ctl_opts *o, const struct spot_buf *req, json_t **root,
   struct spot_buf line;
   char err[256];
   size_t off = 0;
-  int fd, r;
+  int fd, r, write_err = 0;
 
   memset(&sa, 0, sizeof(sa));
   sa.sun_family = AF_UNIX;
@@ -134,6 +134,12 @@ call(const struct ctl_opts *o, const struct spot_buf *req, json_t **root,
     if (w < 0) {
       if (errno == EINTR)
         continue;
+      /* spotd may have answered (e.g. "permission denied") and closed
+       * before our request went out: read that answer below. */
+      if (errno == EPIPE || errno == ECONNRESET) {
+        write_err = errno;
+        break;
+      }
       r = spotctl_fail("writing to spotd: %s", strerror(errno));
       close(fd);
       return r;
@@ -158,7 +164,10 @@ call(const struct ctl_opts *o, const struct spot_buf *req, json_t **root,
     if (n < 0 && errno == EINTR)
       continue;
     if (n <= 0) {
-      r = spotctl_fail("spotd closed the connection without an answer");
+      if (write_err != 0)
+        r = spotctl_fail("writing to spotd: %s", strerror(write_err));
+      else
+        r = spotctl_fail("spotd closed the connection without an answer");
       break;
     }
     if (spot_buf_append(&line, buf, (size_t)n) < 0) {

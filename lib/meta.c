@@ -614,6 +614,7 @@ op_next_tick(struct op *op)
 }
 
 static void done_cb(CURL *easy, CURLcode rc, void *data);
+static void handle_ack(struct op *op, CURLcode rc, long status);
 
 static void
 op_start_fetch(struct op *op)
@@ -639,7 +640,10 @@ op_start_fetch(struct op *op)
   if (r < 0) {
     log_warn_errno(r, "meta %s: cannot start request", op_names[op->kind]);
     set_state(op, OP_FETCHING); /* so op_failed's BACKOFF is a change */
-    op_failed(op, "cannot start request");
+    if (op->kind == OP_AZURE_ACK)
+      handle_ack(op, CURLE_FAILED_INIT, 0); /* bounded retries, then cb */
+    else
+      op_failed(op, "cannot start request");
     return;
   }
   op->started = spot_now_mono_ms();

@@ -304,6 +304,23 @@ valid_hostport(const char *h)
   return true;
 }
 
+/* A test knob: SPOT_S3_LOW_SPEED_TIME=SEC (1..3600) shortens the stall
+ * timeout so fault-injection tests need not wait 20 s per stall. */
+static long
+env_secs_or(const char *name, long dflt)
+{
+  const char *v = getenv(name);
+  int64_t n;
+
+  if (v == NULL || v[0] == '\0')
+    return dflt;
+  if (spot_parse_int64(v, 1, 3600, &n) < 0) {
+    log_warn("s3: ignoring %s=\"%s\" (expected 1 to 3600 seconds)", name, v);
+    return dflt;
+  }
+  return (long)n;
+}
+
 int
 spot_s3_new(struct spot_http *http, const struct spot_s3_config *cfg,
             struct spot_s3 **out)
@@ -361,7 +378,9 @@ spot_s3_new(struct spot_http *http, const struct spot_s3_config *cfg,
   s3->retry_cap_ms = cfg->retry_cap_ms != 0 ? cfg->retry_cap_ms : 10000;
   s3->connect_timeout_ms =
       cfg->connect_timeout_ms > 0 ? cfg->connect_timeout_ms : 5000;
-  s3->low_speed_time_s = cfg->low_speed_time_s > 0 ? cfg->low_speed_time_s : 20;
+  s3->low_speed_time_s = cfg->low_speed_time_s > 0
+                             ? cfg->low_speed_time_s
+                             : env_secs_or("SPOT_S3_LOW_SPEED_TIME", 20);
   s3->low_speed_limit = cfg->low_speed_limit > 0 ? cfg->low_speed_limit : 1024;
   s3->request_timeout_ms =
       cfg->request_timeout_ms > 0 ? cfg->request_timeout_ms : 0;

@@ -45,7 +45,8 @@ struct spot_s3_config {
   uint64_t retry_base_ms;  /* default 200 when 0 */
   uint64_t retry_cap_ms;   /* default 10000 when 0 */
   long connect_timeout_ms; /* default 5000 when 0 */
-  /* abort when < low_speed_limit B/s this long; default 20 */
+  /* abort when < low_speed_limit B/s this long; default
+   * $SPOT_S3_LOW_SPEED_TIME (a test knob), else 20 */
   long low_speed_time_s;
   long low_speed_limit; /* default 1024 */
   /* whole request; 0 = none (big parts on slow links) */

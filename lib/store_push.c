@@ -987,16 +987,51 @@ check_cb(const struct spot_s3_result *res, void *data)
 
 static void
 seq_cb(const struct spot_s3_result *res, void *data)
+/* The manifest read back after a retried commit said 412: the lost
+ * response was our own first attempt's if the bytes are ours. */
+static void
+commit_check_cb(const struct spot_s3_result *res, void *data)
 {
   struct push_op *op = data;
 
   op->active_s3--;
   op->s3op = NULL;
   op->retries += res->retries;
+  if (res->err == 0 && op->body.len == strlen(op->manifest_json) &&
+      memcmp(spot_buf_str(&op->body), op->manifest_json, op->body.len) == 0)
+    op->commit_ms = spot_now_mono_ms() - op->start_ms;
+  else
+    fail_msg(op, -EEXIST, "checkpoint %s was committed by someone else",
+             op->name);
+  advance(op);
+}
+
+{
+  struct push_op *op = data;
+
+  op->active_s3--;
+  char *key;
+  int r;
+  op->s3op = NULL;
+  op->retries += res->retries;
   switch (op->state) {
   case PUSH_COMMIT:
     if (res->err == -EEXIST)
       fail_msg(op, -EEXIST, "checkpoint %s was committed by someone else",
+    if (res->err == -EEXIST && res->retries > 0 && !op->cancelled &&
+        (key = spot__store_key(&op->cfg.c, op->name, SPOT_MANIFEST_NAME)) !=
+            NULL) {
+      /* A retried If-None-Match PUT: the first attempt may have landed
+       * with its response lost (reset). Read it back and compare. */
+      spot_buf_reset(&op->body);
+      r = spot_s3_get(op->cfg.c.s3, op->cfg.bucket, key, 0, 0, NULL, &op->body,
+                      commit_check_cb, op, &op->s3op);
+      free(key);
+      if (r == 0) {
+        op->active_s3++;
+        return;
+      }
+    }
                op->name);
     else if (res->err < 0)
       fail_s3(op, "writing the manifest", res);

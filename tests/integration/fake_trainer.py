@@ -119,7 +119,8 @@ def main():
     if resume:
         with open(os.path.join(resume, "step")) as f:
             step = int(f.read().strip())
-    env = {k: v for k, v in os.environ.items() if k.startswith("SPOTD_")}
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith(("SPOTD_", "NOTIFY_SOCKET", "WATCHDOG_", "LISTEN_"))}
     emit("start", pid=os.getpid(), pgid=os.getpgid(0), sid=os.getsid(0),
          env=env, step=step)
 

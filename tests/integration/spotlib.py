@@ -364,11 +364,12 @@ class Daemon:
 
     trainer: arguments of fake_trainer.py (its event log is
     workdir/trainer.log), or cmd: a whole command instead. args: more spotd
-    options. interval: --interval (0 = no periodic checkpoints)."""
+    options. interval: --interval (0 = no periodic checkpoints). wrapper:
+    argv put before spotd's (it must exec spotd, so self.pid is spotd's)."""
 
     def __init__(self, workdir, store, job, trainer=(), cmd=None, args=(),
                  provider="none", metadata_url=None, interval=0, env=None,
-                 echo=True, poll_interval="500ms", grace=None):
+                 echo=True, poll_interval="500ms", grace=None, wrapper=None):
         self.workdir = workdir
         os.makedirs(workdir, exist_ok=True)
         self.ckpt_dir = os.path.join(workdir, "ckpt")
@@ -390,6 +391,8 @@ class Daemon:
             cmd = [PY3, FAKE_TRAINER, "--log", self.trainer_log] + \
                 [str(a) for a in trainer]
         argv += ["--"] + list(cmd)
+        if wrapper:  # e.g. a shell that exports its own pid, then execs
+            argv = list(wrapper) + argv
         full_env = dict(os.environ)
         full_env.update(env or {})
         self.argv = argv

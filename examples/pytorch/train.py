@@ -79,6 +79,9 @@ def parse_args():
                    help="print the loss every N steps (default 10)")
     p.add_argument("--sleep-per-step", type=float, default=0.0, metavar="SEC",
                    help="slow each step down (to preempt mid-run in tests)")
+    p.add_argument("--slow-save", type=float, default=0.0, metavar="SEC",
+                   help="pause SEC after the first file of each save (tests: "
+                   "a preemption in the middle of a save)")
     p.add_argument("--signal", default="USR1",
                    help="checkpoint signal, e.g. USR1, SIGUSR2 (default USR1)")
     p.add_argument("--ckpt-dir", default=None,
@@ -210,6 +213,8 @@ def save_checkpoint(root, step, model, optimizer, reason):
             f.flush()
             os.fsync(f.fileno())
             size += f.tell()
+        if args.slow_save > 0 and fname == CKPT_FILES[0]:
+            time.sleep(args.slow_save)  # half-written: no marker yet
     # The marker last, once everything above is durable: from now on spotd
     # may upload the folder.
     with open(os.path.join(path, MARKER), "wb") as f:

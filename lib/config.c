@@ -209,7 +209,6 @@ _Static_assert(sizeof(keys) / sizeof(keys[0]) <= SPOT_CONFIG_MAX_KEYS,
                "raise SPOT_CONFIG_MAX_KEYS");
 
 union value {
-  char *s;
   int64_t i;
   uint64_t u;
   bool b;
@@ -339,7 +338,7 @@ check_url(const char *v, char *err, size_t errlen)
 static int
 check_args(const char *v, char *err, size_t errlen)
 {
-  char **argv;
+  char **argv = NULL;
   int argc;
   int r = spot_config_split_args(v, &argv, &argc, err, errlen);
 
@@ -536,8 +535,8 @@ enum_list(const struct enum_val *ev, char *buf, size_t size)
                             ev[i].name);
 }
 
-/* Parses v for k into *out (a malloc'ed string for T_STRING; NULL for an
- * empty string). Message without any location prefix in err. */
+/* Parses v for k into *out. A T_STRING is only checked: set_value() copies
+ * it. Message without any location prefix in err. */
 static int
 parse_value(const struct key_def *k, const char *v, union value *out,
             char *err, size_t errlen)
@@ -566,12 +565,6 @@ parse_value(const struct key_def *k, const char *v, union value *out,
       r = k->check(v, err, errlen);
       if (r < 0)
         return r;
-    }
-    out->s = NULL;
-    if (*v != '\0') {
-      out->s = strdup(v);
-      if (out->s == NULL)
-        return -ENOMEM;
     }
     return 0;
   case T_INT:
@@ -632,19 +625,13 @@ parse_value(const struct key_def *k, const char *v, union value *out,
 }
 
 static void
-assign(struct spot_config *cfg, size_t idx, union value *v)
+assign(struct spot_config *cfg, const struct key_def *k, union value *v)
 {
-  const struct key_def *k = &keys[idx];
   char *field = (char *)cfg + k->off;
 
   switch (k->type) {
-  case T_STRING: {
-    char **sp = (char **)(void *)field;
-    free(*sp);
-    *sp = v->s;
-    v->s = NULL;
+  case T_STRING: /* stored by set_value() */
     break;
-  }
   case T_INT:
     *(int64_t *)(void *)field = v->i;
     break;
@@ -667,19 +654,30 @@ static int
 set_value(struct spot_config *cfg, size_t idx, const char *v, bool apply,
           int origin, int line, char *err, size_t errlen)
 {
+  const struct key_def *k = &keys[idx];
   union value val;
   int r;
 
   memset(&val, 0, sizeof(val));
-  r = parse_value(&keys[idx], v, &val, err, errlen);
-  if (r < 0)
+  r = parse_value(k, v, &val, err, errlen);
+  if (r < 0 || !apply)
     return r;
-  if (!apply) {
-    if (keys[idx].type == T_STRING)
-      free(val.s);
-    return 0;
+  /* A string is copied only when it is stored, and in the same place, so
+   * that the copy has one visible owner. */
+  if (k->type == T_STRING) {
+    char **sp = (char **)(void *)((char *)cfg + k->off);
+    char *copy = NULL;
+
+    if (v != NULL && *v != '\0') {
+      copy = strdup(v);
+      if (copy == NULL)
+        return -ENOMEM;
+    }
+    free(*sp);
+    *sp = copy;
+  } else {
+    assign(cfg, k, &val);
   }
-  assign(cfg, idx, &val);
   cfg->origin_[idx] = (unsigned char)origin;
   cfg->line_[idx] = line;
   return 0;

@@ -228,11 +228,10 @@ pause_ms(struct relaunch *r, uint64_t ms)
 /* ------------------------------------------------------------ children */
 
 static void
-child_exec(struct relaunch *r, char *const argv[], const char *path,
-           int out_fd)
+child_exec(struct relaunch *r, char *const argv[], const char *path, int out_fd)
 {
-  static const int reset[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPIPE,
-                              SIGCHLD, SIGUSR1, SIGUSR2};
+  static const int reset[] = {SIGTERM, SIGINT,  SIGHUP,  SIGQUIT,
+                              SIGPIPE, SIGCHLD, SIGUSR1, SIGUSR2};
   struct sigaction sa;
 
   setpgid(0, 0);
@@ -352,8 +351,7 @@ own_dir(const char *dir)
     return -errno;
   if (lstat(dir, &st) < 0)
     return -errno;
-  if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
-      (st.st_mode & 022) != 0)
+  if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022) != 0)
     return -EPERM;
   return 0;
 }
@@ -396,7 +394,7 @@ marker_name(const struct relaunch *r, char *buf, size_t size)
   EVP_MD_CTX_free(ctx);
   if (!ok || mdlen < 16 || size < 9 + 33)
     return -EIO;
-  memcpy(buf, "relaunch-", 9);
+  spot_strlcpy(buf, "relaunch-", size);
   for (unsigned i = 0; i < 16; i++)
     snprintf(buf + 9 + 2 * i, 3, "%02x", md[i]);
   return 0;
@@ -483,8 +481,7 @@ marker_commit(struct relaunch *r, const char *what)
               when, what, r->job, r->ckpt[0] ? r->ckpt : "none", r->reason,
               r->deadline[0] ? r->deadline : "none");
   if (n < 0 || fsync(r->marker_fd) < 0)
-    say("warning: cannot write the marker %s: %s", r->marker,
-        strerror(errno));
+    say("warning: cannot write the marker %s: %s", r->marker, strerror(errno));
 }
 
 static void
@@ -517,12 +514,12 @@ backend_exec(struct relaunch *r, char *what, size_t what_size)
 
   cmd_line(r->cmd, r->ncmd, line, sizeof(line));
   snprintf(what, what_size, "exec '%s'", line);
-  c = malloc(sizeof(*c));
+  c = calloc(1, sizeof(*c));
   if (c == NULL)
     return spotctl_fail("relaunch: out of memory");
   for (int64_t i = 1; i <= tries; i++) {
-    say("attempt %" PRId64 "/%" PRId64 ": running '%s' (%.1f s left)", i,
-        tries, line, (double)ms_left(r) / 1000.0);
+    say("attempt %" PRId64 "/%" PRId64 ": running '%s' (%.1f s left)", i, tries,
+        line, (double)ms_left(r) / 1000.0);
     e = run_child(r, r->cmd, NULL, r->end_mono, false, c);
     if (e < 0) {
       free(c);
@@ -618,8 +615,8 @@ scontrol(struct relaunch *r, char *const args[], bool accept_pending,
       say("'%s': no time left", line);
       return -1;
     }
-    limit = spot_now_mono_ms() + (left < SCONTROL_CALL_MS ? left
-                                                          : SCONTROL_CALL_MS);
+    limit = spot_now_mono_ms() +
+            (left < SCONTROL_CALL_MS ? left : SCONTROL_CALL_MS);
     say("attempt %" PRId64 "/%" PRId64 ": %s", i, tries, line);
     e = run_child(r, argv, r->scontrol, limit, true, c);
     if (e < 0) {
@@ -632,8 +629,7 @@ scontrol(struct relaunch *r, char *const args[], bool accept_pending,
     }
     describe_status(c, st, sizeof(st));
     one_line(c->out, msg, sizeof(msg));
-    say("attempt %" PRId64 "/%" PRId64 ": %s: %s: %s", i, tries, line, st,
-        msg);
+    say("attempt %" PRId64 "/%" PRId64 ": %s: %s: %s", i, tries, line, st, msg);
     if (c->interrupted)
       return -1;
     if (accept_pending && slurm_already_pending(c->out)) {
@@ -721,8 +717,8 @@ backend_slurm(struct relaunch *r, char *what, size_t what_size)
   {
     char *req[] = {(char *)"requeuehold", jobarg, NULL};
 
-    snprintf(what, what_size, "scontrol requeuehold/release %s%s",
-             r->slurm_job, r->exclude_node ? " excluding the node" : "");
+    snprintf(what, what_size, "scontrol requeuehold/release %s%s", r->slurm_job,
+             r->exclude_node ? " excluding the node" : "");
     if (scontrol(r, req, true, c) < 0) {
       free(c);
       return SPOTCTL_EXIT_FAIL;
@@ -818,7 +814,8 @@ static const char relaunch_usage[] =
     "                     (requeuehold, update ExcNodeList, release)\n"
     "  --hold             slurm: requeuehold, then release\n"
     "  --state-dir DIR    where the per-preemption markers live (default\n"
-    "                     $SPOTCTL_STATE_DIR, $XDG_RUNTIME_DIR/spotd-relaunch,\n"
+    "                     $SPOTCTL_STATE_DIR, "
+    "$XDG_RUNTIME_DIR/spotd-relaunch,\n"
     "                     /tmp/spotd-relaunch-UID)\n"
     "\n"
     "A second call for the same preemption (job, checkpoint, reason,\n"
@@ -1035,6 +1032,7 @@ spotctl_cmd_relaunch(int argc, char **argv)
   r.timeout_s = -1;
   r.retries = -1;
   r.marker_fd = -1;
+  r.job = r.store = r.ckpt = r.reason = r.deadline = "";
   rc = parse_args(argc, argv, &r);
   if (rc != 0)
     return rc == 1 ? SPOTCTL_EXIT_OK : rc;
@@ -1057,9 +1055,8 @@ spotctl_cmd_relaunch(int argc, char **argv)
   r.end_mono = spot_now_mono_ms() + budget_ms(&r);
   say("%s backend: job %s, checkpoint %s, reason %s, deadline %s, %.1f s "
       "budget",
-      backend_names[r.backend], r.job, r.ckpt[0] ? r.ckpt : "(none)",
-      r.reason, r.deadline[0] ? r.deadline : "(none)",
-      (double)ms_left(&r) / 1000.0);
+      backend_names[r.backend], r.job, r.ckpt[0] ? r.ckpt : "(none)", r.reason,
+      r.deadline[0] ? r.deadline : "(none)", (double)ms_left(&r) / 1000.0);
 
   if (mr == 0)
     mr = marker_open(&r, done, sizeof(done));

@@ -244,7 +244,7 @@ process_line(struct spot_proto_reader *r, const char *line, size_t len,
              spot_proto_msg_cb cb, void *cbdata)
 {
   struct spot_proto_msg msg;
-  json_t *root;
+  json_t *root = NULL;
   int ret;
 
   if (len > 0 && line[len - 1] == '\r')
@@ -624,7 +624,7 @@ spot_proto_status_from_json(json_t *obj, struct spot_proto_status *st,
                             char *err, size_t errlen)
 {
   json_t *sub, *arr, *v;
-  int64_t n;
+  int64_t n = 0;
   size_t i;
   int r = 0;
 

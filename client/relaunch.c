@@ -50,6 +50,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -99,6 +100,7 @@ struct relaunch {
   char marker[PATH_MAX];
   int marker_fd;
   sigset_t blocked, old_mask;
+  pid_t pid; /* ours, for the children's parent-death check */
   bool told_term;
 };
 
@@ -235,6 +237,12 @@ child_exec(struct relaunch *r, char *const argv[], const char *path, int out_fd)
   struct sigaction sa;
 
   setpgid(0, 0);
+  /* exec: the command does not outlive us (spotd SIGKILLs a relaunch
+   * step that overruns its own limit). scontrol is left to finish: a
+   * release must not die with us when Slurm kills the job. */
+  if (r->backend == BACKEND_EXEC &&
+      (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != r->pid))
+    _exit(127);
   memset(&sa, 0, sizeof(sa));
   sa.sa_handler = SIG_DFL;
   for (size_t i = 0; i < SPOT_ARRAY_SIZE(reset); i++)
@@ -1025,6 +1033,7 @@ int
 spotctl_cmd_relaunch(int argc, char **argv)
 {
   struct relaunch r;
+  struct sigaction sa;
   char done[512] = "", what[640] = "";
   int rc, mr;
 
@@ -1046,6 +1055,12 @@ spotctl_cmd_relaunch(int argc, char **argv)
   if (r.dry_run)
     return dry_run(&r, mr);
 
+  /* Children are reaped here: a SIGCHLD ignored by our parent would make
+   * the kernel reap them instead. */
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = SIG_DFL;
+  sigaction(SIGCHLD, &sa, NULL);
+  r.pid = getpid();
   sigemptyset(&r.blocked);
   sigaddset(&r.blocked, SIGCHLD);
   sigaddset(&r.blocked, SIGTERM);

@@ -129,6 +129,26 @@ def test_exec():
             not os.path.exists("/proc/%d" % pid),
             "exec: SIGTERM stops the command and fails", err)
 
+    # spotd SIGKILLs a relaunch step that overruns: the command goes too.
+    pidf = os.path.join(TMP, "orphan.pid")
+    p = subprocess.Popen([SPOTCTL, "relaunch", "--backend", "exec", "--", "sh",
+                          "-c", 'echo $$ > "$0"; exec sleep 30', pidf],
+                         env=base_env(SPOTD_CHECKPOINT="step-000104"),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        if read(pidf):
+            break
+        time.sleep(0.05)
+    p.kill()
+    p.wait(10)
+    pid = int(read(pidf) or "0")
+    for _ in range(40):
+        if not os.path.exists("/proc/%d" % pid):
+            break
+        time.sleep(0.05)
+    c.check(pid > 0 and not os.path.exists("/proc/%d" % pid),
+            "exec: the command does not outlive a SIGKILLed spotctl", str(pid))
+
 
 def test_budget_and_dry_run():
     dl = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 30))

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int __attribute__((format(printf, 3, 4)))
-fail(char *err, size_t errlen, const char *fmt, ...)
+static void __attribute__((format(printf, 3, 4)))
+set_err(char *err, size_t errlen, const char *fmt, ...)
 {
   va_list ap;
 
@@ -18,8 +18,13 @@ fail(char *err, size_t errlen, const char *fmt, ...)
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
   }
-  return -EINVAL;
 }
+
+/* fail(err, errlen, fmt, ...) writes the message and evaluates to -EINVAL.
+ * A macro so that the -EINVAL shows at the call: the static analyzer does
+ * not step into variadic functions, and would otherwise walk every failure
+ * as a possible success (and warn about the outputs it did not set). */
+#define fail(err, errlen, ...) (set_err((err), (errlen), __VA_ARGS__), -EINVAL)
 
 static bool
 is_lower_alnum(char c)

@@ -20,11 +20,11 @@
 /* where-strings like "files[999999].frames[9999]" */
 #define WHERE_MAX 64
 
-static int fail(char *err, size_t errlen, int r, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
-static int
-fail(char *err, size_t errlen, int r, const char *fmt, ...)
+static void
+set_err(char *err, size_t errlen, const char *fmt, ...)
 {
   va_list ap;
 
@@ -33,8 +33,13 @@ fail(char *err, size_t errlen, int r, const char *fmt, ...)
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
   }
-  return r;
 }
+
+/* fail(err, errlen, r, fmt, ...) writes the message and evaluates to r.
+ * A macro so that r shows at the call: the static analyzer does not step
+ * into variadic functions, and would otherwise walk every failure as a
+ * possible success (and warn about the outputs it did not set). */
+#define fail(err, errlen, r, ...) (set_err((err), (errlen), __VA_ARGS__), (r))
 
 /* Untrusted text quoted in an error message: at most 32 bytes, anything
  * but printable ASCII shown as '?', so a manifest can't put escape
@@ -747,6 +752,7 @@ parse_root(struct parse *ps, json_t *root, struct spot_manifest *m)
   size_t len;
   int64_t v, tf, traw, tstored;
   json_t *totals, *files;
+  size_t nf;
   int r;
 
   if (!json_is_object(root))
@@ -810,16 +816,17 @@ parse_root(struct parse *ps, json_t *root, struct spot_manifest *m)
     return fail(ps->err, ps->errlen, -EBADMSG, "files: missing");
   if (!json_is_array(files))
     return fail(ps->err, ps->errlen, -EBADMSG, "files: not an array");
-  if (json_array_size(files) > SPOT_MANIFEST_FILES_MAX)
+  nf = json_array_size(files);
+  if (nf > SPOT_MANIFEST_FILES_MAX)
     return fail(ps->err, ps->errlen, -EBADMSG, "files: more than %d",
                 SPOT_MANIFEST_FILES_MAX);
-  if (json_array_size(files) > 0) {
-    m->files = calloc(json_array_size(files), sizeof(*m->files));
+  if (nf > 0) {
+    m->files = calloc(nf, sizeof(*m->files));
     if (!m->files)
       return -ENOMEM;
-    m->files_alloc = json_array_size(files);
+    m->files_alloc = nf;
   }
-  for (size_t i = 0; i < json_array_size(files); i++) {
+  for (size_t i = 0; i < nf; i++) {
     /* counted first, so the file is freed whatever happens */
     m->nfiles = i + 1;
     r = parse_file(ps, json_array_get(files, i), i, &m->files[i]);
@@ -882,7 +889,7 @@ spot_manifest_parse(const char *json, size_t len, struct spot_manifest **out,
   json_decref(root);
   if (r < 0) {
     if (r == -ENOMEM)
-      fail(err, errlen, r, "manifest: out of memory");
+      set_err(err, errlen, "manifest: out of memory");
     spot_manifest_free(m);
     return r;
   }

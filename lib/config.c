@@ -79,16 +79,17 @@ static const struct enum_val compress_vals[] = {
 };
 
 static const struct enum_val log_vals[] = {
-    {"err", SPOT_LOG_ERR},   {"warning", SPOT_LOG_WARNING},
+    {"err", SPOT_LOG_ERR},       {"warning", SPOT_LOG_WARNING},
     {"notice", SPOT_LOG_NOTICE}, {"info", SPOT_LOG_INFO},
-    {"debug", SPOT_LOG_DEBUG}, {NULL, 0},
+    {"debug", SPOT_LOG_DEBUG},   {NULL, 0},
 };
 
 /* Signals a trainer may be asked to checkpoint with. */
 static const struct enum_val signal_vals[] = {
-    {"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"HUP", SIGHUP},   {"INT", SIGINT},
-    {"TERM", SIGTERM}, {"QUIT", SIGQUIT}, {"ALRM", SIGALRM}, {"WINCH", SIGWINCH},
-    {"URG", SIGURG},   {"PWR", SIGPWR},   {"CONT", SIGCONT}, {NULL, 0},
+    {"USR1", SIGUSR1}, {"USR2", SIGUSR2},   {"HUP", SIGHUP},
+    {"INT", SIGINT},   {"TERM", SIGTERM},   {"QUIT", SIGQUIT},
+    {"ALRM", SIGALRM}, {"WINCH", SIGWINCH}, {"URG", SIGURG},
+    {"PWR", SIGPWR},   {"CONT", SIGCONT},   {NULL, 0},
 };
 
 static int check_job(const char *v, char *err, size_t errlen);
@@ -120,23 +121,23 @@ static const struct key_def keys[] = {
      "sh -c '...' for a shell). Long commands continue on indented lines."},
     {"provider", T_ENUM, OFF(provider), NULL, "auto", NULL, NULL, 0, 0,
      provider_vals, NULL, 0, "Which interruption notice to watch."},
-    {"metadata-url", T_STRING, OFF(metadata_url), "URL", NULL,
-     "the provider's", "http://169.254.169.254", 0, 0, NULL, check_url, 0,
+    {"metadata-url", T_STRING, OFF(metadata_url), "URL", NULL, "the provider's",
+     "http://169.254.169.254", 0, 0, NULL, check_url, 0,
      "Base URL of the metadata service (emulators, tests)."},
-    {"poll-interval", T_DURATION, OFF(poll_interval_ms), "SEC", "1", NULL,
-     NULL, 100, MS(3600), NULL, NULL, 0,
+    {"poll-interval", T_DURATION, OFF(poll_interval_ms), "SEC", "1", NULL, NULL,
+     100, MS(3600), NULL, NULL, 0,
      "Metadata poll period (GCP uses a long poll). Seconds, or a number "
      "with a unit: 500ms, 2s, 1m."},
-    {"imdsv1", T_BOOL, OFF(imdsv1), NULL, "false", NULL, NULL, 0, 0, NULL,
-     NULL, 0,
+    {"imdsv1", T_BOOL, OFF(imdsv1), NULL, "false", NULL, NULL, 0, 0, NULL, NULL,
+     0,
      "AWS: fall back to IMDSv1 (no session token) when IMDSv2 is "
      "unavailable."},
     {"vm-name", T_STRING, OFF(vm_name), "NAME", NULL,
      "asked from the metadata service", "my-vm", 0, 0, NULL, NULL, 0,
      "Azure: this VM's name in scheduled events."},
     {"ckpt-dir", T_STRING, OFF(ckpt_dir), "DIR", NULL,
-     "$STATE_DIRECTORY/ckpt or ./spotd-ckpt", "/var/lib/spotd/ckpt", 0, 0,
-     NULL, NULL, 0,
+     "$STATE_DIRECTORY/ckpt or ./spotd-ckpt", "/var/lib/spotd/ckpt", 0, 0, NULL,
+     NULL, 0,
      "Where the trainer writes checkpoints (SPOTD_CKPT_DIR), one "
      "subdirectory each."},
     {"interval", T_DURATION, OFF(interval_ms), "SEC", "600", NULL, NULL, 0,
@@ -147,16 +148,16 @@ static const struct key_def keys[] = {
      "Signal asking the trainer to checkpoint: USR1, USR2, HUP, INT, TERM, "
      "QUIT, ALRM, WINCH, URG, PWR, CONT (SIG prefix optional) or a number; "
      "never KILL or STOP."},
-    {"signal-target", T_ENUM, OFF(signal_target), NULL, "group", NULL, NULL,
-     0, 0, target_vals, NULL, 0,
+    {"signal-target", T_ENUM, OFF(signal_target), NULL, "group", NULL, NULL, 0,
+     0, target_vals, NULL, 0,
      "Send the signal to the trainer's process group, or only to the "
      "process spotd started (for launchers that die on it)."},
     {"ckpt-timeout", T_DURATION, OFF(ckpt_timeout_ms), "SEC", "1800", NULL,
      NULL, 0, MS(7 * 86400), NULL, NULL, 0,
      "Stop waiting for a requested periodic checkpoint after this long and "
      "warn; 0 waits forever. After a notice its deadline rules instead."},
-    {"grace", T_DURATION, OFF(grace_ms), "SEC", "10", NULL, NULL, 0,
-     MS(3600), NULL, NULL, 0,
+    {"grace", T_DURATION, OFF(grace_ms), "SEC", "10", NULL, NULL, 0, MS(3600),
+     NULL, NULL, 0,
      "Time between SIGTERM and SIGKILL when stopping the trainer; cut short "
      "to end before a notice's deadline."},
     {"relaunch", T_STRING, OFF(relaunch), "CMD", NULL, "none",
@@ -176,14 +177,14 @@ static const struct key_def keys[] = {
      "S3 endpoint. Path-style addressing is used for custom endpoints; TLS "
      "is always verified for https."},
     {"region", T_STRING, OFF(region), "REGION", NULL,
-     "AWS_REGION, AWS_DEFAULT_REGION, the profile, or IMDS", "us-east-1", 0,
-     0, NULL, check_region, 0, "S3 region (signing)."},
+     "AWS_REGION, AWS_DEFAULT_REGION, the profile, or IMDS", "us-east-1", 0, 0,
+     NULL, check_region, 0, "S3 region (signing)."},
     {"part-size", T_SIZE, OFF(part_size), "SIZE", "16M", NULL, NULL, MIB(5),
      MIB(512), NULL, NULL, 0,
      "Multipart part size, one zstd frame each (K, M, G suffixes; 5M to "
      "512M)."},
-    {"parallel", T_INT, OFF(parallel), "N", "0", NULL, NULL, 0, 64, NULL,
-     NULL, 0,
+    {"parallel", T_INT, OFF(parallel), "N", "0", NULL, NULL, 0, 64, NULL, NULL,
+     0,
      "Parts compressed and uploaded at once (0 = one per core, at least "
      "2)."},
     {"compress", T_ENUM, OFF(compress), NULL, "auto", NULL, NULL, 0, 0,
@@ -191,8 +192,8 @@ static const struct key_def keys[] = {
      "auto: zstd, with byte grouping for float tensors where it pays; "
      "zstd: zstd only; none: stored in raw zstd blocks (already compressed "
      "data)."},
-    {"level", T_INT, OFF(level), "N", "1", NULL, NULL, -1000, 19, NULL, NULL,
-     0, "zstd level (-1000 to 19; 1 suits checkpoints, negative is faster)."},
+    {"level", T_INT, OFF(level), "N", "1", NULL, NULL, -1000, 19, NULL, NULL, 0,
+     "zstd level (-1000 to 19; 1 suits checkpoints, negative is faster)."},
     {"socket", T_STRING, OFF(socket), "PATH", NULL,
      "$RUNTIME_DIRECTORY/spotd.sock or ./spotd.sock", "/run/spotd/spotd.sock",
      0, 0, NULL, NULL, 0, "Control socket (spotctl), mode 0660."},
@@ -326,7 +327,8 @@ check_url(const char *v, char *err, size_t errlen)
   if (end == host)
     return fail(err, errlen, "'%.200s' has no host", v);
   if (memchr(host, '@', (size_t)(end - host)) != NULL)
-    return fail(err, errlen, "credentials in URLs are not accepted; spotd "
+    return fail(err, errlen,
+                "credentials in URLs are not accepted; spotd "
                 "uses the instance role, the AWS_* environment, ~/.aws or "
                 "LoadCredential=");
   for (const char *p = v; *p != '\0'; p++)
@@ -358,8 +360,8 @@ check_region(const char *v, char *err, size_t errlen)
   for (size_t i = 0; i < n; i++)
     if (!((v[i] >= 'a' && v[i] <= 'z') || (v[i] >= '0' && v[i] <= '9') ||
           v[i] == '-'))
-      return fail(err, errlen,
-                  "region '%s' may only contain a-z, 0-9 and '-'", v);
+      return fail(err, errlen, "region '%s' may only contain a-z, 0-9 and '-'",
+                  v);
   return 0;
 }
 
@@ -404,7 +406,7 @@ static bool
 looks_secret(const char *name)
 {
   static const char *const words[] = {
-      "secret", "password", "passwd", "token", "credential",
+      "secret",     "password",  "passwd", "token",       "credential",
       "access-key", "accesskey", "key-id", "private-key", "api-key",
   };
   char norm[128];
@@ -538,8 +540,8 @@ enum_list(const struct enum_val *ev, char *buf, size_t size)
 /* Parses v for k into *out. A T_STRING is only checked: set_value() copies
  * it. Message without any location prefix in err. */
 static int
-parse_value(const struct key_def *k, const char *v, union value *out,
-            char *err, size_t errlen)
+parse_value(const struct key_def *k, const char *v, union value *out, char *err,
+            size_t errlen)
 {
   char a[32], b[32];
   int r;
@@ -696,8 +698,8 @@ spot_config_new(void)
   for (size_t i = 0; i < N_KEYS; i++) {
     if (keys[i].def == NULL)
       continue;
-    if (set_value(cfg, i, keys[i].def, true, SPOT_CONFIG_ORIGIN_DEFAULT, 0,
-                  err, sizeof(err)) < 0) {
+    if (set_value(cfg, i, keys[i].def, true, SPOT_CONFIG_ORIGIN_DEFAULT, 0, err,
+                  sizeof(err)) < 0) {
       /* Only strings allocate, and no string has a table default. */
       assert(!"bad default in the config table");
       spot_config_free(cfg);
@@ -771,7 +773,7 @@ struct load {
   bool prev_key;     /* mirrors inih's prev_name: continuation possible */
   bool outside_told; /* "keys before [spotd]" reported once */
   bool world_readable;
-  int secret_line;   /* first credential-looking key, 0 = none */
+  int secret_line;                /* first credential-looking key, 0 = none */
   int seen[SPOT_CONFIG_MAX_KEYS]; /* line of each key in this file */
   /* The key being read; applied when the next key, section or EOF comes,
    * so continuation lines are joined first. */
@@ -856,8 +858,7 @@ classify(struct load *ld, const char *line)
     flush_pending(ld);
     if (*eq == '\0') {
       ld->kind = L_ERROR;
-      errs_add(ld->errs, "%s:%d: expected 'key = value'", ld->name,
-               ld->lineno);
+      errs_add(ld->errs, "%s:%d: expected 'key = value'", ld->name, ld->lineno);
       return;
     }
     ld->kind = L_KEY;
@@ -920,8 +921,7 @@ ini_handler_cb(void *user, const char *section, const char *name,
   if (ld->kind == L_CONT) {
     if (ld->pending_idx == -2)
       return 1;
-    if (ld->pending_idx < 0 ||
-        !(keys[ld->pending_idx].flags & F_MULTILINE)) {
+    if (ld->pending_idx < 0 || !(keys[ld->pending_idx].flags & F_MULTILINE)) {
       errs_add(ld->errs,
                "%s:%d: indented line: only command and relaunch may "
                "continue on the next line",
@@ -1198,7 +1198,7 @@ spot_config_validate(struct spot_config *cfg, unsigned flags, char *err,
     errs_add(&e, "job is required (--job ID, or 'job = ID' in [spotd])");
   if (cfg->store == NULL) {
     errs_add(&e, "store is required (--store s3://BUCKET/PREFIX, or "
-             "'store = s3://BUCKET/PREFIX' in [spotd])");
+                 "'store = s3://BUCKET/PREFIX' in [spotd])");
   } else {
     r = spot_s3_url_parse(cfg->store, &bucket, &prefix, msg, sizeof(msg));
     if (r == 0) {
@@ -1213,7 +1213,7 @@ spot_config_validate(struct spot_config *cfg, unsigned flags, char *err,
   }
   if ((flags & SPOT_CONFIG_NEED_COMMAND) && cfg->command == NULL)
     errs_add(&e, "command is required: give 'command = ...' in [spotd] or "
-             "run 'spotd run [OPTIONS] -- COMMAND [ARG...]'");
+                 "run 'spotd run [OPTIONS] -- COMMAND [ARG...]'");
   if (cfg->command != NULL && check_args(cfg->command, msg, sizeof(msg)) < 0) {
     where(cfg, key_index("command"), at, sizeof(at));
     errs_add(&e, "%s: %s", at, msg);
@@ -1223,8 +1223,8 @@ spot_config_validate(struct spot_config *cfg, unsigned flags, char *err,
     where(cfg, key_index("relaunch"), at, sizeof(at));
     errs_add(&e, "%s: %s", at, msg);
   }
-  if (default_path(cfg, "ckpt-dir", "STATE_DIRECTORY", "ckpt",
-                   "./spotd-ckpt") < 0 ||
+  if (default_path(cfg, "ckpt-dir", "STATE_DIRECTORY", "ckpt", "./spotd-ckpt") <
+          0 ||
       default_path(cfg, "socket", "RUNTIME_DIRECTORY", "spotd.sock",
                    "./spotd.sock") < 0) {
     errs_finish(&e);
@@ -1233,8 +1233,7 @@ spot_config_validate(struct spot_config *cfg, unsigned flags, char *err,
   if (strlen(cfg->socket) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
     where(cfg, key_index("socket"), at, sizeof(at));
     errs_add(&e, "%s: '%.120s...' is longer than a socket path may be (%zu)",
-             at, cfg->socket,
-             sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+             at, cfg->socket, sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
   }
   errs_finish(&e);
   return e.n > 0 ? -EINVAL : 0;
@@ -1351,23 +1350,22 @@ spot_config_write_example(struct spot_buf *b)
   int r;
 
   r = spot_buf_appends(
-      b,
-      "# spotd configuration: an example with every key.\n"
-      "# Generated by `spotd --print-config-example`. Each key is also a\n"
-      "# command-line option (--key VALUE) and the command line wins.\n"
-      "#\n"
-      "# Syntax: `key = value` in the [spotd] section only. Whole-line\n"
-      "# comments start with '#' or ';'; there are no inline comments.\n"
-      "# Lines are at most 198 bytes; command and relaunch may continue\n"
-      "# on lines indented by whitespace (joined with one space).\n"
-      "# Durations are seconds or take a unit (500ms, 2s, 5m, 1h, 1d);\n"
-      "# sizes take K, M or G. Commented-out keys show the default, or an\n"
-      "# example value when the default is computed.\n"
-      "#\n"
-      "# Credentials never go here: spotd uses the instance role, the\n"
-      "# AWS_* environment, ~/.aws, or systemd's LoadCredential=.\n"
-      "\n"
-      "[spotd]\n");
+      b, "# spotd configuration: an example with every key.\n"
+         "# Generated by `spotd --print-config-example`. Each key is also a\n"
+         "# command-line option (--key VALUE) and the command line wins.\n"
+         "#\n"
+         "# Syntax: `key = value` in the [spotd] section only. Whole-line\n"
+         "# comments start with '#' or ';'; there are no inline comments.\n"
+         "# Lines are at most 198 bytes; command and relaunch may continue\n"
+         "# on lines indented by whitespace (joined with one space).\n"
+         "# Durations are seconds or take a unit (500ms, 2s, 5m, 1h, 1d);\n"
+         "# sizes take K, M or G. Commented-out keys show the default, or an\n"
+         "# example value when the default is computed.\n"
+         "#\n"
+         "# Credentials never go here: spotd uses the instance role, the\n"
+         "# AWS_* environment, ~/.aws, or systemd's LoadCredential=.\n"
+         "\n"
+         "[spotd]\n");
   for (size_t i = 0; i < N_KEYS && r == 0; i++) {
     const struct key_def *k = &keys[i];
     if (k->flags & F_REQUIRED)

@@ -67,9 +67,11 @@ enum spot_config_signal_target {
 };
 
 enum spot_config_compress {
-  SPOT_CONFIG_COMPRESS_AUTO, /* zstd; byte grouping for float tensors where it pays */
+  SPOT_CONFIG_COMPRESS_AUTO, /* zstd; byte grouping for float tensors where it
+                                pays */
   SPOT_CONFIG_COMPRESS_ZSTD, /* zstd, never a filter */
-  SPOT_CONFIG_COMPRESS_NONE, /* zstd frames of raw blocks: for data that does not compress */
+  SPOT_CONFIG_COMPRESS_NONE, /* zstd frames of raw blocks: for data that does
+                                not compress */
   SPOT_CONFIG_COMPRESS_LAST,
 };
 
@@ -92,29 +94,30 @@ struct spot_config {
   int provider; /* enum spot_config_provider */
   char *metadata_url;
   uint64_t poll_interval_ms;
-  bool imdsv1;  /* AWS: allow IMDSv1 (no token) when IMDSv2 fails */
-  char *vm_name; /* Azure: this VM's name in scheduled events; NULL = ask IMDS */
+  bool imdsv1; /* AWS: allow IMDSv1 (no token) when IMDSv2 fails */
+  char
+      *vm_name; /* Azure: this VM's name in scheduled events; NULL = ask IMDS */
   /* the trainer */
   char *ckpt_dir;
-  uint64_t interval_ms; /* 0 = no periodic checkpoints */
-  int signal;           /* signal number */
-  int signal_target;    /* enum spot_config_signal_target */
+  uint64_t interval_ms;     /* 0 = no periodic checkpoints */
+  int signal;               /* signal number */
+  int signal_target;        /* enum spot_config_signal_target */
   uint64_t ckpt_timeout_ms; /* periodic checkpoint wait; 0 = forever */
-  uint64_t grace_ms;    /* SIGTERM -> SIGKILL */
+  uint64_t grace_ms;        /* SIGTERM -> SIGKILL */
   char *relaunch;
-  bool restore;         /* restore the newest checkpoint before launch */
+  bool restore; /* restore the newest checkpoint before launch */
   /* the store */
   int64_t keep;
   char *endpoint;
   char *region;
   uint64_t part_size;
-  int64_t parallel;     /* parts in flight; 0 = one per core, at least 2 */
-  int compress;         /* enum spot_config_compress */
-  int64_t level;        /* zstd level */
+  int64_t parallel; /* parts in flight; 0 = one per core, at least 2 */
+  int compress;     /* enum spot_config_compress */
+  int64_t level;    /* zstd level */
   /* the daemon */
   char *socket;
-  char *socket_group;   /* group allowed on the socket besides root and our own */
-  int log_level;        /* SPOT_LOG_ERR .. SPOT_LOG_DEBUG */
+  char *socket_group; /* group allowed on the socket besides root and our own */
+  int log_level;      /* SPOT_LOG_ERR .. SPOT_LOG_DEBUG */
 
   /* Set by spot_config_validate() from store: */
   char *bucket;
@@ -135,14 +138,14 @@ void spot_config_free(struct spot_config *cfg);
  * value NULL means "true" for a boolean key and is an error otherwise.
  * Returns 0, -ENOENT (unknown key), -EINVAL (bad value), -ENOMEM; err
  * reads "--key: message". */
-int spot_config_set(struct spot_config *cfg, const char *key,
-                    const char *value, char *err, size_t errlen);
+int spot_config_set(struct spot_config *cfg, const char *key, const char *value,
+                    char *err, size_t errlen);
 
 /* Loads PATH after checking it (see above). Returns 0, -EINVAL (content
  * errors), -EPERM (refused for its mode, owner or a credential in a
  * world-readable file), or the negative errno of open/read. */
-int spot_config_load_file(struct spot_config *cfg, const char *path,
-                          char *err, size_t errlen);
+int spot_config_load_file(struct spot_config *cfg, const char *path, char *err,
+                          size_t errlen);
 /* The same parser on a buffer, without the file checks (tests, fuzzing).
  * name is used in messages. world_readable makes a credential-looking key
  * refuse the whole buffer with -EPERM, as for a file. */

@@ -29,8 +29,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                           (size & 1) != 0, err, sizeof(err));
   if (strlen(err) >= sizeof(err))
     abort();
-  if (spot_config_validate(cfg, SPOT_CONFIG_NEED_COMMAND, err,
-                           sizeof(err)) == 0) {
+  if (spot_config_validate(cfg, SPOT_CONFIG_NEED_COMMAND, err, sizeof(err)) ==
+      0) {
     if (cfg->bucket == NULL || cfg->prefix == NULL || cfg->command == NULL)
       abort();
   }
@@ -64,8 +64,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     free(bucket);
     free(prefix);
   }
-  if (spot_s3_url_parse_job(s, &bucket, &prefix, &job, err, sizeof(err)) ==
-      0) {
+  if (spot_s3_url_parse_job(s, &bucket, &prefix, &job, err, sizeof(err)) == 0) {
     free(bucket);
     free(prefix);
     free(job);

@@ -29,8 +29,7 @@ check_lines(const char *err)
     const char *nl = strchr(p, '\n');
     size_t len = nl != NULL ? (size_t)(nl - p) : strlen(p);
     int line = 0, used = 0;
-    if (sscanf(p, "t.conf:%d: %n", &line, &used) != 1 || used == 0 ||
-        line <= 0)
+    if (sscanf(p, "t.conf:%d: %n", &line, &used) != 1 || used == 0 || line <= 0)
       fail_msg("error line without path:line: '%.*s'", (int)len, p);
     n++;
     p += len + (nl != NULL ? 1 : 0);
@@ -70,35 +69,34 @@ test_defaults(void **state)
 static void
 test_load_good(void **state)
 {
-  static const char text[] =
-      "\xef\xbb\xbf# a comment\n"
-      "; another\n"
-      "\n"
-      "[spotd]\r\n"
-      "job = run-7\n"
-      "store = s3://bkt/team/\n"
-      "provider = gcp\n"
-      "poll_interval = 500ms\n"
-      "interval = 5m\n"
-      "signal = SIGUSR2\n"
-      "signal-target = leader\n"
-      "keep = 5\n"
-      "part-size = 8M\n"
-      "parallel = 6\n"
-      "compress = none\n"
-      "level = -5\n"
-      "grace = 2s\n"
-      "ckpt-timeout = 0\n"
-      "imdsv1 = yes\n"
-      "restore = off\n"
-      "endpoint = http://127.0.0.1:7480\n"
-      "region = eu-west-1\n"
-      "metadata-url = http://127.0.0.1:9999/\n"
-      "log-level = debug\n"
-      "socket: /tmp/s.sock\n"
-      "command = python3 train.py\n"
-      "   --lr 0.1\n"
-      "\t\"--name=a b\"\n";
+  static const char text[] = "\xef\xbb\xbf# a comment\n"
+                             "; another\n"
+                             "\n"
+                             "[spotd]\r\n"
+                             "job = run-7\n"
+                             "store = s3://bkt/team/\n"
+                             "provider = gcp\n"
+                             "poll_interval = 500ms\n"
+                             "interval = 5m\n"
+                             "signal = SIGUSR2\n"
+                             "signal-target = leader\n"
+                             "keep = 5\n"
+                             "part-size = 8M\n"
+                             "parallel = 6\n"
+                             "compress = none\n"
+                             "level = -5\n"
+                             "grace = 2s\n"
+                             "ckpt-timeout = 0\n"
+                             "imdsv1 = yes\n"
+                             "restore = off\n"
+                             "endpoint = http://127.0.0.1:7480\n"
+                             "region = eu-west-1\n"
+                             "metadata-url = http://127.0.0.1:9999/\n"
+                             "log-level = debug\n"
+                             "socket: /tmp/s.sock\n"
+                             "command = python3 train.py\n"
+                             "   --lr 0.1\n"
+                             "\t\"--name=a b\"\n";
   struct spot_config *cfg = spot_config_new();
   char err[1024];
   int r;
@@ -129,9 +127,8 @@ test_load_good(void **state)
   assert_string_equal(cfg->command, "python3 train.py --lr 0.1 \"--name=a b\"");
   assert_int_equal(spot_config_origin(cfg, "keep"), SPOT_CONFIG_ORIGIN_FILE);
 
-  assert_int_equal(spot_config_validate(cfg, SPOT_CONFIG_NEED_COMMAND, err,
-                                        sizeof(err)),
-                   0);
+  assert_int_equal(
+      spot_config_validate(cfg, SPOT_CONFIG_NEED_COMMAND, err, sizeof(err)), 0);
   assert_string_equal(cfg->bucket, "bkt");
   assert_string_equal(cfg->prefix, "team");
   spot_config_free(cfg);
@@ -141,32 +138,32 @@ test_load_good(void **state)
 static void
 test_all_errors_with_lines(void **state)
 {
-  static const char text[] = "job = early\n"              /* 1 before [spotd] */
-                             "[spotd]\n"                  /* 2 */
-                             "interval = ten\n"           /* 3 bad duration */
-                             "level = 99\n"               /* 4 out of range */
-                             "colour = blue\n"            /* 5 unknown key */
-                             "just words\n"               /* 6 syntax */
-                             "keep = 4\n"                 /* 7 ok */
-                             "keep = 5\n"                 /* 8 duplicate */
-                             "provider = ec2\n"           /* 9 bad enum */
-                             "signal = KILL\n"            /* 10 */
-                             "part-size = 1M\n"           /* 11 */
-                             "imdsv1 = maybe\n"           /* 12 */
-                             "store = s3://B/x\n"         /* 13 */
-                             "job = a/b\n"                /* 14 */
-                             "endpoint = ftp://x\n"       /* 15 */
-                             "grace = 10 # inline\n"      /* 16 */
+  static const char text[] = "job = early\n"         /* 1 before [spotd] */
+                             "[spotd]\n"             /* 2 */
+                             "interval = ten\n"      /* 3 bad duration */
+                             "level = 99\n"          /* 4 out of range */
+                             "colour = blue\n"       /* 5 unknown key */
+                             "just words\n"          /* 6 syntax */
+                             "keep = 4\n"            /* 7 ok */
+                             "keep = 5\n"            /* 8 duplicate */
+                             "provider = ec2\n"      /* 9 bad enum */
+                             "signal = KILL\n"       /* 10 */
+                             "part-size = 1M\n"      /* 11 */
+                             "imdsv1 = maybe\n"      /* 12 */
+                             "store = s3://B/x\n"    /* 13 */
+                             "job = a/b\n"           /* 14 */
+                             "endpoint = ftp://x\n"  /* 15 */
+                             "grace = 10 # inline\n" /* 16 */
                              "command = python 'unterminated\n" /* 17 */
-                             "parallel = 2\n"             /* 18 ok */
-                             "  continued\n"              /* 19 not multiline */
-                             "[other]\n"                  /* 20 */
-                             "x = 1\n"                    /* 21 ignored */
-                             "[spotd\n"                   /* 22 */
-                             "[spotd] junk\n"             /* 23 */
-                             "=novalue\n";                /* 24 empty key */
-  static const int want[] = {1,  3,  4,  5,  6,  8,  9,  10, 11, 12, 13,
-                             14, 15, 16, 17, 19, 20, 22, 23, 24};
+                             "parallel = 2\n"                   /* 18 ok */
+                             "  continued\n"  /* 19 not multiline */
+                             "[other]\n"      /* 20 */
+                             "x = 1\n"        /* 21 ignored */
+                             "[spotd\n"       /* 22 */
+                             "[spotd] junk\n" /* 23 */
+                             "=novalue\n";    /* 24 empty key */
+  static const int want[] = {1,  3,  4,  5,  6,  8,  9,  10, 11, 12,
+                             13, 14, 15, 16, 17, 19, 20, 22, 23, 24};
   struct spot_config *cfg = spot_config_new();
   char err[8192], tag[32];
   int n;
@@ -200,10 +197,13 @@ test_long_lines(void **state)
   memset(pad, 'x', sizeof(pad) - 1);
   pad[sizeof(pad) - 1] = '\0';
   spot_buf_init(&b, 1 << 20);
-  assert_int_equal(spot_buf_printf(&b, "[spotd]\ncommand = echo %s\n"
-                                        "keep = zero\n", pad), 0);
-  assert_int_equal(spot_config_load_buffer(cfg, "t.conf", b.data, b.len,
-                                           false, err, sizeof(err)),
+  assert_int_equal(spot_buf_printf(&b,
+                                   "[spotd]\ncommand = echo %s\n"
+                                   "keep = zero\n",
+                                   pad),
+                   0);
+  assert_int_equal(spot_config_load_buffer(cfg, "t.conf", b.data, b.len, false,
+                                           err, sizeof(err)),
                    -EINVAL);
   assert_int_equal(check_lines(err), 2);
   assert_non_null(strstr(err, "t.conf:2: line longer than 198 bytes"));
@@ -215,8 +215,8 @@ test_long_lines(void **state)
   assert_int_equal(spot_buf_printf(&b, "[spotd]\ncommand = echo\n"), 0);
   for (int i = 0; i < 20; i++)
     assert_int_equal(spot_buf_printf(&b, "  %.150s\n", pad), 0);
-  assert_int_equal(spot_config_load_buffer(cfg, "t.conf", b.data, b.len,
-                                           false, err, sizeof(err)),
+  assert_int_equal(spot_config_load_buffer(cfg, "t.conf", b.data, b.len, false,
+                                           err, sizeof(err)),
                    0);
   assert_int_equal(strlen(cfg->command), 4 + 20 * 151);
 
@@ -225,8 +225,8 @@ test_long_lines(void **state)
   assert_int_equal(spot_buf_printf(&b, "[spotd]\n\nrelaunch = echo\n"), 0);
   for (int i = 0; i < 40; i++)
     assert_int_equal(spot_buf_printf(&b, "  %.150s\n", pad), 0);
-  assert_int_equal(spot_config_load_buffer(cfg, "t.conf", b.data, b.len,
-                                           false, err, sizeof(err)),
+  assert_int_equal(spot_config_load_buffer(cfg, "t.conf", b.data, b.len, false,
+                                           err, sizeof(err)),
                    -EINVAL);
   assert_non_null(strstr(err, "t.conf:3: relaunch: value longer than"));
   assert_int_equal(check_lines(err), 1);
@@ -339,12 +339,10 @@ test_load_file_checks(void **state)
   assert_int_equal(spot_config_load_file(cfg, path, err, sizeof(err)), -EPERM);
   assert_non_null(strstr(err, "world-readable"));
   write_file(path, "[spotd]\njob = j1\naws_access_key_id = A\n", 0600);
-  assert_int_equal(spot_config_load_file(cfg, path, err, sizeof(err)),
-                   -EINVAL);
+  assert_int_equal(spot_config_load_file(cfg, path, err, sizeof(err)), -EINVAL);
 
   write_file(path, "[spotd]\nkeep = 0\n", 0600);
-  assert_int_equal(spot_config_load_file(cfg, path, err, sizeof(err)),
-                   -EINVAL);
+  assert_int_equal(spot_config_load_file(cfg, path, err, sizeof(err)), -EINVAL);
   {
     char want[160];
     snprintf(want, sizeof(want), "%s:2: keep:", path);
@@ -352,12 +350,13 @@ test_load_file_checks(void **state)
   }
   /* Validation errors point back to the file and line. */
   write_file(path, "[spotd]\njob = j\n\nstore = s3://bkt//x\n", 0600);
-  assert_int_equal(spot_config_load_file(cfg, path, err, sizeof(err)),
-                   -EINVAL);
-  write_file(path, "[spotd]\njob = j\n\nsocket = /tmp/"
+  assert_int_equal(spot_config_load_file(cfg, path, err, sizeof(err)), -EINVAL);
+  write_file(path,
+             "[spotd]\njob = j\n\nsocket = /tmp/"
              "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
              "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.sock\nstore = "
-             "s3://bkt/x\n", 0600);
+             "s3://bkt/x\n",
+             0600);
   assert_int_equal(spot_config_load_file(cfg, path, err, sizeof(err)), 0);
   assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), -EINVAL);
   {
@@ -373,15 +372,13 @@ test_load_file_checks(void **state)
     assert_int_equal(write(fd, nul, sizeof(nul) - 1), (ssize_t)sizeof(nul) - 1);
     close(fd);
   }
-  assert_int_equal(spot_config_load_file(cfg, path, err, sizeof(err)),
-                   -EINVAL);
+  assert_int_equal(spot_config_load_file(cfg, path, err, sizeof(err)), -EINVAL);
   assert_non_null(strstr(err, ":3: NUL byte"));
 
   assert_int_equal(spot_config_load_file(cfg, dir, err, sizeof(err)), -EINVAL);
   assert_non_null(strstr(err, "not a regular file"));
   unlink(path);
-  assert_int_equal(spot_config_load_file(cfg, path, err, sizeof(err)),
-                   -ENOENT);
+  assert_int_equal(spot_config_load_file(cfg, path, err, sizeof(err)), -ENOENT);
   assert_non_null(strstr(err, "cannot open"));
   rmdir(dir);
   spot_config_free(cfg);
@@ -393,17 +390,16 @@ test_validate(void **state)
   struct spot_config *cfg = spot_config_new();
   char err[1024];
 
-  assert_int_equal(spot_config_validate(cfg, SPOT_CONFIG_NEED_COMMAND, err,
-                                        sizeof(err)),
-                   -EINVAL);
+  assert_int_equal(
+      spot_config_validate(cfg, SPOT_CONFIG_NEED_COMMAND, err, sizeof(err)),
+      -EINVAL);
   assert_non_null(strstr(err, "job is required"));
   assert_non_null(strstr(err, "store is required"));
   assert_non_null(strstr(err, "command is required"));
 
   assert_int_equal(spot_config_set(cfg, "job", "j", err, sizeof(err)), 0);
-  assert_int_equal(spot_config_set(cfg, "store", "s3://bkt/a/b/", err,
-                                   sizeof(err)),
-                   0);
+  assert_int_equal(
+      spot_config_set(cfg, "store", "s3://bkt/a/b/", err, sizeof(err)), 0);
   setenv("STATE_DIRECTORY", "/var/lib/spotd:/var/lib/other", 1);
   setenv("RUNTIME_DIRECTORY", "/run/spotd", 1);
   assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), 0);
@@ -419,9 +415,8 @@ test_validate(void **state)
   assert_int_equal(spot_config_set(cfg, "job", "j", err, sizeof(err)), 0);
   assert_int_equal(spot_config_set(cfg, "store", "s3://bkt", err, sizeof(err)),
                    0);
-  assert_int_equal(spot_config_set(cfg, "ckpt-dir", "/data/ck", err,
-                                   sizeof(err)),
-                   0);
+  assert_int_equal(
+      spot_config_set(cfg, "ckpt-dir", "/data/ck", err, sizeof(err)), 0);
   assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), 0);
   assert_string_equal(cfg->prefix, "");
   assert_string_equal(cfg->ckpt_dir, "/data/ck");
@@ -436,45 +431,65 @@ test_values(void **state)
     const char *key, *value;
     int ok;
   } cases[] = {
-      {"interval", "0", 1},         {"interval", "90", 1},
-      {"interval", "90s", 1},       {"interval", "1500ms", 1},
-      {"interval", "2h", 1},        {"interval", "30d", 1},
-      {"interval", "31d", 0},       {"interval", "-1", 0},
-      {"interval", "1.5", 0},       {"interval", "5x", 0},
-      {"interval", "", 0},          {"poll-interval", "99ms", 0},
-      {"poll-interval", "100ms", 1},{"signal", "usr2", 1},
-      {"signal", "SIGHUP", 1},      {"signal", "10", 1},
-      {"signal", "KILL", 0},        {"signal", "9", 0},
-      {"signal", "19", 0},          {"signal", "0", 0},
-      {"signal", "SIGFOO", 0},      {"part-size", "5M", 1},
-      {"part-size", "512MiB", 1},   {"part-size", "513M", 0},
-      {"part-size", "4M", 0},       {"keep", "10000", 1},
-      {"keep", "10001", 0},         {"level", "-1000", 1},
-      {"level", "20", 0},           {"parallel", "65", 0},
-      {"restore", "TRUE", 1},       {"restore", "0", 1},
-      {"restore", "y", 0},          {"region", "us-east-1", 1},
-      {"region", "US-EAST", 0},     {"socket-group", "spot_ops", 1},
-      {"socket-group", "a b", 0},   {"metadata-url", "http://h:1", 1},
-      {"metadata-url", "http://", 0}, {"store", "s3://bkt", 1},
-      {"command", "a | b", 0},      {"log-level", "warning", 1},
-      {"log-level", "verbose", 0},  {"vm-name", "x\ty", 0},
+      {"interval", "0", 1},
+      {"interval", "90", 1},
+      {"interval", "90s", 1},
+      {"interval", "1500ms", 1},
+      {"interval", "2h", 1},
+      {"interval", "30d", 1},
+      {"interval", "31d", 0},
+      {"interval", "-1", 0},
+      {"interval", "1.5", 0},
+      {"interval", "5x", 0},
+      {"interval", "", 0},
+      {"poll-interval", "99ms", 0},
+      {"poll-interval", "100ms", 1},
+      {"signal", "usr2", 1},
+      {"signal", "SIGHUP", 1},
+      {"signal", "10", 1},
+      {"signal", "KILL", 0},
+      {"signal", "9", 0},
+      {"signal", "19", 0},
+      {"signal", "0", 0},
+      {"signal", "SIGFOO", 0},
+      {"part-size", "5M", 1},
+      {"part-size", "512MiB", 1},
+      {"part-size", "513M", 0},
+      {"part-size", "4M", 0},
+      {"keep", "10000", 1},
+      {"keep", "10001", 0},
+      {"level", "-1000", 1},
+      {"level", "20", 0},
+      {"parallel", "65", 0},
+      {"restore", "TRUE", 1},
+      {"restore", "0", 1},
+      {"restore", "y", 0},
+      {"region", "us-east-1", 1},
+      {"region", "US-EAST", 0},
+      {"socket-group", "spot_ops", 1},
+      {"socket-group", "a b", 0},
+      {"metadata-url", "http://h:1", 1},
+      {"metadata-url", "http://", 0},
+      {"store", "s3://bkt", 1},
+      {"command", "a | b", 0},
+      {"log-level", "warning", 1},
+      {"log-level", "verbose", 0},
+      {"vm-name", "x\ty", 0},
   };
   struct spot_config *cfg = spot_config_new();
   char err[512];
 
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    int r = spot_config_set(cfg, cases[i].key, cases[i].value, err,
-                            sizeof(err));
+    int r =
+        spot_config_set(cfg, cases[i].key, cases[i].value, err, sizeof(err));
     if ((r == 0) != cases[i].ok)
       fail_msg("%s = '%s': got %d (%s)", cases[i].key, cases[i].value, r,
                r ? err : "");
   }
-  assert_int_equal(spot_config_set(cfg, "interval", "1500ms", err,
-                                   sizeof(err)),
+  assert_int_equal(spot_config_set(cfg, "interval", "1500ms", err, sizeof(err)),
                    0);
   assert_int_equal(cfg->interval_ms, 1500);
-  assert_int_equal(spot_config_set(cfg, "signal", "usr2", err, sizeof(err)),
-                   0);
+  assert_int_equal(spot_config_set(cfg, "signal", "usr2", err, sizeof(err)), 0);
   assert_int_equal(cfg->signal, SIGUSR2);
   spot_config_free(cfg);
 }
@@ -498,11 +513,11 @@ test_split_args(void **state)
   static const struct {
     const char *in, *msg;
   } bad[] = {
-      {"", "empty command"},       {"   ", "empty command"},
-      {"a 'b", "unterminated '"},  {"a \"b", "unterminated \""},
+      {"", "empty command"},         {"   ", "empty command"},
+      {"a 'b", "unterminated '"},    {"a \"b", "unterminated \""},
       {"a\\", "trailing backslash"}, {"a | b", "shell syntax"},
-      {"a > log", "shell syntax"}, {"echo $HOME", "shell syntax"},
-      {"a;b", "shell syntax"},     {"a `b`", "shell syntax"},
+      {"a > log", "shell syntax"},   {"echo $HOME", "shell syntax"},
+      {"a;b", "shell syntax"},       {"a `b`", "shell syntax"},
   };
   char err[256], **argv;
   int argc;
@@ -534,9 +549,8 @@ test_split_args(void **state)
       many[n++] = ' ';
     }
     many[n] = '\0';
-    assert_int_equal(spot_config_split_args(many, &argv, &argc, err,
-                                            sizeof(err)),
-                     -EINVAL);
+    assert_int_equal(
+        spot_config_split_args(many, &argv, &argc, err, sizeof(err)), -EINVAL);
     assert_non_null(strstr(err, "more than"));
   }
   spot_config_free_args(NULL);
@@ -550,16 +564,24 @@ test_getopt(void **state)
       {"config", required_argument, NULL, 'c'},
       {"help", no_argument, NULL, 'h'},
   };
-  char *argv[] = {(char *)"spotd", (char *)"--job",     (char *)"j9",
-                  (char *)"--imdsv1", (char *)"--keep=4", (char *)"-c",
-                  (char *)"/etc/x.conf", (char *)"--restore=no",
-                  (char *)"--", (char *)"python3", NULL};
+  char *argv[] = {(char *)"spotd",
+                  (char *)"--job",
+                  (char *)"j9",
+                  (char *)"--imdsv1",
+                  (char *)"--keep=4",
+                  (char *)"-c",
+                  (char *)"/etc/x.conf",
+                  (char *)"--restore=no",
+                  (char *)"--",
+                  (char *)"python3",
+                  NULL};
   int argc = 10, c, n;
   struct spot_config *cfg = spot_config_new();
   const char *config = NULL;
   char err[256];
 
-  n = spot_config_build_options(opts, (sizeof(opts) / sizeof(opts[0])), extra, 2);
+  n = spot_config_build_options(opts, (sizeof(opts) / sizeof(opts[0])), extra,
+                                2);
   assert_true(n > 20);
   assert_null(opts[n].name);
   assert_string_equal(opts[n - 1].name, "help");
@@ -571,8 +593,7 @@ test_getopt(void **state)
       config = optarg;
     } else {
       assert_non_null(key);
-      assert_int_equal(spot_config_set(cfg, key, optarg, err, sizeof(err)),
-                       0);
+      assert_int_equal(spot_config_set(cfg, key, optarg, err, sizeof(err)), 0);
     }
   }
   assert_int_equal(optind, 9 + 0);
@@ -595,7 +616,8 @@ test_help_lists_every_option(void **state)
   char want[64];
   int n;
 
-  n = spot_config_build_options(opts, (sizeof(opts) / sizeof(opts[0])), NULL, 0);
+  n = spot_config_build_options(opts, (sizeof(opts) / sizeof(opts[0])), NULL,
+                                0);
   spot_buf_init(&b, 64 * 1024);
   assert_int_equal(spot_config_write_help(&b), 0);
   for (int i = 0; i < n; i++) {
@@ -647,8 +669,8 @@ test_example(void **state)
   free(file);
 
   cfg = spot_config_new();
-  assert_int_equal(spot_config_load_buffer(cfg, "t.conf", b.data, b.len,
-                                           false, err, sizeof(err)),
+  assert_int_equal(spot_config_load_buffer(cfg, "t.conf", b.data, b.len, false,
+                                           err, sizeof(err)),
                    0);
   spot_config_free(cfg);
 
@@ -670,9 +692,8 @@ test_example(void **state)
   if (spot_config_load_buffer(cfg, "t.conf", un.data, un.len, false, err,
                               sizeof(err)) != 0)
     fail_msg("uncommented example: %s", err);
-  assert_int_equal(spot_config_validate(cfg, SPOT_CONFIG_NEED_COMMAND, err,
-                                        sizeof(err)),
-                   0);
+  assert_int_equal(
+      spot_config_validate(cfg, SPOT_CONFIG_NEED_COMMAND, err, sizeof(err)), 0);
   spot_config_free(cfg);
   spot_buf_fini(&un);
   spot_buf_fini(&b);
@@ -685,16 +706,18 @@ test_effective_round_trip(void **state)
   struct spot_buf out;
   char err[1024];
 
-  assert_int_equal(LOAD(a, "[spotd]\njob = j\nstore = s3://bkt/p\n"
-                           "interval = 90s\npoll-interval = 250ms\n"
-                           "signal = 40\npart-size = 32M\nimdsv1 = on\n",
+  assert_int_equal(LOAD(a,
+                        "[spotd]\njob = j\nstore = s3://bkt/p\n"
+                        "interval = 90s\npoll-interval = 250ms\n"
+                        "signal = 40\npart-size = 32M\nimdsv1 = on\n",
                         err),
                    0);
   assert_int_equal(spot_config_set(a, "keep", "8", err, sizeof(err)), 0);
   spot_buf_init(&out, 64 * 1024);
   assert_int_equal(spot_config_write_effective(a, &out), 0);
   assert_non_null(strstr(out.data, "# from --keep\nkeep = 8\n"));
-  assert_non_null(strstr(out.data, "# from t.conf:4: interval\ninterval = 90s\n"));
+  assert_non_null(
+      strstr(out.data, "# from t.conf:4: interval\ninterval = 90s\n"));
   if (spot_config_load_buffer(b, "eff.conf", out.data, out.len, false, err,
                               sizeof(err)) != 0)
     fail_msg("%s\n---\n%s", err, out.data);

@@ -110,7 +110,7 @@ parse_opts(int argc, char **argv, struct common_opts *o, const char *usage)
   o->keep = 0;
   optind = 1;
   opterr = 0;
-  while ((c = getopt_long(argc, argv, "+hn:q", long_opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "hn:q", long_opts, NULL)) != -1) {
     switch (c) {
     case 'h':
       fputs(usage, stdout);

@@ -31,7 +31,7 @@ def crash(c, wd, tag, status, want_rc):
         c.check(None not in (i_up, i_dead, i_commit, i_end) and
                 i_up < i_dead < i_commit < i_end,
                 tag + "the upload pending at the crash was committed before "
-                "the exit", "indexes %s" % [i_up, i_dead, i_commit, i_end])
+                "the exit", "indexes %r" % ([i_up, i_dead, i_commit, i_end],))
         c.check(sl.latest(prefix) == "step-000020",
                 tag + "LATEST is step-000020", repr(sl.latest(prefix)))
         c.check(not sl.read_jsonl(hook_out) and

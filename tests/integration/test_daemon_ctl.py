@@ -122,7 +122,6 @@ def with_daemon(c, wd):
         os.makedirs(manual)
         with open(os.path.join(manual, "weights"), "wb") as f:
             f.write(os.urandom(4096))
-        _, before = d.err.count(), None
         cp = d.spotctl("done", manual)
         c.check(cp.returncode == 0 and "manual-1" in cp.stdout,
                 "done DIR: accepted", cp.stdout + cp.stderr)

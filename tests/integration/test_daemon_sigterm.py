@@ -63,14 +63,17 @@ def twice(c, wd):
     store, job, prefix = sl.daemon_job("sigterm2")
     try:
         # 96 MiB of random bytes: the upload takes a while
-        d = sl.Daemon(wd, store, job, args=["--parallel", 2],
+        # debug: to see the parts go out (the upload id is known then; a
+        # cancel while CreateMultipartUpload is in flight cannot abort what
+        # it never learnt of, and leaves that to the next push's retention)
+        d = sl.Daemon(wd, store, job, args=["--parallel", 2,
+                                            "--log-level", "debug"],
                       trainer=["--bytes", 96 << 20, "--random",
                                "--step-sleep", 0.05])
         c.check(d.wait_event("step", 20) is not None, tag + "the trainer runs")
         d.send(signal.SIGTERM)
-        up = d.wait_log(r"uploading checkpoint ", 30)
+        up = d.wait_log(r"MPU-PART .*init -> sending", 30)
         c.check(up is not None, tag + "the final checkpoint is uploading")
-        time.sleep(0.2)
         t2 = time.time()
         d.send(signal.SIGTERM)
         rc = d.wait_exit(20)

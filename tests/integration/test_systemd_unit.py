@@ -7,7 +7,6 @@ creates the spotd user (dry run)."""
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 

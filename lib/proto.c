@@ -281,8 +281,8 @@ spot_proto_feed(struct spot_proto_reader *r, const char *data, size_t len,
     size_t n = nl != NULL ? (size_t)(nl - data) : len;
 
     if (r->line.len + n > SPOT_PROTO_MAX_LINE) {
-      snprintf(r->errmsg, sizeof(r->errmsg),
-               "message longer than %d bytes", SPOT_PROTO_MAX_LINE);
+      snprintf(r->errmsg, sizeof(r->errmsg), "message longer than %d bytes",
+               SPOT_PROTO_MAX_LINE);
       return stop(r, -EMSGSIZE);
     }
     if (nl == NULL) {
@@ -355,8 +355,7 @@ emit(struct spot_buf *out, json_t *obj)
 static json_t *
 header(uint64_t id)
 {
-  return json_pack("{s:i, s:I}", "v", SPOT_PROTO_VERSION, "id",
-                   (json_int_t)id);
+  return json_pack("{s:i, s:I}", "v", SPOT_PROTO_VERSION, "id", (json_int_t)id);
 }
 
 int
@@ -429,8 +428,7 @@ spot_proto_encode_ok(struct spot_buf *out, uint64_t id, json_t *result)
 }
 
 int
-spot_proto_encode_error(struct spot_buf *out, uint64_t id, const char *fmt,
-                        ...)
+spot_proto_encode_error(struct spot_buf *out, uint64_t id, const char *fmt, ...)
 {
   char msg[1024];
   json_t *o, *s;
@@ -511,8 +509,7 @@ spot_proto_status_to_json(const struct spot_proto_status *st)
     if (sub != NULL) {
       put(sub, "pid", json_integer(st->trainer.pid), &ok);
       put(sub, "uptime_s", json_integer(st->trainer.uptime_s), &ok);
-      put(sub, "restart_count", json_integer(st->trainer.restart_count),
-          &ok);
+      put(sub, "restart_count", json_integer(st->trainer.restart_count), &ok);
     }
     put(o, "trainer", sub, &ok);
   } else {
@@ -535,8 +532,8 @@ spot_proto_status_to_json(const struct spot_proto_status *st)
       put(sub, "name", str_or_null(st->upload.name), &ok);
       put(sub, "bytes_done", json_integer((json_int_t)st->upload.bytes_done),
           &ok);
-      put(sub, "bytes_total",
-          json_integer((json_int_t)st->upload.bytes_total), &ok);
+      put(sub, "bytes_total", json_integer((json_int_t)st->upload.bytes_total),
+          &ok);
       put(sub, "rate", json_real(st->upload.rate), &ok);
       put(sub, "eta_s", int_or_null(st->upload.eta_s), &ok);
     }
@@ -545,15 +542,15 @@ spot_proto_status_to_json(const struct spot_proto_status *st)
     put(o, "upload", json_null(), &ok);
   }
   arr = json_array();
-  for (size_t i = 0; arr != NULL && i < st->n_warnings &&
-                     i < SPOT_PROTO_MAX_WARNINGS; i++)
+  for (size_t i = 0;
+       arr != NULL && i < st->n_warnings && i < SPOT_PROTO_MAX_WARNINGS; i++)
     if (st->warnings[i] != NULL &&
         json_array_append_new(arr, str_or_null(st->warnings[i])) < 0)
       ok = false;
   put(o, "warnings", arr, &ok);
   arr = json_array();
-  for (size_t i = 0; arr != NULL && i < st->n_relaunch &&
-                     i < SPOT_PROTO_MAX_RELAUNCH; i++) {
+  for (size_t i = 0;
+       arr != NULL && i < st->n_relaunch && i < SPOT_PROTO_MAX_RELAUNCH; i++) {
     const struct spot_proto_relaunch *rl = &st->relaunch[i];
     sub = json_object();
     if (sub != NULL) {
@@ -575,8 +572,7 @@ spot_proto_status_to_json(const struct spot_proto_status *st)
 
 /* Field readers for from_json: absent and null are "not there". */
 static int
-opt_str(json_t *o, const char *key, const char **out, char *err,
-        size_t errlen)
+opt_str(json_t *o, const char *key, const char **out, char *err, size_t errlen)
 {
   json_t *v = json_object_get(o, key);
 
@@ -599,8 +595,7 @@ opt_int(json_t *o, const char *key, int64_t *out, int64_t dflt, char *err,
   if (v == NULL || json_is_null(v))
     return 0;
   if (!json_is_integer(v))
-    return fail(-EBADMSG, err, errlen, "status: '%s' must be an integer",
-                key);
+    return fail(-EBADMSG, err, errlen, "status: '%s' must be an integer", key);
   *out = json_integer_value(v);
   return 0;
 }

@@ -159,14 +159,11 @@ int spot_proto_decode(const char *line, size_t len, enum spot_proto_kind expect,
  * SPOT_PROTO_MAX_LINE), -ENOMEM, or out's -E2BIG. */
 int spot_proto_encode_request(struct spot_buf *out, uint64_t id,
                               enum spot_proto_cmd cmd, json_t *args);
-int spot_proto_encode_checkpoint(struct spot_buf *out, uint64_t id,
-                                 bool wait);
-int spot_proto_encode_done(struct spot_buf *out, uint64_t id,
-                           const char *dir);
+int spot_proto_encode_checkpoint(struct spot_buf *out, uint64_t id, bool wait);
+int spot_proto_encode_done(struct spot_buf *out, uint64_t id, const char *dir);
 int spot_proto_encode_ok(struct spot_buf *out, uint64_t id, json_t *result);
-int spot_proto_encode_error(struct spot_buf *out, uint64_t id,
-                            const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+int spot_proto_encode_error(struct spot_buf *out, uint64_t id, const char *fmt,
+                            ...) __attribute__((format(printf, 3, 4)));
 
 /* The status object, typed. Strings are borrowed (NULL = absent). */
 #define SPOT_PROTO_MAX_WARNINGS 16

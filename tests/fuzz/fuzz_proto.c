@@ -72,8 +72,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   while (off < size) {
     size_t n = size - off < chunk ? size - off : chunk;
     int a = spot_proto_feed(&rq, (const char *)data + off, n, request_cb, NULL);
-    int b = spot_proto_feed(&rs, (const char *)data + off, n, response_cb,
-                            NULL);
+    int b =
+        spot_proto_feed(&rs, (const char *)data + off, n, response_cb, NULL);
     if (a < 0 && b < 0)
       break;
     off += n;

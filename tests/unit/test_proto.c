@@ -71,17 +71,15 @@ test_round_trip_and_split_feeds(void **state)
   struct seen s = {0};
 
   spot_buf_init(&out, 1 << 16);
-  assert_int_equal(spot_proto_encode_request(&out, 1, SPOT_PROTO_CMD_STATUS,
-                                             NULL),
-                   0);
+  assert_int_equal(
+      spot_proto_encode_request(&out, 1, SPOT_PROTO_CMD_STATUS, NULL), 0);
   assert_int_equal(spot_proto_encode_checkpoint(&out, 2, true), 0);
   assert_int_equal(spot_proto_encode_done(&out, 3, "/ck/step-100"), 0);
-  assert_string_equal(out.data,
-                      "{\"v\":1,\"id\":1,\"cmd\":\"status\"}\n"
-                      "{\"v\":1,\"id\":2,\"cmd\":\"checkpoint\","
-                      "\"args\":{\"wait\":true}}\n"
-                      "{\"v\":1,\"id\":3,\"cmd\":\"done\","
-                      "\"args\":{\"dir\":\"/ck/step-100\"}}\n");
+  assert_string_equal(out.data, "{\"v\":1,\"id\":1,\"cmd\":\"status\"}\n"
+                                "{\"v\":1,\"id\":2,\"cmd\":\"checkpoint\","
+                                "\"args\":{\"wait\":true}}\n"
+                                "{\"v\":1,\"id\":3,\"cmd\":\"done\","
+                                "\"args\":{\"dir\":\"/ck/step-100\"}}\n");
   /* One byte at a time: every split point. */
   spot_proto_reader_init(&r, SPOT_PROTO_REQUEST);
   for (size_t i = 0; i < out.len; i++) {
@@ -105,8 +103,7 @@ test_round_trip_and_split_feeds(void **state)
         "\n\r\n{\"v\":1,\"id\":7,\"cmd\":\"hello\"}\r\n\n"
         "{\"v\":1,\"id\":8,\"cmd\":\"checkpoint\",\"args\":null,"
         "\"extra\":[1,2]}\n{\"v\":1,";
-    assert_int_equal(spot_proto_feed(&r, text, strlen(text), record_cb, &s),
-                     0);
+    assert_int_equal(spot_proto_feed(&r, text, strlen(text), record_cb, &s), 0);
   }
   assert_int_equal(s.n, 2);
   assert_int_equal(s.ids[1], 8);
@@ -127,7 +124,8 @@ test_oversized_line(void **state)
   struct spot_proto_reader r;
   struct seen s = {0};
   char *big = malloc(SPOT_PROTO_MAX_LINE + 2);
-  static const char head[] = "{\"v\":1,\"id\":1,\"cmd\":\"status\",\"args\":{\"pad\":\"";
+  static const char head[] =
+      "{\"v\":1,\"id\":1,\"cmd\":\"status\",\"args\":{\"pad\":\"";
   static const char tail[] = "\"}}";
   size_t n;
 
@@ -139,8 +137,8 @@ test_oversized_line(void **state)
   big[SPOT_PROTO_MAX_LINE] = '\n';
   spot_proto_reader_init(&r, SPOT_PROTO_REQUEST);
   for (n = 0; n <= SPOT_PROTO_MAX_LINE; n += 1000) {
-    size_t k = SPOT_PROTO_MAX_LINE + 1 - n < 1000 ? SPOT_PROTO_MAX_LINE + 1 - n
-                                                  : 1000;
+    size_t k =
+        SPOT_PROTO_MAX_LINE + 1 - n < 1000 ? SPOT_PROTO_MAX_LINE + 1 - n : 1000;
     assert_int_equal(spot_proto_feed(&r, big + n, k, record_cb, &s), 0);
   }
   assert_int_equal(s.n, 1);
@@ -152,7 +150,8 @@ test_oversized_line(void **state)
   assert_int_equal(spot_proto_feed(&r, big, 1, record_cb, &s), -EMSGSIZE);
   assert_non_null(strstr(spot_proto_reader_error(&r), "longer than"));
   /* Sticky: the client is to be dropped, nothing more is read. */
-  assert_int_equal(spot_proto_feed(&r, "{\"v\":1,\"id\":2,\"cmd\":\"status\"}\n",
+  assert_int_equal(spot_proto_feed(&r,
+                                   "{\"v\":1,\"id\":2,\"cmd\":\"status\"}\n",
                                    31, record_cb, &s),
                    -EMSGSIZE);
   assert_int_equal(s.n, 1);
@@ -183,8 +182,8 @@ expect_bad(const char *line, enum spot_proto_kind kind, int want,
              spot_proto_reader_error(&r));
   assert_int_equal(s.n, 0);
   if (strstr(spot_proto_reader_error(&r), msg) == NULL)
-    fail_msg("'%s': error '%s' lacks '%s'", line,
-             spot_proto_reader_error(&r), msg);
+    fail_msg("'%s': error '%s' lacks '%s'", line, spot_proto_reader_error(&r),
+             msg);
   assert_int_equal(r.err_id, want_id);
   spot_proto_reader_fini(&r);
 }
@@ -214,8 +213,8 @@ test_bad_messages(void **state)
   expect_bad("{\"v\":1,\"id\":3}\n", Q, -EBADMSG, "'cmd'", 3);
   expect_bad("{\"v\":1,\"id\":3,\"cmd\":7}\n", Q, -EBADMSG, "'cmd'", 3);
   expect_bad("{\"v\":1,\"id\":3,\"cmd\":\"\"}\n", Q, -EBADMSG, "'cmd'", 3);
-  expect_bad("{\"v\":1,\"id\":3,\"cmd\":\"status\",\"args\":[]}\n", Q,
-             -EBADMSG, "'args'", 3);
+  expect_bad("{\"v\":1,\"id\":3,\"cmd\":\"status\",\"args\":[]}\n", Q, -EBADMSG,
+             "'args'", 3);
   expect_bad("{\"v\":1,\"v\":1,\"id\":3,\"cmd\":\"status\"}\n", Q, -EBADMSG,
              "invalid JSON", 3);
   expect_bad("{\"v\":1,\"id\":3,\"cmd\":\"st\\u0000atus\"}\n", Q, -EBADMSG,
@@ -231,8 +230,7 @@ test_bad_messages(void **state)
   expect_bad("{\"v\":1,\"id\":5,\"ok\":true,\"result\":3}\n", A, -EBADMSG,
              "'result'", 5);
   /* A request where a response is expected. */
-  expect_bad("{\"v\":1,\"id\":5,\"cmd\":\"status\"}\n", A, -EBADMSG, "'ok'",
-             5);
+  expect_bad("{\"v\":1,\"id\":5,\"cmd\":\"status\"}\n", A, -EBADMSG, "'ok'", 5);
 }
 
 static void
@@ -290,9 +288,9 @@ test_responses(void **state)
   spot_buf_init(&out, 4096);
   assert_int_equal(spot_proto_encode_ok(&out, 10, res), 0);
   assert_int_equal(spot_proto_encode_ok(&out, 11, NULL), 0);
-  assert_int_equal(spot_proto_encode_error(&out, 12, "unknown command '%s'",
-                                           "re\"boot\n"),
-                   0);
+  assert_int_equal(
+      spot_proto_encode_error(&out, 12, "unknown command '%s'", "re\"boot\n"),
+      0);
   assert_int_equal(spot_proto_encode_error(&out, 13, "%s", "bad \xff utf8"), 0);
   /* Every message is one line. */
   {
@@ -317,9 +315,8 @@ test_responses(void **state)
   assert_int_equal(spot_proto_encode_ok(&out, SPOT_PROTO_MAX_ID, NULL),
                    -EINVAL);
   assert_int_equal(spot_proto_encode_ok(&out, 1, json_true()), -EINVAL);
-  assert_int_equal(spot_proto_encode_request(&out, 1, SPOT_PROTO_CMD_LAST,
-                                             NULL),
-                   -EINVAL);
+  assert_int_equal(
+      spot_proto_encode_request(&out, 1, SPOT_PROTO_CMD_LAST, NULL), -EINVAL);
   assert_int_equal(spot_proto_encode_done(&out, 1, ""), -EINVAL);
   assert_int_equal(spot_proto_encode_done(&out, 1, "\xff"), -EINVAL);
   json_decref(res);
@@ -327,14 +324,13 @@ test_responses(void **state)
 
   /* A full output buffer is left unchanged. */
   spot_buf_init(&out, 40);
-  assert_int_equal(spot_proto_encode_request(&out, 1, SPOT_PROTO_CMD_STATUS,
-                                             NULL),
-                   0);
+  assert_int_equal(
+      spot_proto_encode_request(&out, 1, SPOT_PROTO_CMD_STATUS, NULL), 0);
   {
     size_t before = out.len;
-    assert_int_equal(spot_proto_encode_request(&out, 2, SPOT_PROTO_CMD_STATUS,
-                                               NULL),
-                     -E2BIG);
+    assert_int_equal(
+        spot_proto_encode_request(&out, 2, SPOT_PROTO_CMD_STATUS, NULL),
+        -E2BIG);
     assert_int_equal(out.len, before);
   }
   spot_buf_fini(&out);
@@ -368,8 +364,8 @@ test_decode_one(void **state)
   assert_int_equal(m.id, 42);
   assert_int_equal(m.cmd, SPOT_PROTO_CMD_HELLO);
   json_decref(root);
-  assert_int_equal(spot_proto_decode("{", 1, SPOT_PROTO_REQUEST, &root, &m,
-                                     err, sizeof(err)),
+  assert_int_equal(spot_proto_decode("{", 1, SPOT_PROTO_REQUEST, &root, &m, err,
+                                     sizeof(err)),
                    -EBADMSG);
 }
 
@@ -418,13 +414,11 @@ test_status_round_trip(void **state)
   assert_int_equal(spot_proto_encode_ok(&out, 1, j), 0);
   json_decref(j);
   /* Over the wire and back. */
-  assert_int_equal(spot_proto_decode(out.data, out.len - 1,
-                                     SPOT_PROTO_RESPONSE, &root, &m, err,
-                                     sizeof(err)),
+  assert_int_equal(spot_proto_decode(out.data, out.len - 1, SPOT_PROTO_RESPONSE,
+                                     &root, &m, err, sizeof(err)),
                    0);
-  assert_int_equal(spot_proto_status_from_json(m.result, &back, err,
-                                               sizeof(err)),
-                   0);
+  assert_int_equal(
+      spot_proto_status_from_json(m.result, &back, err, sizeof(err)), 0);
   assert_string_equal(back.state, "uploading");
   assert_string_equal(back.provider, "aws");
   assert_true(back.has_notice);

@@ -133,8 +133,7 @@ spot_s3_url_check_job(const char *job, char *err, size_t errlen)
 
 /* Checks the prefix p[0..n) (no leading or trailing slash). */
 static int
-check_prefix(const char *url, const char *p, size_t n, char *err,
-             size_t errlen)
+check_prefix(const char *url, const char *p, size_t n, char *err, size_t errlen)
 {
   size_t start = 0;
 
@@ -161,8 +160,10 @@ check_prefix(const char *url, const char *p, size_t n, char *err,
       return fail(err, errlen, "%.200s: empty path component ('//')", url);
     if ((len == 1 && p[start] == '.') ||
         (len == 2 && p[start] == '.' && p[start + 1] == '.'))
-      return fail(err, errlen, "%.200s: '.' and '..' components are not "
-                  "allowed", url);
+      return fail(err, errlen,
+                  "%.200s: '.' and '..' components are not "
+                  "allowed",
+                  url);
     start = i + 1;
   }
   return 0;
@@ -181,8 +182,10 @@ spot_s3_url_parse(const char *url, char **bucket, char **prefix, char *err,
   if (url == NULL || *url == '\0')
     return fail(err, errlen, "empty store URL (expected s3://BUCKET/PREFIX)");
   if (strncmp(url, "s3://", 5) != 0)
-    return fail(err, errlen, "%.200s: not an s3:// URL (expected "
-                "s3://BUCKET/PREFIX)", url);
+    return fail(err, errlen,
+                "%.200s: not an s3:// URL (expected "
+                "s3://BUCKET/PREFIX)",
+                url);
   b = url + 5;
   slash = strchr(b, '/');
   blen = slash != NULL ? (size_t)(slash - b) : strlen(b);
@@ -218,8 +221,8 @@ spot_s3_url_parse(const char *url, char **bucket, char **prefix, char *err,
 }
 
 int
-spot_s3_url_parse_job(const char *url, char **bucket, char **prefix,
-                      char **job, char *err, size_t errlen)
+spot_s3_url_parse_job(const char *url, char **bucket, char **prefix, char **job,
+                      char *err, size_t errlen)
 {
   char *bk, *px, *jb, *last;
   int r;
@@ -230,8 +233,10 @@ spot_s3_url_parse_job(const char *url, char **bucket, char **prefix,
   if (*px == '\0') {
     free(bk);
     free(px);
-    return fail(err, errlen, "%.200s: no job in the URL (expected "
-                "s3://BUCKET/PREFIX/JOB)", url);
+    return fail(err, errlen,
+                "%.200s: no job in the URL (expected "
+                "s3://BUCKET/PREFIX/JOB)",
+                url);
   }
   last = strrchr(px, '/');
   jb = strdup(last != NULL ? last + 1 : px);

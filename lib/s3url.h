@@ -23,8 +23,8 @@
 #define SPOT_S3_URL_PREFIX_MAX 512
 #define SPOT_JOB_ID_MAX 128
 
-int spot_s3_url_parse(const char *url, char **bucket, char **prefix,
-                      char *err, size_t errlen);
+int spot_s3_url_parse(const char *url, char **bucket, char **prefix, char *err,
+                      size_t errlen);
 
 /* For store commands whose URL names the job root: the last component of
  * the path is the job (checked with spot_s3_url_check_job), the rest the

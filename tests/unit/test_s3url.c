@@ -48,7 +48,8 @@ test_bad_urls(void **state)
       {"s3://", "missing bucket"},
       {"s3:///prefix", "missing bucket"},
       {"s3://ab/p", "3 to 63"},
-      {"s3://aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/p",
+      {"s3://aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/"
+       "p",
        "63"},
       {"s3://Bucket/p", "lowercase"},
       {"s3://my_bucket/p", "lowercase"},

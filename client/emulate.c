@@ -16,7 +16,8 @@
  *   /__emulate/fault?throttle=F&stall=S&stall_fraction=F&reset=F&
  *                    malformed=F&token_expire=S&clear=1
  *   /__emulate/lifecycle?state=Terminated
- *   GET /__emulate/state             JSON: acks, incarnation, requests */
+ *   GET /__emulate/state             JSON: acks, incarnation, requests,
+ *                                    tokens (the IMDSv2 tokens issued) */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -82,7 +83,9 @@ struct emu {
   struct emu_token tokens[TOKENS_MAX];
   unsigned next_token;
   char region[32], instance_id[32], role[64];
-  char *creds; /* JSON document, or NULL */
+  char *creds;            /* JSON document, or NULL */
+  const char *creds_file; /* re-read on each request (key rotation) */
+  unsigned role_expire_s; /* Expiration = serve time + this; 0: 6 h */
   /* Azure */
   char vm_name[128];
   int64_t incarnation;
@@ -285,6 +288,8 @@ next_change(const struct emu *e, uint64_t now)
 
 /* --- AWS -------------------------------------------------------------- */
 
+static int load_creds(struct emu *e, const char *file);
+
 static bool
 token_valid(struct emu *e, const char *tok, uint64_t now)
 {
@@ -405,8 +410,11 @@ aws_get(struct emu *e, struct MHD_Connection *c, const char *path,
                  NULL);
   }
   if (strncmp(path, "iam/security-credentials/", 25) == 0 &&
-      strcmp(path + 25, e->role) == 0 && e->creds != NULL)
+      strcmp(path + 25, e->role) == 0 && e->creds != NULL) {
+    if (e->creds_file != NULL) /* rotated? (keeps the old on error) */
+      (void)load_creds(e, e->creds_file);
     return reply(c, 200, "text/plain", e->creds, NULL, NULL);
+  }
   return reply(c, 404, "text/plain", "Not Found", NULL, NULL);
 }
 
@@ -674,6 +682,12 @@ control(struct emu *e, struct MHD_Connection *c, const char *method,
     for (unsigned i = 0; j != NULL && i < e->n_acks; i++)
       json_array_append_new(json_object_get(j, "acks"),
                             json_string(e->acks[i]));
+    /* for tests that scan output for secrets */
+    if (j != NULL && json_object_set_new(j, "tokens", json_array()) == 0)
+      for (unsigned i = 0; i < TOKENS_MAX; i++)
+        if (e->tokens[i].value[0] != '\0')
+          json_array_append_new(json_object_get(j, "tokens"),
+                                json_string(e->tokens[i].value));
     s = j != NULL ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     if (s == NULL)
@@ -883,10 +897,13 @@ usage(FILE *f)
       "                            malformed=FRACTION, token-expire=SEC\n"
       "  --region R, --instance-id ID, --vm-name NAME, --role NAME\n"
       "  --role-creds FILE         JSON {AccessKeyId, SecretAccessKey, Token}\n"
-      "                            served as the instance role (else\n"
+      "                            served as the instance role, re-read on\n"
+      "                            each request (else\n"
       "                            SPOT_EMULATE_AWS_ACCESS_KEY_ID,\n"
       "                            SPOT_EMULATE_AWS_SECRET_ACCESS_KEY,\n"
-      "                            SPOT_EMULATE_AWS_SESSION_TOKEN)\n\n"
+      "                            SPOT_EMULATE_AWS_SESSION_TOKEN)\n"
+      "  --role-expire SEC         role Expiration: SEC after each serve "
+      "(6 h)\n\n"
       "Runtime control (POST, query parameters): /__emulate/notice,\n"
       "/__emulate/rebalance, /__emulate/maintenance, /__emulate/cancel,\n"
       "/__emulate/fault, /__emulate/lifecycle; GET /__emulate/state.\n"
@@ -935,7 +952,7 @@ load_creds(struct emu *e, const char *file)
   const char *ak, *sk, *tok;
   json_t *src = NULL, *doc;
   json_error_t err;
-  char exp[32], now[32];
+  char exp[32], now[32], *fresh;
 
   if (file != NULL) {
     src = json_load_file(file, 0, &err);
@@ -958,7 +975,10 @@ load_creds(struct emu *e, const char *file)
                : 0;
   }
   fmt_rfc3339(spot_now_wall_ms(), now, sizeof(now));
-  fmt_rfc3339(spot_now_wall_ms() + 6 * 3600 * 1000, exp, sizeof(exp));
+  fmt_rfc3339(spot_now_wall_ms() + (e->role_expire_s != 0
+                                        ? (int64_t)e->role_expire_s * 1000
+                                        : 6 * 3600 * 1000),
+              exp, sizeof(exp));
   doc = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s}", "Code", "Success",
                   "LastUpdated", now, "Type", "AWS-HMAC", "AccessKeyId", ak,
                   "SecretAccessKey", sk, "Token", tok != NULL ? tok : "",
@@ -966,9 +986,15 @@ load_creds(struct emu *e, const char *file)
   json_decref(src);
   if (doc == NULL)
     return spotctl_fail("emulate: out of memory");
-  e->creds = json_dumps(doc, JSON_INDENT(2));
+  fresh = json_dumps(doc, JSON_INDENT(2));
   json_decref(doc);
-  return e->creds != NULL ? 0 : spotctl_fail("emulate: out of memory");
+  if (fresh == NULL)
+    return spotctl_fail("emulate: out of memory");
+  if (e->creds != NULL)
+    explicit_bzero(e->creds, strlen(e->creds));
+  free(e->creds);
+  e->creds = fresh;
+  return 0;
 }
 
 int
@@ -990,6 +1016,7 @@ spotctl_cmd_emulate(int argc, char **argv)
     OPT_VM_NAME,
     OPT_ROLE,
     OPT_ROLE_CREDS,
+    OPT_ROLE_EXPIRE,
     OPT_PROVIDER,
     OPT_HELP,
   };
@@ -1010,6 +1037,7 @@ spotctl_cmd_emulate(int argc, char **argv)
       {"vm-name", required_argument, NULL, OPT_VM_NAME},
       {"role", required_argument, NULL, OPT_ROLE},
       {"role-creds", required_argument, NULL, OPT_ROLE_CREDS},
+      {"role-expire", required_argument, NULL, OPT_ROLE_EXPIRE},
       {"help", no_argument, NULL, OPT_HELP},
       {NULL, 0, NULL, 0},
   };
@@ -1100,6 +1128,16 @@ spotctl_cmd_emulate(int argc, char **argv)
     case OPT_ROLE_CREDS:
       creds_file = optarg;
       break;
+    case OPT_ROLE_EXPIRE: {
+      int64_t v;
+
+      if (spot_parse_int64(optarg, 1, 43200, &v) < 0)
+        return spotctl_usage("emulate: --role-expire: expected 1 to 43200 "
+                             "seconds, got '%s'",
+                             optarg);
+      e.role_expire_s = (unsigned)v;
+      break;
+    }
     case OPT_HELP:
     case 'h':
       usage(stdout);
@@ -1129,6 +1167,7 @@ spotctl_cmd_emulate(int argc, char **argv)
     return spotctl_usage("emulate: --bind needs an IPv4 address");
   if (e.provider == SPOT_PROVIDER_AWS && load_creds(&e, creds_file) != 0)
     return SPOTCTL_EXIT_FAIL;
+  e.creds_file = creds_file;
 
   pthread_mutex_init(&e.mu, NULL);
   {

@@ -1511,8 +1511,12 @@ advance(struct push_op *op)
       advance(op);
       return;
     }
-    r = spot_s3_head(op->cfg.c.s3, op->cfg.bucket, key, check_cb, op,
-                     &op->s3op);
+    /* A 1-byte GET rather than HEAD: a refused GET carries the S3 code
+     * (SignatureDoesNotMatch, InvalidAccessKeyId) that a HEAD reply
+     * cannot, and this is the first request of a push. */
+    spot_buf_reset(&op->body);
+    r = spot_s3_get(op->cfg.c.s3, op->cfg.bucket, key, 0, 1, NULL, &op->body,
+                    check_cb, op, &op->s3op);
     free(key);
     if (r < 0) {
       fail_msg(op, r, "checking the checkpoint name: %s", strerror(-r));

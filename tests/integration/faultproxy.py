@@ -21,7 +21,8 @@ bandwidth (bytes/s, shared by all connections and both directions).
 
 Fractions are per request; max_per_request bounds how many attempts of
 one request may be hit (so a client with enough retries always wins).
-Counters (requests by kind, faults by type and kind, bytes) are kept in
+Counters (requests by kind, faults by type and kind, bytes, upstream
+statuses, the access key id that signed each request) are kept in
 memory and, when stats_path is set, written there as JSON after every
 request so tests (or another process) can assert on them.
 
@@ -149,7 +150,8 @@ class FaultProxy:
 
     def _reset_stats(self):
         self._stats = {"requests": {}, "faults": {f: {} for f in FAULTS},
-                       "bytes_up": 0, "bytes_down": 0, "connections": 0}
+                       "bytes_up": 0, "bytes_down": 0, "connections": 0,
+                       "access_keys": {}, "statuses": {}}
 
     def reset_stats(self):
         with self.mu:
@@ -293,6 +295,10 @@ class FaultProxy:
         n = int(hmap.get("content-length", "0") or 0)
         kind, ident = classify(method, target)
         fault, cfg = self._decide(kind, ident)
+        akid = hmap.get("authorization", "").partition("Credential=")[2].split("/")[0]
+        with self.mu:  # which key signed (credential rotation tests)
+            ak = self._stats["access_keys"]
+            ak[akid] = ak.get(akid, 0) + 1
         if hmap.get("expect", "").lower() == "100-continue":
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             await writer.drain()
@@ -341,6 +347,9 @@ class FaultProxy:
                 rh[k.strip().lower()] = v.strip()
         rbody = b""
         up_keep = True
+        with self.mu:
+            st = self._stats["statuses"]
+            st[str(status)] = st.get(str(status), 0) + 1
         if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
             pass
         elif "content-length" in rh:

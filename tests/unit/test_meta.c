@@ -3,6 +3,7 @@
 #include "cmocka-compat.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -451,6 +452,82 @@ test_names_and_mono(void **state)
   assert_int_equal(n.deadline_mono_ms, 0);
 }
 
+/* The clock: deadlines are armed on the monotonic clock when a notice is
+ * first seen; a wall-clock step afterwards (NTP, a VM resumed) neither
+ * fires nor delays them. A fake time source plays the poller's part:
+ * parse with the wall clock, report once (dedup), arm on mono. */
+struct fake_clock {
+  uint64_t mono;
+  int64_t wall;
+  uint64_t armed; /* mono deadline in force, 0 = none */
+  struct spot_notice_dedup dedup;
+};
+
+static void
+poll_once(struct fake_clock *k, int which, const char *body, size_t len)
+{
+  struct spot_notice n;
+  int r = which == 0
+              ? spot_meta_aws_parse_instance_action(body, len, k->wall, &n)
+              : spot_meta_gcp_parse_preempted(body, len, k->wall, &n);
+
+  assert_int_equal(r, 0);
+  if (spot_notice_seen(&k->dedup, &n))
+    return; /* reported once: the armed deadline stays */
+  spot_notice_set_mono(&n, k->mono, k->wall);
+  k->armed = n.deadline_mono_ms;
+}
+
+static bool
+fired(const struct fake_clock *k)
+{
+  return k->armed != 0 && k->mono >= k->armed;
+}
+
+static void
+test_wall_clock_jump(void **state)
+{
+  static const char aws[] =
+      "{\"action\":\"terminate\",\"time\":\"2026-12-02T10:15:50Z\"}";
+  struct fake_clock k;
+
+  /* AWS, 120 s notice; the wall clock jumps an hour forward 1 s later */
+  memset(&k, 0, sizeof(k));
+  spot_notice_dedup_init(&k.dedup);
+  k.mono = 5000000;
+  k.wall = NOW;
+  poll_once(&k, 0, S(aws));
+  assert_int_equal(k.armed, 5000000 + 120000);
+  k.mono += 1000;
+  k.wall += 3600 * 1000 + 1000;
+  poll_once(&k, 0, S(aws));
+  assert_int_equal(k.armed, 5000000 + 120000); /* not re-armed */
+  assert_true(k.wall > NOW + 120000);          /* the wall says "past" */
+  assert_false(fired(&k));                     /* mono does not */
+  k.mono = 5000000 + 119999;
+  assert_false(fired(&k));
+  k.mono = 5000000 + 120000;
+  assert_true(fired(&k)); /* on time, not an hour early */
+
+  /* GCP preempted (deadline = now + 30 s); the wall clock jumps an hour
+   * back: the deadline still comes 30 s after the notice */
+  memset(&k, 0, sizeof(k));
+  spot_notice_dedup_init(&k.dedup);
+  k.mono = 7000;
+  k.wall = NOW;
+  poll_once(&k, 1, S("TRUE"));
+  assert_int_equal(k.armed, 7000 + 30000);
+  k.mono += 2000;
+  k.wall -= 3600 * 1000;
+  poll_once(&k, 1, S("TRUE"));
+  assert_int_equal(k.armed, 7000 + 30000);
+  k.mono = 7000 + 29999;
+  assert_false(fired(&k));
+  k.mono = 7000 + 30000;
+  assert_true(fired(&k));    /* not missed by an hour */
+  assert_true(k.wall < NOW); /* though the wall clock is behind the notice */
+}
+
 /* The poller's retry schedule: jittered, growing, capped. */
 static void
 test_backoff_growth(void **state)
@@ -486,6 +563,7 @@ main(void)
       cmocka_unit_test(test_azure),
       cmocka_unit_test(test_dedup),
       cmocka_unit_test(test_names_and_mono),
+      cmocka_unit_test(test_wall_clock_jump),
       cmocka_unit_test(test_backoff_growth),
   };
 

@@ -77,6 +77,11 @@ def props(text):
     return dict(l.split("=", 1) for l in text.splitlines() if "=" in l)
 
 
+def asan_build(exe):
+    with open(exe, "rb") as f:
+        return b"__asan_init" in f.read()
+
+
 def main():
     nspawn = shutil.which("systemd-nspawn")
     if nspawn is None:
@@ -107,6 +112,15 @@ def main():
                         "Environment=AWS_EC2_METADATA_DISABLED=true\n" %
                         (os.environ["AWS_ACCESS_KEY_ID"],
                          os.environ["AWS_SECRET_ACCESS_KEY"], endpoint))
+            if asan_build(sl.spotd_exe()):
+                # LeakSanitizer stops the world with ptrace, which the
+                # unit's SystemCallFilter=@system-service denies ("LSan has
+                # encountered a fatal error", exit 1). Keep the sandbox as
+                # shipped; the leak checks run in the other daemon tests.
+                print("note: ASan build: detect_leaks=0 inside the sandbox")
+                with open(dropin, "a") as f:
+                    f.write("Environment=ASAN_OPTIONS=detect_leaks=0:"
+                            "halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1\n")
             os.chmod(dropin, 0o600)
             conf = os.path.join(wd, "spotd.conf")
             with open(conf, "w") as f:

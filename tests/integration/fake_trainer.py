@@ -48,7 +48,7 @@ def on_term(signum, frame):
     STATE["term"] = True
 
 
-def write_checkpoint(ckpt_dir, step, nbytes, why, rand=False):
+def write_checkpoint(ckpt_dir, step, nbytes, why, rand=False, delay=0.0):
     name = "step-%06d" % step
     path = os.path.join(ckpt_dir, name)
     os.makedirs(path, exist_ok=True)
@@ -66,6 +66,8 @@ def write_checkpoint(ckpt_dir, step, nbytes, why, rand=False):
                 n = min(left, len(block))
                 f.write(block[:n])
             left -= n
+    if delay > 0:  # a slow save (a big model)
+        time.sleep(delay)
     # The marker comes last, once every file is closed.
     with open(os.path.join(path, "SPOTD_COMPLETE"), "w"):
         pass
@@ -87,6 +89,8 @@ def main():
     ap.add_argument("--bytes", type=int, default=env_int("FAKE_TRAINER_BYTES", 64 << 10))
     ap.add_argument("--random", action="store_true",
                     help="checkpoint data is random bytes (incompressible)")
+    ap.add_argument("--save-delay", type=float, default=0.0,
+                    help="seconds a checkpoint takes before its marker")
     ap.add_argument("--signal", default="USR1")
     ap.add_argument("--ignore-signal", action="store_true")
     ap.add_argument("--ignore-term", action="store_true")
@@ -150,10 +154,12 @@ def main():
         if STATE["flag"]:
             STATE["flag"] = False
             emit("signal", step=step)
-            write_checkpoint(ckpt_dir, step, a.bytes, "signal", a.random)
+            write_checkpoint(ckpt_dir, step, a.bytes, "signal", a.random,
+                             a.save_delay)
             last_ckpt = step
         elif a.every and step - last_ckpt >= a.every:
-            write_checkpoint(ckpt_dir, step, a.bytes, "own", a.random)
+            write_checkpoint(ckpt_dir, step, a.bytes, "own", a.random,
+                             a.save_delay)
             last_ckpt = step
         if a.exit_at and step == a.exit_at:
             emit("exit", status=0, step=step)

@@ -26,9 +26,48 @@ def poll_status(d, out, stop):
         time.sleep(0.15)
 
 
+def estimate(c, wd):
+    """The deadline-aware estimate: the last checkpoint took ~8 s to save,
+    so a notice with <= 6 s left is said at once not to fit; the save then
+    indeed misses the deadline and the previous commit is kept."""
+    tag = "estimate: "
+    store, job, prefix = sl.daemon_job("estimate")
+    emu = sl.EmulatorProc("aws")
+    try:
+        d = sl.Daemon(wd, store, job, provider="aws", metadata_url=emu.url,
+                      interval=1, grace=30,
+                      trainer=["--save-delay", 8, "--step-sleep", 0.05])
+        line = d.wait_log(r"committed checkpoint name=", 30)
+        first = sl.latest(prefix)
+        c.check(line is not None and first is not None,
+                tag + "a first (slow) checkpoint %s is committed" % first)
+        t_notice = time.time()
+        emu.control("notice", deadline=6)
+        w = d.wait_log(r"the final checkpoint needs about [0-9.]+ s but the "
+                       r"deadline is in [0-9.]+ s", 10)
+        c.check(w is not None and time.time() - t_notice < 5,
+                tag + "said at once: %s" % (w or "").split("warning: ")[-1])
+        st = d.status()
+        c.check(st is not None and any("needs about" in x
+                                       for x in st.get("warnings", [])),
+                tag + "status shows the estimate warning",
+                repr(st and st.get("warnings")))
+        rc = d.wait_exit(30)
+        c.check(rc == 75, tag + "exit 75", "rc=%s" % rc)
+        c.check(d.err.matching(r"is kept") and sl.latest(prefix) == first,
+                tag + "the deadline passed: LATEST is still %s" % first,
+                "LATEST=%r" % sl.latest(prefix))
+    finally:
+        emu.stop()
+        sl.kill_started()
+        sl.s3_cleanup(prefix)
+
+
 def main():
     sl.daemon_env()
     c = sl.Checks()
+    with tempfile.TemporaryDirectory(prefix="spotd-estimate-") as wd:
+        estimate(c, wd)
     store, job, prefix = sl.daemon_job("deadline")
     emu = sl.EmulatorProc("aws")
     stop = threading.Event()

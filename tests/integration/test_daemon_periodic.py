@@ -92,12 +92,60 @@ def own_schedule(c, wd):
         sl.s3_cleanup(prefix)
 
 
+def supersede(c, wd):
+    """Checkpoints faster than uploads: one upload at a time, the newest
+    waiting checkpoint supersedes older waiting ones (never uploaded),
+    retention keeps --keep 2 in the store, the newest is committed."""
+    tag = "supersede: "
+    store, job, prefix = sl.daemon_job("supersede")
+    try:
+        d = sl.Daemon(os.path.join(wd, "c"), store, job, interval=0,
+                      args=["--keep", 2],
+                      trainer=["--every", 1, "--exit-at", 16, "--random",
+                               "--bytes", 12 << 20, "--step-sleep", 0.02])
+        rc = d.wait_exit(90)
+        c.check(rc == 0, tag + "spotd exits 0", "rc=%s" % rc)
+        made = [e["name"] for e in d.events("checkpoint")]
+        c.check(len(made) == 16, tag + "16 checkpoints made (%d)" % len(made))
+        inflight, worst, uploaded = 0, 0, []
+        for line in d.log().splitlines():
+            m = re.search(r"uploading checkpoint (\S+)", line)
+            if m:
+                inflight += 1
+                uploaded.append(m.group(1))
+            if re.search(r"committed checkpoint name=|upload of \S+ "
+                         r"(cancelled|failed)", line):
+                inflight -= 1
+            worst = max(worst, inflight)
+        c.check(worst == 1, tag + "at most one upload at a time (%d)" % worst)
+        sup = re.findall(r"checkpoint (\S+) supersedes (\S+), which waited",
+                         d.log())
+        c.check(len(sup) >= 1, tag + "newer checkpoints superseded waiting "
+                "ones (%d times)" % len(sup))
+        c.check(not any(old in uploaded for _, old in sup),
+                tag + "a superseded checkpoint is never uploaded")
+        c.check(made and uploaded and uploaded[-1] == made[-1] and
+                sl.latest(prefix) == made[-1],
+                tag + "the newest %s is committed and LATEST" %
+                (made[-1] if made else "?"))
+        names = sl.committed(prefix)
+        c.check(len(names) == 2 and made and names[-1] == made[-1],
+                tag + "retention keeps 2 in the store: %s" % names)
+        c.check(sorted(os.listdir(d.ckpt_dir)) == made[-1:],
+                tag + "only the newest stays local",
+                repr(sorted(os.listdir(d.ckpt_dir))))
+    finally:
+        sl.kill_started()
+        sl.s3_cleanup(prefix)
+
+
 def main():
     sl.daemon_env()
     c = sl.Checks()
     with tempfile.TemporaryDirectory(prefix="spotd-periodic-") as wd:
         periodic(c, wd)
         own_schedule(c, wd)
+        supersede(c, wd)
     c.finish()
 
 

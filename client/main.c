@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 
 #include "log.h"
 #include "spot-config.h"
@@ -104,6 +105,10 @@ main(int argc, char **argv)
   const struct spotctl_cmd *c;
 
   spot_log_init("spotctl", SPOT_LOG_WARNING);
+  /* Credentials and IMDS tokens live in this process's memory: no core
+   * dump, no ptrace or /proc/PID/mem|environ for other processes of the
+   * same uid. (exec resets it, so the trainer is unaffected.) */
+  (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   if (argc < 2) {
     usage(stderr);
     return SPOTCTL_EXIT_USAGE;

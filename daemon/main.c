@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
@@ -197,6 +198,10 @@ main(int argc, char **argv)
   bool check = false, run = false;
 
   spot_log_init("spotd", SPOT_LOG_INFO);
+  /* Credentials and IMDS tokens live in this process's memory: no core
+   * dump, no ptrace or /proc/PID/mem|environ for other processes of the
+   * same uid. (exec resets it, so the trainer is unaffected.) */
+  (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   if (argc > 1 && strcmp(argv[1], "run") == 0) {
     run = true;
     argv[1] = argv[0];

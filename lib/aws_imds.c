@@ -248,6 +248,8 @@ notify(struct spot_aws *aws, int err)
     return;
   aws->ready_done = true;
   aws->notify_pending = false;
+  /* from now on the timer only carries background refreshes */
+  uv_unref((uv_handle_t *)&aws->timer);
   if (err == 0)
     aws->msg[0] = '\0';
   if (aws->ready_cb != NULL)
@@ -262,6 +264,14 @@ timer_arm(struct spot_aws *aws, uint64_t delay_ms)
   if (aws->closing)
     return;
   uv_timer_start(&aws->timer, timer_cb, delay_ms, 0);
+  /* The first cycle (its retries, the ready callback) keeps the loop
+   * alive; a background refresh does not (else a daemon whose other
+   * handles are closed never leaves uv_run while it holds instance-role
+   * credentials). */
+  if (!aws->ready_done || aws->notify_pending)
+    uv_ref((uv_handle_t *)&aws->timer);
+  else
+    uv_unref((uv_handle_t *)&aws->timer);
 }
 
 /* Reports the first cycle's outcome from the loop, never from inside

@@ -127,6 +127,10 @@ def main():
            if k.startswith(("SPOTD_", "NOTIFY_SOCKET", "WATCHDOG_", "LISTEN_"))}
     emit("start", pid=os.getpid(), pgid=os.getpgid(0), sid=os.getsid(0),
          env=env, step=step)
+    # spotd forwards both streams
+    print("fake_trainer: stdout pid %d" % os.getpid(), flush=True)
+    print("fake_trainer: stderr pid %d" % os.getpid(), file=sys.stderr,
+          flush=True)
 
     last_ckpt = step
     while step < a.max_steps:

@@ -20,6 +20,10 @@ def periodic(c, wd):
         rc = d.wait_exit(60)
         c.check(rc == 0, "periodic: spotd exits 0 after the trainer's exit 0",
                 "rc=%s" % rc)
+        tpid = (d.events("start") or [{"pid": -1}])[0]["pid"]
+        c.check(d.out.matching(r"^fake_trainer: stdout pid %d$" % tpid) and
+                d.err.matching(r"^fake_trainer: stderr pid %d$" % tpid),
+                "periodic: the trainer's stdout and stderr are forwarded")
         asked = d.err.matching(r"checkpoint requested \(interval\): SIGUSR1")
         c.check(len(asked) >= 2, "periodic: the interval timer signalled the "
                 "trainer (%d times)" % len(asked))

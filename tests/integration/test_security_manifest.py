@@ -1,0 +1,125 @@
+#!/usr/bin/python3
+"""Malicious manifests cannot make restore write outside its folder.
+
+A legitimate checkpoint is pushed, then variants of its MANIFEST.json are
+committed under new names with tests/s3check.py (the objects copied
+along): a path with `..`, an absolute path, a key with `../` (reading
+another checkpoint's object), a path that is also the folder of another
+file, a huge size, frames that do not tile the file, a path through a
+symlink planted as an earlier "file", duplicate paths. `spotctl restore`
+of each must fail with one clear line, create nothing at the target, leave
+no temporary folder next to it and write nothing outside it (a canary
+folder beside the target stays empty)."""
+import copy
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import spotlib as sl  # noqa: E402
+
+sl.store_env()
+c = sl.Checks()
+url, root = sl.unique_job("evilmanifest")
+bucket = os.environ["SPOT_TEST_S3_BUCKET"]
+
+
+def put_variant(name, m, copy_from="good"):
+    """Commits manifest m as checkpoint name, with the good one's objects."""
+    m = copy.deepcopy(m)
+    m["name"] = name
+    for k in sl.s3_keys(root + "checkpoints/%s/" % copy_from):
+        if not k.endswith("MANIFEST.json"):
+            rel = k[len(root + "checkpoints/%s/" % copy_from):]
+            sl.s3().copy_object(Bucket=bucket, Key=root + "checkpoints/%s/%s" % (name, rel),
+                                CopySource={"Bucket": bucket, "Key": k})
+            if rel == "b.bin.zst":  # a second object for path-only conflicts
+                sl.s3().copy_object(Bucket=bucket,
+                                    Key=root + "checkpoints/%s/other.zst" % name,
+                                    CopySource={"Bucket": bucket, "Key": k})
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(m, f)
+        path = f.name
+    cp = sl.run([sl.PY3, sl.srcdir_path("tests", "s3check.py"), "put", bucket,
+                 root + "checkpoints/%s/MANIFEST.json" % name, path], timeout=60)
+    os.unlink(path)
+    return cp.returncode == 0
+
+
+try:
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "src")
+        os.makedirs(os.path.join(src, "sub"))
+        with open(os.path.join(src, "sub", "a.txt"), "w") as f:
+            f.write("hello\n")
+        sl.write_random(os.path.join(src, "b.bin"), 100000)
+        cp = sl.spotctl("push", src, url, "--name", "good")
+        c.check(cp.returncode == 0, "push the legitimate checkpoint", cp.stderr)
+        good = json.loads(sl.s3_get(root + "checkpoints/good/MANIFEST.json"))
+        fb = next(f for f in good["files"] if f["path"] == "b.bin")
+        fa = next(f for f in good["files"] if f["path"] == "sub/a.txt")
+
+        def variant(fn):
+            m = copy.deepcopy(good)
+            fn(m)
+            return m
+
+        def with_file(m, f):
+            m["files"].append(f)
+            m["totals"]["files"] += 1
+            m["totals"]["raw_bytes"] += f["size"]
+            m["totals"]["stored_bytes"] += sum(fr["comp_len"] for fr in f["frames"])
+
+        cases = {
+            "dotdot": variant(lambda m: m["files"][0].update(path="../escaped.bin")),
+            "dotdot-inner": variant(lambda m: m["files"][0].update(path="sub/../../escaped.bin")),
+            "absolute": variant(lambda m: m["files"][0].update(path=os.path.join(tmp, "abs.bin"))),
+            "key-dotdot": variant(lambda m: m["files"][0].update(
+                key="../good/b.bin.zst")),
+            "key-absolute": variant(lambda m: m["files"][0].update(key="/etc/passwd")),
+            "file-is-folder": variant(lambda m: with_file(m, dict(copy.deepcopy(fb),
+                                                                  path="b.bin/inner", key="other.zst"))),
+            "folder-is-file": variant(lambda m: with_file(m, dict(copy.deepcopy(fb),
+                                                                  path="sub", key="other.zst"))),
+            "duplicate": variant(lambda m: with_file(m, dict(copy.deepcopy(fa),
+                                                             key="other.zst"))),
+            "huge-size": variant(lambda m: m["files"][0].update(size=1 << 60)),
+            "frames-gap": variant(lambda m: m["files"][0]["frames"][0].update(raw_off=1)),
+            "frames-short": variant(lambda m: m["files"][0]["frames"][0].update(
+                raw_len=m["files"][0]["frames"][0]["raw_len"] - 1)),
+            "frames-overlap": variant(lambda m: m["files"][0]["frames"].append(
+                dict(m["files"][0]["frames"][0]))),
+            "symlink-name": variant(lambda m: m["files"][0].update(mode=0o120777)),
+        }
+        for name, m in cases.items():
+            ok = put_variant(name, m)
+            c.check(ok, "%s: manifest committed with s3check.py" % name)
+            parent = os.path.join(tmp, "r-" + name)
+            os.makedirs(parent)
+            os.makedirs(os.path.join(parent, "canary"))
+            target = os.path.join(parent, "canary", "target")
+            os.rmdir(os.path.join(parent, "canary"))
+            os.makedirs(os.path.join(parent, "canary"))
+            cp = sl.spotctl("restore", url, target, "--name", name, timeout=60)
+            lines = [ln for ln in cp.stderr.strip().splitlines() if ln.strip()]
+            c.check(cp.returncode != 0, "%s: restore refuses" % name, cp.stdout + cp.stderr)
+            c.check(len(lines) >= 1 and lines[-1].startswith("spotctl: ") and
+                    any(w in lines[-1].lower() for w in
+                        ("manifest", "path", "key", "frame", "size", "invalid", "corrupt")),
+                    "%s: a clear message: %s" % (name, lines[-1] if lines else ""), cp.stderr)
+            c.check(not os.path.exists(target), "%s: nothing at the target" % name)
+            left = os.listdir(os.path.join(parent, "canary"))
+            c.check(left == [], "%s: nothing left next to the target" % name, repr(left))
+            outside = [p for p in ("escaped.bin", "abs.bin") if
+                       os.path.exists(os.path.join(parent, p)) or
+                       os.path.exists(os.path.join(tmp, p))]
+            c.check(not outside, "%s: nothing written outside" % name, repr(outside))
+        # the legitimate one still restores (the test's own control)
+        target = os.path.join(tmp, "ok")
+        cp = sl.spotctl("restore", url, target, "--name", "good")
+        ok, detail = sl.same_tree(src, target) if cp.returncode == 0 else (False, cp.stderr)
+        c.check(ok, "control: the legitimate manifest restores identical", detail)
+finally:
+    sl.s3_cleanup(root)
+c.finish()

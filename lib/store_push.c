@@ -69,6 +69,7 @@ struct pfile {
   ino_t ino;
   enum spot_filter filter;
   bool compress;
+  enum spot_codec_mode cmode; /* what the trial chose (zstd or dense) */
   size_t nparts;
   size_t next_part; /* next part to dispatch */
   size_t parts_done;
@@ -434,6 +435,7 @@ walk_work_cb(uv_work_t *req)
       }
       f->filter = looks_like_text(sample, n) ? SPOT_FILTER_NONE : t.filter;
       f->compress = t.compress;
+      f->cmode = t.mode;
     }
     f->nparts = f->size == 0 ? 0
                              : (size_t)((f->size + op->cfg.c.part_size - 1) /
@@ -809,9 +811,9 @@ choose_mode(struct push_op *op, const struct pfile *f)
   if (!f->compress)
     return SPOT_CODEC_RAW;
   if (op->cfg.c.compress != SPOT_STORE_COMPRESS_AUTO)
-    return SPOT_CODEC_ZSTD;
+    return f->cmode;
   if (op->enc_ns == 0 || op->stored_done == 0)
-    return SPOT_CODEC_ZSTD;
+    return f->cmode;
   /* All workers together; per-part time includes the read. */
   cbps = (double)op->enc_bytes / ((double)op->enc_ns / 1e9) *
          (double)op->cfg.c.workers;
@@ -823,7 +825,7 @@ choose_mode(struct push_op *op, const struct pfile *f)
   /* Only trust the network figure while parts queue up for it. */
   if (op->active_xfers < op->cfg.c.parallel)
     nbps = 0;
-  return spot_codec_compress_pays(cbps, nbps, ratio) ? SPOT_CODEC_ZSTD
+  return spot_codec_compress_pays(cbps, nbps, ratio) ? f->cmode
                                                      : SPOT_CODEC_RAW;
 }
 
@@ -985,8 +987,6 @@ check_cb(const struct spot_s3_result *res, void *data)
   advance(op);
 }
 
-static void
-seq_cb(const struct spot_s3_result *res, void *data)
 /* The manifest read back after a retried commit said 412: the lost
  * response was our own first attempt's if the bytes are ours. */
 static void
@@ -1006,18 +1006,18 @@ commit_check_cb(const struct spot_s3_result *res, void *data)
   advance(op);
 }
 
+static void
+seq_cb(const struct spot_s3_result *res, void *data)
 {
   struct push_op *op = data;
-
-  op->active_s3--;
   char *key;
   int r;
+
+  op->active_s3--;
   op->s3op = NULL;
   op->retries += res->retries;
   switch (op->state) {
   case PUSH_COMMIT:
-    if (res->err == -EEXIST)
-      fail_msg(op, -EEXIST, "checkpoint %s was committed by someone else",
     if (res->err == -EEXIST && res->retries > 0 && !op->cancelled &&
         (key = spot__store_key(&op->cfg.c, op->name, SPOT_MANIFEST_NAME)) !=
             NULL) {
@@ -1032,6 +1032,8 @@ commit_check_cb(const struct spot_s3_result *res, void *data)
         return;
       }
     }
+    if (res->err == -EEXIST)
+      fail_msg(op, -EEXIST, "checkpoint %s was committed by someone else",
                op->name);
     else if (res->err < 0)
       fail_s3(op, "writing the manifest", res);

@@ -132,8 +132,9 @@ test_oversized_line(void **state)
   assert_non_null(big);
   /* Exactly SPOT_PROTO_MAX_LINE bytes before the newline: accepted. */
   memset(big, 'x', SPOT_PROTO_MAX_LINE);
-  memcpy(big, head, strlen(head));
-  memcpy(big + SPOT_PROTO_MAX_LINE - strlen(tail), tail, strlen(tail));
+  memcpy(big, head, sizeof(head) - 1);
+  memcpy(big + SPOT_PROTO_MAX_LINE - (sizeof(tail) - 1), tail,
+         sizeof(tail) - 1);
   big[SPOT_PROTO_MAX_LINE] = '\n';
   spot_proto_reader_init(&r, SPOT_PROTO_REQUEST);
   for (n = 0; n <= SPOT_PROTO_MAX_LINE; n += 1000) {

@@ -422,12 +422,13 @@ test_plain_zstd_decodes(void **state)
   ZSTD_DCtx *d = ZSTD_createDCtx();
   ZSTD_inBuffer in;
   ZSTD_outBuffer ob;
+  static const char text[] = "some text some text some text";
   size_t r;
 
   assert_true(src && obj && out && d);
   assert_int_equal(spot_codec_new(part, &c), 0);
   fill_fp32(src, n);
-  memcpy(src + part, "some text some text some text", 29);
+  memcpy(src + part, text, sizeof(text) - 1);
   for (size_t off = 0, i = 0; off < n; off += part, i++) {
     size_t len, k = n - off < part ? n - off : part;
     uint32_t crc;

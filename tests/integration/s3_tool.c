@@ -757,11 +757,14 @@ main(int argc, char **argv)
   if (endpoint == NULL)
     endpoint = getenv("AWS_ENDPOINT_URL");
   for (; i < argc && argv[i][0] == '-'; i++) {
-    if (strcmp(argv[i], "-v") == 0)
+    if (strcmp(argv[i], "-v") == 0) {
       spot_log_set_level(SPOT_LOG_DEBUG);
-    else if (i + 1 >= argc)
+      continue;
+    }
+    /* every other option takes a value */
+    if (i + 1 >= argc)
       usage();
-    else if (strcmp(argv[i], "--retries") == 0)
+    if (strcmp(argv[i], "--retries") == 0)
       cfg.max_retries = (unsigned)num(argv[++i]);
     else if (strcmp(argv[i], "--backoff-ms") == 0)
       cfg.retry_base_ms = cfg.retry_cap_ms = (uint64_t)num(argv[++i]);

@@ -19,6 +19,7 @@
  * Only spotd_set_state() changes the state; it logs the transition and
  * tells systemd (STATUS=). advance() moves on when the state's work is
  * done. */
+#include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
 #include <inttypes.h>
@@ -97,6 +98,8 @@ spotd_handle_closed(uv_handle_t *h)
 
 /* -------------------------------------------------------- checkpoints */
 
+static void give_up_final(struct spotd *d, const char *why);
+
 static void
 ckpt_timer_cb(uv_timer_t *t)
 {
@@ -109,6 +112,10 @@ ckpt_timer_cb(uv_timer_t *t)
              "the trainer did not complete a checkpoint within %.0f s of "
              "the signal",
              (double)d->cfg->ckpt_timeout_ms / 1000.0);
+  /* Draining without a deadline (SIGTERM) waited on this very request:
+   * without giving up here it would wait forever. */
+  if (d->state == SPOTD_DRAINING && d->final_name[0] == '\0')
+    give_up_final(d, "no final checkpoint");
   advance(d);
 }
 
@@ -268,6 +275,10 @@ start_upload(struct spotd *d, const char *name)
   d->upload_done_bytes = d->upload_total_bytes = 0;
   d->upload_rate = 0;
   d->upload_log_ms = 0;
+  /* This spotd is the job's only writer: uploads begun before it started
+   * belong to a dead predecessor and are aborted by the retention step. */
+  d->store.stale_upload_age_ms =
+      (uint64_t)(spot_now_wall_ms() - d->start_wall_ms) + 1000;
   log_info("uploading checkpoint %s", name);
   r = spot_store_push(d->loop, &d->store, dir, name, upload_progress_cb,
                       push_done_cb, d, &d->upload);
@@ -858,12 +869,104 @@ restore_done_cb(const struct spot_store_result *res, void *data)
   free(key);
 }
 
+static void begin_restore(struct spotd *d);
+
+static void
+resume_done_cb(const struct spot_store_result *res, void *data)
+{
+  struct spotd *d = data;
+
+  d->upload = NULL;
+  if (res->err == 0)
+    log_info("resumed and committed checkpoint %s left by the previous spotd "
+             "(%u parts were already stored)",
+             res->name, res->resumed_parts);
+  else
+    spotd_warn(d, "the upload of %s left by the previous spotd failed: %s",
+               res->name, res->message);
+  if (d->closing)
+    return;
+  begin_restore(d);
+}
+
+/* A spotd killed mid-upload left a journal next to the checkpoint folder:
+ * finish that push first (its parts already stored are not sent again),
+ * so the restore that follows brings the newest checkpoint back. Only the
+ * newest journal is resumed; older ones are dropped and their uploads
+ * aborted by the next commit's retention. Returns true when a push was
+ * started. */
+static bool
+resume_journaled(struct spotd *d)
+{
+  DIR *dir = opendir(d->journal_dir);
+  struct dirent *de;
+  char best[256] = "", prefix[300];
+  struct timespec best_mtime = {0, 0};
+  size_t plen;
+  int r;
+
+  if (dir == NULL)
+    return false;
+  snprintf(prefix, sizeof(prefix), "%s--", d->cfg->job);
+  plen = strlen(prefix);
+  while ((de = readdir(dir)) != NULL) {
+    char path[4400], marker[4400], name[256];
+    size_t n = strlen(de->d_name);
+    struct stat st;
+
+    if (strncmp(de->d_name, prefix, plen) != 0 || n < plen + 6 ||
+        strcmp(de->d_name + n - 5, ".json") != 0 ||
+        n - plen - 5 >= sizeof(name))
+      continue;
+    memcpy(name, de->d_name + plen, n - plen - 5);
+    name[n - plen - 5] = '\0';
+    snprintf(path, sizeof(path), "%s/%s", d->journal_dir, de->d_name);
+    snprintf(marker, sizeof(marker), "%s/%s/%s", d->ckpt_dir, name,
+             SPOTD_COMPLETE);
+    if (!spot_ckpt_name_valid(name) || stat(marker, &st) < 0 ||
+        stat(path, &st) < 0) {
+      unlink(path);
+      continue;
+    }
+    if (best[0] == '\0' || st.st_mtim.tv_sec > best_mtime.tv_sec ||
+        (st.st_mtim.tv_sec == best_mtime.tv_sec &&
+         st.st_mtim.tv_nsec > best_mtime.tv_nsec)) {
+      if (best[0] != '\0') {
+        snprintf(path, sizeof(path), "%s/%s%s.json", d->journal_dir, prefix,
+                 best);
+        unlink(path);
+      }
+      spot_strlcpy(best, name, sizeof(best));
+      best_mtime = st.st_mtim;
+    } else {
+      unlink(path);
+    }
+  }
+  closedir(dir);
+  if (best[0] == '\0')
+    return false;
+  log_info("the previous spotd was interrupted while uploading %s: resuming "
+           "that upload",
+           best);
+  spotd_set_state(d, SPOTD_RESTORING);
+  watch_mark_known(d, best);
+  snprintf(prefix, sizeof(prefix), "%s/%s", d->ckpt_dir, best);
+  spot_strlcpy(d->upload_name, best, sizeof(d->upload_name));
+  r = spot_store_push(d->loop, &d->store, prefix, best, NULL, resume_done_cb,
+                      d, &d->upload);
+  if (r < 0) {
+    d->upload = NULL;
+    spotd_warn(d, "cannot resume the upload of %s: %s", best, strerror(-r));
+    return false;
+  }
+  return true;
+}
+
 static void
 aws_ready_cb(int err, const char *msg, void *data)
 {
   struct spotd *d = data;
   struct spot_s3_config sc;
-  char tmp[4300];
   int r;
 
   if (err < 0) {
@@ -882,6 +985,17 @@ aws_ready_cb(int err, const char *msg, void *data)
     return;
   }
   d->store.s3 = d->s3;
+  if (resume_journaled(d))
+    return; /* begin_restore() runs when that push ends */
+  begin_restore(d);
+}
+
+static void
+begin_restore(struct spotd *d)
+{
+  char tmp[4300];
+  int r;
+
   if (!d->cfg->restore) {
     launch(d);
     return;
@@ -944,6 +1058,12 @@ spotd_start(struct spotd *d)
                           ? SPOT_STORE_COMPRESS_NEVER
                           : SPOT_STORE_COMPRESS_AUTO;
   d->store.keep = (unsigned)d->cfg->keep;
+  if (asprintf(&d->journal_dir, "%s/.spotd-journal", d->ckpt_dir) < 0)
+    return -ENOMEM;
+  r = mkdir_p(d->journal_dir);
+  if (r < 0)
+    return log_err_errno(r, "journal folder %s", d->journal_dir);
+  d->store.journal_dir = d->journal_dir;
   snprintf(d->store_url, sizeof(d->store_url), "s3://%s/%s%s%s", d->cfg->bucket,
            d->cfg->prefix, d->cfg->prefix[0] ? "/" : "", d->cfg->job);
 

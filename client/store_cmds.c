@@ -38,7 +38,7 @@ struct session {
 };
 
 struct common_opts {
-  const char *endpoint, *region, *profile, *name;
+  const char *endpoint, *region, *profile, *name, *journal;
   uint64_t part_size;
   unsigned parallel, workers, keep;
   enum spot_store_compress compress;
@@ -55,6 +55,7 @@ enum {
   OPT_COMPRESS,
   OPT_KEEP,
   OPT_JSON,
+  OPT_JOURNAL,
 };
 
 static const struct option long_opts[] = {
@@ -70,6 +71,7 @@ static const struct option long_opts[] = {
     {"compress", required_argument, NULL, OPT_COMPRESS},
     {"keep", required_argument, NULL, OPT_KEEP},
     {"json", no_argument, NULL, OPT_JSON},
+    {"journal", required_argument, NULL, OPT_JOURNAL},
     {NULL, 0, NULL, 0},
 };
 
@@ -166,6 +168,9 @@ parse_opts(int argc, char **argv, struct common_opts *o, const char *usage)
     case OPT_JSON:
       o->json = true;
       break;
+    case OPT_JOURNAL:
+      o->journal = optarg;
+      break;
     case '?':
     default:
       if (optopt != 0 && optopt < 256)
@@ -239,6 +244,7 @@ session_open(struct session *s, const char *url, const struct common_opts *o)
   s->cfg.workers = o->workers;
   s->cfg.compress = o->compress;
   s->cfg.keep = o->keep;
+  s->cfg.journal_dir = o->journal;
   s->done = false;
   return 0;
 }
@@ -320,6 +326,9 @@ store_done_cb(const struct spot_store_result *res, void *data)
                : 1.0,
            secs, secs > 0 ? (double)res->raw_bytes / secs / 1e6 : 0.0,
            res->retries, res->deleted > 0 ? ", old checkpoints deleted" : "");
+  if (!s->quiet && res->resumed_parts > 0)
+    printf("resumed %u parts already stored by an interrupted push\n",
+           res->resumed_parts);
   s->exit_code = SPOTCTL_EXIT_OK;
 }
 
@@ -340,7 +349,9 @@ static const char push_usage[] =
     "  -n, --name NAME    checkpoint name (default: DIR's base name)\n"
     "  --part-size SIZE   bytes per part and zstd frame (default 8M)\n"
     "  --compress MODE    auto (default), always or never\n"
-    "  --keep N           keep the N newest checkpoints, delete older ones\n";
+    "  --keep N           keep the N newest checkpoints, delete older ones\n"
+    "  --journal DIR      record uploads in progress in DIR; a push of the\n"
+    "                     same name killed mid-way resumes them\n";
 
 int
 spotctl_cmd_push(int argc, char **argv)

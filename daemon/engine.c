@@ -202,8 +202,8 @@ upload_progress_cb(const struct spot_store_progress *p, void *data)
     char done[32], total[32];
 
     d->upload_log_ms = p->elapsed_ms;
-    log_info("uploading %s: %s / %s (%.0f%%) at %.0f MB/s, ratio %.2f",
-             p->name, spot_fmt_bytes(p->raw_done, done, sizeof(done)),
+    log_info("uploading %s: %s / %s (%.0f%%) at %.0f MB/s, ratio %.2f", p->name,
+             spot_fmt_bytes(p->raw_done, done, sizeof(done)),
              spot_fmt_bytes(p->raw_total, total, sizeof(total)),
              100.0 * (double)p->raw_done / (double)p->raw_total,
              d->upload_rate / 1e6,
@@ -952,8 +952,8 @@ resume_journaled(struct spotd *d)
   watch_mark_known(d, best);
   snprintf(prefix, sizeof(prefix), "%s/%s", d->ckpt_dir, best);
   spot_strlcpy(d->upload_name, best, sizeof(d->upload_name));
-  r = spot_store_push(d->loop, &d->store, prefix, best, NULL, resume_done_cb,
-                      d, &d->upload);
+  r = spot_store_push(d->loop, &d->store, prefix, best, NULL, resume_done_cb, d,
+                      &d->upload);
   if (r < 0) {
     d->upload = NULL;
     spotd_warn(d, "cannot resume the upload of %s: %s", best, strerror(-r));

@@ -182,6 +182,7 @@ run_daemon(struct spot_config *cfg, char **argv)
     log_err("internal: event loop not empty at exit: %s", uv_strerror(r));
     return 70;
   }
+  free(d.journal_dir);
   log_info("exit status %d", d.exit_code);
   return d.exit_code < 0 ? 1 : d.exit_code;
 }

@@ -106,6 +106,7 @@ struct spotd {
   char restart_buf[32];         /* PUT ROOT/RESTARTS: lives until done */
   char resume_dir[4200];
   char *ckpt_dir;
+  char *journal_dir; /* CKPT_DIR/.spotd-journal: uploads in progress */
 
   /* checkpoint requests */
   bool ckpt_requested;

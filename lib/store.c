@@ -77,6 +77,13 @@ spot__store_cfg_copy(struct spot__store_cfg *dst,
   dst->bucket = strdup(src->bucket != NULL ? src->bucket : "");
   dst->prefix = strdup(src->prefix != NULL ? src->prefix : "");
   dst->job = strdup(src->job != NULL ? src->job : "");
+  if (src->journal_dir != NULL) {
+    dst->journal_dir = strdup(src->journal_dir);
+    if (dst->journal_dir == NULL) {
+      spot__store_cfg_fini(dst);
+      return -ENOMEM;
+    }
+  }
   if (dst->bucket == NULL || dst->prefix == NULL || dst->job == NULL) {
     spot__store_cfg_fini(dst);
     return -ENOMEM;
@@ -84,6 +91,7 @@ spot__store_cfg_copy(struct spot__store_cfg *dst,
   dst->c.bucket = dst->bucket;
   dst->c.prefix = dst->prefix;
   dst->c.job = dst->job;
+  dst->c.journal_dir = dst->journal_dir;
   if (dst->c.part_size == 0)
     dst->c.part_size = SPOT_STORE_PART_DEFAULT;
   if (dst->c.parallel == 0)
@@ -110,7 +118,8 @@ spot__store_cfg_fini(struct spot__store_cfg *c)
   free(c->bucket);
   free(c->prefix);
   free(c->job);
-  c->bucket = c->prefix = c->job = NULL;
+  free(c->journal_dir);
+  c->bucket = c->prefix = c->job = c->journal_dir = NULL;
 }
 
 void

@@ -55,6 +55,10 @@ struct spot_store_config {
   enum spot_store_compress compress;
   unsigned keep;                /* push: committed checkpoints kept, 0 = all */
   uint64_t stale_upload_age_ms; /* push: abort older uploads, 0 = 1 hour */
+  /* push: a folder for the resume journal (store_journal.c), or NULL. A
+   * push killed mid-way and started again with the same journal_dir,
+   * name and unchanged files resumes its multipart uploads. */
+  const char *journal_dir;
 };
 
 enum spot_store_phase {
@@ -87,6 +91,7 @@ struct spot_store_result {
   uint64_t commit_ms;  /* push: time from start to the manifest committed */
   unsigned deleted;    /* push: checkpoints removed by retention */
   unsigned aborted;    /* push: stale multipart uploads aborted */
+  unsigned resumed_parts; /* push: parts a resumed push found stored */
   const char *warning; /* push: retention trouble (commit still fine), or "" */
 };
 

@@ -31,11 +31,13 @@
 #include "log.h"
 #include "manifest.h"
 #include "store_internal.h"
+#include "store_journal.h"
 #include "util.h"
 
 enum push_state {
   PUSH_WALK,
   PUSH_CHECK,
+  PUSH_RESUME,
   PUSH_XFER,
   PUSH_VERIFY,
   PUSH_COMMIT,
@@ -50,9 +52,9 @@ enum push_state {
 };
 
 static const char *const push_state_names[] = {
-    "walk",          "check",          "transfer",    "verify",
-    "commit",        "latest",         "retain-list", "retain-read",
-    "retain-delete", "retain-uploads", "abort",       "done",
+    "walk",           "check",  "resume",      "transfer",    "verify",
+    "commit",         "latest", "retain-list", "retain-read", "retain-delete",
+    "retain-uploads", "abort",  "done",
 };
 
 #define WALK_FILES_MAX 1000000
@@ -171,6 +173,12 @@ struct push_op {
   char **del_keys;
   size_t ndel_keys;
   unsigned deleted, aborted;
+  /* resume journal (store_journal.c) */
+  char *journal_path;
+  uint64_t journal_saved_ms;
+  struct spot__journal *resume;
+  size_t resume_idx;
+  unsigned resumed_parts;
   struct spot_s3_upload_info *uploads;
   size_t nuploads, upload_idx;
   char *abort_key, *abort_id;
@@ -178,6 +186,7 @@ struct push_op {
 
 static void advance(struct push_op *op);
 static void pump(struct push_op *op);
+static void journal_save(struct push_op *op, bool force);
 
 static void
 set_state(struct push_op *op, enum push_state s)
@@ -485,6 +494,8 @@ progress_timer_cb(uv_timer_t *t)
 static void
 op_free(struct push_op *op)
 {
+  free(op->journal_path);
+  spot__journal_free(op->resume);
   for (size_t i = 0; i < op->nfiles; i++) {
     struct pfile *f = &op->files[i];
     free(f->rel);
@@ -542,6 +553,10 @@ finish(struct push_op *op)
   uint64_t raw = 0;
 
   set_state(op, PUSH_DONE);
+  /* Committed, or failed with its uploads aborted: nothing to resume. A
+   * push that is killed never gets here, and its journal stays. */
+  if (op->journal_path != NULL)
+    unlink(op->journal_path);
   for (size_t i = 0; i < op->nfiles; i++)
     raw += op->files[i].size;
   memset(&res, 0, sizeof(res));
@@ -558,6 +573,7 @@ finish(struct push_op *op)
   res.commit_ms = op->commit_ms;
   res.deleted = op->deleted;
   res.aborted = op->aborted;
+  res.resumed_parts = op->resumed_parts;
   res.warning = op->warning[0] != '\0' ? op->warning : op->walk_warn;
   if (op->err == 0)
     report_progress(op, SPOT_STORE_PHASE_FINISH);
@@ -699,6 +715,8 @@ part_done_cb(const struct spot_s3_result *res, void *data)
     f->parts_done++;
     if (f->nparts == 1)
       f->done = true;
+    else
+      journal_save(op, false);
   }
   s->state = SLOT_FREE;
   pump(op);
@@ -732,6 +750,8 @@ create_cb(const struct spot_s3_result *res, void *data)
     f->upload_id = strdup(res->upload_id);
     if (f->upload_id == NULL)
       fail_msg(op, -ENOMEM, "out of memory");
+    else
+      journal_save(op, true);
   }
   pump(op);
 }
@@ -876,6 +896,9 @@ pump(struct push_op *op)
     struct encoder *e = NULL;
     struct slot *s = NULL;
 
+    while (f->etags != NULL && f->next_part < f->nparts &&
+           f->etags[f->next_part].number != 0)
+      f->next_part++; /* stored before a resume */
     if (f->next_part >= f->nparts) {
       op->next_file++;
       continue;
@@ -932,6 +955,223 @@ pump(struct push_op *op)
 
   if (!busy(op))
     advance(op);
+}
+
+/* ------------------------------------------------------------ journal */
+
+/* Writes what is stored so far: the upload id of each multipart file and
+ * its parts with their ETags, sizes and CRCs. Throttled, except when an
+ * upload id is new (losing one would orphan its upload). */
+static void
+journal_save(struct push_op *op, bool force)
+{
+  struct spot__journal j;
+  uint64_t now = spot_now_mono_ms();
+  size_t n = 0;
+  int r;
+
+  if (op->journal_path == NULL || op->manifest == NULL)
+    return;
+  if (!force && now < op->journal_saved_ms + 250)
+    return;
+  op->journal_saved_ms = now;
+  memset(&j, 0, sizeof(j));
+  j.job = op->cfg.job;
+  j.name = op->name;
+  j.part_size = op->cfg.c.part_size;
+  j.files = calloc(op->nfiles + 1, sizeof(*j.files));
+  if (j.files == NULL)
+    return;
+  for (size_t i = 0; i < op->nfiles; i++) {
+    const struct pfile *f = &op->files[i];
+    const struct spot_manifest_file *mf = &op->manifest->files[f->midx];
+    struct spot__journal_file *jf = &j.files[n];
+
+    if (f->nparts < 2 || f->upload_id == NULL || f->done)
+      continue;
+    jf->path = f->rel;
+    jf->size = f->size;
+    jf->mtime_ns = f->mtime_ns;
+    jf->ino = (uint64_t)f->ino;
+    jf->upload_id = f->upload_id;
+    jf->parts = calloc(f->nparts + 1, sizeof(*jf->parts));
+    if (jf->parts == NULL)
+      break;
+    for (size_t p = 0; p < f->nparts; p++) {
+      const struct spot_s3_part_info *pi = &f->etags[p];
+      struct spot__journal_part *jp = &jf->parts[jf->nparts];
+
+      if (pi->number == 0 || !mf->frames[p].set)
+        continue;
+      jp->n = pi->number;
+      jp->raw_len = mf->frames[p].raw_len;
+      jp->comp_len = mf->frames[p].comp_len;
+      jp->crc32c = mf->frames[p].crc32c;
+      spot_strlcpy(jp->etag, pi->etag, sizeof(jp->etag));
+      jf->nparts++;
+    }
+    n++;
+  }
+  j.nfiles = n;
+  r = spot__journal_save(op->journal_path, &j);
+  if (r < 0)
+    log_debug("push name=%s: journal: %s", op->name, strerror(-r));
+  for (size_t i = 0; i < n; i++)
+    free(j.files[i].parts);
+  free(j.files);
+}
+
+static struct pfile *
+find_file(struct push_op *op, const char *rel)
+{
+  for (size_t i = 0; i < op->nfiles; i++)
+    if (strcmp(op->files[i].rel, rel) == 0)
+      return &op->files[i];
+  return NULL;
+}
+
+static bool
+same_etag(const char *a, const char *b)
+{
+  size_t la, lb;
+
+  /* Servers differ in quoting ETags; compare what is inside the quotes. */
+  if (*a == '"')
+    a++;
+  if (*b == '"')
+    b++;
+  la = strlen(a);
+  lb = strlen(b);
+  if (la > 0 && a[la - 1] == '"')
+    la--;
+  if (lb > 0 && b[lb - 1] == '"')
+    lb--;
+  return la == lb && la > 0 && memcmp(a, b, la) == 0;
+}
+
+static void resume_step(struct push_op *op);
+
+/* ListParts of a journaled upload: parts the server lists with the ETag
+ * and size the journal recorded are taken as stored. */
+static void
+resume_list_cb(const struct spot_s3_result *res, void *data)
+{
+  struct push_op *op = data;
+  const struct spot__journal_file *jf = &op->resume->files[op->resume_idx];
+  struct pfile *f = find_file(op, jf->path);
+  size_t found = 0;
+
+  op->active_s3--;
+  op->s3op = NULL;
+  op->resume_idx++;
+  if (op->cancelled) {
+    advance(op);
+    return;
+  }
+  if (res->err < 0 || f == NULL || f->upload_id != NULL) {
+    /* Gone (aborted, completed) or unreadable: upload the file afresh. */
+    log_info("push name=%s: journaled upload of %s not resumable, starting "
+             "it over",
+             op->name, jf->path);
+    resume_step(op);
+    return;
+  }
+  for (size_t i = 0; i < jf->nparts; i++) {
+    const struct spot__journal_part *jp = &jf->parts[i];
+    size_t p = (size_t)jp->n - 1;
+    uint64_t want_raw;
+
+    if (jp->n < 1 || p >= f->nparts || f->etags[p].number != 0)
+      continue;
+    want_raw = f->size - (uint64_t)p * op->cfg.c.part_size;
+    if (want_raw > op->cfg.c.part_size)
+      want_raw = op->cfg.c.part_size;
+    if (jp->raw_len != want_raw)
+      continue;
+    for (size_t k = 0; k < res->n_parts; k++) {
+      const struct spot_s3_part_info *sp = &res->parts[k];
+
+      if (sp->number != jp->n || sp->size != jp->comp_len ||
+          !same_etag(sp->etag, jp->etag))
+        continue;
+      if (spot_manifest_set_frame(op->manifest, f->midx, p, jp->raw_len,
+                                  jp->comp_len, jp->crc32c) < 0)
+        break;
+      f->etags[p].number = jp->n;
+      f->etags[p].size = jp->comp_len;
+      spot_strlcpy(f->etags[p].etag, jp->etag, sizeof(f->etags[p].etag));
+      f->parts_done++;
+      op->raw_done += jp->raw_len;
+      op->stored_done += jp->comp_len;
+      found++;
+      break;
+    }
+  }
+  f->upload_id = strdup(jf->upload_id);
+  op->resumed_parts += (unsigned)found;
+  log_info("push name=%s: resuming the upload of %s: %zu of %zu parts "
+           "already stored",
+           op->name, f->rel, found, f->nparts);
+  resume_step(op);
+}
+
+static void
+resume_abort_cb(const struct spot_s3_result *res, void *data)
+{
+  struct push_op *op = data;
+
+  op->active_s3--;
+  op->s3op = NULL;
+  if (res->err == 0 || res->err == -ENOENT)
+    op->aborted++;
+  op->resume_idx++;
+  if (op->cancelled)
+    advance(op);
+  else
+    resume_step(op);
+}
+
+/* One journaled upload at a time: resumed when its file is unchanged,
+ * aborted when the file changed (a stale journal). Then the transfer. */
+static void
+resume_step(struct push_op *op)
+{
+  while (op->resume != NULL && op->resume_idx < op->resume->nfiles) {
+    const struct spot__journal_file *jf = &op->resume->files[op->resume_idx];
+    struct pfile *f = find_file(op, jf->path);
+    char *key;
+    int r;
+
+    if (f != NULL && f->nparts > 1 && f->size == jf->size &&
+        f->mtime_ns == jf->mtime_ns && (uint64_t)f->ino == jf->ino) {
+      r = spot_s3_mpu_list_parts(op->cfg.c.s3, op->cfg.bucket, f->key,
+                                 jf->upload_id, resume_list_cb, op, &op->s3op);
+    } else {
+      char rel[4200];
+
+      log_info("push name=%s: %s changed since the journal: aborting its "
+               "old upload",
+               op->name, jf->path);
+      snprintf(rel, sizeof(rel), "%s.zst", jf->path);
+      key = spot__store_key(&op->cfg.c, op->name, rel);
+      r = key == NULL ? -ENOMEM
+                      : spot_s3_mpu_abort(op->cfg.c.s3, op->cfg.bucket, key,
+                                          jf->upload_id, resume_abort_cb, op,
+                                          &op->s3op);
+      free(key);
+    }
+    if (r == 0) {
+      op->active_s3++;
+      return;
+    }
+    op->resume_idx++;
+  }
+  spot__journal_free(op->resume);
+  op->resume = NULL;
+  set_state(op, PUSH_XFER);
+  report_progress(op, SPOT_STORE_PHASE_TRANSFER);
+  journal_save(op, true);
+  pump(op);
 }
 
 /* ------------------------------------------------------------ states */
@@ -1492,8 +1732,8 @@ advance(struct push_op *op)
     /* Nothing was committed. Drop this push's multipart uploads; the
      * objects of completed files stay as uncommitted leftovers that no
      * reader trusts and a later push of the same name overwrites. */
-    if (op->state == PUSH_XFER || op->state == PUSH_VERIFY ||
-        op->state == PUSH_COMMIT) {
+    if (op->state == PUSH_RESUME || op->state == PUSH_XFER ||
+        op->state == PUSH_VERIFY || op->state == PUSH_COMMIT) {
       set_state(op, PUSH_ABORT);
       abort_next(op);
       return;
@@ -1534,6 +1774,30 @@ advance(struct push_op *op)
       fail(op, r);
       advance(op);
       return;
+    }
+    if (op->journal_path != NULL) {
+      struct spot__journal *j = NULL;
+
+      r = spot__journal_load(op->journal_path, &j);
+      if (r == 0 &&
+          (strcmp(j->job, op->cfg.job) != 0 || strcmp(j->name, op->name) != 0 ||
+           j->part_size != op->cfg.c.part_size)) {
+        /* Another part size: its parts cannot be reused. Abort them. */
+        for (size_t i = 0; i < j->nfiles; i++)
+          j->files[i].ino = UINT64_MAX;
+      }
+      if (r == 0) {
+        log_info("push name=%s: found a journal of %zu upload(s) in progress",
+                 op->name, j->nfiles);
+        op->resume = j;
+        op->resume_idx = 0;
+        set_state(op, PUSH_RESUME);
+        resume_step(op);
+        return;
+      }
+      if (r != -ENOENT)
+        log_warn("push name=%s: unreadable journal %s: starting over", op->name,
+                 op->journal_path);
     }
     set_state(op, PUSH_XFER);
     report_progress(op, SPOT_STORE_PHASE_TRANSFER);
@@ -1687,6 +1951,12 @@ spot_store_push(uv_loop_t *loop, const struct spot_store_config *cfg,
   if (!spot_ckpt_name_valid(op->name)) {
     r = -EINVAL;
     goto err;
+  }
+  if (op->cfg.journal_dir != NULL) {
+    op->journal_path =
+        spot__journal_path(op->cfg.journal_dir, op->cfg.job, op->name);
+    if (op->journal_path == NULL)
+      goto nomem;
   }
   op->progress = progress;
   op->cb = cb;

@@ -179,6 +179,9 @@ struct push_op {
   struct spot__journal *resume;
   size_t resume_idx;
   unsigned resumed_parts;
+  char **orphan_keys, **orphan_ids; /* uploads of this name not resumed */
+  size_t norphans, orphan_idx;
+  bool orphans_listed;
   struct spot_s3_upload_info *uploads;
   size_t nuploads, upload_idx;
   char *abort_key, *abort_id;
@@ -496,6 +499,12 @@ op_free(struct push_op *op)
 {
   free(op->journal_path);
   spot__journal_free(op->resume);
+  for (size_t i = 0; i < op->norphans; i++) {
+    free(op->orphan_keys[i]);
+    free(op->orphan_ids[i]);
+  }
+  free(op->orphan_keys);
+  free(op->orphan_ids);
   for (size_t i = 0; i < op->nfiles; i++) {
     struct pfile *f = &op->files[i];
     free(f->rel);
@@ -1050,6 +1059,97 @@ same_etag(const char *a, const char *b)
 }
 
 static void resume_step(struct push_op *op);
+static void orphans_step(struct push_op *op);
+
+static bool
+is_ours(const struct push_op *op, const char *upload_id)
+{
+  for (size_t i = 0; i < op->nfiles; i++)
+    if (op->files[i].upload_id != NULL &&
+        strcmp(op->files[i].upload_id, upload_id) == 0)
+      return true;
+  return false;
+}
+
+/* Uploads of this checkpoint name that no journal claims belong to an
+ * earlier push of the same name that died (a name commits once, so no
+ * live push can own them): abort them before uploading. */
+static void
+orphans_cb(const struct spot_s3_result *res, void *data)
+{
+  struct push_op *op = data;
+
+  op->active_s3--;
+  op->s3op = NULL;
+  if (op->cancelled) {
+    advance(op);
+    return;
+  }
+  if (!op->orphans_listed) {
+    op->orphans_listed = true;
+    if (res->err == 0 && res->n_uploads > 0) {
+      op->orphan_keys = calloc(res->n_uploads, sizeof(char *));
+      op->orphan_ids = calloc(res->n_uploads, sizeof(char *));
+      for (size_t i = 0; op->orphan_keys != NULL && op->orphan_ids != NULL &&
+                         i < res->n_uploads;
+           i++) {
+        if (is_ours(op, res->uploads[i].upload_id))
+          continue;
+        op->orphan_keys[op->norphans] = strdup(res->uploads[i].key);
+        op->orphan_ids[op->norphans] = strdup(res->uploads[i].upload_id);
+        if (op->orphan_keys[op->norphans] == NULL ||
+            op->orphan_ids[op->norphans] == NULL) {
+          op->norphans++;
+          break;
+        }
+        op->norphans++;
+      }
+    }
+  } else {
+    if (res->err == 0 || res->err == -ENOENT)
+      op->aborted++;
+    op->orphan_idx++;
+  }
+  orphans_step(op);
+}
+
+static void
+orphans_step(struct push_op *op)
+{
+  char *key = NULL;
+  int r = -ENOMEM;
+
+  if (!op->orphans_listed) {
+    key = spot__store_key(&op->cfg.c, op->name, "");
+    if (key != NULL)
+      r = spot_s3_list_uploads(op->cfg.c.s3, op->cfg.bucket, key, orphans_cb,
+                               op, &op->s3op);
+  } else {
+    while (op->orphan_idx < op->norphans &&
+           (op->orphan_keys[op->orphan_idx] == NULL ||
+            op->orphan_ids[op->orphan_idx] == NULL))
+      op->orphan_idx++;
+    if (op->orphan_idx < op->norphans) {
+      log_info("push name=%s: aborting an upload of %s left by an earlier "
+               "push",
+               op->name, op->orphan_keys[op->orphan_idx]);
+      r = spot_s3_mpu_abort(
+          op->cfg.c.s3, op->cfg.bucket, op->orphan_keys[op->orphan_idx],
+          op->orphan_ids[op->orphan_idx], orphans_cb, op, &op->s3op);
+    } else {
+      r = 1; /* done */
+    }
+  }
+  free(key);
+  if (r == 0) {
+    op->active_s3++;
+    return;
+  }
+  set_state(op, PUSH_XFER);
+  report_progress(op, SPOT_STORE_PHASE_TRANSFER);
+  journal_save(op, true);
+  pump(op);
+}
 
 /* ListParts of a journaled upload: parts the server lists with the ETag
  * and size the journal recorded are taken as stored. */
@@ -1168,10 +1268,7 @@ resume_step(struct push_op *op)
   }
   spot__journal_free(op->resume);
   op->resume = NULL;
-  set_state(op, PUSH_XFER);
-  report_progress(op, SPOT_STORE_PHASE_TRANSFER);
-  journal_save(op, true);
-  pump(op);
+  orphans_step(op);
 }
 
 /* ------------------------------------------------------------ states */
@@ -1799,9 +1896,8 @@ advance(struct push_op *op)
         log_warn("push name=%s: unreadable journal %s: starting over", op->name,
                  op->journal_path);
     }
-    set_state(op, PUSH_XFER);
-    report_progress(op, SPOT_STORE_PHASE_TRANSFER);
-    pump(op);
+    set_state(op, PUSH_RESUME);
+    orphans_step(op);
     return;
   case PUSH_XFER:
     for (size_t i = 0; i < op->nfiles; i++)

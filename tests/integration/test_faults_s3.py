@@ -36,7 +36,7 @@ SCENARIOS = [
     ("reset-request-body", dict(reset_req=0.3, kinds={"part", "put", "complete", "create"}),
      True),
     ("reset-response", dict(reset_resp=0.25), True),
-    ("stall", dict(stall=0.15, stall_s=LOW_SPEED + 3), True),
+    ("stall", dict(stall=0.3, stall_s=LOW_SPEED + 3), True),
     ("bandwidth-16MB/s", dict(bandwidth=16 * 1000 * 1000), False),
     ("latency-100ms", dict(latency_ms=100), False),
 ]

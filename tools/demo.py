@@ -369,6 +369,7 @@ class Demo:
         t_saved, saved = n1.wait_line(
             r"^saved (\S+) at step (\d+) \(signal, .* in (\S+) s\)", 1, "out")
         ck_name, ck_step = saved.group(1), int(saved.group(2))
+        t_save0 = max(t_seen, t_saved - float(saved.group(3)))
         t_commit, cm = n1.wait_line(commit, 1)
         if cm.group(1) != ck_name:
             raise Failed("node 1 committed %s, not %s" % (cm.group(1),
@@ -400,10 +401,10 @@ class Demo:
                                                      ck_step)),
             ("steps redone", "%d (node 1 kept training while its checkpoint "
              "uploaded)" % redone),
-            ("notice to durable", "%.1f s (spotd saw the notice after %.1f s; "
-             "save %.1f s; compress + upload + commit %.1f s)" % (
+            ("notice to durable", "%.1f s (notice seen %.1f s, step in flight "
+             "%.1f s, save %.1f s, compress + upload + commit %.1f s)" % (
                  t_commit - self.t_notice, t_seen - self.t_notice,
-                 float(saved.group(3)), float(cm.group(5)))),
+                 t_save0 - t_seen, t_saved - t_save0, t_commit - t_saved)),
             ("checkpoint", "%s: %.1f MB raw, %.1f MB stored in S3 (ratio %s)"
              % (ck_name, raw / 1e6, stored / 1e6, cm.group(4))),
             ("time to resume", "%.1f s from node 2's start to training "
@@ -466,6 +467,11 @@ class Demo:
 
     def run(self):
         if os.path.exists(self.work):
+            if os.path.isdir(self.ceph_dir):  # an interrupted earlier run's
+                subprocess.run(["bash", os.path.join(SRC, "tests",
+                                                     "s3server.sh"),
+                                "stop", self.ceph_dir], capture_output=True,
+                               timeout=120)
             shutil.rmtree(self.work)
         os.makedirs(self.work)
         self.write_hook()

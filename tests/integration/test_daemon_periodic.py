@@ -46,7 +46,7 @@ def periodic(c, wd):
         i_end = d.err.wait(r"state \S+ -> exiting", 0)[0]
         c.check(None not in (i_exit, i_last, i_end) and i_last < i_end,
                 "periodic: the last upload finished before spotd exited")
-        local = sorted(os.listdir(d.ckpt_dir))
+        local = sorted(n for n in os.listdir(d.ckpt_dir) if not n.startswith("."))
         c.check(local == [made[-1]],
                 "periodic: local copies older than the newest commit removed",
                 "left: %s" % local)
@@ -135,7 +135,8 @@ def supersede(c, wd):
         names = sl.committed(prefix)
         c.check(len(names) == 2 and made and names[-1] == made[-1],
                 tag + "retention keeps 2 in the store: %s" % names)
-        c.check(sorted(os.listdir(d.ckpt_dir)) == made[-1:],
+        c.check(sorted(n for n in os.listdir(d.ckpt_dir)
+                       if not n.startswith(".")) == made[-1:],
                 tag + "only the newest stays local",
                 repr(sorted(os.listdir(d.ckpt_dir))))
     finally:

@@ -88,9 +88,9 @@ struct spot_store_result {
   uint64_t stored_bytes;
   unsigned retries;
   uint64_t elapsed_ms;
-  uint64_t commit_ms;  /* push: time from start to the manifest committed */
-  unsigned deleted;    /* push: checkpoints removed by retention */
-  unsigned aborted;    /* push: stale multipart uploads aborted */
+  uint64_t commit_ms;     /* push: time from start to the manifest committed */
+  unsigned deleted;       /* push: checkpoints removed by retention */
+  unsigned aborted;       /* push: stale multipart uploads aborted */
   unsigned resumed_parts; /* push: parts a resumed push found stored */
   const char *warning; /* push: retention trouble (commit still fine), or "" */
 };

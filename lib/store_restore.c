@@ -501,8 +501,8 @@ decode_work_cb(uv_work_t *req)
   int fd;
 
   s->work_err = spot_codec_decode(s->dec->codec, f->filter, s->comp,
-                                  frame_len(s->comp, s->got),
-                                  s->dec->raw, (size_t)fr->raw_len, fr->crc32c);
+                                  frame_len(s->comp, s->got), s->dec->raw,
+                                  (size_t)fr->raw_len, fr->crc32c);
   if (s->work_err < 0)
     return;
   fd = open_in_tmp(op, f->path, O_WRONLY);

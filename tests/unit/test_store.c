@@ -98,14 +98,11 @@ test_phase_names(void **state)
   assert_string_equal(spot_store_phase_name(SPOT_STORE_PHASE_PLAN), "plan");
   assert_string_equal(spot_store_phase_name(SPOT_STORE_PHASE_TRANSFER),
                       "transfer");
-  assert_string_equal(spot_store_phase_name(SPOT_STORE_PHASE_COMMIT),
-                      "commit");
-  assert_string_equal(spot_store_phase_name(SPOT_STORE_PHASE_RETAIN),
-                      "retain");
-  assert_string_equal(spot_store_phase_name(SPOT_STORE_PHASE_FINISH),
-                      "finish");
+  assert_string_equal(spot_store_phase_name(SPOT_STORE_PHASE_COMMIT), "commit");
+  assert_string_equal(spot_store_phase_name(SPOT_STORE_PHASE_RETAIN), "retain");
+  assert_string_equal(spot_store_phase_name(SPOT_STORE_PHASE_FINISH), "finish");
   assert_string_equal(spot_store_phase_name(SPOT_STORE_PHASE_LAST), "?");
-  assert_string_equal(spot_store_phase_name((enum spot_store_phase)-1), "?");
+  assert_string_equal(spot_store_phase_name((enum spot_store_phase) - 1), "?");
 }
 
 static void
@@ -133,16 +130,16 @@ test_invalid_args(void **state)
   uv_loop_t loop;
   struct spot_store_config c = cfg_of("p");
   struct spot_store_op *op = NULL;
-  static const uint64_t bad_parts[] = {
-      1, SPOT_STORE_PART_MIN - 4096, SPOT_STORE_PART_MAX + 4096,
-      SPOT_STORE_PART_MIN + 1};
+  static const uint64_t bad_parts[] = {1, SPOT_STORE_PART_MIN - 4096,
+                                       SPOT_STORE_PART_MAX + 4096,
+                                       SPOT_STORE_PART_MIN + 1};
 
   (void)state;
   assert_int_equal(uv_loop_init(&loop), 0);
   c.s3 = NULL; /* no client */
-  assert_int_equal(spot_store_push(&loop, &c, "/tmp", "n", NULL, never_cb,
-                                   NULL, &op),
-                   -EINVAL);
+  assert_int_equal(
+      spot_store_push(&loop, &c, "/tmp", "n", NULL, never_cb, NULL, &op),
+      -EINVAL);
   assert_int_equal(
       spot_store_restore(&loop, &c, "n", "/tmp/x", NULL, never_cb, NULL, &op),
       -EINVAL);
@@ -152,9 +149,9 @@ test_invalid_args(void **state)
   c.s3 = (struct spot_s3 *)(void *)&loop; /* never used: checks come first */
   for (size_t i = 0; i < sizeof(bad_parts) / sizeof(bad_parts[0]); i++) {
     c.part_size = bad_parts[i];
-    assert_int_equal(spot_store_push(&loop, &c, "/tmp", "n", NULL, never_cb,
-                                     NULL, &op),
-                     -EINVAL);
+    assert_int_equal(
+        spot_store_push(&loop, &c, "/tmp", "n", NULL, never_cb, NULL, &op),
+        -EINVAL);
   }
   c.part_size = 0;
   c.parallel = 65;
@@ -177,14 +174,14 @@ test_invalid_args(void **state)
   c.bucket = "b";
 
   /* names: '/', "..", ".", empty; and missing arguments */
-  static const char *const bad_names[] = {"a/b", "..", ".", "", "x y",
-                                          "../etc"};
+  static const char *const bad_names[] = {"a/b", "..",  ".",
+                                          "",    "x y", "../etc"};
   for (size_t i = 0; i < sizeof(bad_names) / sizeof(bad_names[0]); i++) {
     assert_int_equal(spot_store_push(&loop, &c, "/tmp", bad_names[i], NULL,
                                      never_cb, NULL, &op),
                      -EINVAL);
-    assert_int_equal(spot_store_restore(&loop, &c, bad_names[i], "/tmp/x",
-                                        NULL, never_cb, NULL, &op),
+    assert_int_equal(spot_store_restore(&loop, &c, bad_names[i], "/tmp/x", NULL,
+                                        never_cb, NULL, &op),
                      -EINVAL);
   }
   /* the default name is DIR's base name: ".." is not a name */

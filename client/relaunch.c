@@ -229,7 +229,7 @@ pause_ms(struct relaunch *r, uint64_t ms)
 
 /* ------------------------------------------------------------ children */
 
-static void
+__attribute__((noreturn)) static void
 child_exec(struct relaunch *r, char *const argv[], const char *path, int out_fd)
 {
   static const int reset[] = {SIGTERM, SIGINT,  SIGHUP,  SIGQUIT,

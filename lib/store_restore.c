@@ -521,6 +521,11 @@ decode_work_cb(uv_work_t *req)
     }
     done += (size_t)w;
   }
+  /* Start writing the frame back now, so the fsync before the rename
+   * finds little left to do (it still waits for all of it). */
+  if (s->work_err == 0)
+    sync_file_range(fd, (off_t)fr->raw_off, (off_t)fr->raw_len,
+                    SYNC_FILE_RANGE_WRITE);
   close(fd);
 }
 

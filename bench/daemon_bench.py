@@ -255,6 +255,31 @@ class Emulator:
                 self.p.wait()
 
 
+def stop_spotd(p, err, trainer_mark):
+    """Stops spotd if it still runs (SIGTERM twice: the first asks for a
+    final checkpoint, the second stops at once), then SIGKILL; and its
+    trainer, by the pid spotd logged, if that process is still ours."""
+    for sig in (signal.SIGTERM, signal.SIGTERM):
+        if p.poll() is None:
+            p.send_signal(sig)
+            time.sleep(0.5)
+    try:
+        p.wait(20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+    line = err.wait(r"trainer pid=\d+ started", 0)[1]
+    if line is None:
+        return
+    pid = int(re.search(r"pid=(\d+)", line).group(1))
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            if trainer_mark in f.read():
+                os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
 class Bench:
     def __init__(self, a):
         self.a = a
@@ -363,9 +388,7 @@ class Bench:
             saved = [e for e in evs if e["ev"] == "saved"]
             sig = [e for e in evs if e["ev"] == "signal"]
         finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            stop_spotd(p, err, b"daemon_bench.py\0trainer\0")
             emu.stop()
         res = {
             "size": nbytes, "run": r, "rc": rc, "post_s": t_posted - t_notice,
@@ -409,12 +432,10 @@ class Bench:
         emu, p, err = self.start_spotd(wd, "idle-%d" % os.getpid(),
                                        "s3://%s/dbench-idle" % self.bucket,
                                        ["sleep", "100000"])
-        trainer_pid = None
         try:
             t, line = err.wait(r"trainer pid=\d+ started", 60)
             if line is None or err.wait(r"state \S+ -> running", 30)[0] is None:
                 raise SystemExit("idle spotd did not start:\n" + err.text())
-            trainer_pid = int(re.search(r"pid=(\d+)", line).group(1))
             time.sleep(5)  # settle: a few polls
             pid = p.pid
             hz = os.sysconf("SC_CLK_TCK")
@@ -486,24 +507,7 @@ class Bench:
                     res["requests"], wall))
             out.update(res)
         finally:
-            # twice: the first SIGTERM asks for a final checkpoint
-            for sig in (signal.SIGTERM, signal.SIGTERM):
-                if p.poll() is None:
-                    p.send_signal(sig)
-                    time.sleep(0.5)
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            if trainer_pid is not None:
-                try:
-                    os.kill(trainer_pid, 0)
-                    with open("/proc/%d/cmdline" % trainer_pid, "rb") as f:
-                        if f.read().startswith(b"sleep\0100000"):
-                            os.kill(trainer_pid, signal.SIGKILL)
-                except OSError:
-                    pass
+            stop_spotd(p, err, b"sleep\0100000")
             emu.stop()
             self.wipe("dbench-idle")
 

@@ -241,6 +241,38 @@ print_status(const struct spot_proto_status *st)
     printf("warning:      %s\n", st->warnings[i]);
 }
 
+/* parse() for a command that takes no operands. */
+static int
+parse_no_args(int argc, char **argv, struct ctl_opts *o, const char *usage,
+              bool allow_wait)
+{
+  int r = parse(argc, argv, o, usage, allow_wait);
+
+  if (r < 0 && optind < argc)
+    return spotctl_usage("%s: unexpected argument '%s'", argv[0], argv[optind]);
+  return r;
+}
+
+/* call(), then req is freed. Returns 0 with *root and msg->result set when
+ * spotd answered ok, or an exit status after printing the error (the
+ * transport's or spotd's). */
+static int
+request(const struct ctl_opts *o, struct spot_buf *req, json_t **root,
+        struct spot_proto_msg *msg)
+{
+  int r = call(o, req, root, msg);
+
+  spot_buf_fini(req);
+  if (r != 0)
+    return r;
+  if (!msg->ok) {
+    r = spotctl_fail("%s", msg->error);
+    json_decref(*root);
+    *root = NULL;
+  }
+  return r;
+}
+
 static const char status_usage[] =
     "Usage: spotctl status [--json]\n\n"
     "Shows what a running spotd is doing: state, notice and time left, the\n"
@@ -258,22 +290,17 @@ spotctl_cmd_status(int argc, char **argv)
   int r;
 
   memset(&msg, 0, sizeof(msg));
-  r = parse(argc, argv, &o, status_usage, false);
+  r = parse_no_args(argc, argv, &o, status_usage, false);
   if (r >= 0)
     return r;
-  if (optind < argc)
-    return spotctl_usage("status: unexpected argument '%s'", argv[optind]);
   if (o.timeout_ms < 0)
     o.timeout_ms = 10000;
   spot_buf_init(&req, 4096);
   spot_proto_encode_request(&req, 1, SPOT_PROTO_CMD_STATUS, NULL);
-  r = call(&o, &req, &root, &msg);
-  spot_buf_fini(&req);
+  r = request(&o, &req, &root, &msg);
   if (r != 0)
     return r;
-  if (!msg.ok) {
-    r = spotctl_fail("%s", msg.error);
-  } else if (o.json) {
+  if (o.json) {
     char *s = json_dumps(msg.result, JSON_COMPACT);
     if (s != NULL)
       printf("%s\n", s);
@@ -308,22 +335,17 @@ spotctl_cmd_checkpoint(int argc, char **argv)
   int r;
 
   memset(&msg, 0, sizeof(msg));
-  r = parse(argc, argv, &o, checkpoint_usage, true);
+  r = parse_no_args(argc, argv, &o, checkpoint_usage, true);
   if (r >= 0)
     return r;
-  if (optind < argc)
-    return spotctl_usage("checkpoint: unexpected argument '%s'", argv[optind]);
   if (!o.wait && o.timeout_ms < 0)
     o.timeout_ms = 10000;
   spot_buf_init(&req, 4096);
   spot_proto_encode_checkpoint(&req, 1, o.wait);
-  r = call(&o, &req, &root, &msg);
-  spot_buf_fini(&req);
+  r = request(&o, &req, &root, &msg);
   if (r != 0)
     return r;
-  if (!msg.ok)
-    r = spotctl_fail("%s", msg.error);
-  else if (o.wait)
+  if (o.wait)
     printf("committed %s\n", jstr(msg.result, "name"));
   else
     printf("checkpoint requested\n");
@@ -364,14 +386,10 @@ spotctl_cmd_done(int argc, char **argv)
     spot_buf_fini(&req);
     return spotctl_fail("done: %s", strerror(-r));
   }
-  r = call(&o, &req, &root, &msg);
-  spot_buf_fini(&req);
+  r = request(&o, &req, &root, &msg);
   if (r != 0)
     return r;
-  if (!msg.ok)
-    r = spotctl_fail("%s", msg.error);
-  else
-    printf("checkpoint %s handed to spotd\n", jstr(msg.result, "name"));
+  printf("checkpoint %s handed to spotd\n", jstr(msg.result, "name"));
   json_decref(root);
   return r;
 }

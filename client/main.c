@@ -34,30 +34,39 @@ static const struct spotctl_cmd commands[] = {
      spotctl_cmd_relaunch},
 };
 
+/* Prints "spotctl: MESSAGE" and the trailer (a newline at least) to stderr,
+ * returns status. */
+__attribute__((format(printf, 3, 0))) static int
+vfail(int status, const char *trailer, const char *fmt, va_list ap)
+{
+  fputs("spotctl: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputs(trailer, stderr);
+  return status;
+}
+
 int
 spotctl_fail(const char *fmt, ...)
 {
   va_list ap;
+  int r;
 
-  fputs("spotctl: ", stderr);
   va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
+  r = vfail(SPOTCTL_EXIT_FAIL, "\n", fmt, ap);
   va_end(ap);
-  fputc('\n', stderr);
-  return SPOTCTL_EXIT_FAIL;
+  return r;
 }
 
 int
 spotctl_usage(const char *fmt, ...)
 {
   va_list ap;
+  int r;
 
-  fputs("spotctl: ", stderr);
   va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
+  r = vfail(SPOTCTL_EXIT_USAGE, "\nTry 'spotctl --help'.\n", fmt, ap);
   va_end(ap);
-  fputs("\nTry 'spotctl --help'.\n", stderr);
-  return SPOTCTL_EXIT_USAGE;
+  return r;
 }
 
 static void

@@ -20,6 +20,25 @@ init_notice(struct spot_notice *n, enum spot_notice_kind kind,
   spot_strlcpy(n->reason, reason, sizeof(n->reason));
 }
 
+/* Loads body, a JSON object with an RFC 3339 time under key: 0 with *j (to
+ * decref), *time and *t set, or -EINVAL / -E2BIG. */
+static int
+load_timed(const char *body, size_t len, const char *key, json_t **j,
+           const char **time, int64_t *t)
+{
+  int r = spot__meta_json_load(body, len, j);
+
+  if (r < 0)
+    return r;
+  *time = json_string_value(json_object_get(*j, key));
+  if (!json_is_object(*j) || *time == NULL ||
+      spot_rfc3339_parse(*time, t) < 0) {
+    json_decref(*j);
+    return -EINVAL;
+  }
+  return 0;
+}
+
 int
 spot_meta_aws_parse_instance_action(const char *body, size_t len,
                                     int64_t now_wall_ms,
@@ -40,14 +59,12 @@ spot_meta_aws_parse_instance_action(const char *body, size_t len,
   int64_t t;
   int r;
 
-  r = spot__meta_json_load(body, len, &j);
+  r = load_timed(body, len, "time", &j, &time, &t);
   if (r < 0)
     return r;
   action = json_string_value(json_object_get(j, "action"));
-  time = json_string_value(json_object_get(j, "time"));
   r = -EINVAL;
-  if (!json_is_object(j) || action == NULL || time == NULL ||
-      spot_rfc3339_parse(time, &t) < 0)
+  if (action == NULL)
     goto out;
   for (size_t i = 0; i < SPOT_ARRAY_SIZE(actions); i++) {
     if (strcmp(action, actions[i].action) != 0)
@@ -76,14 +93,9 @@ spot_meta_aws_parse_rebalance(const char *body, size_t len, int64_t now_wall_ms,
   int64_t t;
   int r;
 
-  r = spot__meta_json_load(body, len, &j);
+  r = load_timed(body, len, "noticeTime", &j, &time, &t);
   if (r < 0)
     return r;
-  time = json_string_value(json_object_get(j, "noticeTime"));
-  if (!json_is_object(j) || time == NULL || spot_rfc3339_parse(time, &t) < 0) {
-    json_decref(j);
-    return -EINVAL;
-  }
   init_notice(&n, SPOT_NOTICE_REBALANCE, "aws-rebalance");
   snprintf(n.id, sizeof(n.id), "rebalance@%s", time);
   spot__notice_detail(&n, body, len);
@@ -103,15 +115,6 @@ cancelled(const char *state, const char *desc)
                        strncmp(desc, "[Completed]", 11) == 0))
     return 1;
   return 0;
-}
-
-static int
-by_deadline(const void *a, const void *b)
-{
-  const struct spot_notice *x = a, *y = b;
-
-  return (x->deadline_wall_ms > y->deadline_wall_ms) -
-         (x->deadline_wall_ms < y->deadline_wall_ms);
 }
 
 int
@@ -173,16 +176,7 @@ spot_meta_aws_parse_maintenance(const char *body, size_t len,
     }
   }
   json_decref(j);
-  if (count == 0)
-    return 1;
-  qsort(tmp, count, sizeof(tmp[0]), by_deadline);
-  if (count > max)
-    count = max;
-  if (count == 0)
-    return 1;
-  memcpy(out, tmp, count * sizeof(tmp[0]));
-  *n = count;
-  return 0;
+  return spot__notice_sort_out(tmp, count, out, max, n);
 }
 
 int

@@ -36,15 +36,6 @@ has_resource(json_t *resources, const char *vm_name)
   return 0;
 }
 
-static int
-by_deadline(const void *a, const void *b)
-{
-  const struct spot_notice *x = a, *y = b;
-
-  return (x->deadline_wall_ms > y->deadline_wall_ms) -
-         (x->deadline_wall_ms < y->deadline_wall_ms);
-}
-
 /* One element of Events: 0 + notice, 1 ignored, -EINVAL malformed. */
 static int
 parse_event(json_t *ev, const char *vm_name, int64_t now_wall_ms,
@@ -121,14 +112,7 @@ spot_meta_azure_parse(const char *body, size_t len, const char *vm_name,
   }
   *incarnation = json_integer_value(inc);
   json_decref(j);
-  if (count == 0 || max == 0)
-    return 1;
-  qsort(tmp, count, sizeof(tmp[0]), by_deadline);
-  if (count > max)
-    count = max;
-  memcpy(out, tmp, count * sizeof(tmp[0]));
-  *n = count;
-  return 0;
+  return spot__notice_sort_out(tmp, count, out, max, n);
 }
 
 int

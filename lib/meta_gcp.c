@@ -32,6 +32,18 @@ is(const char *p, size_t n, const char *lit)
   return strlen(lit) == n && memcmp(p, lit, n) == 0;
 }
 
+/* value(), then 1 when the value is none. */
+static int
+value_unless(const char *body, size_t len, const char *none, const char **p,
+             size_t *vlen)
+{
+  int r = value(body, len, p, vlen);
+
+  if (r < 0)
+    return r;
+  return is(*p, *vlen, none) ? 1 : 0;
+}
+
 static void
 init_notice(struct spot_notice *n, enum spot_notice_kind kind,
             const char *reason, int64_t deadline)
@@ -52,11 +64,9 @@ spot_meta_gcp_parse_preempted(const char *body, size_t len, int64_t now_wall_ms,
   size_t vlen;
   int r;
 
-  r = value(body, len, &p, &vlen);
-  if (r < 0)
+  r = value_unless(body, len, "FALSE", &p, &vlen);
+  if (r != 0)
     return r;
-  if (is(p, vlen, "FALSE"))
-    return 1;
   if (!is(p, vlen, "TRUE"))
     return -EINVAL;
   init_notice(&n, SPOT_NOTICE_PREEMPT, "gcp-preempted",
@@ -76,11 +86,9 @@ spot_meta_gcp_parse_maintenance(const char *body, size_t len,
   size_t vlen;
   int r;
 
-  r = value(body, len, &p, &vlen);
-  if (r < 0)
+  r = value_unless(body, len, "NONE", &p, &vlen);
+  if (r != 0)
     return r;
-  if (is(p, vlen, "NONE"))
-    return 1;
   if (is(p, vlen, "TERMINATE_ON_HOST_MAINTENANCE"))
     init_notice(&n, SPOT_NOTICE_TERMINATE, "gcp-maintenance-terminate",
                 now_wall_ms + SPOT_META_GCP_MAINTENANCE_MS);

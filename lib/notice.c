@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
@@ -133,6 +134,29 @@ spot__notice_detail(struct spot_notice *n, const char *body, size_t len)
   else
     c = 0;
   n->detail[c] = '\0';
+}
+
+static int
+by_deadline(const void *a, const void *b)
+{
+  const struct spot_notice *x = a, *y = b;
+
+  return (x->deadline_wall_ms > y->deadline_wall_ms) -
+         (x->deadline_wall_ms < y->deadline_wall_ms);
+}
+
+int
+spot__notice_sort_out(struct spot_notice *tmp, size_t count,
+                      struct spot_notice *out, size_t max, size_t *n)
+{
+  if (count == 0 || max == 0)
+    return 1;
+  qsort(tmp, count, sizeof(tmp[0]), by_deadline);
+  if (count > max)
+    count = max;
+  memcpy(out, tmp, count * sizeof(tmp[0]));
+  *n = count;
+  return 0;
 }
 
 void

@@ -151,5 +151,9 @@ int spot__meta_json_load(const char *body, size_t len, struct json_t **out);
 void spot__notice_detail(struct spot_notice *n, const char *body, size_t len);
 /* Strips ASCII whitespace at both ends of [*p, *p + *len). */
 void spot__meta_trim(const char **p, size_t *len);
+/* Sorts the count notices of tmp by deadline and copies the first max of
+ * them to out, *n their number: 0, or 1 when there are none. */
+int spot__notice_sort_out(struct spot_notice *tmp, size_t count,
+                          struct spot_notice *out, size_t max, size_t *n);
 
 #endif

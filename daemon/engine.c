@@ -851,7 +851,22 @@ restore_done_cb(const struct spot_store_result *res, void *data)
   }
   log_info("restored checkpoint %s into %s (%" PRIu64 " bytes in %.1f s)",
            res->name, dst, res->raw_bytes, (double)res->elapsed_ms / 1000.0);
-  spot_strlcpy(d->resume_dir, dst, sizeof(d->resume_dir));
+  if (d->store.nranks > 1) {
+    /* Multi-node: every node restores the whole checkpoint (simple; the
+     * other ranks' files are there too) and its trainer resumes from its
+     * own rank's folder. */
+    char mine[4400];
+
+    snprintf(mine, sizeof(mine), "%s/rank-%u", dst, d->store.rank);
+    if (strlen(mine) < sizeof(d->resume_dir) && access(mine, F_OK) == 0)
+      spot_strlcpy(d->resume_dir, mine, sizeof(d->resume_dir));
+    else
+      log_warn("checkpoint %s holds no files of rank %u: no "
+               "SPOTD_RESUME_DIR",
+               res->name, d->store.rank);
+  } else {
+    spot_strlcpy(d->resume_dir, dst, sizeof(d->resume_dir));
+  }
   spot_strlcpy(d->last_commit, res->name, sizeof(d->last_commit));
   d->last_commit_wall = spot_now_wall_ms();
   watch_mark_known(d, res->name);
@@ -1064,6 +1079,9 @@ spotd_start(struct spotd *d)
   if (r < 0)
     return log_err_errno(r, "journal folder %s", d->journal_dir);
   d->store.journal_dir = d->journal_dir;
+  d->store.rank = (unsigned)d->cfg->rank;
+  d->store.nranks = (unsigned)d->cfg->nranks;
+  d->store.rank_wait_ms = d->cfg->rank_wait_ms;
   snprintf(d->store_url, sizeof(d->store_url), "s3://%s/%s%s%s", d->cfg->bucket,
            d->cfg->prefix, d->cfg->prefix[0] ? "/" : "", d->cfg->job);
 

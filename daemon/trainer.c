@@ -88,6 +88,10 @@ trainer_start(struct trainer *t, struct spotd *d)
                 (long long)d->restart_count);
   if (r == 0)
     r = env_add(env, &n, "SPOTD_STORE=%s", d->store_url);
+  if (r == 0 && d->store.nranks > 1)
+    r = env_add(env, &n, "SPOTD_RANK=%u", d->store.rank);
+  if (r == 0 && d->store.nranks > 1)
+    r = env_add(env, &n, "SPOTD_NRANKS=%u", d->store.nranks);
   if (r < 0)
     goto out;
 

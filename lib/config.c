@@ -194,6 +194,18 @@ static const struct key_def keys[] = {
      "data)."},
     {"level", T_INT, OFF(level), "N", "1", NULL, NULL, -1000, 19, NULL, NULL, 0,
      "zstd level (-1000 to 19; 1 suits checkpoints, negative is faster)."},
+    {"rank", T_INT, OFF(rank), "K", "0", NULL, NULL, 0, 1023, NULL, NULL, 0,
+     "Multi-node jobs: this node's rank, 0 to nranks - 1 ($SLURM_NODEID "
+     "when set and the key is not given)."},
+    {"nranks", T_INT, OFF(nranks), "N", "1", NULL, NULL, 1, 1024, NULL, NULL, 0,
+     "Multi-node jobs: nodes running one spotd each and sharing job and "
+     "store ($SLURM_NNODES when set and the key is not given). With more "
+     "than 1, each rank uploads its files under rank-K/ and rank 0 commits "
+     "once every rank's part is in the store."},
+    {"rank-wait", T_DURATION, OFF(rank_wait_ms), "SEC", "60", NULL, NULL, 100,
+     MS(86400), NULL, NULL, 0,
+     "Multi-node jobs: how long rank 0 waits for the other ranks' parts, "
+     "and the others for rank 0's commit."},
     {"socket", T_STRING, OFF(socket), "PATH", NULL,
      "$RUNTIME_DIRECTORY/spotd.sock or ./spotd.sock", "/run/spotd/spotd.sock",
      0, 0, NULL, NULL, 0, "Control socket (spotctl), mode 0660."},
@@ -1184,6 +1196,29 @@ default_path(struct spot_config *cfg, const char *key, const char *env,
   return 0;
 }
 
+/* rank and nranks default to Slurm's SLURM_NODEID and SLURM_NNODES. */
+static void
+rank_default(struct spot_config *cfg, const char *key, const char *env,
+             int64_t max, struct errs *e)
+{
+  size_t idx = key_index(key);
+  int64_t *field = (int64_t *)(void *)((char *)cfg + keys[idx].off);
+  const char *v = getenv(env);
+  int64_t n;
+
+  if (cfg->origin_[idx] != SPOT_CONFIG_ORIGIN_DEFAULT)
+    return;
+  *field = idx == key_index("rank") ? 0 : 1;
+  if (v == NULL || *v == '\0')
+    return;
+  if (spot_parse_int64(v, idx == key_index("rank") ? 0 : 1, max, &n) < 0) {
+    errs_add(e, "$%s: '%.40s' is not a valid %s (give --%s)", env, v, key,
+             key);
+    return;
+  }
+  *field = n;
+}
+
 int
 spot_config_validate(struct spot_config *cfg, unsigned flags, char *err,
                      size_t errlen)
@@ -1194,6 +1229,13 @@ spot_config_validate(struct spot_config *cfg, unsigned flags, char *err,
   int r;
 
   errs_init(&e, err, errlen);
+  rank_default(cfg, "rank", "SLURM_NODEID", 1023, &e);
+  rank_default(cfg, "nranks", "SLURM_NNODES", 1024, &e);
+  if (cfg->rank >= cfg->nranks)
+    errs_add(&e,
+             "rank %" PRId64 " is not below nranks %" PRId64
+             " (ranks are 0 to nranks - 1)",
+             cfg->rank, cfg->nranks);
   if (cfg->job == NULL)
     errs_add(&e, "job is required (--job ID, or 'job = ID' in [spotd])");
   if (cfg->store == NULL) {

@@ -114,6 +114,11 @@ struct spot_config {
   int64_t parallel; /* parts in flight; 0 = one per core, at least 2 */
   int compress;     /* enum spot_config_compress */
   int64_t level;    /* zstd level */
+  /* multi-node jobs (validate fills them from SLURM_NODEID/SLURM_NNODES
+   * when they were not given) */
+  int64_t rank;
+  int64_t nranks;
+  uint64_t rank_wait_ms;
   /* the daemon */
   char *socket;
   char *socket_group; /* group allowed on the socket besides root and our own */

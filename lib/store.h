@@ -8,6 +8,10 @@
  *   ROOT/checkpoints/NAME/MANIFEST.json         written last: the commit
  *   ROOT/LATEST                                 name of the newest commit
  *
+ * Multi-node jobs (nranks > 1, see spot_store_config) add
+ *   ROOT/checkpoints/NAME/rank-K/<relative path>.zst
+ *   ROOT/checkpoints/NAME/ranks/rank-K.json     rank K's part is complete
+ *
  * Commit rules: the manifest is PUT with If-None-Match: * once every
  * object is complete, so a name commits at most once; LATEST moves after
  * it. Readers trust nothing without a committed manifest.
@@ -59,6 +63,16 @@ struct spot_store_config {
    * push killed mid-way and started again with the same journal_dir,
    * name and unchanged files resumes its multipart uploads. */
   const char *journal_dir;
+  /* push, multi-node (docs/slurm.md): this node's rank and the job's
+   * node count (0 = 1). With nranks > 1 rank K uploads its files as
+   * checkpoints/NAME/rank-K/<rel>.zst (manifest paths "rank-K/<rel>") and
+   * writes its partial manifest to checkpoints/NAME/ranks/rank-K.json
+   * (If-None-Match: *) instead of committing. Rank 0 then waits until
+   * every rank's marker is listed, merges them into MANIFEST.json (the
+   * commit), LATEST and retention; ranks > 0 wait until MANIFEST.json
+   * exists. Either wait is bounded by rank_wait_ms (0 = 60 s). */
+  unsigned rank, nranks;
+  uint64_t rank_wait_ms;
 };
 
 enum spot_store_phase {

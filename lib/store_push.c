@@ -9,6 +9,14 @@
  *             otherwise
  *   VERIFY    (thread pool) stat every file again: a file that changed
  *             while it was read fails the push
+ *   MARKER    (nranks > 1) PUT ranks/rank-K.json, this rank's partial
+ *             manifest, with If-None-Match: * instead of committing
+ *   RANK_WAIT (rank 0) list ranks/ every 500 ms until every rank's marker
+ *             is there, at most rank_wait_ms
+ *   RANK_READ (rank 0) GET the markers and merge them into one manifest,
+ *             then COMMIT it
+ *   COMMIT_WAIT (rank > 0) GET 1 byte of MANIFEST.json every 500 ms until
+ *             rank 0 committed, at most rank_wait_ms; then done
  *   COMMIT    PUT MANIFEST.json with If-None-Match: *
  *   LATEST    PUT LATEST
  *   RETAIN    list checkpoints, read their manifests, delete the oldest
@@ -40,6 +48,10 @@ enum push_state {
   PUSH_RESUME,
   PUSH_XFER,
   PUSH_VERIFY,
+  PUSH_MARKER,
+  PUSH_RANK_WAIT,
+  PUSH_RANK_READ,
+  PUSH_COMMIT_WAIT,
   PUSH_COMMIT,
   PUSH_LATEST,
   PUSH_RETAIN_LIST,
@@ -53,6 +65,7 @@ enum push_state {
 
 static const char *const push_state_names[] = {
     "walk",           "check",  "resume",      "transfer",    "verify",
+    "marker",         "rank-wait", "rank-read", "commit-wait",
     "commit",         "latest", "retain-list", "retain-read", "retain-delete",
     "retain-uploads", "abort",  "done",
 };
@@ -185,7 +198,21 @@ struct push_op {
   struct spot_s3_upload_info *uploads;
   size_t nuploads, upload_idx;
   char *abort_key, *abort_id;
+  /* multi-node (nranks > 1) */
+  uv_timer_t wait_timer; /* the 500 ms poll; initialised iff nranks > 1 */
+  bool wait_armed;
+  unsigned handles; /* open timers: op_free() after the last close */
+  uint64_t wait_start_ms;
+  bool *rank_seen;     /* RANK_WAIT: markers listed this round */
+  char *rank_token;    /* RANK_WAIT: next list page */
+  unsigned rank_idx;   /* RANK_READ: next marker to read */
+  struct spot_manifest *merged;
+  bool did_merge;      /* op->manifest is the merged one ... */
+  uint64_t own_stored; /* ... and this rank's part stored this much */
 };
+
+#define RANK_POLL_MS 500
+#define RANK_WAIT_DEFAULT_MS 60000
 
 static void advance(struct push_op *op);
 static void pump(struct push_op *op);
@@ -542,6 +569,9 @@ op_free(struct push_op *op)
   free(op->uploads);
   free(op->abort_key);
   free(op->abort_id);
+  free(op->rank_seen);
+  free(op->rank_token);
+  spot_manifest_free(op->merged);
   spot_buf_fini(&op->body);
   spot__store_cfg_fini(&op->cfg);
   free(op->dir);
@@ -552,7 +582,31 @@ op_free(struct push_op *op)
 static void
 timer_close_cb(uv_handle_t *h)
 {
-  op_free(spot_container_of(h, struct push_op, progress_timer));
+  struct push_op *op = spot_container_of(h, struct push_op, progress_timer);
+
+  if (--op->handles == 0)
+    op_free(op);
+}
+
+static void
+wait_close_cb(uv_handle_t *h)
+{
+  struct push_op *op = spot_container_of(h, struct push_op, wait_timer);
+
+  if (--op->handles == 0)
+    op_free(op);
+}
+
+/* Closes the op's timers; the last close callback frees it. */
+static void
+close_timers(struct push_op *op)
+{
+  uv_timer_stop(&op->progress_timer);
+  uv_close((uv_handle_t *)&op->progress_timer, timer_close_cb);
+  if (op->cfg.c.nranks > 1) {
+    uv_timer_stop(&op->wait_timer);
+    uv_close((uv_handle_t *)&op->wait_timer, wait_close_cb);
+  }
 }
 
 static void
@@ -577,6 +631,8 @@ finish(struct push_op *op)
   res.files = op->nfiles;
   res.raw_bytes = raw;
   res.stored_bytes = op->manifest != NULL ? op->manifest->total_stored : 0;
+  if (op->did_merge) /* files and raw_bytes are this rank's: so is this */
+    res.stored_bytes = op->own_stored;
   res.retries = op->retries;
   res.elapsed_ms = spot_now_mono_ms() - op->start_ms;
   res.commit_ms = op->commit_ms;
@@ -587,8 +643,7 @@ finish(struct push_op *op)
   if (op->err == 0)
     report_progress(op, SPOT_STORE_PHASE_FINISH);
   op->cb(&res, op->data);
-  uv_timer_stop(&op->progress_timer);
-  uv_close((uv_handle_t *)&op->progress_timer, timer_close_cb);
+  close_timers(op);
 }
 
 static bool
@@ -1120,7 +1175,12 @@ orphans_step(struct push_op *op)
   int r = -ENOMEM;
 
   if (!op->orphans_listed) {
-    key = spot__store_key(&op->cfg.c, op->name, "");
+    char rel[32] = "";
+
+    /* Another rank's live uploads of this name are not orphans. */
+    if (op->cfg.c.nranks > 1)
+      snprintf(rel, sizeof(rel), "rank-%u/", op->cfg.c.rank);
+    key = spot__store_key(&op->cfg.c, op->name, rel);
     if (key != NULL)
       r = spot_s3_list_uploads(op->cfg.c.s3, op->cfg.bucket, key, orphans_cb,
                                op, &op->s3op);
@@ -1324,6 +1384,16 @@ check_cb(const struct spot_s3_result *res, void *data)
   advance(op);
 }
 
+/* "ROOT/checkpoints/NAME/ranks/rank-K.json", malloc'd. */
+static char *
+marker_key(const struct push_op *op, unsigned rank)
+{
+  char rel[64];
+
+  snprintf(rel, sizeof(rel), "ranks/rank-%u.json", rank);
+  return spot__store_key(&op->cfg.c, op->name, rel);
+}
+
 /* The manifest read back after a retried commit said 412: the lost
  * response was our own first attempt's if the bytes are ours. */
 static void
@@ -1335,11 +1405,17 @@ commit_check_cb(const struct spot_s3_result *res, void *data)
   op->s3op = NULL;
   op->retries += res->retries;
   if (res->err == 0 && op->body.len == strlen(op->manifest_json) &&
-      memcmp(spot_buf_str(&op->body), op->manifest_json, op->body.len) == 0)
-    op->commit_ms = spot_now_mono_ms() - op->start_ms;
-  else
+      memcmp(spot_buf_str(&op->body), op->manifest_json, op->body.len) == 0) {
+    if (op->state == PUSH_COMMIT)
+      op->commit_ms = spot_now_mono_ms() - op->start_ms;
+  } else if (op->state == PUSH_MARKER) {
+    fail_msg(op, -EEXIST,
+             "rank %u's part of checkpoint %s is already in the store",
+             op->cfg.c.rank, op->name);
+  } else {
     fail_msg(op, -EEXIST, "checkpoint %s was committed by someone else",
              op->name);
+  }
   advance(op);
 }
 
@@ -1354,6 +1430,25 @@ seq_cb(const struct spot_s3_result *res, void *data)
   op->s3op = NULL;
   op->retries += res->retries;
   switch (op->state) {
+  case PUSH_MARKER:
+    if (res->err == -EEXIST && res->retries > 0 && !op->cancelled &&
+        (key = marker_key(op, op->cfg.c.rank)) != NULL) {
+      spot_buf_reset(&op->body);
+      r = spot_s3_get(op->cfg.c.s3, op->cfg.bucket, key, 0, 0, NULL, &op->body,
+                      commit_check_cb, op, &op->s3op);
+      free(key);
+      if (r == 0) {
+        op->active_s3++;
+        return;
+      }
+    }
+    if (res->err == -EEXIST)
+      fail_msg(op, -EEXIST,
+               "rank %u's part of checkpoint %s is already in the store",
+               op->cfg.c.rank, op->name);
+    else if (res->err < 0)
+      fail_s3(op, "writing this rank's marker", res);
+    break;
   case PUSH_COMMIT:
     if (res->err == -EEXIST && res->retries > 0 && !op->cancelled &&
         (key = spot__store_key(&op->cfg.c, op->name, SPOT_MANIFEST_NAME)) !=
@@ -1407,15 +1502,19 @@ start_file_uploads(struct push_op *op)
   }
   for (size_t i = 0; i < op->nfiles; i++) {
     struct pfile *f = &op->files[i];
-    char key_rel[4200];
+    char key_rel[4224], path[4200];
 
+    if (op->cfg.c.nranks > 1)
+      snprintf(path, sizeof(path), "rank-%u/%s", op->cfg.c.rank, f->rel);
+    else
+      snprintf(path, sizeof(path), "%s", f->rel);
     if (f->size > 0) {
-      snprintf(key_rel, sizeof(key_rel), "%s.zst", f->rel);
+      snprintf(key_rel, sizeof(key_rel), "%s.zst", path);
       f->key = spot__store_key(&op->cfg.c, op->name, key_rel);
       if (f->key == NULL)
         return -ENOMEM;
     }
-    r = spot_manifest_add_file(op->manifest, f->rel,
+    r = spot_manifest_add_file(op->manifest, path,
                                f->size > 0 ? key_rel : NULL, f->size, f->mode,
                                f->mtime_ns, f->filter, &f->midx);
     if (r < 0) {
@@ -1812,6 +1911,277 @@ abort_next(struct push_op *op)
   finish(op);
 }
 
+/* Multi-node ------------------------------------------------------ */
+
+static void rank_step(struct push_op *op);
+
+/* PUT MANIFEST.json (op->manifest_json) with If-None-Match: the commit. */
+static void
+commit_put(struct push_op *op)
+{
+  char *key;
+  int r;
+
+  set_state(op, PUSH_COMMIT);
+  report_progress(op, SPOT_STORE_PHASE_COMMIT);
+  key = spot__store_key(&op->cfg.c, op->name, SPOT_MANIFEST_NAME);
+  if (key == NULL) {
+    fail(op, -ENOMEM);
+    advance(op);
+    return;
+  }
+  r = spot_s3_put(op->cfg.c.s3, op->cfg.bucket, key, op->manifest_json,
+                  strlen(op->manifest_json), SPOT_S3_IF_NONE_MATCH, seq_cb, op,
+                  &op->s3op);
+  free(key);
+  if (r < 0) {
+    fail_msg(op, r, "writing the manifest: %s", strerror(-r));
+    advance(op);
+    return;
+  }
+  op->active_s3++;
+}
+
+static void
+wait_timer_cb(uv_timer_t *t)
+{
+  struct push_op *op = spot_container_of(t, struct push_op, wait_timer);
+
+  op->wait_armed = false;
+  if (op->cancelled || op->err < 0) {
+    advance(op);
+    return;
+  }
+  rank_step(op);
+}
+
+/* Not there yet: poll again in RANK_POLL_MS, or give up. */
+static void
+rank_wait_more(struct push_op *op)
+{
+  uint64_t waited = spot_now_mono_ms() - op->wait_start_ms;
+
+  if (waited >= op->cfg.c.rank_wait_ms) {
+    if (op->state == PUSH_COMMIT_WAIT) {
+      fail_msg(op, -ETIMEDOUT, "rank 0 did not commit %s within %" PRIu64 " s",
+               op->name, op->cfg.c.rank_wait_ms / 1000);
+    } else {
+      char missing[256] = "";
+      size_t len = 0;
+
+      for (unsigned k = 0; k < op->cfg.c.nranks && len + 16 < sizeof(missing);
+           k++)
+        if (!op->rank_seen[k])
+          len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%u",
+                                  len > 0 ? "," : "", k);
+      fail_msg(op, -ETIMEDOUT,
+               "rank(s) %s did not write their part of %s within %" PRIu64
+               " s; nothing committed",
+               missing, op->name, op->cfg.c.rank_wait_ms / 1000);
+    }
+    advance(op);
+    return;
+  }
+  uv_timer_start(&op->wait_timer, wait_timer_cb, RANK_POLL_MS, 0);
+  op->wait_armed = true;
+}
+
+/* Adds rank's partial manifest (in op->body) to op->merged. */
+static int
+merge_marker(struct push_op *op, unsigned rank)
+{
+  struct spot_manifest *m = NULL;
+  char err[256], prefix[32];
+  size_t plen;
+  int r;
+
+  r = spot_manifest_parse(spot_buf_str(&op->body), op->body.len, &m, err,
+                          sizeof(err));
+  if (r < 0) {
+    fail_msg(op, -EBADMSG, "rank %u's part of %s is unreadable: %s", rank,
+             op->name, err);
+    return -EBADMSG;
+  }
+  plen = (size_t)snprintf(prefix, sizeof(prefix), "rank-%u/", rank);
+  if (strcmp(m->name, op->name) != 0 || strcmp(m->job, op->cfg.job) != 0) {
+    fail_msg(op, -EBADMSG, "rank %u's part of %s names another checkpoint",
+             rank, op->name);
+    spot_manifest_free(m);
+    return -EBADMSG;
+  }
+  for (size_t i = 0; i < m->nfiles; i++) {
+    const struct spot_manifest_file *f = &m->files[i];
+    size_t idx;
+
+    if (strncmp(f->path, prefix, plen) != 0 ||
+        (f->key != NULL && strncmp(f->key, prefix, plen) != 0)) {
+      fail_msg(op, -EBADMSG, "rank %u's part of %s holds %s, outside %s", rank,
+               op->name, f->path, prefix);
+      spot_manifest_free(m);
+      return -EBADMSG;
+    }
+    r = spot_manifest_add_file(op->merged, f->path, f->key, f->size, f->mode,
+                               f->mtime_ns, f->filter, &idx);
+    for (size_t j = 0; r == 0 && j < f->nframes; j++)
+      r = spot_manifest_set_frame(op->merged, idx, j, f->frames[j].raw_len,
+                                  f->frames[j].comp_len, f->frames[j].crc32c);
+    if (r < 0) {
+      fail_msg(op, r, "merging rank %u's part of %s: %s", rank, op->name,
+               strerror(-r));
+      spot_manifest_free(m);
+      return r;
+    }
+  }
+  spot_manifest_free(m);
+  return 0;
+}
+
+static void
+rank_cb(const struct spot_s3_result *res, void *data)
+{
+  struct push_op *op = data;
+  char what[64];
+
+  op->active_s3--;
+  op->s3op = NULL;
+  op->retries += res->retries;
+  if (op->cancelled) {
+    advance(op);
+    return;
+  }
+  switch (op->state) {
+  case PUSH_RANK_WAIT:
+    if (res->err < 0) {
+      fail_s3(op, "listing the rank markers", res);
+      break;
+    }
+    for (size_t i = 0; i < res->n_objects; i++) {
+      const char *b = strrchr(res->objects[i].key, '/');
+      unsigned k;
+      char tail;
+
+      if (b != NULL && sscanf(b, "/rank-%u.jso%c", &k, &tail) == 2 &&
+          tail == 'n' && k < op->cfg.c.nranks)
+        op->rank_seen[k] = true;
+    }
+    free(op->rank_token);
+    op->rank_token = NULL;
+    if (res->next_token != NULL) {
+      op->rank_token = strdup(res->next_token);
+      if (op->rank_token == NULL) {
+        fail(op, -ENOMEM);
+        break;
+      }
+      rank_step(op); /* next page */
+      return;
+    }
+    for (unsigned k = 0; k < op->cfg.c.nranks; k++)
+      if (!op->rank_seen[k]) {
+        rank_wait_more(op);
+        return;
+      }
+    log_info("push name=%s: all %u ranks wrote their part", op->name,
+             op->cfg.c.nranks);
+    if (spot_manifest_new(op->name, op->cfg.job, spot_now_wall_ms(),
+                          &op->merged) < 0) {
+      fail(op, -ENOMEM);
+      break;
+    }
+    op->rank_idx = 0;
+    set_state(op, PUSH_RANK_READ);
+    rank_step(op);
+    return;
+  case PUSH_RANK_READ:
+    if (res->err < 0) {
+      snprintf(what, sizeof(what), "reading rank %u's marker", op->rank_idx);
+      fail_s3(op, what, res);
+      break;
+    }
+    if (merge_marker(op, op->rank_idx) < 0)
+      break;
+    op->rank_idx++;
+    rank_step(op);
+    return;
+  case PUSH_COMMIT_WAIT:
+    if (res->err == -ENOENT) {
+      rank_wait_more(op);
+      return;
+    }
+    if (res->err < 0) {
+      fail_s3(op, "checking for rank 0's commit", res);
+      break;
+    }
+    op->commit_ms = spot_now_mono_ms() - op->start_ms;
+    log_info("push name=%s: rank 0 committed the checkpoint", op->name);
+    break;
+  default:
+    break;
+  }
+  advance(op);
+}
+
+/* One step of the multi-node wait or merge. */
+static void
+rank_step(struct push_op *op)
+{
+  char err[256];
+  char *key = NULL;
+  int r = -ENOMEM;
+
+  switch (op->state) {
+  case PUSH_RANK_WAIT:
+    if (op->rank_token == NULL)
+      memset(op->rank_seen, 0, op->cfg.c.nranks * sizeof(*op->rank_seen));
+    key = spot__store_key(&op->cfg.c, op->name, "ranks/");
+    if (key != NULL)
+      r = spot_s3_list(op->cfg.c.s3, op->cfg.bucket, key, NULL, op->rank_token,
+                       0, rank_cb, op, &op->s3op);
+    break;
+  case PUSH_RANK_READ:
+    if (op->rank_idx >= op->cfg.c.nranks) {
+      /* Every part is in: the merged manifest is the commit. */
+      op->own_stored = op->manifest->total_stored;
+      op->did_merge = true;
+      spot_manifest_free(op->manifest);
+      op->manifest = op->merged;
+      op->merged = NULL;
+      free(op->manifest_json);
+      op->manifest_json = NULL;
+      r = spot_manifest_to_json(op->manifest, &op->manifest_json, err,
+                                sizeof(err));
+      if (r < 0) {
+        fail_msg(op, r, "building the merged manifest: %s", err);
+        advance(op);
+        return;
+      }
+      commit_put(op);
+      return;
+    }
+    spot_buf_reset(&op->body);
+    key = marker_key(op, op->rank_idx);
+    if (key != NULL)
+      r = spot_s3_get(op->cfg.c.s3, op->cfg.bucket, key, 0, 0, NULL, &op->body,
+                      rank_cb, op, &op->s3op);
+    break;
+  case PUSH_COMMIT_WAIT:
+    spot_buf_reset(&op->body);
+    key = spot__store_key(&op->cfg.c, op->name, SPOT_MANIFEST_NAME);
+    if (key != NULL)
+      r = spot_s3_get(op->cfg.c.s3, op->cfg.bucket, key, 0, 1, NULL, &op->body,
+                      rank_cb, op, &op->s3op);
+    break;
+  default:
+    return;
+  }
+  free(key);
+  if (r < 0) {
+    fail_msg(op, r, "waiting for the other ranks: %s", strerror(-r));
+    advance(op);
+    return;
+  }
+  op->active_s3++;
+}
+
 /* The state machine ---------------------------------------------- */
 
 static void
@@ -1923,9 +2293,14 @@ advance(struct push_op *op)
       advance(op);
       return;
     }
-    set_state(op, PUSH_COMMIT);
+    if (op->cfg.c.nranks <= 1) {
+      commit_put(op);
+      return;
+    }
+    /* Multi-node: this rank's part is complete; say so. */
+    set_state(op, PUSH_MARKER);
     report_progress(op, SPOT_STORE_PHASE_COMMIT);
-    key = spot__store_key(&op->cfg.c, op->name, SPOT_MANIFEST_NAME);
+    key = marker_key(op, op->cfg.c.rank);
     if (key == NULL) {
       fail(op, -ENOMEM);
       advance(op);
@@ -1936,13 +2311,26 @@ advance(struct push_op *op)
                     op, &op->s3op);
     free(key);
     if (r < 0) {
-      fail_msg(op, r, "writing the manifest: %s", strerror(-r));
+      fail_msg(op, r, "writing this rank's marker: %s", strerror(-r));
       advance(op);
       return;
     }
     op->active_s3++;
     return;
   }
+  case PUSH_MARKER:
+    log_info("push name=%s: rank %u of %u wrote its part", op->name,
+             op->cfg.c.rank, op->cfg.c.nranks);
+    op->wait_start_ms = spot_now_mono_ms();
+    set_state(op, op->cfg.c.rank == 0 ? PUSH_RANK_WAIT : PUSH_COMMIT_WAIT);
+    rank_step(op);
+    return;
+  case PUSH_COMMIT_WAIT:
+    /* Rank 0 committed the whole checkpoint; LATEST and retention are
+     * its business. */
+    set_state(op, PUSH_DONE);
+    finish(op);
+    return;
   case PUSH_COMMIT: {
     char *key = spot__store_key(&op->cfg.c, NULL, "LATEST");
 
@@ -2006,6 +2394,9 @@ spot__store_push_cancel(struct spot_store_op *sop)
    * that cleanup must run, not be cancelled too. */
   if (op->s3op != NULL && op->state != PUSH_ABORT)
     spot_s3_cancel(op->s3op);
+  /* Between two polls nothing is in flight: finish from the loop. */
+  if (op->wait_armed)
+    uv_timer_start(&op->wait_timer, wait_timer_cb, 0, 0);
 }
 
 int
@@ -2048,6 +2439,19 @@ spot_store_push(uv_loop_t *loop, const struct spot_store_config *cfg,
     r = -EINVAL;
     goto err;
   }
+  if (op->cfg.c.nranks == 0)
+    op->cfg.c.nranks = 1;
+  if (op->cfg.c.rank_wait_ms == 0)
+    op->cfg.c.rank_wait_ms = RANK_WAIT_DEFAULT_MS;
+  if (op->cfg.c.rank >= op->cfg.c.nranks || op->cfg.c.nranks > 1024) {
+    r = -EINVAL;
+    goto err;
+  }
+  if (op->cfg.c.nranks > 1) {
+    op->rank_seen = calloc(op->cfg.c.nranks, sizeof(*op->rank_seen));
+    if (op->rank_seen == NULL)
+      goto nomem;
+  }
   if (op->cfg.journal_dir != NULL) {
     op->journal_path =
         spot__journal_path(op->cfg.journal_dir, op->cfg.job, op->name);
@@ -2061,15 +2465,21 @@ spot_store_push(uv_loop_t *loop, const struct spot_store_config *cfg,
   r = uv_timer_init(loop, &op->progress_timer);
   if (r < 0)
     goto err;
+  op->handles = 1;
+  if (op->cfg.c.nranks > 1) {
+    /* Cannot fail once a timer of the same loop initialised. */
+    (void)uv_timer_init(loop, &op->wait_timer);
+    op->handles++;
+  }
   if (progress != NULL) {
     uv_timer_start(&op->progress_timer, progress_timer_cb, 250, 250);
     uv_unref((uv_handle_t *)&op->progress_timer);
   }
   r = uv_queue_work(loop, &op->work, walk_work_cb, walk_after_cb);
   if (r < 0) {
-    /* the timer is initialised: free through its close callback, and
-     * make sure the user callback never runs */
-    uv_close((uv_handle_t *)&op->progress_timer, timer_close_cb);
+    /* the timers are initialised: free through their close callbacks,
+     * and make sure the user callback never runs */
+    close_timers(op);
     return r;
   }
   op->active_work++;

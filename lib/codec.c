@@ -128,59 +128,125 @@ ungroup4_c(unsigned char *restrict d, const unsigned char *restrict s, size_t m,
   }
 }
 
+/* The portable loops from element i on, k = 2 or 4. */
+static void
+group_c(unsigned char *restrict d, const unsigned char *restrict s, size_t m,
+        size_t i, unsigned k)
+{
+  if (k == 2)
+    group2_c(d, s, m, i);
+  else
+    group4_c(d, s, m, i);
+}
+
+static void
+ungroup_c(unsigned char *restrict d, const unsigned char *restrict s, size_t m,
+          size_t i, unsigned k)
+{
+  if (k == 2)
+    ungroup2_c(d, s, m, i);
+  else
+    ungroup4_c(d, s, m, i);
+}
+
+/* The tail (n % k bytes, after m planes of k) stays as is. */
+static void
+copy_tail(void *dst, const void *src, size_t n, size_t m, unsigned k)
+{
+  memcpy((unsigned char *)dst + m * k, (const unsigned char *)src + m * k,
+         n - m * k);
+}
+
 #if HAVE_X86_SIMD
-/* m elements of 4 bytes; 16 elements per step: pshufb gathers each byte
- * position of 4 elements into one 32-bit lane, then a 4x4 transpose of the
- * lanes across four registers yields 16 bytes of each plane. */
+/* One step of 16 elements of 4 bytes from p, the first being element i:
+ * pshufb gathers each byte position of 4 elements into one 32-bit lane,
+ * then a 4x4 transpose of the lanes across four registers yields 16 bytes
+ * of each of the m-byte planes of d. */
+__attribute__((target("ssse3"), always_inline)) static inline void
+group4_step(unsigned char *restrict d, const unsigned char *restrict p,
+            size_t m, size_t i)
+{
+  const __m128i mask =
+      _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  __m128i v0 = _mm_shuffle_epi8(_mm_loadu_si128((const void *)p), mask);
+  __m128i v1 = _mm_shuffle_epi8(_mm_loadu_si128((const void *)(p + 16)), mask);
+  __m128i v2 = _mm_shuffle_epi8(_mm_loadu_si128((const void *)(p + 32)), mask);
+  __m128i v3 = _mm_shuffle_epi8(_mm_loadu_si128((const void *)(p + 48)), mask);
+  __m128i t0 = _mm_unpacklo_epi32(v0, v1), t1 = _mm_unpacklo_epi32(v2, v3);
+  __m128i t2 = _mm_unpackhi_epi32(v0, v1), t3 = _mm_unpackhi_epi32(v2, v3);
+
+  _mm_storeu_si128((void *)(d + i), _mm_unpacklo_epi64(t0, t1));
+  _mm_storeu_si128((void *)(d + m + i), _mm_unpackhi_epi64(t0, t1));
+  _mm_storeu_si128((void *)(d + 2 * m + i), _mm_unpacklo_epi64(t2, t3));
+  _mm_storeu_si128((void *)(d + 3 * m + i), _mm_unpackhi_epi64(t2, t3));
+}
+
+/* The same for 16 elements of 2 bytes. */
+__attribute__((target("ssse3"), always_inline)) static inline void
+group2_step(unsigned char *restrict d, const unsigned char *restrict p,
+            size_t m, size_t i)
+{
+  const __m128i mask =
+      _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  __m128i a = _mm_shuffle_epi8(_mm_loadu_si128((const void *)p), mask);
+  __m128i b = _mm_shuffle_epi8(_mm_loadu_si128((const void *)(p + 16)), mask);
+
+  _mm_storeu_si128((void *)(d + i), _mm_unpacklo_epi64(a, b));
+  _mm_storeu_si128((void *)(d + m + i), _mm_unpackhi_epi64(a, b));
+}
+
+/* The inverse steps (SSE2, part of x86-64: no runtime check needed): 16
+ * elements from element i of the m-byte planes of s, as the 64 (o[0..3]) or
+ * 32 (o[0..1]) bytes of d from element i on. */
+__attribute__((always_inline)) static inline void
+ungroup4_step(const unsigned char *s, size_t m, size_t i, __m128i o[4])
+{
+  __m128i p0 = _mm_loadu_si128((const void *)(s + i));
+  __m128i p1 = _mm_loadu_si128((const void *)(s + m + i));
+  __m128i p2 = _mm_loadu_si128((const void *)(s + 2 * m + i));
+  __m128i p3 = _mm_loadu_si128((const void *)(s + 3 * m + i));
+  __m128i u0 = _mm_unpacklo_epi8(p0, p1), u1 = _mm_unpacklo_epi8(p2, p3);
+  __m128i u2 = _mm_unpackhi_epi8(p0, p1), u3 = _mm_unpackhi_epi8(p2, p3);
+
+  o[0] = _mm_unpacklo_epi16(u0, u1);
+  o[1] = _mm_unpackhi_epi16(u0, u1);
+  o[2] = _mm_unpacklo_epi16(u2, u3);
+  o[3] = _mm_unpackhi_epi16(u2, u3);
+}
+
+__attribute__((always_inline)) static inline void
+ungroup2_step(const unsigned char *s, size_t m, size_t i, __m128i o[2])
+{
+  __m128i p0 = _mm_loadu_si128((const void *)(s + i));
+  __m128i p1 = _mm_loadu_si128((const void *)(s + m + i));
+
+  o[0] = _mm_unpacklo_epi8(p0, p1);
+  o[1] = _mm_unpackhi_epi8(p0, p1);
+}
+
+/* m elements of 4 (2) bytes, 16 per step; return the elements done. */
 __attribute__((target("ssse3"))) static size_t
 group4_ssse3(unsigned char *restrict d, const unsigned char *restrict s,
              size_t m)
 {
-  const __m128i mask =
-      _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   size_t i;
 
-  for (i = 0; i + 16 <= m; i += 16) {
-    const unsigned char *p = s + 4 * i;
-    __m128i v0 = _mm_shuffle_epi8(_mm_loadu_si128((const void *)p), mask);
-    __m128i v1 =
-        _mm_shuffle_epi8(_mm_loadu_si128((const void *)(p + 16)), mask);
-    __m128i v2 =
-        _mm_shuffle_epi8(_mm_loadu_si128((const void *)(p + 32)), mask);
-    __m128i v3 =
-        _mm_shuffle_epi8(_mm_loadu_si128((const void *)(p + 48)), mask);
-    __m128i t0 = _mm_unpacklo_epi32(v0, v1), t1 = _mm_unpacklo_epi32(v2, v3);
-    __m128i t2 = _mm_unpackhi_epi32(v0, v1), t3 = _mm_unpackhi_epi32(v2, v3);
-
-    _mm_storeu_si128((void *)(d + i), _mm_unpacklo_epi64(t0, t1));
-    _mm_storeu_si128((void *)(d + m + i), _mm_unpackhi_epi64(t0, t1));
-    _mm_storeu_si128((void *)(d + 2 * m + i), _mm_unpacklo_epi64(t2, t3));
-    _mm_storeu_si128((void *)(d + 3 * m + i), _mm_unpackhi_epi64(t2, t3));
-  }
+  for (i = 0; i + 16 <= m; i += 16)
+    group4_step(d, s + 4 * i, m, i);
   return i;
 }
 
-/* m elements of 2 bytes; 16 per step. */
 __attribute__((target("ssse3"))) static size_t
 group2_ssse3(unsigned char *restrict d, const unsigned char *restrict s,
              size_t m)
 {
-  const __m128i mask =
-      _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   size_t i;
 
-  for (i = 0; i + 16 <= m; i += 16) {
-    const unsigned char *p = s + 2 * i;
-    __m128i a = _mm_shuffle_epi8(_mm_loadu_si128((const void *)p), mask);
-    __m128i b = _mm_shuffle_epi8(_mm_loadu_si128((const void *)(p + 16)), mask);
-
-    _mm_storeu_si128((void *)(d + i), _mm_unpacklo_epi64(a, b));
-    _mm_storeu_si128((void *)(d + m + i), _mm_unpackhi_epi64(a, b));
-  }
+  for (i = 0; i + 16 <= m; i += 16)
+    group2_step(d, s + 2 * i, m, i);
   return i;
 }
 
-/* SSE2 is part of x86-64: no runtime check needed. */
 static size_t
 ungroup4_sse2(unsigned char *restrict d, const unsigned char *restrict s,
               size_t m)
@@ -188,18 +254,11 @@ ungroup4_sse2(unsigned char *restrict d, const unsigned char *restrict s,
   size_t i;
 
   for (i = 0; i + 16 <= m; i += 16) {
-    __m128i p0 = _mm_loadu_si128((const void *)(s + i));
-    __m128i p1 = _mm_loadu_si128((const void *)(s + m + i));
-    __m128i p2 = _mm_loadu_si128((const void *)(s + 2 * m + i));
-    __m128i p3 = _mm_loadu_si128((const void *)(s + 3 * m + i));
-    __m128i u0 = _mm_unpacklo_epi8(p0, p1), u1 = _mm_unpacklo_epi8(p2, p3);
-    __m128i u2 = _mm_unpackhi_epi8(p0, p1), u3 = _mm_unpackhi_epi8(p2, p3);
-    unsigned char *q = d + 4 * i;
+    __m128i o[4];
 
-    _mm_storeu_si128((void *)q, _mm_unpacklo_epi16(u0, u1));
-    _mm_storeu_si128((void *)(q + 16), _mm_unpackhi_epi16(u0, u1));
-    _mm_storeu_si128((void *)(q + 32), _mm_unpacklo_epi16(u2, u3));
-    _mm_storeu_si128((void *)(q + 48), _mm_unpackhi_epi16(u2, u3));
+    ungroup4_step(s, m, i, o);
+    for (int k = 0; k < 4; k++)
+      _mm_storeu_si128((void *)(d + 4 * i + 16 * k), o[k]);
   }
   return i;
 }
@@ -211,13 +270,35 @@ ungroup2_sse2(unsigned char *restrict d, const unsigned char *restrict s,
   size_t i;
 
   for (i = 0; i + 16 <= m; i += 16) {
-    __m128i p0 = _mm_loadu_si128((const void *)(s + i));
-    __m128i p1 = _mm_loadu_si128((const void *)(s + m + i));
+    __m128i o[2];
 
-    _mm_storeu_si128((void *)(d + 2 * i), _mm_unpacklo_epi8(p0, p1));
-    _mm_storeu_si128((void *)(d + 2 * i + 16), _mm_unpackhi_epi8(p0, p1));
+    ungroup2_step(s, m, i, o);
+    for (int k = 0; k < 2; k++)
+      _mm_storeu_si128((void *)(d + 2 * i + 16 * k), o[k]);
   }
   return i;
+}
+
+/* Continues the (uninverted) CRC32C c over the words 8-byte words at p. */
+__attribute__((target("sse4.2"), always_inline)) static inline uint64_t
+crc_words(uint64_t c, const unsigned char *p, int words)
+{
+  uint64_t w[8];
+
+  memcpy(w, p, (size_t)words * sizeof(w[0]));
+  for (int k = 0; k < words; k++)
+    c = _mm_crc32_u64(c, w[k]);
+  return c;
+}
+
+/* Stores v at d and continues the CRC32C c over it. */
+__attribute__((target("sse4.2"), always_inline)) static inline uint64_t
+store_crc(unsigned char *d, __m128i v, uint64_t c)
+{
+  _mm_storeu_si128((void *)d, v);
+  c = _mm_crc32_u64(c, (uint64_t)_mm_cvtsi128_si64(v));
+  return _mm_crc32_u64(c,
+                       (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(v, v)));
 }
 
 /* The same groupings with the CRC32C of the source computed in the same
@@ -229,31 +310,12 @@ __attribute__((target("ssse3,sse4.2"))) static size_t
 group4_crc_x86(unsigned char *restrict d, const unsigned char *restrict s,
                size_t m, uint32_t *crc)
 {
-  const __m128i mask =
-      _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   uint64_t c = ~*crc;
   size_t i;
 
   for (i = 0; i + 16 <= m; i += 16) {
-    const unsigned char *p = s + 4 * i;
-    uint64_t w[8];
-    __m128i v0, v1, v2, v3, t0, t1, t2, t3;
-
-    memcpy(w, p, sizeof(w));
-    for (int k = 0; k < 8; k++)
-      c = _mm_crc32_u64(c, w[k]);
-    v0 = _mm_shuffle_epi8(_mm_loadu_si128((const void *)p), mask);
-    v1 = _mm_shuffle_epi8(_mm_loadu_si128((const void *)(p + 16)), mask);
-    v2 = _mm_shuffle_epi8(_mm_loadu_si128((const void *)(p + 32)), mask);
-    v3 = _mm_shuffle_epi8(_mm_loadu_si128((const void *)(p + 48)), mask);
-    t0 = _mm_unpacklo_epi32(v0, v1);
-    t1 = _mm_unpacklo_epi32(v2, v3);
-    t2 = _mm_unpackhi_epi32(v0, v1);
-    t3 = _mm_unpackhi_epi32(v2, v3);
-    _mm_storeu_si128((void *)(d + i), _mm_unpacklo_epi64(t0, t1));
-    _mm_storeu_si128((void *)(d + m + i), _mm_unpackhi_epi64(t0, t1));
-    _mm_storeu_si128((void *)(d + 2 * m + i), _mm_unpacklo_epi64(t2, t3));
-    _mm_storeu_si128((void *)(d + 3 * m + i), _mm_unpackhi_epi64(t2, t3));
+    c = crc_words(c, s + 4 * i, 8);
+    group4_step(d, s + 4 * i, m, i);
   }
   *crc = ~(uint32_t)c;
   return i;
@@ -263,23 +325,12 @@ __attribute__((target("ssse3,sse4.2"))) static size_t
 group2_crc_x86(unsigned char *restrict d, const unsigned char *restrict s,
                size_t m, uint32_t *crc)
 {
-  const __m128i mask =
-      _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   uint64_t c = ~*crc;
   size_t i;
 
   for (i = 0; i + 16 <= m; i += 16) {
-    const unsigned char *p = s + 2 * i;
-    uint64_t w[4];
-    __m128i a, b;
-
-    memcpy(w, p, sizeof(w));
-    for (int k = 0; k < 4; k++)
-      c = _mm_crc32_u64(c, w[k]);
-    a = _mm_shuffle_epi8(_mm_loadu_si128((const void *)p), mask);
-    b = _mm_shuffle_epi8(_mm_loadu_si128((const void *)(p + 16)), mask);
-    _mm_storeu_si128((void *)(d + i), _mm_unpacklo_epi64(a, b));
-    _mm_storeu_si128((void *)(d + m + i), _mm_unpackhi_epi64(a, b));
+    c = crc_words(c, s + 2 * i, 4);
+    group2_step(d, s + 2 * i, m, i);
   }
   *crc = ~(uint32_t)c;
   return i;
@@ -295,24 +346,11 @@ ungroup4_crc_x86(unsigned char *restrict d, const unsigned char *restrict s,
   size_t i;
 
   for (i = 0; i + 16 <= m; i += 16) {
-    __m128i p0 = _mm_loadu_si128((const void *)(s + i));
-    __m128i p1 = _mm_loadu_si128((const void *)(s + m + i));
-    __m128i p2 = _mm_loadu_si128((const void *)(s + 2 * m + i));
-    __m128i p3 = _mm_loadu_si128((const void *)(s + 3 * m + i));
-    __m128i u0 = _mm_unpacklo_epi8(p0, p1), u1 = _mm_unpacklo_epi8(p2, p3);
-    __m128i u2 = _mm_unpackhi_epi8(p0, p1), u3 = _mm_unpackhi_epi8(p2, p3);
     __m128i o[4];
 
-    o[0] = _mm_unpacklo_epi16(u0, u1);
-    o[1] = _mm_unpackhi_epi16(u0, u1);
-    o[2] = _mm_unpacklo_epi16(u2, u3);
-    o[3] = _mm_unpackhi_epi16(u2, u3);
-    for (int k = 0; k < 4; k++) {
-      _mm_storeu_si128((void *)(d + 4 * i + 16 * k), o[k]);
-      c = _mm_crc32_u64(c, (uint64_t)_mm_cvtsi128_si64(o[k]));
-      c = _mm_crc32_u64(
-          c, (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(o[k], o[k])));
-    }
+    ungroup4_step(s, m, i, o);
+    for (int k = 0; k < 4; k++)
+      c = store_crc(d + 4 * i + 16 * k, o[k], c);
   }
   *crc = ~(uint32_t)c;
   return i;
@@ -326,18 +364,11 @@ ungroup2_crc_x86(unsigned char *restrict d, const unsigned char *restrict s,
   size_t i;
 
   for (i = 0; i + 16 <= m; i += 16) {
-    __m128i p0 = _mm_loadu_si128((const void *)(s + i));
-    __m128i p1 = _mm_loadu_si128((const void *)(s + m + i));
     __m128i o[2];
 
-    o[0] = _mm_unpacklo_epi8(p0, p1);
-    o[1] = _mm_unpackhi_epi8(p0, p1);
-    for (int k = 0; k < 2; k++) {
-      _mm_storeu_si128((void *)(d + 2 * i + 16 * k), o[k]);
-      c = _mm_crc32_u64(c, (uint64_t)_mm_cvtsi128_si64(o[k]));
-      c = _mm_crc32_u64(
-          c, (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(o[k], o[k])));
-    }
+    ungroup2_step(s, m, i, o);
+    for (int k = 0; k < 2; k++)
+      c = store_crc(d + 2 * i + 16 * k, o[k], c);
   }
   *crc = ~(uint32_t)c;
   return i;
@@ -356,11 +387,8 @@ ungroup_crc(unsigned char *d, const unsigned char *s, size_t n, unsigned k)
 
     i = k == 2 ? ungroup2_crc_x86(d, s, m, &crc)
                : ungroup4_crc_x86(d, s, m, &crc);
-    if (k == 2)
-      ungroup2_c(d, s, m, i);
-    else
-      ungroup4_c(d, s, m, i);
-    memcpy(d + m * k, s + m * k, n - m * k);
+    ungroup_c(d, s, m, i, k);
+    copy_tail(d, s, n, m, k);
     return spot_crc32c(crc, d + i * k, n - i * k);
   }
 #endif
@@ -379,11 +407,8 @@ group_crc(unsigned char *d, const unsigned char *s, size_t n, unsigned k)
     size_t m = n / k, i;
 
     i = k == 2 ? group2_crc_x86(d, s, m, &crc) : group4_crc_x86(d, s, m, &crc);
-    if (k == 2)
-      group2_c(d, s, m, i);
-    else
-      group4_c(d, s, m, i);
-    memcpy(d + m * k, s + m * k, n - m * k);
+    group_c(d, s, m, i, k);
+    copy_tail(d, s, n, m, k);
     return spot_crc32c(crc, s + i * k, n - i * k);
   }
 #endif
@@ -391,50 +416,30 @@ group_crc(unsigned char *d, const unsigned char *s, size_t n, unsigned k)
   return spot_crc32c(crc, s, n);
 }
 
+/* m elements of k = 2 or 4 bytes, the fastest kernel the CPU has. */
 static void
-group2(unsigned char *restrict d, const unsigned char *restrict s, size_t m)
+group(unsigned char *restrict d, const unsigned char *restrict s, size_t m,
+      unsigned k)
 {
   size_t i = 0;
 
 #if HAVE_X86_SIMD
   if (__builtin_cpu_supports("ssse3"))
-    i = group2_ssse3(d, s, m);
+    i = k == 2 ? group2_ssse3(d, s, m) : group4_ssse3(d, s, m);
 #endif
-  group2_c(d, s, m, i);
+  group_c(d, s, m, i, k);
 }
 
 static void
-group4(unsigned char *restrict d, const unsigned char *restrict s, size_t m)
+ungroup(unsigned char *restrict d, const unsigned char *restrict s, size_t m,
+        unsigned k)
 {
   size_t i = 0;
 
 #if HAVE_X86_SIMD
-  if (__builtin_cpu_supports("ssse3"))
-    i = group4_ssse3(d, s, m);
+  i = k == 2 ? ungroup2_sse2(d, s, m) : ungroup4_sse2(d, s, m);
 #endif
-  group4_c(d, s, m, i);
-}
-
-static void
-ungroup2(unsigned char *restrict d, const unsigned char *restrict s, size_t m)
-{
-  size_t i = 0;
-
-#if HAVE_X86_SIMD
-  i = ungroup2_sse2(d, s, m);
-#endif
-  ungroup2_c(d, s, m, i);
-}
-
-static void
-ungroup4(unsigned char *restrict d, const unsigned char *restrict s, size_t m)
-{
-  size_t i = 0;
-
-#if HAVE_X86_SIMD
-  i = ungroup4_sse2(d, s, m);
-#endif
-  ungroup4_c(d, s, m, i);
+  ungroup_c(d, s, m, i, k);
 }
 
 /* Exposed for the unit tests: force the portable loops. */
@@ -445,12 +450,8 @@ spot__codec_group_c(void *dst, const void *src, size_t n, unsigned k)
 {
   size_t m = n / k;
 
-  if (k == 2)
-    group2_c(dst, src, m, 0);
-  else
-    group4_c(dst, src, m, 0);
-  memcpy((unsigned char *)dst + m * k, (const unsigned char *)src + m * k,
-         n - m * k);
+  group_c(dst, src, m, 0, k);
+  copy_tail(dst, src, n, m, k);
 }
 
 void
@@ -458,15 +459,11 @@ spot_codec_group(void *dst, const void *src, size_t n, unsigned k)
 {
   size_t m = k ? n / k : 0;
 
-  if (k == 2)
-    group2(dst, src, m);
-  else if (k == 4)
-    group4(dst, src, m);
+  if (k == 2 || k == 4)
+    group(dst, src, m, k);
   else
     m = 0;
-  /* the tail (n % k bytes) stays as is, after the planes */
-  memcpy((unsigned char *)dst + m * k, (const unsigned char *)src + m * k,
-         n - m * k);
+  copy_tail(dst, src, n, m, k);
 }
 
 void
@@ -474,14 +471,11 @@ spot_codec_ungroup(void *dst, const void *src, size_t n, unsigned k)
 {
   size_t m = k ? n / k : 0;
 
-  if (k == 2)
-    ungroup2(dst, src, m);
-  else if (k == 4)
-    ungroup4(dst, src, m);
+  if (k == 2 || k == 4)
+    ungroup(dst, src, m, k);
   else
     m = 0;
-  memcpy((unsigned char *)dst + m * k, (const unsigned char *)src + m * k,
-         n - m * k);
+  copy_tail(dst, src, n, m, k);
 }
 
 /* Raw frames, written by hand (RFC 8878 section 3.1.1): magic, a frame

@@ -36,7 +36,7 @@ static const struct spotctl_cmd commands[] = {
 
 /* Prints "spotctl: MESSAGE" and the trailer (a newline at least) to stderr,
  * returns status. */
-__attribute__((format(printf, 3, 0))) static int
+__attribute__((format(printf, 3, 0), nonnull(2, 3))) static int
 vfail(int status, const char *trailer, const char *fmt, va_list ap)
 {
   fputs("spotctl: ", stderr);

@@ -424,6 +424,52 @@ test_validate(void **state)
   spot_config_free(cfg);
 }
 
+/* rank/nranks: defaults from Slurm's environment, the command line wins,
+ * rank must be below nranks. */
+static void
+test_ranks(void **state)
+{
+  struct spot_config *cfg = spot_config_new();
+  char err[1024];
+
+  assert_int_equal(spot_config_set(cfg, "job", "j", err, sizeof(err)), 0);
+  assert_int_equal(spot_config_set(cfg, "store", "s3://bkt", err, sizeof(err)),
+                   0);
+  unsetenv("SLURM_NODEID");
+  unsetenv("SLURM_NNODES");
+  assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), 0);
+  assert_int_equal(cfg->rank, 0);
+  assert_int_equal(cfg->nranks, 1);
+  assert_int_equal(cfg->rank_wait_ms, 60000);
+
+  setenv("SLURM_NODEID", "3", 1);
+  setenv("SLURM_NNODES", "4", 1);
+  assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), 0);
+  assert_int_equal(cfg->rank, 3);
+  assert_int_equal(cfg->nranks, 4);
+
+  assert_int_equal(spot_config_set(cfg, "rank", "1", err, sizeof(err)), 0);
+  assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), 0);
+  assert_int_equal(cfg->rank, 1);
+  assert_int_equal(cfg->nranks, 4);
+
+  setenv("SLURM_NNODES", "x", 1);
+  assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), -EINVAL);
+  assert_non_null(strstr(err, "$SLURM_NNODES: 'x' is not a valid nranks"));
+  unsetenv("SLURM_NODEID");
+  unsetenv("SLURM_NNODES");
+
+  assert_int_equal(spot_config_set(cfg, "nranks", "1", err, sizeof(err)), 0);
+  assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), -EINVAL);
+  assert_non_null(strstr(err, "rank 1 is not below nranks 1"));
+  assert_int_equal(spot_config_set(cfg, "nranks", "1025", err, sizeof(err)),
+                   -EINVAL);
+  assert_int_equal(spot_config_set(cfg, "rank-wait", "2", err, sizeof(err)),
+                   0);
+  assert_int_equal(cfg->rank_wait_ms, 2000);
+  spot_config_free(cfg);
+}
+
 static void
 test_values(void **state)
 {
@@ -793,6 +839,7 @@ main(void)
       cmocka_unit_test(test_secrets),
       cmocka_unit_test(test_load_file_checks),
       cmocka_unit_test(test_validate),
+      cmocka_unit_test(test_ranks),
       cmocka_unit_test(test_values),
       cmocka_unit_test(test_split_args),
       cmocka_unit_test(test_getopt),

@@ -939,6 +939,34 @@ op_start(struct spot_s3_op *op, struct spot_s3_op **out)
   return 0;
 }
 
+/* op_new() for an operation on one object (a NULL key is the empty one). */
+static int
+object_op_new(struct spot_s3 *s3, enum op_kind kind, const char *bucket,
+              const char *key, const char *query, spot_s3_cb cb, void *cbdata,
+              struct spot_s3_op **out)
+{
+  return op_new(s3, kind, bucket, key != NULL ? key : "", query, cb, cbdata,
+                out);
+}
+
+/* Hands the XML body built in body to o as its upload body (body is left
+ * empty). On -ENOMEM o is destroyed. */
+static int
+own_body(struct spot_s3_op *o, struct spot_buf *body)
+{
+  o->upload = true;
+  o->body_len = body->len;
+  o->owned_body = spot_buf_steal(body);
+  o->body = o->owned_body;
+  spot_buf_fini(body);
+  if (o->owned_body == NULL) {
+    o->s3 = NULL;
+    op_destroy(o);
+    return -ENOMEM;
+  }
+  return 0;
+}
+
 static int
 query_upload_id(const char *upload_id, int part, struct spot_buf *q)
 {
@@ -966,7 +994,7 @@ spot_s3_put(struct spot_s3 *s3, const char *bucket, const char *key,
 
   if (data == NULL && len > 0)
     return -EINVAL;
-  r = op_new(s3, OP_PUT, bucket, key != NULL ? key : "", NULL, cb, cbdata, &o);
+  r = object_op_new(s3, OP_PUT, bucket, key, NULL, cb, cbdata, &o);
   if (r != 0)
     return r;
   o->upload = true;
@@ -989,7 +1017,7 @@ spot_s3_get(struct spot_s3 *s3, const char *bucket, const char *key,
     return -EINVAL;
   if (len > 0 && off + len < off)
     return -EINVAL;
-  r = op_new(s3, OP_GET, bucket, key != NULL ? key : "", NULL, cb, cbdata, &o);
+  r = object_op_new(s3, OP_GET, bucket, key, NULL, cb, cbdata, &o);
   if (r != 0)
     return r;
   o->off = off;
@@ -1006,7 +1034,7 @@ spot_s3_head(struct spot_s3 *s3, const char *bucket, const char *key,
   struct spot_s3_op *o;
   int r;
 
-  r = op_new(s3, OP_HEAD, bucket, key != NULL ? key : "", NULL, cb, cbdata, &o);
+  r = object_op_new(s3, OP_HEAD, bucket, key, NULL, cb, cbdata, &o);
   if (r != 0)
     return r;
   return op_start(o, op);
@@ -1109,16 +1137,9 @@ spot_s3_delete_objects(struct spot_s3 *s3, const char *bucket,
     spot_buf_fini(&body);
     return r;
   }
-  o->upload = true;
-  o->body_len = body.len;
-  o->owned_body = spot_buf_steal(&body);
-  o->body = o->owned_body;
-  spot_buf_fini(&body);
-  if (o->owned_body == NULL) {
-    o->s3 = NULL;
-    op_destroy(o);
-    return -ENOMEM;
-  }
+  r = own_body(o, &body);
+  if (r < 0)
+    return r;
   md5_base64(o->body, o->body_len, o->content_md5);
   return op_start(o, op);
 }
@@ -1130,8 +1151,7 @@ spot_s3_mpu_create(struct spot_s3 *s3, const char *bucket, const char *key,
   struct spot_s3_op *o;
   int r;
 
-  r = op_new(s3, OP_MPU_CREATE, bucket, key != NULL ? key : "", "uploads=", cb,
-             cbdata, &o);
+  r = object_op_new(s3, OP_MPU_CREATE, bucket, key, "uploads=", cb, cbdata, &o);
   if (r != 0)
     return r;
   o->upload = true; /* POST with an empty body and Content-Length: 0 */
@@ -1154,8 +1174,8 @@ spot_s3_mpu_part(struct spot_s3 *s3, const char *bucket, const char *key,
   spot_buf_init(&q, URL_CAP);
   r = query_upload_id(upload_id, part_number, &q);
   if (r == 0)
-    r = op_new(s3, OP_MPU_PART, bucket, key != NULL ? key : "",
-               spot_buf_str(&q), cb, cbdata, &o);
+    r = object_op_new(s3, OP_MPU_PART, bucket, key, spot_buf_str(&q), cb,
+                      cbdata, &o);
   spot_buf_fini(&q);
   if (r != 0)
     return r;
@@ -1199,23 +1219,16 @@ spot_s3_mpu_complete(struct spot_s3 *s3, const char *bucket, const char *key,
   if (r == 0)
     r = spot_buf_appends(&body, "</CompleteMultipartUpload>");
   if (r == 0)
-    r = op_new(s3, OP_MPU_COMPLETE, bucket, key != NULL ? key : "",
-               spot_buf_str(&q), cb, cbdata, &o);
+    r = object_op_new(s3, OP_MPU_COMPLETE, bucket, key, spot_buf_str(&q), cb,
+                      cbdata, &o);
   spot_buf_fini(&q);
   if (r != 0) {
     spot_buf_fini(&body);
     return r;
   }
-  o->upload = true;
-  o->body_len = body.len;
-  o->owned_body = spot_buf_steal(&body);
-  o->body = o->owned_body;
-  spot_buf_fini(&body);
-  if (o->owned_body == NULL) {
-    o->s3 = NULL;
-    op_destroy(o);
-    return -ENOMEM;
-  }
+  r = own_body(o, &body);
+  if (r < 0)
+    return r;
   return op_start(o, op);
 }
 
@@ -1231,8 +1244,7 @@ upload_id_op(struct spot_s3 *s3, enum op_kind kind, const char *bucket,
   spot_buf_init(&q, URL_CAP);
   r = query_upload_id(upload_id, 0, &q);
   if (r == 0)
-    r = op_new(s3, kind, bucket, key != NULL ? key : "", spot_buf_str(&q), cb,
-               cbdata, &o);
+    r = object_op_new(s3, kind, bucket, key, spot_buf_str(&q), cb, cbdata, &o);
   spot_buf_fini(&q);
   if (r != 0)
     return r;

@@ -44,9 +44,8 @@ STEP_PID="" MKFS_PID=""
 # function call.
 exec 9>&2
 log() { printf 's3server: %s\n' "$*" >&9; }
-die() { log "error: $*"; exit 1; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+# shellcheck source=tests/lib.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
   cat >&2 <<EOF
@@ -57,36 +56,10 @@ EOF
   exit 2
 }
 
-ensure_packages() {
-  local missing=() p
-  for p in "${PKGS[@]}"; do
-    dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null |
-      grep -q '^install ok installed$' || missing+=("$p")
-  done
-  ((${#missing[@]} == 0)) && return 0
-  log "installing ${missing[*]}"
-  local apt=(apt-get -o DPkg::Lock::Timeout=600 install -y
-    --no-install-recommends "${missing[@]}")
-  DEBIAN_FRONTEND=noninteractive "${apt[@]}" >&2 ||
-    { apt-get -o DPkg::Lock::Timeout=600 update >&2 &&
-      DEBIAN_FRONTEND=noninteractive "${apt[@]}" >&2; } ||
-    die "could not install ${missing[*]}"
-}
-
-# Absolute path of DIR (created if missing).
-resolve_dir() {
-  [[ -n $1 ]] || usage
-  mkdir -p -- "$1"
-  (cd -- "$1" && pwd -P)
-}
-
 # is_ours PID: alive (not a zombie) and started with our config file.
 is_ours() {
-  local pid=$1 state cmd
-  [[ $pid =~ ^[0-9]+$ ]] || return 1
-  state=$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null) || return 1
-  [[ -n $state && $state != Z && $state != X ]] || return 1
-  cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+  local cmd
+  cmd=$(cmdline "$1") || return 1
   [[ " $cmd " == *" $DIR/ceph.conf "* ]]
 }
 
@@ -141,19 +114,6 @@ for p in (rgw, mon):
         f.write(mydir + "\n")
 print(rgw, mon)
 EOF
-}
-
-release_ports() {
-  local p owner
-  [[ -f $DIR/$MARKER ]] || return 0
-  local ports=()
-  read -r -a ports <"$DIR/$MARKER" || true
-  for p in "${ports[@]}"; do
-    [[ $p =~ ^[0-9]+$ ]] || continue
-    owner=$(cat "$CLAIMS/$p" 2>/dev/null) || continue
-    [[ $owner == "$DIR" ]] && rm -f "$CLAIMS/$p"
-  done
-  return 0
 }
 
 write_conf() {
@@ -349,24 +309,12 @@ stop_daemons() {
   return 0
 }
 
-empty_dir() {
-  release_ports
-  find "$DIR" -mindepth 1 -maxdepth 1 -exec rm -rf -- {} +
-}
-
 cmd_stop() {
   [[ -n $1 ]] || usage
   [[ -e $1 ]] || return 0
   DIR=$(resolve_dir "$1")
-  local t0
-  t0=$(now)
-  if [[ ! -e $DIR/$MARKER ]]; then
-    [[ -z $(ls -A -- "$DIR") ]] && return 0
-    die "$DIR is not empty and was not made by $0; not touching it"
-  fi
-  stop_daemons || die "some daemons under $DIR did not stop"
-  empty_dir
-  log "stopped in $(since "$t0") s"
+  # shellcheck disable=SC2119 # nothing to do before the daemons stop
+  stop_dir
 }
 
 start_failed() {

@@ -34,9 +34,8 @@ readonly NODE=localhost
 readonly CLAIMS="${TMPDIR:-/tmp}/spotd-slurm.ports"
 
 log() { printf 'slurm: %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+# shellcheck source=tests/lib.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
   cat >&2 <<EOF
@@ -47,44 +46,10 @@ EOF
   exit 2
 }
 
-ensure_packages() {
-  local missing=() p
-  for p in "${PKGS[@]}"; do
-    dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null |
-      grep -q '^install ok installed$' || missing+=("$p")
-  done
-  ((${#missing[@]} == 0)) && return 0
-  log "installing ${missing[*]}"
-  local apt=(apt-get -o DPkg::Lock::Timeout=600 install -y
-    --no-install-recommends "${missing[@]}")
-  DEBIAN_FRONTEND=noninteractive "${apt[@]}" >&2 ||
-    { apt-get -o DPkg::Lock::Timeout=600 update >&2 &&
-      DEBIAN_FRONTEND=noninteractive "${apt[@]}" >&2; } ||
-    die "could not install ${missing[*]}"
-}
-
-# Absolute path of DIR (created if missing).
-resolve_dir() {
-  [[ -n $1 ]] || usage
-  mkdir -p -- "$1"
-  (cd -- "$1" && pwd -P)
-}
-
-# alive PID: exists and is not a zombie (a just-launched daemon may not
-# have exec'd yet, so its command line is not checked).
-alive() {
-  local state
-  state=$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null) || return 1
-  [[ -n $state && $state != Z && $state != X ]]
-}
-
 # is_ours PID: alive (not a zombie) and started with a path under DIR.
 is_ours() {
-  local pid=$1 state cmd
-  [[ $pid =~ ^[0-9]+$ ]] || return 1
-  state=$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null) || return 1
-  [[ -n $state && $state != Z && $state != X ]] || return 1
-  cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+  local cmd
+  cmd=$(cmdline "$1") || return 1
   [[ " $cmd " == *" $DIR/slurm.conf "* || " $cmd " == *"=$DIR/munge/"* ]]
 }
 
@@ -131,19 +96,6 @@ for p in ports:
         f.write(mydir + "\n")
 print(*ports)
 EOF
-}
-
-release_ports() {
-  local p owner
-  [[ -f $DIR/$MARKER ]] || return 0
-  local ports=()
-  read -r -a ports <"$DIR/$MARKER" || true
-  for p in "${ports[@]}"; do
-    [[ $p =~ ^[0-9]+$ ]] || continue
-    owner=$(cat "$CLAIMS/$p" 2>/dev/null) || continue
-    [[ $owner == "$DIR" ]] && rm -f "$CLAIMS/$p"
-  done
-  return 0
 }
 
 write_conf() {
@@ -263,23 +215,9 @@ stop_daemons() {
   return 0
 }
 
-empty_dir() {
-  release_ports
-  find "$DIR" -mindepth 1 -maxdepth 1 -exec rm -rf -- {} +
-}
-
 cmd_stop() {
   DIR=$(resolve_dir "$1")
-  local t0
-  t0=$(now)
-  if [[ ! -e $DIR/$MARKER ]]; then
-    [[ -z $(ls -A -- "$DIR") ]] && return 0
-    die "$DIR is not empty and was not made by $0; not touching it"
-  fi
-  cancel_jobs
-  stop_daemons || die "some daemons under $DIR did not stop"
-  empty_dir
-  log "stopped in $(since "$t0") s"
+  stop_dir cancel_jobs
 }
 
 start_failed() {

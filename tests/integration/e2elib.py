@@ -14,7 +14,6 @@ import os
 import random
 import re
 import subprocess
-import threading
 import time
 import urllib.parse
 
@@ -326,13 +325,7 @@ class ThrottleProxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = handle_one
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever,
-                                       daemon=True)
-        self.thread.start()
+        self.server, self.url = sl.serve_http(Handler)
 
     def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        sl.stop_http(self.server)

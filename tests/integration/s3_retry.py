@@ -88,10 +88,7 @@ class Proxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = handle_one
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server, self.url = spotlib.serve_http(Handler)
 
     def take(self, method, path):
         with self.lock:

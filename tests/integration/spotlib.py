@@ -261,6 +261,22 @@ import signal as _signal
 import threading as _threading
 import time as _time
 
+
+def serve_http(handler):
+    """Serves handler (an http.server.BaseHTTPRequestHandler class) on
+    127.0.0.1, a free port, from a daemon thread, a thread per request.
+    Returns (server, url); stop_http(server) stops it."""
+    import http.server
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    _threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, "http://127.0.0.1:%d" % server.server_address[1]
+
+
+def stop_http(server):
+    server.shutdown()
+    server.server_close()
+
 FAKE_TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                             "fake_trainer.py")
 _STARTED = []

@@ -21,6 +21,8 @@ import tempfile
 import threading
 import time
 
+import spotlib as sl
+
 BUILD = os.environ.get("SPOT_BUILDDIR",
                        os.path.join(os.path.dirname(__file__), "../../build"))
 DRIVER = os.path.join(BUILD, "tests", "integration", "aws_creds")
@@ -129,16 +131,10 @@ class Imds:
                     return self.reply(200, body.encode(), "text/plain")
                 self.reply(404)
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever,
-                                       daemon=True)
-        self.thread.start()
+        self.server, self.url = sl.serve_http(Handler)
 
     def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
+        sl.stop_http(self.server)
 
 
 def clean_env(home):

@@ -1212,8 +1212,7 @@ rank_default(struct spot_config *cfg, const char *key, const char *env,
   if (v == NULL || *v == '\0')
     return;
   if (spot_parse_int64(v, idx == key_index("rank") ? 0 : 1, max, &n) < 0) {
-    errs_add(e, "$%s: '%.40s' is not a valid %s (give --%s)", env, v, key,
-             key);
+    errs_add(e, "$%s: '%.40s' is not a valid %s (give --%s)", env, v, key, key);
     return;
   }
   *field = n;

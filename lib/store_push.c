@@ -64,10 +64,10 @@ enum push_state {
 };
 
 static const char *const push_state_names[] = {
-    "walk",           "check",  "resume",      "transfer",    "verify",
-    "marker",         "rank-wait", "rank-read", "commit-wait",
-    "commit",         "latest", "retain-list", "retain-read", "retain-delete",
-    "retain-uploads", "abort",  "done",
+    "walk",   "check",       "resume",      "transfer",      "verify",
+    "marker", "rank-wait",   "rank-read",   "commit-wait",   "commit",
+    "latest", "retain-list", "retain-read", "retain-delete", "retain-uploads",
+    "abort",  "done",
 };
 
 #define WALK_FILES_MAX 1000000
@@ -203,9 +203,9 @@ struct push_op {
   bool wait_armed;
   unsigned handles; /* open timers: op_free() after the last close */
   uint64_t wait_start_ms;
-  bool *rank_seen;     /* RANK_WAIT: markers listed this round */
-  char *rank_token;    /* RANK_WAIT: next list page */
-  unsigned rank_idx;   /* RANK_READ: next marker to read */
+  bool *rank_seen;   /* RANK_WAIT: markers listed this round */
+  char *rank_token;  /* RANK_WAIT: next list page */
+  unsigned rank_idx; /* RANK_READ: next marker to read */
   struct spot_manifest *merged;
   bool did_merge;      /* op->manifest is the merged one ... */
   uint64_t own_stored; /* ... and this rank's part stored this much */
@@ -1514,9 +1514,9 @@ start_file_uploads(struct push_op *op)
       if (f->key == NULL)
         return -ENOMEM;
     }
-    r = spot_manifest_add_file(op->manifest, path,
-                               f->size > 0 ? key_rel : NULL, f->size, f->mode,
-                               f->mtime_ns, f->filter, &f->midx);
+    r = spot_manifest_add_file(op->manifest, path, f->size > 0 ? key_rel : NULL,
+                               f->size, f->mode, f->mtime_ns, f->filter,
+                               &f->midx);
     if (r < 0) {
       fail_msg(op, r, "%s: cannot be recorded in the manifest", f->rel);
       return r;

@@ -464,8 +464,7 @@ test_ranks(void **state)
   assert_non_null(strstr(err, "rank 1 is not below nranks 1"));
   assert_int_equal(spot_config_set(cfg, "nranks", "1025", err, sizeof(err)),
                    -EINVAL);
-  assert_int_equal(spot_config_set(cfg, "rank-wait", "2", err, sizeof(err)),
-                   0);
+  assert_int_equal(spot_config_set(cfg, "rank-wait", "2", err, sizeof(err)), 0);
   assert_int_equal(cfg->rank_wait_ms, 2000);
   spot_config_free(cfg);
 }

@@ -196,10 +196,11 @@ static const struct key_def keys[] = {
      "zstd level (-1000 to 19; 1 suits checkpoints, negative is faster)."},
     {"rank", T_INT, OFF(rank), "K", "0", NULL, NULL, 0, 1023, NULL, NULL, 0,
      "Multi-node jobs: this node's rank, 0 to nranks - 1 ($SLURM_NODEID "
-     "when set and the key is not given)."},
+     "inside an srun job step when the key is not given)."},
     {"nranks", T_INT, OFF(nranks), "N", "1", NULL, NULL, 1, 1024, NULL, NULL, 0,
      "Multi-node jobs: nodes running one spotd each and sharing job and "
-     "store ($SLURM_NNODES when set and the key is not given). With more "
+     "store ($SLURM_STEP_NUM_NODES inside an srun job step when the key is "
+     "not given; a batch script is one node). With more "
      "than 1, each rank uploads its files under rank-K/ and rank 0 commits "
      "once every rank's part is in the store."},
     {"rank-wait", T_DURATION, OFF(rank_wait_ms), "SEC", "60", NULL, NULL, 100,
@@ -1196,7 +1197,10 @@ default_path(struct spot_config *cfg, const char *key, const char *env,
   return 0;
 }
 
-/* rank and nranks default to Slurm's SLURM_NODEID and SLURM_NNODES. */
+/* rank and nranks default to Slurm's SLURM_NODEID and SLURM_STEP_NUM_NODES,
+ * which describe a job step started with srun (one spotd per node). A
+ * batch script (no step variables) runs on one node only: it stays a
+ * single-rank job, or its pushes would wait for ranks that never come. */
 static void
 rank_default(struct spot_config *cfg, const char *key, const char *env,
              int64_t max, struct errs *e)
@@ -1209,6 +1213,8 @@ rank_default(struct spot_config *cfg, const char *key, const char *env,
   if (cfg->origin_[idx] != SPOT_CONFIG_ORIGIN_DEFAULT)
     return;
   *field = idx == key_index("rank") ? 0 : 1;
+  if (getenv("SLURM_STEP_NUM_NODES") == NULL)
+    return;
   if (v == NULL || *v == '\0')
     return;
   if (spot_parse_int64(v, idx == key_index("rank") ? 0 : 1, max, &n) < 0) {
@@ -1229,7 +1235,7 @@ spot_config_validate(struct spot_config *cfg, unsigned flags, char *err,
 
   errs_init(&e, err, errlen);
   rank_default(cfg, "rank", "SLURM_NODEID", 1023, &e);
-  rank_default(cfg, "nranks", "SLURM_NNODES", 1024, &e);
+  rank_default(cfg, "nranks", "SLURM_STEP_NUM_NODES", 1024, &e);
   if (cfg->rank >= cfg->nranks)
     errs_add(&e,
              "rank %" PRId64 " is not below nranks %" PRId64

@@ -436,14 +436,23 @@ test_ranks(void **state)
   assert_int_equal(spot_config_set(cfg, "store", "s3://bkt", err, sizeof(err)),
                    0);
   unsetenv("SLURM_NODEID");
-  unsetenv("SLURM_NNODES");
+  unsetenv("SLURM_STEP_NUM_NODES");
   assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), 0);
   assert_int_equal(cfg->rank, 0);
   assert_int_equal(cfg->nranks, 1);
   assert_int_equal(cfg->rank_wait_ms, 60000);
 
-  setenv("SLURM_NODEID", "3", 1);
+  /* a batch script: node 0 of a 4-node job, no step: one rank */
+  setenv("SLURM_NODEID", "0", 1);
   setenv("SLURM_NNODES", "4", 1);
+  assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), 0);
+  assert_int_equal(cfg->rank, 0);
+  assert_int_equal(cfg->nranks, 1);
+  unsetenv("SLURM_NNODES");
+
+  /* srun, one spotd per node */
+  setenv("SLURM_NODEID", "3", 1);
+  setenv("SLURM_STEP_NUM_NODES", "4", 1);
   assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), 0);
   assert_int_equal(cfg->rank, 3);
   assert_int_equal(cfg->nranks, 4);
@@ -453,11 +462,12 @@ test_ranks(void **state)
   assert_int_equal(cfg->rank, 1);
   assert_int_equal(cfg->nranks, 4);
 
-  setenv("SLURM_NNODES", "x", 1);
+  setenv("SLURM_STEP_NUM_NODES", "x", 1);
   assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), -EINVAL);
-  assert_non_null(strstr(err, "$SLURM_NNODES: 'x' is not a valid nranks"));
+  assert_non_null(
+      strstr(err, "$SLURM_STEP_NUM_NODES: 'x' is not a valid nranks"));
   unsetenv("SLURM_NODEID");
-  unsetenv("SLURM_NNODES");
+  unsetenv("SLURM_STEP_NUM_NODES");
 
   assert_int_equal(spot_config_set(cfg, "nranks", "1", err, sizeof(err)), 0);
   assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), -EINVAL);

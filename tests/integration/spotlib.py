@@ -229,6 +229,25 @@ def tree(root):
     return out
 
 
+def read_text(path):
+    """The text of the file at path; "" when it cannot be read."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def check_restore(c, url, expect, dst, what, *args, timeout=120):
+    """Runs `spotctl restore URL DST ARGS...` and checks (as what) that it
+    succeeds and that DST is then the same tree as expect. Returns the
+    completed process."""
+    cp = spotctl("restore", url, dst, *args, timeout=timeout)
+    ok, detail = same_tree(expect, dst) if cp.returncode == 0 else (False, "")
+    c.check(cp.returncode == 0 and ok, what, cp.stdout + cp.stderr + detail)
+    return cp
+
+
 def same_tree(a, b):
     """(ok, detail): same paths, kinds, modes and bytes."""
     ta, tb = tree(a), tree(b)

@@ -163,11 +163,9 @@ try:
                 "no secret key or token in the output")
         c.check(emu.state()["requests"] > 0, "the chain asked the emulator (not 169.254.169.254)")
         emu.stop()
-        dst = os.path.join(tmp, "back")
-        rp = spotlib.spotctl("restore", url, dst, "--name", "rotated", "--endpoint", endpoint)
-        ok, detail = spotlib.same_tree(src, dst) if rp.returncode == 0 else (
-            False, rp.stdout + rp.stderr)
-        c.check(ok, "restored from Ceph, identical", detail)
+        spotlib.check_restore(c, url, src, os.path.join(tmp, "back"),
+                              "restored from Ceph, identical", "--name", "rotated",
+                              "--endpoint", endpoint)
 
         # ---- 2. wrong credentials
         small = os.path.join(tmp, "small")

@@ -103,11 +103,8 @@ try:
                     baseline = wall
                 # read back straight from Ceph, not through the proxy
                 out = os.path.join(tmp, "out-" + ck)
-                rp = spotlib.spotctl("restore", url, out, "--name", ck, "--endpoint", endpoint,
-                                     timeout=120)
-                ok, detail = spotlib.same_tree(src, out) if rp.returncode == 0 else (
-                    False, rp.stdout + rp.stderr)
-                c.check(ok, "%s: restored from Ceph, identical" % what, detail)
+                spotlib.check_restore(c, url, src, out, "%s: restored from Ceph, identical" % what,
+                                      "--name", ck, "--endpoint", endpoint)
                 spotlib.run(["rm", "-rf", out])
                 if report:
                     with open(report, "a") as f:

@@ -64,14 +64,6 @@ def show(cp):
     return "rc=%d\n%s%s" % (cp.returncode, cp.stdout, cp.stderr)
 
 
-def read(path):
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
 def write_exe(path, text):
     with open(path, "w") as f:
         f.write(text)
@@ -86,7 +78,7 @@ def test_exec():
     cp = relaunch("--backend", "exec", "--", "sh", "-c",
                   'env | grep ^SPOTD_ | sort > "$0"', out, env=env)
     c.check(cp.returncode == 0, "exec: a command that succeeds: exit 0", show(cp))
-    got = dict(l.split("=", 1) for l in read(out).splitlines())
+    got = dict(l.split("=", 1) for l in spotlib.read_text(out).splitlines())
     want = {k: env[k] for k in ("SPOTD_JOB", "SPOTD_STORE", "SPOTD_CHECKPOINT",
                                 "SPOTD_REASON", "SPOTD_DEADLINE")}
     c.check(got == want, "exec: the command gets the five SPOTD_* variables",
@@ -105,7 +97,7 @@ def test_exec():
                   'echo $$ > "$0"; exec sleep 30', pidf,
                   env=base_env(SPOTD_CHECKPOINT="step-000102"))
     took = time.time() - t0
-    pid = int(read(pidf) or "0")
+    pid = int(spotlib.read_text(pidf) or "0")
     alive = pid > 0 and os.path.exists("/proc/%d" % pid)
     c.check(cp.returncode == 1 and "timed out" in cp.stderr and took < 5 and
             not alive, "exec: the timeout kills the command (%.1f s)" % took,
@@ -119,12 +111,12 @@ def test_exec():
                          env=base_env(SPOTD_CHECKPOINT="step-000103"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for _ in range(100):
-        if read(pidf):
+        if spotlib.read_text(pidf):
             break
         time.sleep(0.05)
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=10)
-    pid = int(read(pidf) or "0")
+    pid = int(spotlib.read_text(pidf) or "0")
     c.check(p.returncode == 1 and "signal 15" in err and
             not os.path.exists("/proc/%d" % pid),
             "exec: SIGTERM stops the command and fails", err)
@@ -136,12 +128,12 @@ def test_exec():
                          env=base_env(SPOTD_CHECKPOINT="step-000104"),
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(100):
-        if read(pidf):
+        if spotlib.read_text(pidf):
             break
         time.sleep(0.05)
     p.kill()
     p.wait(10)
-    pid = int(read(pidf) or "0")
+    pid = int(spotlib.read_text(pidf) or "0")
     for _ in range(40):
         if not os.path.exists("/proc/%d" % pid):
             break
@@ -177,14 +169,14 @@ def test_idempotent():
     first = relaunch(*cmd, env=env)
     second = relaunch(*cmd, env=env)
     c.check(first.returncode == 0 and second.returncode == 0 and
-            read(count) == "x\n" and "nothing to do" in second.stderr and
+            spotlib.read_text(count) == "x\n" and "nothing to do" in second.stderr and
             "relaunched already" in second.stderr,
             "idempotent: a second call for the same preemption does nothing "
             "and says so", show(first) + show(second))
     dry = relaunch("--dry-run", *cmd, env=env)
     c.check("would do nothing" in dry.stdout, "dry run: says it was done", show(dry))
     third = relaunch(*cmd, env=base_env(SPOTD_CHECKPOINT="step-000201"))
-    c.check(third.returncode == 0 and read(count) == "x\nx\n",
+    c.check(third.returncode == 0 and spotlib.read_text(count) == "x\nx\n",
             "a new checkpoint is a new preemption: relaunched", show(third))
     markers = os.listdir(STATE)
     mode = stat.S_IMODE(os.stat(STATE).st_mode)
@@ -281,7 +273,7 @@ def test_slurm_fake():
     calls = os.path.join(TMP, "calls")
     cp = relaunch("--backend", "slurm",
                   env=fake_env("busy2", calls, SPOTD_CHECKPOINT="s-1"))
-    c.check(cp.returncode == 0 and read(calls) == "requeue 77\n" * 3 and
+    c.check(cp.returncode == 0 and spotlib.read_text(calls) == "requeue 77\n" * 3 and
             cp.stderr.count("Slurm is busy: retrying in") == 2 and
             "attempt 3/6: scontrol requeue 77: ok" in cp.stderr,
             "slurm: a busy controller is retried with backoff", show(cp))
@@ -289,13 +281,13 @@ def test_slurm_fake():
     t0 = time.time()
     cp = relaunch("--backend", "slurm", "--retries", "2",
                   env=fake_env("down", calls, SPOTD_CHECKPOINT="s-2"))
-    c.check(cp.returncode == 1 and read(calls).count("requeue 77") == 3 and
+    c.check(cp.returncode == 1 and spotlib.read_text(calls).count("requeue 77") == 3 and
             "did not succeed" in cp.stderr and time.time() - t0 < 30,
             "slurm: gives up after --retries with a clear message", show(cp))
 
     cp = relaunch("--backend", "slurm",
                   env=fake_env("refuse", calls, SPOTD_CHECKPOINT="s-3"))
-    c.check(cp.returncode == 1 and read(calls) == "requeue 77\n" and
+    c.check(cp.returncode == 1 and spotlib.read_text(calls) == "requeue 77\n" and
             "Slurm refused 'scontrol requeue 77'" in cp.stderr,
             "slurm: a refusal is not retried, clear message", show(cp))
 
@@ -306,16 +298,16 @@ def test_slurm_fake():
 
     cp = relaunch("--backend", "slurm", "--hold", "--exclude-node",
                   env=fake_env("ok", calls, SPOTD_CHECKPOINT="s-5"))
-    c.check(cp.returncode == 0 and read(calls).splitlines() == [
+    c.check(cp.returncode == 0 and spotlib.read_text(calls).splitlines() == [
         "requeuehold 77", "show job -o 77",
         "update JobId=77 ExcNodeList=nodeA,node7", "release 77"],
         "slurm --exclude-node: requeuehold, add the node to ExcNodeList, release",
-        show(cp) + read(calls))
+        show(cp) + spotlib.read_text(calls))
     cp = relaunch("--backend", "slurm", "--hold",
                   env=fake_env("ok", calls, SPOTD_CHECKPOINT="s-6"))
-    c.check(cp.returncode == 0 and read(calls).splitlines() ==
+    c.check(cp.returncode == 0 and spotlib.read_text(calls).splitlines() ==
             ["requeuehold 77", "release 77"], "slurm --hold: requeuehold, release",
-            show(cp) + read(calls))
+            show(cp) + spotlib.read_text(calls))
     cp = relaunch("--backend", "slurm", "--dry-run", "--exclude-node",
                   env=fake_env("ok", calls, SPOTD_CHECKPOINT="s-7"))
     c.check(cp.returncode == 0 and not os.path.exists(calls) and
@@ -327,13 +319,13 @@ def test_slurm_fake():
                          env=fake_env("slow", calls, SPOTD_CHECKPOINT="s-8"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for _ in range(100):
-        if read(calls):
+        if spotlib.read_text(calls):
             break
         time.sleep(0.02)
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=20)
     c.check(p.returncode == 0 and "signal 15 ignored" in err and
-            read(calls).splitlines() == ["requeuehold 77", "release 77"],
+            spotlib.read_text(calls).splitlines() == ["requeuehold 77", "release 77"],
             "slurm: SIGTERM is ignored until the held job is released", err)
 
 

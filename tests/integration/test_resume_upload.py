@@ -101,10 +101,8 @@ with tempfile.TemporaryDirectory(prefix="spotd-resume-") as tmp:
                 (resumed, sent, NPARTS))
         c.check(os.listdir(journal) == [], "the journal is gone after the commit")
         c.check(spotlib.s3_uploads(root) == [], "no multipart upload is left")
-        out = os.path.join(tmp, "restored-1")
-        cp = spotlib.spotctl("restore", url, out)
-        c.check(cp.returncode == 0 and spotlib.same_tree(src, out),
-                "the resumed checkpoint restores identical")
+        spotlib.check_restore(c, url, src, os.path.join(tmp, "restored-1"),
+                              "the resumed checkpoint restores identical")
 
         # 2. the journal lost: start over, abort the old upload
         url, root = spotlib.unique_job("resume-lost")
@@ -121,10 +119,8 @@ with tempfile.TemporaryDirectory(prefix="spotd-resume-") as tmp:
         c.check(px.stats()["requests"].get("abort", 0) >= 1,
                 "the orphaned upload was aborted")
         c.check(spotlib.s3_uploads(root) == [], "no multipart upload is left")
-        out = os.path.join(tmp, "restored-2")
-        cp = spotlib.spotctl("restore", url, out)
-        c.check(cp.returncode == 0 and spotlib.same_tree(src, out),
-                "the checkpoint restores identical")
+        spotlib.check_restore(c, url, src, os.path.join(tmp, "restored-2"),
+                              "the checkpoint restores identical")
 
         # 3. spotd killed mid-upload and restarted
         store, job, root = spotlib.daemon_job("resume")

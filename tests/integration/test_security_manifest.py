@@ -116,10 +116,9 @@ try:
                        os.path.exists(os.path.join(tmp, p))]
             c.check(not outside, "%s: nothing written outside" % name, repr(outside))
         # the legitimate one still restores (the test's own control)
-        target = os.path.join(tmp, "ok")
-        cp = sl.spotctl("restore", url, target, "--name", "good")
-        ok, detail = sl.same_tree(src, target) if cp.returncode == 0 else (False, cp.stderr)
-        c.check(ok, "control: the legitimate manifest restores identical", detail)
+        sl.check_restore(c, url, src, os.path.join(tmp, "ok"),
+                         "control: the legitimate manifest restores identical",
+                         "--name", "good")
 finally:
     sl.s3_cleanup(root)
 c.finish()

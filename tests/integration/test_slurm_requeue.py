@@ -100,14 +100,6 @@ def slurm_installed():
                 "/usr/sbin/munged"))
 
 
-def read(path):
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
 def job_state(jobid):
     cp = spotlib.run(["scontrol", "show", "job", "-o", jobid], timeout=20)
     m = re.search(r"\bJobState=(\S+)", cp.stdout)
@@ -142,7 +134,7 @@ def main():
             c.check(False, "tests/slurm.sh starts a cluster")
             c.finish()
         started = True
-        for line in read(os.path.join(sdir, "env")).splitlines():
+        for line in spotlib.read_text(os.path.join(sdir, "env")).splitlines():
             k, _, v = line.partition("=")
             os.environ[k] = v
         print(cp.stderr.strip())
@@ -173,12 +165,12 @@ def main():
         # Run 0 trains; publish the notice once it has done some steps.
         t0 = time.time()
         while time.time() - t0 < 60:
-            if re.search(r"^step %d run 0$" % NOTICE_AT, read(steps), re.M):
+            if re.search(r"^step %d run 0$" % NOTICE_AT, spotlib.read_text(steps), re.M):
                 break
             time.sleep(0.05)
         else:
-            print(read(out))
-            c.check(False, "the first run trains", read(steps)[-2000:])
+            print(spotlib.read_text(out))
+            c.check(False, "the first run trains", spotlib.read_text(steps)[-2000:])
             c.finish()
         emu.control("notice", after=0)
         t_notice = time.time()
@@ -197,8 +189,8 @@ def main():
             time.sleep(0.5)
         print("job %s: %s, restarts %d, %.1f s after the notice" %
               (jobid, state, restarts, time.time() - t_notice))
-        joblog = read(out)
-        log = read(steps)
+        joblog = spotlib.read_text(out)
+        log = spotlib.read_text(steps)
         print("----- job output\n" + joblog + "----- steps (tail)\n" +
               "\n".join(log.splitlines()[-8:]))
 

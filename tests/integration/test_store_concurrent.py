@@ -39,10 +39,8 @@ try:
                 "list shows both committed", cp.stdout + cp.stderr)
         c.check(lj.get("latest") in srcs, "LATEST names one of them", repr(lj.get("latest")))
         for n, d in srcs.items():
-            dst = os.path.join(tmp, "r-" + n)
-            cp = spotlib.spotctl("restore", url, dst, "--name", n)
-            ok, detail = spotlib.same_tree(d, dst)
-            c.check(cp.returncode == 0 and ok, "%s restores exactly" % n, cp.stderr + detail)
+            spotlib.check_restore(c, url, d, os.path.join(tmp, "r-" + n),
+                                  "%s restores exactly" % n, "--name", n)
         c.check(spotlib.s3_uploads(root) == [], "no multipart upload left over")
 finally:
     spotlib.s3_cleanup(root)

@@ -68,11 +68,8 @@ try:
         spotlib.s3_put(key, good)
 
         # repaired: the restore works again
-        dst = os.path.join(tmp, "ok")
-        cp = spotlib.spotctl("restore", url, dst)
-        ok, detail = spotlib.same_tree(src, dst)
-        c.check(cp.returncode == 0 and ok, "after repair the restore is exact",
-                cp.stderr + detail)
+        spotlib.check_restore(c, url, src, os.path.join(tmp, "ok"),
+                              "after repair the restore is exact")
 finally:
     spotlib.s3_cleanup(root)
 

@@ -84,11 +84,8 @@ try:
         spotlib.write_gaussian(os.path.join(second, "w.fp32"), 7 << 20, seed=2)
         cp = spotlib.spotctl("push", second, url)
         c.check(cp.returncode == 0, "pushing step-2 again commits", cp.stdout + cp.stderr)
-        dst3 = os.path.join(tmp, "again")
-        cp = spotlib.spotctl("restore", url, dst3)
-        ok, detail = spotlib.same_tree(second, dst3)
-        c.check(cp.returncode == 0 and ok, "and restores exactly (no stale object mixed in)",
-                cp.stderr + detail)
+        spotlib.check_restore(c, url, second, os.path.join(tmp, "again"),
+                              "and restores exactly (no stale object mixed in)")
 finally:
     spotlib.s3_cleanup(root)
 

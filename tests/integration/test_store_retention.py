@@ -50,10 +50,8 @@ try:
             left = spotlib.s3_keys(root + "checkpoints/%s/" % n)
             c.check(left == [], "%s: every object is gone" % n, "\n".join(left))
         for n in names[2:]:
-            dst = os.path.join(tmp, "r-" + n)
-            cp = spotlib.spotctl("restore", url, dst, "--name", n)
-            ok, detail = spotlib.same_tree(srcs[n], dst)
-            c.check(cp.returncode == 0 and ok, "%s restores exactly" % n, cp.stderr + detail)
+            spotlib.check_restore(c, url, srcs[n], os.path.join(tmp, "r-" + n),
+                                  "%s restores exactly" % n, "--name", n)
         # --keep 1 on a fifth push deletes down to one
         d = os.path.join(tmp, "step-500")
         os.makedirs(d)

@@ -274,6 +274,7 @@ def leftovers_next_to(path):
 # Every process started here is remembered and killed (by its own pid) by
 # kill_started(), which the tests call in a finally block.
 
+import contextlib as _contextlib
 import json as _json
 import re as _re
 import signal as _signal
@@ -318,6 +319,19 @@ def kill_started():
                 p.wait(10)
             except Exception:  # noqa: BLE001
                 pass
+
+
+@_contextlib.contextmanager
+def cleaned_up(prefix, *stops):
+    """A with block after which, however it ends, each of stops is called,
+    then kill_started() and s3_cleanup(prefix)."""
+    try:
+        yield
+    finally:
+        for stop in stops:
+            stop()
+        kill_started()
+        s3_cleanup(prefix)
 
 
 class LineLog:

@@ -10,7 +10,7 @@ import spotlib as sl  # noqa: E402
 
 def crash(c, wd, tag, status, want_rc):
     store, job, prefix = sl.daemon_job("crash")
-    try:
+    with sl.cleaned_up(prefix):
         hook, hook_out = sl.relaunch_hook(os.path.dirname(wd))
         # A checkpoint at step 20, the crash one step (50 ms) later: the
         # upload of 8 MiB is still going when the trainer dies.
@@ -37,9 +37,6 @@ def crash(c, wd, tag, status, want_rc):
         c.check(not sl.read_jsonl(hook_out) and
                 not d.err.matching(r"relaunch: running"),
                 tag + "the relaunch step did not run")
-    finally:
-        sl.kill_started()
-        sl.s3_cleanup(prefix)
 
 
 def main():

@@ -64,7 +64,7 @@ def raw_request(path, data, timeout=10):
 
 def with_daemon(c, wd):
     store, job, prefix = sl.daemon_job("ctl")
-    try:
+    with sl.cleaned_up(prefix):
         d = sl.Daemon(wd, store, job, trainer=["--step-sleep", 0.05])
         start = d.wait_event("start", 20)
         c.check(start is not None and
@@ -192,9 +192,6 @@ def with_daemon(c, wd):
         cp = sl.spotctl("status", "--socket", d.socket, timeout=20)
         c.check(cp.returncode != 0 and "cannot reach spotd" in cp.stderr,
                 "after the exit: a clear error", cp.stderr)
-    finally:
-        sl.kill_started()
-        sl.s3_cleanup(prefix)
 
 
 def main():

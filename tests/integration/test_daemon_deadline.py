@@ -33,7 +33,7 @@ def estimate(c, wd):
     tag = "estimate: "
     store, job, prefix = sl.daemon_job("estimate")
     emu = sl.EmulatorProc("aws")
-    try:
+    with sl.cleaned_up(prefix, emu.stop):
         d = sl.Daemon(wd, store, job, provider="aws", metadata_url=emu.url,
                       interval=1, grace=30,
                       trainer=["--save-delay", 8, "--step-sleep", 0.05])
@@ -57,10 +57,6 @@ def estimate(c, wd):
         c.check(d.err.matching(r"is kept") and sl.latest(prefix) == first,
                 tag + "the deadline passed: LATEST is still %s" % first,
                 "LATEST=%r" % sl.latest(prefix))
-    finally:
-        emu.stop()
-        sl.kill_started()
-        sl.s3_cleanup(prefix)
 
 
 def main():

@@ -31,7 +31,7 @@ def notice(c, wd, provider):
     emu_args = ["--vm-name", "trainer-1"] if provider == "azure" else []
     emu = sl.EmulatorProc(provider, *emu_args)
     hook, hook_out = None, None
-    try:
+    with sl.cleaned_up(prefix, emu.stop):
         os.makedirs(wd)
         hook, hook_out = sl.relaunch_hook(wd)
         d = sl.Daemon(wd, store, job, provider=provider, metadata_url=emu.url,
@@ -108,17 +108,13 @@ def notice(c, wd, provider):
         else:
             c.check(not emu.out.matching(r"^ack "), tag + "no ack (not Azure)")
         c.check(not os.path.exists(d.socket), tag + "socket removed at exit")
-    finally:
-        emu.stop()
-        sl.kill_started()
-        sl.s3_cleanup(prefix)
 
 
 def rebalance(c, wd):
     tag = "rebalance: "
     store, job, prefix = sl.daemon_job("rebalance")
     emu = sl.EmulatorProc("aws")
-    try:
+    with sl.cleaned_up(prefix, emu.stop):
         os.makedirs(wd)
         hook, hook_out = sl.relaunch_hook(wd)
         d = sl.Daemon(wd, store, job, provider="aws", metadata_url=emu.url,
@@ -144,10 +140,6 @@ def rebalance(c, wd):
         rc = d.wait_exit(30)
         c.check(rc == 0, tag + "SIGTERM afterwards: exit 0", "rc=%s" % rc)
         c.check(not sl.read_jsonl(hook_out), tag + "SIGTERM does not relaunch")
-    finally:
-        emu.stop()
-        sl.kill_started()
-        sl.s3_cleanup(prefix)
 
 
 def main():

@@ -14,7 +14,7 @@ import spotlib as sl  # noqa: E402
 
 def periodic(c, wd):
     store, job, prefix = sl.daemon_job("periodic")
-    try:
+    with sl.cleaned_up(prefix):
         d = sl.Daemon(os.path.join(wd, "a"), store, job, interval=1,
                       trainer=["--exit-at", 70, "--step-sleep", 0.05])
         rc = d.wait_exit(60)
@@ -65,15 +65,12 @@ def periodic(c, wd):
             ok, why = sl.same_tree(out, expect)
         c.check(ok, "periodic: the committed checkpoint restores "
                 "byte-identical (without the local SPOTD_COMPLETE)", why)
-    finally:
-        sl.kill_started()
-        sl.s3_cleanup(prefix)
 
 
 def own_schedule(c, wd):
     """No interval: checkpoints the trainer makes by itself go up too."""
     store, job, prefix = sl.daemon_job("own")
-    try:
+    with sl.cleaned_up(prefix):
         d = sl.Daemon(os.path.join(wd, "b"), store, job, interval=0,
                       trainer=["--every", 15, "--exit-at", 50,
                                "--step-sleep", 0.04])
@@ -91,9 +88,6 @@ def own_schedule(c, wd):
                 "own: committed %s" % names)
         c.check(sl.latest(prefix) == "step-000045",
                 "own: LATEST is step-000045", "LATEST=%r" % sl.latest(prefix))
-    finally:
-        sl.kill_started()
-        sl.s3_cleanup(prefix)
 
 
 def supersede(c, wd):
@@ -102,7 +96,7 @@ def supersede(c, wd):
     retention keeps --keep 2 in the store, the newest is committed."""
     tag = "supersede: "
     store, job, prefix = sl.daemon_job("supersede")
-    try:
+    with sl.cleaned_up(prefix):
         d = sl.Daemon(os.path.join(wd, "c"), store, job, interval=0,
                       args=["--keep", 2],
                       trainer=["--every", 1, "--exit-at", 16, "--random",
@@ -139,9 +133,6 @@ def supersede(c, wd):
                        if not n.startswith(".")) == made[-1:],
                 tag + "only the newest stays local",
                 repr(sorted(os.listdir(d.ckpt_dir))))
-    finally:
-        sl.kill_started()
-        sl.s3_cleanup(prefix)
 
 
 def main():

@@ -25,7 +25,7 @@ def main():
     sl.daemon_env()
     c = sl.Checks()
     store, job, prefix = sl.daemon_job("restore")
-    try:
+    with sl.cleaned_up(prefix):
         with tempfile.TemporaryDirectory(prefix="spotd-restore-") as wd:
             # 1: a fresh job commits step-10, 20, 30 on its own schedule
             d1, s1 = run(c, os.path.join(wd, "m1"), store, job, "first: ",
@@ -98,9 +98,6 @@ def main():
                          args=["--restore=false"])
             c.check("SPOTD_RESUME_DIR" not in s4["env"] and s4["step"] == 0,
                     "no-restore: started fresh", repr(s4))
-    finally:
-        sl.kill_started()
-        sl.s3_cleanup(prefix)
     c.finish()
 
 

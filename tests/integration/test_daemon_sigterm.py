@@ -25,7 +25,7 @@ def gone(pid):
 def drain(c, wd):
     tag = "drain: "
     store, job, prefix = sl.daemon_job("sigterm")
-    try:
+    with sl.cleaned_up(prefix):
         hook, hook_out = sl.relaunch_hook(os.path.dirname(wd))
         d = sl.Daemon(wd, store, job, args=["--relaunch", hook],
                       trainer=["--step-sleep", 0.05])
@@ -53,15 +53,12 @@ def drain(c, wd):
         c.check(not sl.read_jsonl(hook_out), tag + "no relaunch on SIGTERM")
         start = d.events("start")
         c.check(start and gone(start[0]["pid"]), tag + "the trainer is gone")
-    finally:
-        sl.kill_started()
-        sl.s3_cleanup(prefix)
 
 
 def twice(c, wd):
     tag = "twice: "
     store, job, prefix = sl.daemon_job("sigterm2")
-    try:
+    with sl.cleaned_up(prefix):
         # 96 MiB of random bytes: the upload takes a while
         # debug: to see the parts go out (the upload id is known then; a
         # cancel while CreateMultipartUpload is in flight cannot abort what
@@ -92,9 +89,6 @@ def twice(c, wd):
                 tag + "every handle closed, loop empty at exit")
         start = d.events("start")
         c.check(start and gone(start[0]["pid"]), tag + "the trainer is gone")
-    finally:
-        sl.kill_started()
-        sl.s3_cleanup(prefix)
 
 
 def main():

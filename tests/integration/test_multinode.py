@@ -53,7 +53,7 @@ def main():
     store, job, prefix = sl.daemon_job("multinode")
     ck = prefix + "checkpoints/"
     trainer = ["--step-sleep", STEP_SLEEP, "--exit-at", 2]
-    try:
+    with sl.cleaned_up(prefix):
         with tempfile.TemporaryDirectory(prefix="spotd-multinode-") as wd:
             # 0: a rank must be below nranks
             cp = sl.run([sl.spotd_exe(), "run", "--job", job, "--store", store,
@@ -160,9 +160,6 @@ def main():
             c.check(ck + "step-000002/ranks/rank-0.json" in keys and
                     ck + "step-000002/ranks/rank-1.json" not in keys,
                     "alone: only rank 0's marker", repr(keys))
-    finally:
-        sl.kill_started()
-        sl.s3_cleanup(prefix)
     return c.finish()
 
 

@@ -145,6 +145,16 @@ class Watch:
         assert rc == 0, "meta_watch exit status %d" % rc
 
 
+def cycle_faults(e, **mixed):
+    """Has emulator e inject each of throttle, malformed and reset alone
+    (for sure, 1.5 s each), then the faults at the rates in mixed for 2 s."""
+    for fault in ("throttle", "malformed", "reset"):
+        e.control("fault", clear="1", **{fault: "1"})
+        time.sleep(1.5)
+    e.control("fault", **mixed)
+    time.sleep(2)
+
+
 def stats(name, values):
     values = sorted(values)
     med = values[len(values) // 2]

@@ -6,7 +6,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from metalib import Emulator, Watch, run, stats  # noqa: E402
+from metalib import Emulator, Watch, cycle_faults, run, stats  # noqa: E402
 
 EVENTS = "/metadata/scheduledevents?api-version=2020-07-01"
 MD = {"Metadata": "true"}
@@ -102,11 +102,7 @@ def test_faults():
     e = Emulator("azure")
     w = Watch(e.url, "azure", "--poll-ms", "300", "--warn-after", "3",
               "--vm-name", "spotd-vm")
-    for fault in ("throttle", "malformed", "reset"):  # each for sure
-        e.control("fault", clear="1", **{fault: "1"})
-        time.sleep(1.5)
-    e.control("fault", throttle="0.5", malformed="0.3", reset="0.1")
-    time.sleep(2)
+    cycle_faults(e, throttle="0.5", malformed="0.3", reset="0.1")
     e.control("fault", clear="1")
     assert w.healthy(10), "warning not cleared"
     mark = w.out.count()

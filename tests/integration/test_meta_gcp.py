@@ -6,7 +6,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from metalib import Emulator, Watch, run, stats  # noqa: E402
+from metalib import Emulator, Watch, cycle_faults, run, stats  # noqa: E402
 
 KEY = "/computeMetadata/v1/instance/preempted"
 FLAVOR = {"Metadata-Flavor": "Google"}
@@ -87,11 +87,7 @@ def test_faults():
     e = Emulator("gcp")
     w = Watch(e.url, "gcp", "--gcp-wait", "2", "--warn-after", "3",
               "--poll-ms", "300")
-    for fault in ("throttle", "malformed", "reset"):  # each for sure
-        e.control("fault", clear="1", **{fault: "1"})
-        time.sleep(1.5)
-    e.control("fault", throttle="0.4", reset="0.2", malformed="0.3")
-    time.sleep(2)
+    cycle_faults(e, throttle="0.4", reset="0.2", malformed="0.3")
     e.control("fault", clear="1", stall="6", stall_fraction="0.5")
     time.sleep(8)
     e.control("fault", clear="1")

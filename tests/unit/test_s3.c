@@ -91,42 +91,30 @@ test_xml_initiate(void **state)
                    -EBADMSG);
 }
 
+/* A ListObjectsV2 page of two objects, the second of size SIZE. */
+#define LIST_DOC(SIZE)                                                         \
+  "<ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/"          \
+  "\"><Name>b</Name><Prefix>p/</Prefix><KeyCount>2</KeyCount>"                 \
+  "<MaxKeys>2</MaxKeys><IsTruncated>true</IsTruncated>"                        \
+  "<NextContinuationToken>tok/+=</NextContinuationToken>"                      \
+  "<Contents><Key>p/a b</Key><LastModified>2026-12-02T10:00:00.000Z"           \
+  "</LastModified><ETag>&quot;e1&quot;</ETag><Size>10</Size>"                  \
+  "<StorageClass>STANDARD</StorageClass></Contents>"                           \
+  "<Contents><Key>p/\xc3\xa9</Key><Size>" SIZE "</Size></Contents>"            \
+  "<CommonPrefixes><Prefix>p/dir/</Prefix></CommonPrefixes>"                   \
+  "</ListBucketResult>"
+
 static void
 test_xml_list_objects(void **state)
 {
   struct spot__s3_xml_result r;
 
   assert_int_equal(
-      parse(SPOT__S3_XML_LIST_OBJECTS,
-            "<ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/"
-            "\"><Name>b</Name><Prefix>p/</Prefix><KeyCount>2</KeyCount>"
-            "<MaxKeys>2</MaxKeys><IsTruncated>true</IsTruncated>"
-            "<NextContinuationToken>tok/+=</NextContinuationToken>"
-            "<Contents><Key>p/a b</Key><LastModified>2026-12-02T10:00:00.000Z"
-            "</LastModified><ETag>&quot;e1&quot;</ETag><Size>10</Size>"
-            "<StorageClass>STANDARD</StorageClass></Contents>"
-            "<Contents><Key>p/\xc3\xa9</Key><Size>18446744073709551615</Size>"
-            "</Contents>"
-            "<CommonPrefixes><Prefix>p/dir/</Prefix></CommonPrefixes>"
-            "</ListBucketResult>",
-            &r),
+      parse(SPOT__S3_XML_LIST_OBJECTS, LIST_DOC("18446744073709551615"), &r),
       -EBADMSG); /* size over INT64_MAX is refused */
 
   assert_int_equal(
-      parse(SPOT__S3_XML_LIST_OBJECTS,
-            "<ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/"
-            "\"><Name>b</Name><Prefix>p/</Prefix><KeyCount>2</KeyCount>"
-            "<MaxKeys>2</MaxKeys><IsTruncated>true</IsTruncated>"
-            "<NextContinuationToken>tok/+=</NextContinuationToken>"
-            "<Contents><Key>p/a b</Key><LastModified>2026-12-02T10:00:00.000Z"
-            "</LastModified><ETag>&quot;e1&quot;</ETag><Size>10</Size>"
-            "<StorageClass>STANDARD</StorageClass></Contents>"
-            "<Contents><Key>p/\xc3\xa9</Key><Size>42949672960</Size>"
-            "</Contents>"
-            "<CommonPrefixes><Prefix>p/dir/</Prefix></CommonPrefixes>"
-            "</ListBucketResult>",
-            &r),
-      0);
+      parse(SPOT__S3_XML_LIST_OBJECTS, LIST_DOC("42949672960"), &r), 0);
   assert_true(r.truncated);
   assert_string_equal(r.next_token, "tok/+=");
   assert_int_equal(r.n_objects, 2);

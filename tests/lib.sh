@@ -48,6 +48,56 @@ cmdline() {
   tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null
 }
 
+# claim_ports [ARG...] <PROGRAM: runs the Python PROGRAM (ARGs in
+# sys.argv[4:]) holding the lock on CLAIMS, after a prelude that defines
+# free(port, host="127.0.0.1", reuse=False) (not claimed for a live DIR,
+# and bindable) and claim(ports) (write DIR's marker and CLAIMS/PORT
+# files naming DIR). A claim is stale once its DIR's marker no longer lists
+# the port.
+claim_ports() {
+  mkdir -p "$CLAIMS"
+  {
+    cat <<'EOF'
+import fcntl, os, random, socket, sys
+claims, mydir, marker = sys.argv[1:4]
+
+def claimed(port):
+    try:
+        with open(os.path.join(claims, str(port))) as f:
+            owner = f.read().strip()
+        with open(os.path.join(owner, marker)) as f:
+            return str(port) in f.read().split()
+    except OSError:
+        return False
+
+def free(port, host="127.0.0.1", reuse=False):
+    if claimed(port):
+        return False
+    s = socket.socket()
+    try:
+        if reuse:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+def claim(ports):
+    with open(os.path.join(mydir, marker), "w") as f:
+        f.write(" ".join("%d" % p for p in ports) + "\n")
+    for p in ports:
+        with open(os.path.join(claims, str(p)), "w") as f:
+            f.write(mydir + "\n")
+
+lock = open(os.path.join(claims, ".lock"), "w")
+fcntl.flock(lock, fcntl.LOCK_EX)
+EOF
+    cat
+  } | "$PY" - "$CLAIMS" "$DIR" "$MARKER" "$@"
+}
+
 # Drops the port claims (CLAIMS/PORT naming DIR) of the ports DIR's marker
 # lists.
 release_ports() {

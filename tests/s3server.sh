@@ -67,35 +67,8 @@ is_ours() {
 # that concurrent starts with different DIRs do not pick the same ones. A
 # claim is stale once its DIR's marker no longer lists the port.
 pick_ports() {
-  local want=$1
-  mkdir -p "$CLAIMS"
-  "$PY" - "$CLAIMS" "$DIR" "$MARKER" "$want" <<'EOF'
-import fcntl, os, random, socket, sys
-claims, mydir, marker, want = sys.argv[1:5]
-
-def claimed(port):
-    try:
-        with open(os.path.join(claims, str(port))) as f:
-            owner = f.read().strip()
-        with open(os.path.join(owner, marker)) as f:
-            return str(port) in f.read().split()
-    except OSError:
-        return False
-
-def free(port):
-    if claimed(port):
-        return False
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-
-lock = open(os.path.join(claims, ".lock"), "w")
-fcntl.flock(lock, fcntl.LOCK_EX)
+  claim_ports "$1" <<'EOF'
+want = sys.argv[4]
 if want:
     if not free(int(want)):
         sys.exit("port %s is busy" % want)
@@ -107,11 +80,7 @@ mon = next((p for p in random.sample(range(16300, 16800), 100)
             if p != rgw and free(p)), None)
 if rgw is None or mon is None:
     sys.exit("no free port found")
-with open(os.path.join(mydir, marker), "w") as f:
-    f.write("%d %d\n" % (rgw, mon))
-for p in (rgw, mon):
-    with open(os.path.join(claims, str(p)), "w") as f:
-        f.write(mydir + "\n")
+claim((rgw, mon))
 print(rgw, mon)
 EOF
 }

@@ -57,43 +57,13 @@ is_ours() {
 # that concurrent starts with different DIRs do not pick the same ones. A
 # claim is stale once its DIR's marker no longer lists the port.
 pick_ports() {
-  mkdir -p "$CLAIMS"
-  "$PY" - "$CLAIMS" "$DIR" "$MARKER" <<'EOF'
-import fcntl, os, random, socket, sys
-claims, mydir, marker = sys.argv[1:4]
-
-def claimed(port):
-    try:
-        with open(os.path.join(claims, str(port))) as f:
-            owner = f.read().strip()
-        with open(os.path.join(owner, marker)) as f:
-            return str(port) in f.read().split()
-    except OSError:
-        return False
-
-def free(port):
-    if claimed(port):
-        return False
-    s = socket.socket()
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("0.0.0.0", port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-
-lock = open(os.path.join(claims, ".lock"), "w")
-fcntl.flock(lock, fcntl.LOCK_EX)
-ports = [p for p in random.sample(range(26817, 27817), 200) if free(p)][:2]
+  # shellcheck disable=SC2119 # no arguments for the program
+  claim_ports <<'EOF'
+ports = [p for p in random.sample(range(26817, 27817), 200)
+         if free(p, "0.0.0.0", reuse=True)][:2]
 if len(ports) < 2:
     sys.exit("no free port found")
-with open(os.path.join(mydir, marker), "w") as f:
-    f.write("%d %d\n" % tuple(ports))
-for p in ports:
-    with open(os.path.join(claims, str(p)), "w") as f:
-        f.write(mydir + "\n")
+claim(ports)
 print(*ports)
 EOF
 }

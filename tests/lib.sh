@@ -118,6 +118,22 @@ empty_dir() {
   find "$DIR" -mindepth 1 -maxdepth 1 -exec rm -rf -- {} +
 }
 
+# begin_start WHAT: the start of cmd_start once DIR is set: install
+# PKGS, stop the old WHAT DIR may hold, insist on an empty DIR, and from now
+# on clean up through start_failed on any exit (INT and TERM exit 130/143).
+begin_start() {
+  ensure_packages
+  if [[ -e $DIR/$MARKER ]]; then
+    log "$DIR holds an old $1; stopping it first"
+    cmd_stop "$DIR"
+  fi
+  [[ -z $(ls -A -- "$DIR") ]] || die "$DIR is not empty"
+
+  trap start_failed EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+}
+
 # stop_dir [CMD...]: if DIR has our marker, run CMD (if any), stop_daemons
 # and empty DIR; an empty DIR without it is left as is, a non-empty one is
 # an error.

@@ -313,16 +313,7 @@ cmd_start() {
   local want=${2:-} t0 ports rgw_port mon_port fsid osd_uuid osd_secret id
   [[ -z $want || $want =~ ^[0-9]+$ ]] || usage
   t0=$(now)
-  ensure_packages
-  if [[ -e $DIR/$MARKER ]]; then
-    log "$DIR holds an old server; stopping it first"
-    cmd_stop "$DIR"
-  fi
-  [[ -z $(ls -A -- "$DIR") ]] || die "$DIR is not empty"
-
-  trap start_failed EXIT
-  trap 'exit 130' INT
-  trap 'exit 143' TERM
+  begin_start server
   TIMEOUT=${S3SERVER_TIMEOUT:-60}
   DEADLINE=$((SECONDS + TIMEOUT))
   : >"$DIR/$MARKER"

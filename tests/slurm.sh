@@ -231,16 +231,7 @@ cmd_start() {
   local t0 ports ctld_port slurmd_port m timeout=${SLURM_TEST_TIMEOUT:-30}
   t0=$(now)
   ((EUID == 0)) || die "needs root (munged runs as munge, slurmd as root)"
-  ensure_packages
-  if [[ -e $DIR/$MARKER ]]; then
-    log "$DIR holds an old cluster; stopping it first"
-    cmd_stop "$DIR"
-  fi
-  [[ -z $(ls -A -- "$DIR") ]] || die "$DIR is not empty"
-
-  trap start_failed EXIT
-  trap 'exit 130' INT
-  trap 'exit 143' TERM
+  begin_start cluster
   : >"$DIR/$MARKER"
   ports=$(pick_ports) || die "cannot pick ports"
   read -r ctld_port slurmd_port <<<"$ports"

@@ -98,6 +98,16 @@ EOF
   } | "$PY" - "$CLAIMS" "$DIR" "$MARKER" "$@"
 }
 
+# all_stopped: true when none of DAEMONS runs any more (by DIR's pid files).
+all_stopped() {
+  local name pid
+  for name in "${DAEMONS[@]}"; do
+    pid=$(cat "$DIR/pids/$name" 2>/dev/null) || continue
+    is_ours "$pid" && return 1
+  done
+  return 0
+}
+
 # Drops the port claims (CLAIMS/PORT naming DIR) of the ports DIR's marker
 # lists.
 release_ports() {

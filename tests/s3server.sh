@@ -243,7 +243,7 @@ dump_logs() {
 # other (an OSD stopping tells the mon; with the mon gone it waits
 # osd_mon_shutdown_timeout); SIGKILL any of them still there after 10 s.
 stop_daemons() {
-  local name pid left=() deadline
+  local left=() deadline
   [[ -d $DIR/pids ]] || return 0
   term_wait() {
     local n p pids=()
@@ -271,11 +271,7 @@ stop_daemons() {
   term_wait rgw
   term_wait osd
   term_wait mon
-  for name in "${DAEMONS[@]}"; do
-    pid=$(cat "$DIR/pids/$name" 2>/dev/null) || continue
-    is_ours "$pid" && return 1
-  done
-  return 0
+  all_stopped
 }
 
 cmd_stop() {

@@ -178,11 +178,7 @@ stop_daemons() {
       for _ in $(seq 50); do is_ours "$pid" || break; sleep 0.1; done
     fi
   done
-  for name in "${DAEMONS[@]}"; do
-    pid=$(cat "$DIR/pids/$name" 2>/dev/null) || continue
-    is_ours "$pid" && return 1
-  done
-  return 0
+  all_stopped
 }
 
 cmd_stop() {

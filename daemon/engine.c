@@ -156,18 +156,6 @@ interval_cb(uv_timer_t *t)
     spotd_request_checkpoint(d, "interval");
 }
 
-static int
-rm_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-  (void)st;
-  (void)ftw;
-  if (flag == FTW_DP)
-    rmdir(path);
-  else
-    unlink(path);
-  return 0;
-}
-
 /* Local copies older than the newest commit are not needed any more. */
 static void
 prune_local(struct spotd *d, const char *keep)
@@ -182,7 +170,7 @@ prune_local(struct spotd *d, const char *keep)
     snprintf(path, sizeof(path), "%s/%s", d->ckpt_dir, n);
     if (access(path, F_OK) == 0) {
       log_info("removing local checkpoint %s (committed %s is newer)", n, keep);
-      nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+      spot_rm_tree(path);
     }
   }
 }
@@ -842,7 +830,7 @@ restore_done_cb(const struct spot_store_result *res, void *data)
   snprintf(tmp, sizeof(tmp), "%s/.spotd-resume", d->ckpt_dir);
   snprintf(dst, sizeof(dst), "%s/%s", d->ckpt_dir, res->name);
   if (access(dst, F_OK) == 0)
-    nftw(dst, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    spot_rm_tree(dst);
   if (rename(tmp, dst) < 0) {
     log_err("restore: moving %s to %s: %s", tmp, dst, strerror(errno));
     d->exit_code = 1;
@@ -1018,7 +1006,7 @@ begin_restore(struct spotd *d)
   spotd_set_state(d, SPOTD_RESTORING);
   snprintf(tmp, sizeof(tmp), "%s/.spotd-resume", d->ckpt_dir);
   if (access(tmp, F_OK) == 0)
-    nftw(tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    spot_rm_tree(tmp);
   r = spot_store_restore(d->loop, &d->store, NULL, tmp, NULL, restore_done_cb,
                          d, &d->upload);
   if (r < 0) {

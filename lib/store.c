@@ -143,3 +143,18 @@ spot__store_s3_msg(char *buf, size_t size, const char *what,
   spot__store_msg(buf, size, "%s: %s", what,
                   spot_s3_strerror(res, tmp, sizeof(tmp)));
 }
+
+int
+spot__store_prefix_name(const char *p, char **name)
+{
+  size_t len = strlen(p);
+  const char *start;
+
+  if (len < 2 || p[len - 1] != '/')
+    return -EINVAL;
+  start = p + len - 2;
+  while (start > p && start[-1] != '/')
+    start--;
+  *name = strndup(start, (size_t)(p + len - 1 - start));
+  return *name != NULL ? 0 : -ENOMEM;
+}

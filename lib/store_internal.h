@@ -19,6 +19,9 @@ void spot__store_cfg_fini(struct spot__store_cfg *c);
 /* malloc'd key, NULL on ENOMEM. */
 char *spot__store_key(const struct spot_store_config *cfg, const char *name,
                       const char *rel);
+/* ".../checkpoints/NAME/" (a CommonPrefix) -> NAME, malloc'd. Returns 0,
+ * -EINVAL (not of that shape) or -ENOMEM. */
+int spot__store_prefix_name(const char *prefix, char **name);
 /* Writes into buf only if it is still empty (the first error wins). */
 void spot__store_msg(char *buf, size_t size, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -149,22 +149,25 @@ seq_cb(const struct spot_s3_result *res, void *data)
     op->err = res->err;
   } else {
     for (size_t i = 0; i < res->n_common_prefixes; i++) {
-      const char *p = res->common_prefixes[i];
-      size_t len = strlen(p);
-      const char *start;
       struct lentry *e;
+      char *name = NULL;
+      int r = spot__store_prefix_name(res->common_prefixes[i], &name);
 
-      if (len < 2 || p[len - 1] != '/')
+      if (r == -EINVAL)
         continue;
-      start = p + len - 2;
-      while (start > p && start[-1] != '/')
-        start--;
-      if (op->n >= LIST_NAMES_MAX)
+      if (r < 0) {
+        op->err = r;
         break;
+      }
+      if (op->n >= LIST_NAMES_MAX) {
+        free(name);
+        break;
+      }
       if (op->n == op->alloc) {
         size_t na = op->alloc ? op->alloc * 2 : 16;
         struct lentry *ne = realloc(op->entries, na * sizeof(*ne));
         if (ne == NULL) {
+          free(name);
           op->err = -ENOMEM;
           break;
         }
@@ -173,11 +176,7 @@ seq_cb(const struct spot_s3_result *res, void *data)
       }
       e = &op->entries[op->n];
       memset(e, 0, sizeof(*e));
-      e->name = strndup(start, (size_t)(p + len - 1 - start));
-      if (e->name == NULL) {
-        op->err = -ENOMEM;
-        break;
-      }
+      e->name = name;
       op->n++;
     }
     free(op->token);

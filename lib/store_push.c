@@ -786,18 +786,20 @@ part_done_cb(const struct spot_s3_result *res, void *data)
   pump(op);
 }
 
-/* Callbacks that concern a file carry this context. */
+/* Create and complete of a file's multipart upload carry this context. */
 struct fctx {
   struct push_op *op;
   size_t file;
+  bool complete;
 };
 
 static void
-create_cb(const struct spot_s3_result *res, void *data)
+file_op_cb(const struct spot_s3_result *res, void *data)
 {
   struct fctx *c = data;
   struct push_op *op = c->op;
   struct pfile *f = &op->files[c->file];
+  bool complete = c->complete;
 
   free(c);
   op->active_s3--;
@@ -806,8 +808,11 @@ create_cb(const struct spot_s3_result *res, void *data)
   op->retries += res->retries;
   if (res->err < 0) {
     char what[600];
-    snprintf(what, sizeof(what), "starting the upload of %s", f->rel);
+    snprintf(what, sizeof(what), "%s the upload of %s",
+             complete ? "completing" : "starting", f->rel);
     fail_s3(op, what, res);
+  } else if (complete) {
+    f->done = true;
   } else if (res->upload_id == NULL || res->upload_id[0] == '\0') {
     fail_msg(op, -EPROTO, "starting the upload of %s: no upload id", f->rel);
   } else {
@@ -816,27 +821,6 @@ create_cb(const struct spot_s3_result *res, void *data)
       fail_msg(op, -ENOMEM, "out of memory");
     else
       journal_save(op, true);
-  }
-  pump(op);
-}
-
-static void
-complete_cb(const struct spot_s3_result *res, void *data)
-{
-  struct fctx *c = data;
-  struct push_op *op = c->op;
-  struct pfile *f = &op->files[c->file];
-
-  free(c);
-  op->active_s3--;
-  f->s3op = NULL;
-  op->retries += res->retries;
-  if (res->err < 0) {
-    char what[600];
-    snprintf(what, sizeof(what), "completing the upload of %s", f->rel);
-    fail_s3(op, what, res);
-  } else {
-    f->done = true;
   }
   pump(op);
 }
@@ -852,11 +836,12 @@ file_op(struct push_op *op, size_t i, bool complete)
     return -ENOMEM;
   c->op = op;
   c->file = i;
+  c->complete = complete;
   if (complete)
     r = spot_s3_mpu_complete(op->cfg.c.s3, op->cfg.bucket, f->key, f->upload_id,
-                             f->etags, f->nparts, complete_cb, c, &f->s3op);
+                             f->etags, f->nparts, file_op_cb, c, &f->s3op);
   else
-    r = spot_s3_mpu_create(op->cfg.c.s3, op->cfg.bucket, f->key, create_cb, c,
+    r = spot_s3_mpu_create(op->cfg.c.s3, op->cfg.bucket, f->key, file_op_cb, c,
                            &f->s3op);
   if (r < 0) {
     free(c);
@@ -1597,19 +1582,12 @@ static void
 retain_got_list(struct push_op *op, const struct spot_s3_result *res)
 {
   for (size_t i = 0; i < res->n_common_prefixes; i++) {
-    const char *p = res->common_prefixes[i];
-    size_t len = strlen(p);
-    const char *start;
-    char *name;
+    char *name = NULL;
+    int r = spot__store_prefix_name(res->common_prefixes[i], &name);
 
-    /* ".../checkpoints/NAME/" -> NAME */
-    if (len < 2 || p[len - 1] != '/')
+    if (r == -EINVAL)
       continue;
-    start = p + len - 2;
-    while (start > p && start[-1] != '/')
-      start--;
-    name = strndup(start, (size_t)(p + len - 1 - start));
-    if (name == NULL || push_name(op, name) < 0) {
+    if (r < 0 || push_name(op, name) < 0) {
       free(name);
       retain_warn(op, "listing checkpoints", NULL);
       return;

@@ -352,25 +352,13 @@ prepare_work_cb(uv_work_t *req)
   close(dfd);
 }
 
-static int
-rm_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-  (void)st;
-  (void)ftw;
-  if (flag == FTW_DP)
-    rmdir(path);
-  else
-    unlink(path);
-  return 0;
-}
-
 static void
 cleanup_work_cb(uv_work_t *req)
 {
   struct restore_op *op = spot_container_of(req, struct restore_op, work);
 
   if (op->tmp != NULL)
-    nftw(op->tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    spot_rm_tree(op->tmp);
 }
 
 static int

@@ -1,11 +1,13 @@
 #include "util.h"
 
 #include <errno.h>
+#include <ftw.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 uint64_t
 spot_now_mono_ms(void)
@@ -236,4 +238,22 @@ spot_fmt_bytes(uint64_t n, char *buf, size_t size)
   else
     snprintf(buf, size, "%.1f %s", v, units[u]);
   return buf;
+}
+
+static int
+rm_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+  (void)st;
+  (void)ftw;
+  if (flag == FTW_DP)
+    rmdir(path);
+  else
+    unlink(path);
+  return 0;
+}
+
+void
+spot_rm_tree(const char *path)
+{
+  nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
 }

@@ -40,6 +40,10 @@ uint64_t spot_backoff_ms(unsigned attempt, uint64_t base_ms, uint64_t cap_ms,
                          uint32_t rnd);
 uint32_t spot_random_u32(void);
 
+/* Removes a folder and everything below it, without following links
+ * (best effort: what cannot be removed stays). */
+void spot_rm_tree(const char *path);
+
 /* Human-readable byte counts ("1.5 GiB") into buf. */
 const char *spot_fmt_bytes(uint64_t n, char *buf, size_t size);
 

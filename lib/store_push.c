@@ -1404,12 +1404,30 @@ commit_check_cb(const struct spot_s3_result *res, void *data)
   advance(op);
 }
 
+/* A retried If-None-Match PUT answered 412: the first attempt may have
+ * landed with its response lost (a reset). Reads key (malloc'd, freed
+ * here) back for commit_check_cb to compare; true when the GET started. */
+static bool
+read_back(struct push_op *op, char *key)
+{
+  int r = -ENOMEM;
+
+  if (key != NULL) {
+    spot_buf_reset(&op->body);
+    r = spot_s3_get(op->cfg.c.s3, op->cfg.bucket, key, 0, 0, NULL, &op->body,
+                    commit_check_cb, op, &op->s3op);
+    free(key);
+  }
+  if (r < 0)
+    return false;
+  op->active_s3++;
+  return true;
+}
+
 static void
 seq_cb(const struct spot_s3_result *res, void *data)
 {
   struct push_op *op = data;
-  char *key;
-  int r;
 
   op->active_s3--;
   op->s3op = NULL;
@@ -1417,16 +1435,8 @@ seq_cb(const struct spot_s3_result *res, void *data)
   switch (op->state) {
   case PUSH_MARKER:
     if (res->err == -EEXIST && res->retries > 0 && !op->cancelled &&
-        (key = marker_key(op, op->cfg.c.rank)) != NULL) {
-      spot_buf_reset(&op->body);
-      r = spot_s3_get(op->cfg.c.s3, op->cfg.bucket, key, 0, 0, NULL, &op->body,
-                      commit_check_cb, op, &op->s3op);
-      free(key);
-      if (r == 0) {
-        op->active_s3++;
-        return;
-      }
-    }
+        read_back(op, marker_key(op, op->cfg.c.rank)))
+      return;
     if (res->err == -EEXIST)
       fail_msg(op, -EEXIST,
                "rank %u's part of checkpoint %s is already in the store",
@@ -1436,19 +1446,9 @@ seq_cb(const struct spot_s3_result *res, void *data)
     break;
   case PUSH_COMMIT:
     if (res->err == -EEXIST && res->retries > 0 && !op->cancelled &&
-        (key = spot__store_key(&op->cfg.c, op->name, SPOT_MANIFEST_NAME)) !=
-            NULL) {
-      /* A retried If-None-Match PUT: the first attempt may have landed
-       * with its response lost (reset). Read it back and compare. */
-      spot_buf_reset(&op->body);
-      r = spot_s3_get(op->cfg.c.s3, op->cfg.bucket, key, 0, 0, NULL, &op->body,
-                      commit_check_cb, op, &op->s3op);
-      free(key);
-      if (r == 0) {
-        op->active_s3++;
-        return;
-      }
-    }
+        read_back(op,
+                  spot__store_key(&op->cfg.c, op->name, SPOT_MANIFEST_NAME)))
+      return;
     if (res->err == -EEXIST)
       fail_msg(op, -EEXIST, "checkpoint %s was committed by someone else",
                op->name);

@@ -76,7 +76,7 @@ usage(FILE *f)
              "Talk to a running spotd, work on the checkpoint store, "
              "relaunch a job.\n\nCommands:\n");
   for (size_t i = 0; i < SPOT_ARRAY_SIZE(commands); i++)
-    fprintf(f, "  %-9s %-34s %s\n", commands[i].name, commands[i].args,
+    fprintf(f, "  %-10s %-34s %s\n", commands[i].name, commands[i].args,
             commands[i].summary);
   fprintf(f, "\nEach command takes --help. Exit status: 0 success, 1 failure, "
              "2 usage error.\n");

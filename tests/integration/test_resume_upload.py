@@ -139,7 +139,15 @@ with tempfile.TemporaryDirectory(prefix="spotd-resume-") as tmp:
         c.check(ok, "spotd sent 5 parts")
         os.kill(d.pid, signal.SIGKILL)
         d.wait_exit(10)
-        spotlib.kill_started()  # the orphaned trainer
+        # The trainer runs in its own session: spotd's death leaves it
+        # orphaned. Kill it (and its group) by the pid it logged.
+        for e in d.events("start"):
+            for kill in (lambda: os.killpg(e["pgid"], signal.SIGKILL),
+                         lambda: os.kill(e["pid"], signal.SIGKILL)):
+                try:
+                    kill()
+                except (OSError, KeyError):
+                    pass
         jdir = os.path.join(d.ckpt_dir, ".spotd-journal")
         c.check(len(os.listdir(jdir)) == 1, "spotd left its journal")
         px.configure()

@@ -314,7 +314,8 @@ prepare_work_cb(uv_work_t *req)
     parent = dup;
     base = slash + 1;
   }
-  snprintf(tmpl, sizeof(tmpl), "%s/.%s.spotd-restore-XXXXXX", parent, base);
+  snprintf(tmpl, sizeof(tmpl), "%s/.%s.spotd-restore-%s", parent, base,
+           SPOT_MKTEMP_SUFFIX);
   free(dup);
   if (mkdtemp(tmpl) == NULL) {
     fail_msg(op, -errno, "making a temporary folder next to %s: %s", op->dir,

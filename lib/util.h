@@ -12,6 +12,9 @@
 #define spot_container_of(ptr, type, member)                                   \
   ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
+/* The six-character suffix mkstemp(3) and mkdtemp(3) replace. */
+#define SPOT_MKTEMP_SUFFIX "XXXXXX"
+
 /* Monotonic milliseconds (CLOCK_MONOTONIC) and wall-clock milliseconds
  * since the epoch. Deadlines are always kept on the monotonic clock. */
 uint64_t spot_now_mono_ms(void);

@@ -11,6 +11,7 @@
 #include "aws.h"
 #include "buf.h"
 #include "log.h"
+#include "util.h"
 
 #define SECRET "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 #define SECRET2 "je7MtGbClwBF/2Zp9Utk/h3yCo8nvbEXAMPLEKEY"
@@ -48,7 +49,8 @@ setup(void **state)
 {
   for (size_t i = 0; i < sizeof(aws_vars) / sizeof(aws_vars[0]); i++)
     unsetenv(aws_vars[i]);
-  snprintf(home_dir, sizeof(home_dir), "/tmp/spot-aws-home-XXXXXX");
+  snprintf(home_dir, sizeof(home_dir), "/tmp/spot-aws-home-%s",
+           SPOT_MKTEMP_SUFFIX);
   if (mkdtemp(home_dir) == NULL)
     return -1;
   setenv("HOME", home_dir, 1);
@@ -82,7 +84,8 @@ tmp_file(const char *content)
 
   assert_true(n_tmp_files < sizeof(tmp_files) / sizeof(tmp_files[0]));
   path = tmp_files[n_tmp_files++];
-  snprintf(path, sizeof(tmp_files[0]), "/tmp/spot-aws-test-XXXXXX");
+  snprintf(path, sizeof(tmp_files[0]), "/tmp/spot-aws-test-%s",
+           SPOT_MKTEMP_SUFFIX);
   fd = mkstemp(path);
   assert_true(fd >= 0);
   assert_int_equal(write(fd, content, strlen(content)),

@@ -13,6 +13,7 @@
 #include "buf.h"
 #include "config.h"
 #include "log.h"
+#include "util.h"
 
 #define LOAD(cfg, text, err)                                                   \
   spot_config_load_buffer((cfg), "t.conf", (text), strlen(text), false, (err), \
@@ -279,7 +280,7 @@ static void
 test_secrets(void **state)
 {
   static const char text[] = "[spotd]\njob = j\n"
-                             "aws_secret_access_key = AKIAxxxxSECRET\n"
+                             "aws_secret_access_key = AKIAFAKETESTSECRET0123\n"
                              "store = s3://bkt/p\n";
   struct spot_config *cfg = spot_config_new();
   char err[1024];
@@ -289,12 +290,12 @@ test_secrets(void **state)
                               "credentials are never read"));
   assert_non_null(strstr(err, "LoadCredential="));
   /* The value never appears in a message. */
-  assert_null(strstr(err, "AKIAxxxxSECRET"));
+  assert_null(strstr(err, "AKIAFAKETESTSECRET0123"));
   assert_int_equal(spot_config_load_buffer(cfg, "t.conf", text, strlen(text),
                                            true, err, sizeof(err)),
                    -EPERM);
   assert_non_null(strstr(err, "world-readable"));
-  assert_null(strstr(err, "AKIAxxxxSECRET"));
+  assert_null(strstr(err, "AKIAFAKETESTSECRET0123"));
   assert_int_equal(LOAD(cfg, "[spotd]\nsession_token = abc\n", err), -EINVAL);
   /* Credentials in URLs are refused too. */
   assert_int_equal(
@@ -319,7 +320,7 @@ write_file(const char *path, const char *text, mode_t mode)
 static void
 test_load_file_checks(void **state)
 {
-  char dir[] = "/tmp/spot-test-config-XXXXXX";
+  char dir[] = "/tmp/spot-test-config-" SPOT_MKTEMP_SUFFIX;
   char path[128], err[1024];
   struct spot_config *cfg = spot_config_new();
 

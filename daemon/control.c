@@ -46,14 +46,11 @@ static void
 conn_closed_cb(uv_handle_t *h)
 {
   struct ctl_conn *c = h->data;
-  struct spotd *d = c->d;
 
   if (--c->closes > 0)
     return;
   spot_proto_reader_fini(&c->rd);
   free(c);
-  spotd_handle_closed(NULL);
-  (void)d;
 }
 
 static void
@@ -73,7 +70,6 @@ conn_drop(struct ctl_conn *c, const char *why)
       break;
     }
   d->nconns--;
-  d->pending_closes++;
   c->closes = 2;
   uv_close((uv_handle_t *)&c->pipe, conn_closed_cb);
   uv_close((uv_handle_t *)&c->idle, conn_closed_cb);
@@ -400,8 +396,7 @@ control_close(struct spotd *d)
     conn_drop(d->conns, NULL);
   }
   if (d->ctl_open && !uv_is_closing((uv_handle_t *)&d->ctl)) {
-    d->pending_closes++;
-    uv_close((uv_handle_t *)&d->ctl, spotd_handle_closed);
+    uv_close((uv_handle_t *)&d->ctl, NULL);
     unlink(d->cfg->socket);
   }
 }

@@ -88,14 +88,6 @@ spotd_warn(struct spotd *d, const char *fmt, ...)
   spot_strlcpy(d->warnings[d->nwarnings++], line, sizeof(d->warnings[0]));
 }
 
-void
-spotd_handle_closed(uv_handle_t *h)
-{
-  struct spotd *d = h != NULL ? h->data : NULL;
-
-  (void)d;
-}
-
 /* -------------------------------------------------------- checkpoints */
 
 static void give_up_final(struct spotd *d, const char *why);
@@ -138,7 +130,7 @@ spotd_request_checkpoint(struct spotd *d, const char *why)
     return;
   }
   d->ckpt_requested = true;
-  d->ckpt_request_mono = d->ckpt_signal_mono = spot_now_mono_ms();
+  d->ckpt_signal_mono = spot_now_mono_ms();
   log_info("checkpoint requested (%s): SIG%s sent to trainer pid=%d (%s)", why,
            spot_config_signal_name(d->cfg->signal, sig, sizeof(sig)),
            (int)d->trainer.pid,
@@ -259,7 +251,6 @@ start_upload(struct spotd *d, const char *name)
 
   snprintf(dir, sizeof(dir), "%s/%s", d->ckpt_dir, name);
   spot_strlcpy(d->upload_name, name, sizeof(d->upload_name));
-  d->upload_start_mono = spot_now_mono_ms();
   d->upload_done_bytes = d->upload_total_bytes = 0;
   d->upload_rate = 0;
   d->upload_log_ms = 0;
@@ -431,7 +422,6 @@ notice_cb(struct spot_meta *m, const struct spot_notice *n, void *data)
     return; /* already acting on one */
   d->have_notice = true;
   d->notice = *n;
-  d->notice_seen_mono = spot_now_mono_ms();
   if (d->state == SPOTD_RUNNING || d->state == SPOTD_DRAINING)
     start_drain(d, n->reason, n->deadline_mono_ms, n->deadline_wall_ms);
   else if (d->state == SPOTD_CONNECTING || d->state == SPOTD_RESTORING)
@@ -858,7 +848,6 @@ restore_done_cb(const struct spot_store_result *res, void *data)
   spot_strlcpy(d->last_commit, res->name, sizeof(d->last_commit));
   d->last_commit_wall = spot_now_wall_ms();
   watch_mark_known(d, res->name);
-  d->restore_done = true;
   /* SPOTD_RESTART_COUNT: relaunches of this job, kept in the store. */
   key = root_key(d, "RESTARTS");
   spot_buf_init(&d->restart_body, 64);

@@ -10,7 +10,7 @@
  *   control.c  the control socket (JSON lines, SO_PEERCRED)
  *
  * Handle lifecycle: every handle is embedded in struct spotd (or a struct
- * it owns); spotd_close() closes them all and counts pending closes; the
+ * it owns); spotd_close() closes them all; uv_run() then returns, the
  * loop then ends and main() requires uv_loop_close() == 0. */
 #ifndef SPOTD_H
 #define SPOTD_H
@@ -93,7 +93,6 @@ struct spotd {
   struct spot_meta *meta;
   bool have_notice;
   struct spot_notice notice;
-  uint64_t notice_seen_mono;
   char reason[SPOT_NOTICE_REASON_MAX];
   uint64_t deadline_mono; /* 0 = none */
   int64_t deadline_wall;
@@ -110,7 +109,6 @@ struct spotd {
 
   /* checkpoint requests */
   bool ckpt_requested;
-  uint64_t ckpt_request_mono;
   uint64_t ckpt_signal_mono; /* when the trainer got the signal */
   uv_timer_t interval_timer;
   uv_timer_t ckpt_timer; /* request timeout */
@@ -127,7 +125,6 @@ struct spotd {
   /* uploads: one at a time, the newest waiting one supersedes others */
   struct spot_store_op *upload;
   char upload_name[256];
-  uint64_t upload_start_mono;
   uint64_t upload_log_ms; /* last progress line, ms into the upload */
   uint64_t upload_done_bytes, upload_total_bytes;
   double upload_rate;
@@ -141,7 +138,6 @@ struct spotd {
   /* last commit */
   char last_commit[256];
   int64_t last_commit_wall;
-  bool restore_done;
 
   /* relaunch */
   uv_process_t relaunch_proc;
@@ -166,7 +162,6 @@ struct spotd {
   uint64_t watchdog_usec;
   unsigned signals_seen;
 
-  unsigned pending_closes;
   bool closing;
 };
 
@@ -183,7 +178,6 @@ void spotd_request_checkpoint(struct spotd *d, const char *why);
 int spotd_checkpoint_complete(struct spotd *d, const char *name);
 void spotd_trainer_exited(struct spotd *d);
 void spotd_close(struct spotd *d);
-void spotd_handle_closed(uv_handle_t *h);
 json_t *spotd_status_json(struct spotd *d);
 /* `checkpoint --wait` waiters are told when a commit lands or fails. */
 void spotd_notify_commit(struct spotd *d, const char *name, int err,

@@ -176,11 +176,9 @@ trainer_close(struct trainer *t)
   if (t->running)
     trainer_signal(t, SIGKILL, true);
   if (!uv_is_closing((uv_handle_t *)&t->kill_timer)) {
-    d->pending_closes++;
-    uv_close((uv_handle_t *)&t->kill_timer, spotd_handle_closed);
+    uv_close((uv_handle_t *)&t->kill_timer, NULL);
   }
   if (t->proc_open && !uv_is_closing((uv_handle_t *)&t->proc)) {
-    d->pending_closes++;
-    uv_close((uv_handle_t *)&t->proc, spotd_handle_closed);
+    uv_close((uv_handle_t *)&t->proc, NULL);
   }
 }

@@ -47,13 +47,10 @@ static void
 sub_close_cb(uv_handle_t *h)
 {
   struct watch_sub *s = spot_container_of(h, struct watch_sub, ev);
-  struct spotd *d = s->d;
 
   free(s->name);
   s->name = NULL;
   s->used = false;
-  spotd_handle_closed(h);
-  (void)d;
 }
 
 static void
@@ -62,7 +59,6 @@ sub_drop(struct spotd *d, struct watch_sub *s)
   if (!s->used || uv_is_closing((uv_handle_t *)&s->ev))
     return;
   uv_fs_event_stop(&s->ev);
-  d->pending_closes++;
   uv_close((uv_handle_t *)&s->ev, sub_close_cb);
 }
 
@@ -196,8 +192,7 @@ watch_close(struct spotd *d)
     sub_drop(d, &d->subs[i]);
   if (d->dir_ev_active && !uv_is_closing((uv_handle_t *)&d->dir_ev)) {
     uv_fs_event_stop(&d->dir_ev);
-    d->pending_closes++;
-    uv_close((uv_handle_t *)&d->dir_ev, spotd_handle_closed);
+    uv_close((uv_handle_t *)&d->dir_ev, NULL);
   }
   for (size_t i = 0; i < d->nknown; i++)
     free(d->known[i]);

@@ -145,13 +145,11 @@ struct push_op {
   char msg[768];
   char warning[512];
   bool cancelled;
-  bool in_callback_guard;
 
   struct pfile *files;
   size_t nfiles;
   size_t next_file; /* dispatch cursor */
   char walk_warn[512];
-  unsigned skipped;
 
   struct encoder *encs;
   struct slot *slots;
@@ -173,7 +171,6 @@ struct push_op {
   unsigned retries;
   uint64_t start_ms, commit_ms;
   uv_timer_t progress_timer;
-  bool timer_started;
 
   /* retention */
   char **names;
@@ -295,7 +292,6 @@ add_file(struct push_op *op, size_t *alloc, const char *rel, const char *abs,
 static void
 walk_note(struct push_op *op, const char *path, const char *why)
 {
-  op->skipped++;
   log_warn("push: skipping %s: %s", path, why);
   if (op->walk_warn[0] == '\0')
     snprintf(op->walk_warn, sizeof(op->walk_warn), "skipped %.300s: %.100s",

@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "s3_internal.h"
+#include "s3_xml.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Static checks, one per invocation: banned | cppcheck | clang-tidy | format
+# Static checks, one per invocation:
+#   banned | layers | cppcheck | clang-tidy | format
 # Usage: lint.sh CHECK SRCDIR BUILDDIR
 set -uo pipefail
 check=$1 src=$2 build=$3
@@ -26,10 +27,21 @@ banned)
     exit 1
   fi
   ;;
+layers)
+  # lib/core is pure: it includes neither libuv, libcurl nor an io/ header.
+  mapfile -t ioh < <(cd lib/io && ls -- *.h)
+  pat='#include [<"](uv\.h|curl/[a-z]+\.h'
+  for h in "${ioh[@]}"; do pat+="|${h//./\\.}"; done
+  pat+=')[>"]'
+  if grep -nE "$pat" lib/core/*.c lib/core/*.h; then
+    echo "lib/core must not include libuv, libcurl or lib/io headers"
+    exit 1
+  fi
+  ;;
 cppcheck)
   cppcheck --enable=warning,performance,portability --error-exitcode=1 -q \
     --std=c11 -D_GNU_SOURCE --inline-suppr \
-    --suppress=missingIncludeSystem -I lib -I "$build" "${csrc[@]}"
+    --suppress=missingIncludeSystem -I lib/core -I lib/io -I "$build" "${csrc[@]}"
   ;;
 clang-tidy)
   command -v clang-tidy >/dev/null || { echo "clang-tidy missing"; exit 1; }

@@ -1,14 +1,32 @@
-/* Internals of the S3 client shared between s3.c, s3_xml.c, the unit
- * tests and the fuzz target. Everything here is pure (no I/O). */
-#ifndef SPOT_S3_INTERNAL_H
-#define SPOT_S3_INTERNAL_H
+/* S3 response bodies parsed with expat: pure (no I/O), shared by the S3
+ * client (io/s3.c), the unit tests and the fuzz target. */
+#ifndef SPOT_S3_XML_H
+#define SPOT_S3_XML_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
-#include <curl/curl.h>
+#include "buf.h"
 
-#include "s3.h"
+struct spot_s3_part_info {
+  int number;
+  char etag[128];
+  uint64_t size;
+};
+
+struct spot_s3_object_info {
+  const char *key;
+  uint64_t size;
+  const char *etag;
+  const char *last_modified; /* as the server wrote it, ISO 8601 */
+};
+
+struct spot_s3_upload_info {
+  const char *key;
+  const char *upload_id;
+  const char *initiated;
+};
 
 /* Response bodies we parse are capped: S3 never sends XML this big for
  * the calls we make (1000 keys of 1 KiB is ~1.5 MiB). */
@@ -59,27 +77,5 @@ void spot__s3_xml_result_fini(struct spot__s3_xml_result *r);
 /* XML-escapes s into out (&, <, >, ", '). -EINVAL for control characters
  * XML 1.0 cannot carry. */
 int spot__xml_escape(const char *s, struct spot_buf *out);
-
-/* The retry policy: transient network failures (connect, send/recv
- * reset, timeout, empty reply, short body), HTTP 5xx and 429, and the
- * S3 codes that mean "try again" (SlowDown, InternalError,
- * ServiceUnavailable, RequestTimeout, Throttling...) even under 200 or
- * 400. Never other 4xx. */
-bool spot__s3_should_retry(CURLcode rc, long status, const char *s3_code);
-/* Negative errno for a finished request (rc == CURLE_OK: from the HTTP
- * status and S3 code). */
-int spot__s3_map_error(CURLcode rc, long status, const char *s3_code);
-
-/* The list query in canonical order (names sorted, values encoded). */
-int spot__s3_list_query(const char *prefix, const char *delimiter,
-                        const char *token, unsigned max_keys,
-                        struct spot_buf *q);
-
-/* Test seam: sees the request headers curl sends (CURLINFO_HEADER_OUT),
- * Authorization included, so a test can recompute the signature. */
-typedef void (*spot__s3_request_hook_fn)(const char *headers, size_t len,
-                                         void *data);
-void spot__s3_set_request_hook(struct spot_s3 *s3, spot__s3_request_hook_fn fn,
-                               void *data);
 
 #endif

@@ -16,15 +16,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "aws_conf.h"
 #include "buf.h"
 #include "http.h"
-
-struct spot_creds {
-  char *access_key;
-  char *secret_key;
-  char *session_token; /* NULL when none */
-  int64_t expires_ms;  /* wall clock, 0 = never */
-};
+#include "s3_xml.h"
 
 /* Supplies credentials before each request (after a refresh when they are
  * about to expire). Returns 0 and fills *out (borrowed until the next call),
@@ -55,25 +50,6 @@ struct spot_s3_config {
 
 struct spot_s3;
 struct spot_s3_op; /* one operation in flight, for spot_s3_cancel() */
-
-struct spot_s3_part_info {
-  int number;
-  char etag[128];
-  uint64_t size;
-};
-
-struct spot_s3_object_info {
-  const char *key;
-  uint64_t size;
-  const char *etag;
-  const char *last_modified; /* as the server wrote it, ISO 8601 */
-};
-
-struct spot_s3_upload_info {
-  const char *key;
-  const char *upload_id;
-  const char *initiated;
-};
 
 struct spot_s3_result {
   /* 0, or negative errno: -EIO network, 5xx and errors inside a 200;

@@ -4,7 +4,7 @@
  * Element names are matched without namespace processing (S3 puts every
  * element in its default namespace). Only the first three levels matter:
  * root, its children and the fields of list items. */
-#include "s3_internal.h"
+#include "s3_xml.h"
 
 #include <errno.h>
 #include <stdlib.h>

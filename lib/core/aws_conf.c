@@ -1,7 +1,7 @@
 /* AWS credentials chain (environment, shared profile files), region and
  * endpoint resolution, and the pure IMDS helpers. The async IMDS part is
  * in aws_imds.c. No I/O here other than reading the two profile files. */
-#include "aws.h"
+#include "aws_conf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,8 +15,6 @@
 #include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <curl/curl.h>
 
 #include "log.h"
 #include "util.h"
@@ -600,15 +598,52 @@ spot_aws_region_resolve_sync(const char *opt_region, const char *profile,
   return r;
 }
 
+/* Splits the part after "scheme://" into host and port: a DNS name or
+ * IPv4 address ([A-Za-z0-9._-]) or a bracketed IPv6 address, then an
+ * optional port 1-65535. Returns NULL, or why it is not valid. */
+static const char *
+split_authority(const char *a, size_t len, size_t *hostlen, const char **port,
+                size_t *portlen)
+{
+  size_t i = 0;
+
+  if (len > 0 && a[0] == '[') {
+    while (i < len && a[i] != ']')
+      i++;
+    if (i == len || i == 1 ||
+        strspn(a + 1, "0123456789abcdefABCDEF:.") != i - 1)
+      return "not a valid URL";
+    i++;
+  } else {
+    i = strspn(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                  "0123456789.-_");
+    if (i > len)
+      i = len;
+  }
+  *hostlen = i;
+  *port = NULL;
+  *portlen = 0;
+  if (i == len)
+    return i == 0 ? "no host" : NULL;
+  if (a[i] != ':')
+    return "not a valid URL";
+  *port = a + i + 1;
+  *portlen = len - i - 1;
+  if (*portlen == 0 || *portlen > 5 || strspn(*port, "0123456789") < *portlen ||
+      strtoul(*port, NULL, 10) > 65535 || strtoul(*port, NULL, 10) == 0)
+    return "not a valid URL";
+  return i == 0 ? "no host" : NULL;
+}
+
 int
 spot_aws_endpoint_check(const char *url, char *out, size_t outlen, char *err,
                         size_t errlen)
 {
   char sb[64];
-  CURLU *u;
-  char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL, *part = NULL;
-  const char *why = NULL;
-  int r = -EINVAL;
+  const char *rest, *port, *why = NULL;
+  size_t alen, hostlen, portlen;
+  bool tls;
+  int n;
 
   if (url == NULL || url[0] == '\0') {
     set_err(err, errlen,
@@ -616,8 +651,8 @@ spot_aws_endpoint_check(const char *url, char *out, size_t outlen, char *err,
             "or https://HOST[:PORT]");
     return -EINVAL;
   }
-  if (strncasecmp(url, "http://", 7) != 0 &&
-      strncasecmp(url, "https://", 8) != 0) {
+  tls = strncasecmp(url, "https://", 8) == 0;
+  if (!tls && strncasecmp(url, "http://", 7) != 0) {
     set_err(err, errlen,
             "malformed endpoint '%s': it must start with "
             "http:// or https://",
@@ -631,47 +666,30 @@ spot_aws_endpoint_check(const char *url, char *out, size_t outlen, char *err,
             "(credentials never go there)");
     return -EINVAL;
   }
-  u = curl_url();
-  if (u == NULL)
-    return -ENOMEM;
-  if (curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK)
-    why = "not a valid URL";
-  else if (curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
-           host[0] == '\0')
-    why = "no host";
-  else if (curl_url_get(u, CURLUPART_QUERY, &part, 0) == CURLUE_OK ||
-           curl_url_get(u, CURLUPART_FRAGMENT, &part, 0) == CURLUE_OK)
+  rest = url + (tls ? 8 : 7);
+  alen = strcspn(rest, "/?#");
+  if (strpbrk(rest, "?#") != NULL)
     why = "a query or fragment";
-  else if (curl_url_get(u, CURLUPART_PATH, &path, 0) == CURLUE_OK &&
-           strcmp(path, "/") != 0 && path[0] != '\0')
+  else if (rest[alen] == '/' && rest[alen + 1] != '\0')
     why = "a path (give only scheme, host and port)";
-  else if (curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK)
-    why = "no scheme";
+  else
+    why = split_authority(rest, alen, &hostlen, &port, &portlen);
   if (why != NULL) {
     set_err(err, errlen, "malformed endpoint '%s': %s",
             shown(url, sb, sizeof(sb)), why);
-    goto out;
+    return -EINVAL;
   }
-  if (curl_url_get(u, CURLUPART_PORT, &port, 0) != CURLUE_OK)
-    port = NULL;
-  r = 0;
-  if (out != NULL) {
-    int n = snprintf(out, outlen, "%s://%s%s%s", scheme, host,
-                     port != NULL ? ":" : "", port != NULL ? port : "");
-    if (n < 0 || (size_t)n >= outlen || (size_t)n > SPOT_AWS_ENDPOINT_MAX) {
-      set_err(err, errlen, "malformed endpoint: longer than %d characters",
-              SPOT_AWS_ENDPOINT_MAX);
-      r = -EINVAL;
-    }
+  if (out == NULL)
+    return 0;
+  n = snprintf(out, outlen, "%s://%.*s%s%.*s", tls ? "https" : "http",
+               (int)hostlen, rest, port != NULL ? ":" : "", (int)portlen,
+               port != NULL ? port : "");
+  if (n < 0 || (size_t)n >= outlen || (size_t)n > SPOT_AWS_ENDPOINT_MAX) {
+    set_err(err, errlen, "malformed endpoint: longer than %d characters",
+            SPOT_AWS_ENDPOINT_MAX);
+    return -EINVAL;
   }
-out:
-  curl_free(part);
-  curl_free(scheme);
-  curl_free(host);
-  curl_free(port);
-  curl_free(path);
-  curl_url_cleanup(u);
-  return r;
+  return 0;
 }
 
 static const char *

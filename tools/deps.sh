@@ -5,12 +5,14 @@ set -euo pipefail
 
 build_pkgs=(meson ninja-build pkg-config gcc libc6-dev libuv1-dev
   libcurl4-openssl-dev libzstd-dev libjansson-dev libexpat1-dev libinih-dev
-  libsystemd-dev libssl-dev libmicrohttpd-dev libcmocka-dev zstd)
+  libsystemd-dev libssl-dev libmicrohttpd-dev libcmocka-dev zstd
+  libcairo2-dev)
 # Ceph RGW is the real S3 server of the tests; boto3 the independent reader.
 s3_pkgs=(ceph-mon ceph-osd radosgw ceph-common ceph-base uuid-runtime
   python3-boto3 curl)
 test_pkgs=(valgrind clang clang-tidy cppcheck libclang-rt-14-dev
-  python3-torch slurm-wlm munge systemd-container awscli iproute2)
+  python3-torch slurm-wlm munge systemd-container awscli iproute2
+  python3-prometheus-client python3-pil)
 demo_pkgs=(python3-torch)
 
 want=()

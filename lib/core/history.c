@@ -1,0 +1,724 @@
+/* The job history: events as JSON (one table of fields drives both the
+ * encoder and the strict parser) and the summary of a list of events. */
+#include "history.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+static const char *const type_names[SPOT_HIST_LAST] = {
+    [SPOT_HIST_RUN_START] = "run_start",   [SPOT_HIST_RESTORE] = "restore",
+    [SPOT_HIST_CHECKPOINT] = "checkpoint", [SPOT_HIST_NOTICE] = "notice",
+    [SPOT_HIST_RUN_END] = "run_end",       [SPOT_HIST_RELAUNCH] = "relaunch",
+    [SPOT_HIST_LEASE] = "lease",
+};
+
+static const char *const outcome_names[SPOT_HIST_OUTCOME_LAST] = {
+    [SPOT_HIST_RUNNING] = "running",     [SPOT_HIST_EXITED] = "exited",
+    [SPOT_HIST_PREEMPTED] = "preempted", [SPOT_HIST_CRASHED] = "crashed",
+    [SPOT_HIST_STOPPED] = "stopped",
+};
+
+enum ftype { F_STR, F_I64, F_U64, F_DBL, F_BOOL };
+
+#define T(x) (1u << SPOT_HIST_##x)
+#define OFF(f) offsetof(struct spot_hist_event, f)
+#define SZ(f) sizeof(((struct spot_hist_event *)0)->f)
+
+/* Every optional field: name, type, where it lives, its default (ints),
+ * and the event types that carry it. */
+static const struct field {
+  const char *name;
+  enum ftype type;
+  size_t off, size;
+  int64_t dflt;
+  unsigned types;
+} fields[] = {
+    {"step", F_I64, OFF(step), 0, -1,
+     T(RESTORE) | T(CHECKPOINT) | T(NOTICE) | T(RUN_END)},
+    {"host", F_STR, OFF(host), SZ(host), 0, T(RUN_START)},
+    {"instance_id", F_STR, OFF(instance_id), SZ(instance_id), 0, T(RUN_START)},
+    {"instance_type", F_STR, OFF(instance_type), SZ(instance_type), 0,
+     T(RUN_START)},
+    {"zone", F_STR, OFF(zone), SZ(zone), 0, T(RUN_START)},
+    {"restart_count", F_I64, OFF(restart_count), 0, 0, T(RUN_START)},
+    {"checkpoint", F_STR, OFF(checkpoint), SZ(checkpoint), 0,
+     T(RESTORE) | T(CHECKPOINT)},
+    {"raw_bytes", F_U64, OFF(raw_bytes), 0, 0, T(RESTORE) | T(CHECKPOINT)},
+    {"stored_bytes", F_U64, OFF(stored_bytes), 0, 0,
+     T(RESTORE) | T(CHECKPOINT)},
+    {"seconds", F_DBL, OFF(seconds), 0, 0, T(RESTORE)},
+    {"reason", F_STR, OFF(reason), SZ(reason), 0, T(CHECKPOINT) | T(RELAUNCH)},
+    {"save_s", F_DBL, OFF(save_s), 0, 0, T(CHECKPOINT)},
+    {"upload_s", F_DBL, OFF(upload_s), 0, 0, T(CHECKPOINT)},
+    {"committed", F_BOOL, OFF(committed), 0, 0, T(CHECKPOINT) | T(RUN_END)},
+    {"kind", F_STR, OFF(kind), SZ(kind), 0, T(NOTICE)},
+    {"deadline_ms", F_I64, OFF(deadline_ms), 0, -1, T(NOTICE)},
+    {"outcome", F_STR, OFF(outcome), SZ(outcome), 0, T(RUN_END)},
+    {"lost_s", F_DBL, OFF(lost_s), 0, -1, T(RUN_END)},
+    {"exit_code", F_I64, OFF(exit_code), 0, -1, T(RUN_END)},
+    {"exit_signal", F_I64, OFF(exit_signal), 0, 0, T(RUN_END)},
+    {"backend", F_STR, OFF(backend), SZ(backend), 0, T(RELAUNCH)},
+    {"result", F_STR, OFF(result), SZ(result), 0, T(RELAUNCH)},
+    {"action", F_STR, OFF(action), SZ(action), 0, T(LEASE)},
+    {"epoch", F_I64, OFF(epoch), 0, 0, T(LEASE)},
+};
+
+/* Seconds and counters beyond these are nonsense, not history. */
+#define DBL_LIMIT 1e9
+#define I64_LIMIT ((int64_t)1 << 53)
+
+const char *
+spot_hist_type_name(enum spot_hist_type t)
+{
+  return (unsigned)t < SPOT_HIST_LAST ? type_names[t] : "?";
+}
+
+const char *
+spot_hist_outcome_name(enum spot_hist_outcome o)
+{
+  return (unsigned)o < SPOT_HIST_OUTCOME_LAST ? outcome_names[o] : "?";
+}
+
+bool
+spot_hist_owner_valid(const char *owner)
+{
+  size_t n = owner != NULL ? strlen(owner) : 0;
+
+  if (n == 0 || n > SPOT_HIST_OWNER_MAX)
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    char c = owner[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+          (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+      return false;
+  }
+  return !(n <= 2 && owner[0] == '.' && (n == 1 || owner[1] == '.'));
+}
+
+int
+spot_hist_set_str(char *field, size_t size, const char *src)
+{
+  size_t n = strlen(src);
+
+  if (n >= size)
+    return -E2BIG;
+  memcpy(field, src, n + 1);
+  return 0;
+}
+
+int
+spot_hist_event_init(struct spot_hist_event *ev, enum spot_hist_type type,
+                     int64_t time_ms, const char *owner, uint64_t seq)
+{
+  if ((unsigned)type >= SPOT_HIST_LAST || !spot_hist_owner_valid(owner) ||
+      time_ms < 0)
+    return -EINVAL;
+  memset(ev, 0, sizeof(*ev));
+  for (size_t i = 0; i < SPOT_ARRAY_SIZE(fields); i++)
+    if (fields[i].type == F_I64)
+      *(int64_t *)(void *)((char *)ev + fields[i].off) = fields[i].dflt;
+  ev->lost_s = -1;
+  ev->type = type;
+  ev->time_ms = time_ms;
+  ev->seq = seq;
+  spot_hist_set_str(ev->owner, sizeof(ev->owner), owner);
+  return 0;
+}
+
+/* Adds one field when it differs from its default. Returns 0 or -1. */
+static int
+encode_field(json_t *o, const struct spot_hist_event *ev, const struct field *f)
+{
+  const char *p = (const char *)ev + f->off;
+  int64_t i;
+  double d;
+
+  switch (f->type) {
+  case F_STR:
+    return p[0] == '\0' ? 0 : json_object_set_new(o, f->name, json_string(p));
+  case F_I64:
+    memcpy(&i, p, sizeof(i));
+    return i == f->dflt ? 0 : json_object_set_new(o, f->name, json_integer(i));
+  case F_U64: {
+    uint64_t u;
+    memcpy(&u, p, sizeof(u));
+    return u == 0
+               ? 0
+               : json_object_set_new(o, f->name, json_integer((json_int_t)u));
+  }
+  case F_DBL:
+    memcpy(&d, p, sizeof(d));
+    if (d == (double)f->dflt)
+      return 0;
+    return json_object_set_new(o, f->name, json_real(d));
+  case F_BOOL:
+    return *(const bool *)(const void *)p
+               ? json_object_set_new(o, f->name, json_true())
+               : 0;
+  }
+  return -1;
+}
+
+int
+spot_hist_encode(const struct spot_hist_event *ev, char **out)
+{
+  json_t *o;
+  int bad = 0;
+  char *s;
+
+  if ((unsigned)ev->type >= SPOT_HIST_LAST ||
+      !spot_hist_owner_valid(ev->owner) || ev->time_ms < 0 ||
+      ev->seq > (uint64_t)I64_LIMIT)
+    return -EINVAL;
+  o = json_object();
+  if (o == NULL)
+    return -ENOMEM;
+  bad |= json_object_set_new(o, "v", json_integer(SPOT_HIST_VERSION));
+  bad |= json_object_set_new(o, "type", json_string(type_names[ev->type]));
+  bad |= json_object_set_new(o, "time_ms", json_integer(ev->time_ms));
+  bad |= json_object_set_new(o, "owner", json_string(ev->owner));
+  bad |= json_object_set_new(o, "seq", json_integer((json_int_t)ev->seq));
+  for (size_t i = 0; i < SPOT_ARRAY_SIZE(fields); i++)
+    if (fields[i].types & (1u << ev->type))
+      bad |= encode_field(o, ev, &fields[i]);
+  s = bad ? NULL : json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  if (s == NULL)
+    return -ENOMEM;
+  *out = s;
+  return 0;
+}
+
+__attribute__((format(printf, 3, 4))) static int
+fail(char *err, size_t size, const char *fmt, ...)
+{
+  va_list ap;
+
+  if (size > 0) {
+    va_start(ap, fmt);
+    vsnprintf(err, size, fmt, ap);
+    va_end(ap);
+  }
+  return -EINVAL;
+}
+
+/* An integer within [lo, hi] (JSON integers only). */
+static int
+get_int(json_t *v, int64_t lo, int64_t hi, int64_t *out)
+{
+  json_int_t i;
+
+  if (!json_is_integer(v))
+    return -EINVAL;
+  i = json_integer_value(v);
+  if (i < lo || i > hi)
+    return -ERANGE;
+  *out = i;
+  return 0;
+}
+
+static int
+parse_field(json_t *v, struct spot_hist_event *ev, const struct field *f,
+            char *err, size_t size)
+{
+  char *p = (char *)ev + f->off;
+  int64_t i;
+  double d;
+
+  switch (f->type) {
+  case F_STR:
+    if (!json_is_string(v))
+      return fail(err, size, "%s: expected a string", f->name);
+    if (json_string_length(v) >= f->size ||
+        strlen(json_string_value(v)) != json_string_length(v))
+      return fail(err, size, "%s: longer than %zu bytes or has a NUL", f->name,
+                  f->size - 1);
+    memcpy(p, json_string_value(v), json_string_length(v) + 1);
+    return 0;
+  case F_I64:
+    if (get_int(v, -1, I64_LIMIT, &i) < 0)
+      return fail(err, size, "%s: expected an integer from -1 to 2^53",
+                  f->name);
+    memcpy(p, &i, sizeof(i));
+    return 0;
+  case F_U64:
+    if (get_int(v, 0, I64_LIMIT, &i) < 0)
+      return fail(err, size, "%s: expected an integer from 0 to 2^53", f->name);
+    {
+      uint64_t u = (uint64_t)i;
+      memcpy(p, &u, sizeof(u));
+    }
+    return 0;
+  case F_DBL:
+    if (!json_is_number(v))
+      return fail(err, size, "%s: expected a number", f->name);
+    d = json_number_value(v);
+    if (!isfinite(d) || d < -1 || d > DBL_LIMIT)
+      return fail(err, size, "%s: out of range", f->name);
+    memcpy(p, &d, sizeof(d));
+    return 0;
+  case F_BOOL:
+    if (!json_is_boolean(v))
+      return fail(err, size, "%s: expected true or false", f->name);
+    *(bool *)(void *)p = json_is_true(v);
+    return 0;
+  }
+  return fail(err, size, "internal: field type");
+}
+
+static int
+parse_header(json_t *o, struct spot_hist_event *out, char *err, size_t size)
+{
+  json_t *type = json_object_get(o, "type");
+  json_t *owner = json_object_get(o, "owner");
+  int64_t v, t, seq;
+  int k;
+
+  if (get_int(json_object_get(o, "v"), 0, 1000, &v) < 0 ||
+      v != SPOT_HIST_VERSION)
+    return fail(err, size, "v: expected %d", SPOT_HIST_VERSION);
+  if (!json_is_string(type))
+    return fail(err, size, "type: expected a string");
+  for (k = 0; k < SPOT_HIST_LAST; k++)
+    if (strcmp(json_string_value(type), type_names[k]) == 0)
+      break;
+  if (k == SPOT_HIST_LAST)
+    return fail(err, size, "type: unknown event type");
+  if (get_int(json_object_get(o, "time_ms"), 0, I64_LIMIT, &t) < 0)
+    return fail(err, size, "time_ms: expected milliseconds since the epoch");
+  if (get_int(json_object_get(o, "seq"), 0, I64_LIMIT, &seq) < 0)
+    return fail(err, size, "seq: expected a count from 0");
+  if (!json_is_string(owner) ||
+      strlen(json_string_value(owner)) != json_string_length(owner) ||
+      spot_hist_event_init(out, (enum spot_hist_type)k, t,
+                           json_string_value(owner), (uint64_t)seq) < 0)
+    return fail(err, size,
+                "owner: expected 1-%d characters of "
+                "[A-Za-z0-9._-]",
+                SPOT_HIST_OWNER_MAX);
+  return 0;
+}
+
+int
+spot_hist_parse(const char *json, size_t len, struct spot_hist_event *out,
+                char *err, size_t errsize)
+{
+  struct spot_hist_event ev;
+  json_error_t je;
+  json_t *o;
+  int r;
+
+  if (len > SPOT_HIST_EVENT_MAX) {
+    fail(err, errsize, "event of %zu bytes, more than %d", len,
+         SPOT_HIST_EVENT_MAX);
+    return -E2BIG;
+  }
+  o = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+  if (o == NULL)
+    return fail(err, errsize, "invalid JSON: %s", je.text);
+  if (!json_is_object(o)) {
+    json_decref(o);
+    return fail(err, errsize, "expected a JSON object");
+  }
+  r = parse_header(o, &ev, err, errsize);
+  for (size_t i = 0; r == 0 && i < SPOT_ARRAY_SIZE(fields); i++) {
+    json_t *v = json_object_get(o, fields[i].name);
+    if (v != NULL && (fields[i].types & (1u << ev.type)))
+      r = parse_field(v, &ev, &fields[i], err, errsize);
+  }
+  json_decref(o);
+  if (r == 0)
+    *out = ev;
+  return r;
+}
+
+static int
+cmp_events(const void *a, const void *b)
+{
+  const struct spot_hist_event *x = a, *y = b;
+  int c;
+
+  if (x->time_ms != y->time_ms)
+    return x->time_ms < y->time_ms ? -1 : 1;
+  c = strcmp(x->owner, y->owner);
+  if (c != 0)
+    return c;
+  return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+void
+spot_hist_sort(struct spot_hist_event *ev, size_t n)
+{
+  if (n > 1)
+    qsort(ev, n, sizeof(*ev), cmp_events);
+}
+
+/* Per-run bookkeeping while summarizing. */
+struct acc {
+  bool ended, committed_any;
+  int64_t last_ms, capture_ms, capture_step, start_step, end_step;
+};
+
+static size_t
+find_run(const struct spot_hist_summary *s, const char *owner)
+{
+  for (size_t i = s->nruns; i-- > 0;)
+    if (strcmp(s->runs[i].owner, owner) == 0)
+      return i;
+  return SIZE_MAX;
+}
+
+static void
+take_checkpoint(struct spot_hist_summary *s, struct spot_hist_run *r,
+                struct acc *a, const struct spot_hist_event *e)
+{
+  s->checkpoints++;
+  r->checkpoints++;
+  r->save_s += e->save_s;
+  r->upload_s += e->upload_s;
+  s->save_s += e->save_s;
+  s->upload_s += e->upload_s;
+  if (!e->committed) {
+    s->failed++;
+    return;
+  }
+  s->commits++;
+  r->commits++;
+  a->committed_any = true;
+  /* The state saved is the one when the trainer began writing. */
+  a->capture_ms = e->time_ms - (int64_t)((e->save_s + e->upload_s) * 1000.0);
+  a->capture_step = e->step;
+}
+
+static void
+take_end(struct spot_hist_run *r, struct acc *a,
+         const struct spot_hist_event *e)
+{
+  static const struct {
+    const char *name;
+    enum spot_hist_outcome o;
+  } map[] = {
+      {"preempted", SPOT_HIST_PREEMPTED},
+      {"exited", SPOT_HIST_EXITED},
+      {"stopped", SPOT_HIST_STOPPED},
+      {"crashed", SPOT_HIST_CRASHED},
+  };
+
+  a->ended = true;
+  r->end_ms = e->time_ms;
+  r->final_committed = e->committed;
+  r->exit_code = e->exit_code;
+  r->exit_signal = e->exit_signal;
+  r->outcome = SPOT_HIST_CRASHED;
+  for (size_t i = 0; i < SPOT_ARRAY_SIZE(map); i++)
+    if (strcmp(e->outcome, map[i].name) == 0)
+      r->outcome = map[i].o;
+  if (e->step >= 0 && a->end_step < 0)
+    a->end_step = e->step;
+}
+
+/* Adds one event to its run (made on the owner's first event). */
+static int
+take_event(struct spot_hist_summary *s, struct acc **accs, size_t *alloc,
+           const struct spot_hist_event *e)
+{
+  size_t i = find_run(s, e->owner);
+  struct spot_hist_run *r;
+  struct acc *a;
+
+  if (i == SIZE_MAX) {
+    if (s->nruns == *alloc) {
+      size_t na = *alloc ? *alloc * 2 : 8;
+      struct spot_hist_run *nr = realloc(s->runs, na * sizeof(*nr));
+      struct acc *nacc;
+      if (nr == NULL)
+        return -ENOMEM;
+      s->runs = nr;
+      nacc = realloc(*accs, na * sizeof(*nacc));
+      if (nacc == NULL)
+        return -ENOMEM;
+      *accs = nacc;
+      *alloc = na;
+    }
+    i = s->nruns++;
+    r = &s->runs[i];
+    memset(r, 0, sizeof(*r));
+    r->owner = e->owner;
+    r->host = r->instance_id = r->instance_type = r->zone = "";
+    r->restored = r->notice_kind = "";
+    r->start_ms = r->train_start_ms = e->time_ms;
+    r->exit_code = -1;
+    a = &(*accs)[i];
+    memset(a, 0, sizeof(*a));
+    a->capture_step = a->start_step = a->end_step = -1;
+  }
+  r = &s->runs[i];
+  a = &(*accs)[i];
+  a->last_ms = e->time_ms;
+  switch (e->type) {
+  case SPOT_HIST_RUN_START:
+    r->host = e->host;
+    r->instance_id = e->instance_id;
+    r->instance_type = e->instance_type;
+    r->zone = e->zone;
+    break;
+  case SPOT_HIST_RESTORE:
+    r->restored = e->checkpoint;
+    r->restore_s = e->seconds;
+    r->train_start_ms = e->time_ms;
+    a->start_step = e->step;
+    break;
+  case SPOT_HIST_CHECKPOINT:
+    take_checkpoint(s, r, a, e);
+    break;
+  case SPOT_HIST_NOTICE:
+    s->notices++;
+    if (!r->noticed) {
+      r->noticed = true;
+      r->notice_ms = e->time_ms;
+      r->notice_kind = e->kind;
+      if (e->step >= 0)
+        a->end_step = e->step;
+    }
+    break;
+  case SPOT_HIST_RUN_END:
+    take_end(r, a, e);
+    break;
+  case SPOT_HIST_RELAUNCH:
+    s->relaunches++;
+    if (strcmp(e->result, "ok") != 0)
+      s->relaunch_failures++;
+    break;
+  case SPOT_HIST_LEASE:
+    s->lease_changes++;
+    break;
+  default:
+    break;
+  }
+  return 0;
+}
+
+static int64_t
+max64(int64_t a, int64_t b)
+{
+  return a > b ? a : b;
+}
+
+/* Outcome, lost work, times of one run once all events are in. */
+static void
+close_run(struct spot_hist_summary *s, size_t i, const struct acc *a)
+{
+  struct spot_hist_run *r = &s->runs[i];
+  int64_t t_end, capture, cap_step;
+
+  if (!a->ended) {
+    r->end_ms = a->last_ms;
+    r->outcome = i + 1 == s->nruns ? SPOT_HIST_RUNNING : SPOT_HIST_CRASHED;
+  }
+  /* A run that saw a notice and was not finished by its trainer was
+   * preempted, whatever else stopped it. */
+  if (r->noticed && r->outcome != SPOT_HIST_EXITED)
+    r->outcome = SPOT_HIST_PREEMPTED;
+  r->lost_ms = r->lost_steps = -1;
+  if (r->outcome == SPOT_HIST_PREEMPTED || r->outcome == SPOT_HIST_CRASHED) {
+    t_end = r->noticed ? r->notice_ms : r->end_ms;
+    capture = a->committed_any ? a->capture_ms : r->train_start_ms;
+    cap_step = a->committed_any         ? a->capture_step
+               : r->restored[0] != '\0' ? a->start_step
+                                        : 0;
+    r->lost_ms = max64(0, t_end - capture);
+    if (a->end_step >= 0 && cap_step >= 0)
+      r->lost_steps = max64(0, a->end_step - cap_step);
+    s->lost_ms += r->lost_ms;
+    if (r->lost_steps >= 0)
+      s->lost_steps = max64(s->lost_steps, 0) + r->lost_steps;
+    if (r->outcome == SPOT_HIST_PREEMPTED)
+      s->preemptions++;
+    else
+      s->crashes++;
+  }
+  r->gap_before_ms = -1;
+  if (i > 0) {
+    r->gap_before_ms = max64(0, r->train_start_ms - s->runs[i - 1].end_ms);
+    s->gap_ms += r->gap_before_ms;
+    s->max_gap_ms = max64(s->max_gap_ms, r->gap_before_ms);
+  }
+  s->node_ms += max64(0, r->end_ms - r->start_ms);
+  s->train_ms += max64(0, r->end_ms - r->train_start_ms);
+}
+
+static void
+fill_commit_times(struct spot_hist_summary *s, const struct spot_hist_event *ev,
+                  size_t n)
+{
+  size_t k = 0;
+
+  for (size_t i = 0; i < s->nruns; i++) {
+    struct spot_hist_run *r = &s->runs[i];
+    r->commit_times = s->times_ + k;
+    for (size_t j = 0; j < n; j++)
+      if (ev[j].type == SPOT_HIST_CHECKPOINT && ev[j].committed &&
+          strcmp(ev[j].owner, r->owner) == 0)
+        s->times_[k++] = ev[j].time_ms;
+    r->ncommit_times = (size_t)(s->times_ + k - r->commit_times);
+  }
+}
+
+int
+spot_hist_summarize(const struct spot_hist_event *ev, size_t n,
+                    double price_spot, double price_on_demand,
+                    struct spot_hist_summary *out)
+{
+  struct spot_hist_summary s;
+  struct acc *accs = NULL;
+  size_t alloc = 0;
+  int r = 0;
+
+  memset(&s, 0, sizeof(s));
+  s.lost_steps = -1;
+  for (size_t i = 0; i < n && r == 0; i++)
+    r = take_event(&s, &accs, &alloc, &ev[i]);
+  s.times_ = r == 0 ? calloc(n + 1, sizeof(*s.times_)) : NULL;
+  if (s.times_ == NULL) {
+    free(accs);
+    free(s.runs);
+    return -ENOMEM;
+  }
+  for (size_t i = 0; i < s.nruns; i++)
+    close_run(&s, i, &accs[i]);
+  free(accs);
+  fill_commit_times(&s, ev, n);
+  if (n > 0) {
+    s.first_ms = ev[0].time_ms;
+    s.last_ms = ev[n - 1].time_ms;
+    s.wall_ms = s.last_ms - s.first_ms;
+  }
+  if (s.train_ms > 0)
+    s.overhead = s.save_s / ((double)s.train_ms / 1000.0);
+  if (price_spot > 0 && price_on_demand > 0) {
+    s.priced = true;
+    s.price_spot = price_spot;
+    s.price_on_demand = price_on_demand;
+    s.cost_spot = (double)s.node_ms / 3600e3 * price_spot;
+    s.cost_on_demand =
+        (double)max64(0, s.train_ms - s.lost_ms) / 3600e3 * price_on_demand;
+    s.saving = s.cost_on_demand - s.cost_spot;
+  }
+  *out = s;
+  return 0;
+}
+
+void
+spot_hist_summary_fini(struct spot_hist_summary *s)
+{
+  if (s == NULL)
+    return;
+  free(s->runs);
+  free(s->times_);
+  memset(s, 0, sizeof(*s));
+}
+
+static double
+secs(int64_t ms)
+{
+  return (double)ms / 1000.0;
+}
+
+static json_t *
+run_json(const struct spot_hist_run *r)
+{
+  json_t *o = json_pack(
+      "{s:s,s:s,s:s,s:s,s:s,s:s,s:f,s:I,s:I,s:I,s:s,s:b,s:I,s:s,s:i,s:i,"
+      "s:f,s:f,s:b,s:I,s:f,s:f,s:I,s:I}",
+      "owner", r->owner, "host", r->host, "instance_id", r->instance_id,
+      "instance_type", r->instance_type, "zone", r->zone, "restored",
+      r->restored, "restore_s", r->restore_s, "start_ms",
+      (json_int_t)r->start_ms, "train_start_ms", (json_int_t)r->train_start_ms,
+      "end_ms", (json_int_t)r->end_ms, "outcome",
+      spot_hist_outcome_name(r->outcome), "noticed", r->noticed, "notice_ms",
+      (json_int_t)(r->noticed ? r->notice_ms : -1), "notice_kind",
+      r->notice_kind, "checkpoints", (int)r->checkpoints, "commits",
+      (int)r->commits, "save_s", r->save_s, "upload_s", r->upload_s,
+      "final_committed", r->final_committed, "lost_steps",
+      (json_int_t)r->lost_steps, "lost_s",
+      r->lost_ms >= 0 ? secs(r->lost_ms) : -1.0, "gap_before_s",
+      r->gap_before_ms >= 0 ? secs(r->gap_before_ms) : -1.0, "exit_code",
+      (json_int_t)r->exit_code, "exit_signal", (json_int_t)r->exit_signal);
+  return o;
+}
+
+static json_t *
+summary_json(const struct spot_hist_summary *s)
+{
+  json_t *o = json_pack(
+      "{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:f,s:f,s:f,s:f,"
+      "s:I,s:f,s:f,s:f,s:f,s:f}",
+      "runs", (int)s->nruns, "preemptions", (int)s->preemptions, "crashes",
+      (int)s->crashes, "notices", (int)s->notices, "checkpoints",
+      (int)s->checkpoints, "commits", (int)s->commits, "failed_checkpoints",
+      (int)s->failed, "relaunches", (int)s->relaunches, "relaunch_failures",
+      (int)s->relaunch_failures, "lease_changes", (int)s->lease_changes,
+      "first_ms", (json_int_t)s->first_ms, "last_ms", (json_int_t)s->last_ms,
+      "wall_s", secs(s->wall_ms), "node_s", secs(s->node_ms), "train_s",
+      secs(s->train_ms), "lost_s", secs(s->lost_ms), "lost_steps",
+      (json_int_t)s->lost_steps, "gap_s", secs(s->gap_ms), "max_gap_s",
+      secs(s->max_gap_ms), "save_s", s->save_s, "upload_s", s->upload_s,
+      "overhead", s->overhead);
+
+  if (o != NULL && s->priced) {
+    json_t *c =
+        json_pack("{s:f,s:f,s:f,s:f,s:f}", "price_spot", s->price_spot,
+                  "price_on_demand", s->price_on_demand, "spot", s->cost_spot,
+                  "on_demand", s->cost_on_demand, "saving", s->saving);
+    if (c == NULL || json_object_set_new(o, "cost", c) < 0) {
+      json_decref(o);
+      return NULL;
+    }
+  }
+  return o;
+}
+
+int
+spot_hist_summary_json(const struct spot_hist_summary *s, const char *job,
+                       const struct spot_hist_event *ev, size_t n, char **out)
+{
+  json_t *root = json_object(), *runs = json_array(), *evs = json_array();
+  json_t *sum = summary_json(s);
+  int bad = root == NULL || runs == NULL || evs == NULL || sum == NULL;
+  char *str = NULL;
+
+  for (size_t i = 0; !bad && i < s->nruns; i++)
+    bad |= json_array_append_new(runs, run_json(&s->runs[i])) < 0;
+  for (size_t i = 0; !bad && ev != NULL && i < n; i++) {
+    char *e = NULL;
+    json_t *j;
+    bad |= spot_hist_encode(&ev[i], &e) < 0;
+    j = bad ? NULL : json_loads(e, 0, NULL);
+    free(e);
+    bad |= j == NULL || json_array_append_new(evs, j) < 0;
+  }
+  if (!bad) {
+    bad |= json_object_set_new(root, "job", json_string(job)) < 0;
+    bad |= json_object_set(root, "summary", sum) < 0;
+    bad |= json_object_set(root, "runs", runs) < 0;
+    if (ev != NULL)
+      bad |= json_object_set(root, "events", evs) < 0;
+  }
+  if (!bad)
+    str = json_dumps(root, JSON_INDENT(1));
+  json_decref(root);
+  json_decref(runs);
+  json_decref(evs);
+  json_decref(sum);
+  if (str == NULL)
+    return -ENOMEM;
+  *out = str;
+  return 0;
+}

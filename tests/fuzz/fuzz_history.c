@@ -1,0 +1,49 @@
+/* libFuzzer target for the job history: an untrusted event must be
+ * rejected cleanly or accepted, and an accepted one must encode, parse
+ * back and encode to the same text; a list of accepted events must
+ * summarize. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "history.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+  struct spot_hist_event ev[8], back;
+  struct spot_hist_summary s;
+  size_t n = 0, off = 0;
+  char err[256], *j1, *j2;
+
+  /* Events separated by newlines, at most 8. */
+  while (off < size && n < 8) {
+    const uint8_t *nl = memchr(data + off, '\n', size - off);
+    size_t len = nl != NULL ? (size_t)(nl - data) - off : size - off;
+
+    if (spot_hist_parse((const char *)data + off, len, &ev[n], err,
+                        sizeof(err)) == 0) {
+      if (spot_hist_encode(&ev[n], &j1) != 0)
+        abort();
+      if (spot_hist_parse(j1, strlen(j1), &back, err, sizeof(err)) != 0)
+        abort();
+      if (spot_hist_encode(&back, &j2) != 0 || strcmp(j1, j2) != 0)
+        abort();
+      free(j1);
+      free(j2);
+      n++;
+    }
+    off += len + 1;
+  }
+  spot_hist_sort(ev, n);
+  if (spot_hist_summarize(ev, n, 0.5, 1.5, &s) == 0) {
+    if (s.nruns > n || s.lost_ms < 0 || s.gap_ms < 0)
+      abort();
+    if (spot_hist_summary_json(&s, "job", ev, n, &j1) == 0)
+      free(j1);
+    spot_hist_summary_fini(&s);
+  }
+  return 0;
+}

@@ -1,0 +1,315 @@
+#include "cmocka-compat.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "history.h"
+
+#define T0 ((int64_t)1764748800000) /* 2025-12-03T08:00:00Z */
+#define S(x) ((int64_t)(x)*1000)
+
+static void
+test_roundtrip(void **state)
+{
+  struct spot_hist_event ev, back;
+  char err[256], *json = NULL, *json2 = NULL;
+
+  assert_int_equal(
+      spot_hist_event_init(&ev, SPOT_HIST_CHECKPOINT, T0, "node-a.1_x", 7), 0);
+  assert_int_equal(SPOT_HIST_SET(&ev, checkpoint, "step-1200"), 0);
+  assert_int_equal(SPOT_HIST_SET(&ev, reason, "periodic"), 0);
+  ev.save_s = 2.5;
+  ev.upload_s = 9.125;
+  ev.raw_bytes = 707000000;
+  ev.stored_bytes = 580000000;
+  ev.committed = true;
+  ev.step = 1200;
+  assert_int_equal(spot_hist_encode(&ev, &json), 0);
+  assert_non_null(strstr(json, "\"type\":\"checkpoint\""));
+  assert_non_null(strstr(json, "\"committed\":true"));
+  /* Defaults are left out, fields of other types too. */
+  assert_null(strstr(json, "deadline_ms"));
+  assert_null(strstr(json, "host"));
+  assert_int_equal(spot_hist_parse(json, strlen(json), &back, err, sizeof(err)),
+                   0);
+  assert_int_equal(back.type, SPOT_HIST_CHECKPOINT);
+  assert_true(back.time_ms == T0);
+  assert_string_equal(back.owner, "node-a.1_x");
+  assert_int_equal(back.seq, 7);
+  assert_string_equal(back.checkpoint, "step-1200");
+  assert_true(back.save_s == 2.5 && back.upload_s == 9.125);
+  assert_true(back.raw_bytes == 707000000 && back.stored_bytes == 580000000);
+  assert_true(back.committed);
+  assert_int_equal(back.step, 1200);
+  assert_int_equal(back.deadline_ms, -1);
+  assert_int_equal(spot_hist_encode(&back, &json2), 0);
+  assert_string_equal(json, json2);
+  free(json);
+  free(json2);
+
+  /* Every type encodes and parses back to the same text. */
+  for (int t = 0; t < SPOT_HIST_LAST; t++) {
+    assert_int_equal(spot_hist_event_init(&ev, t, T0 + t, "o", 0), 0);
+    assert_int_equal(SPOT_HIST_SET(&ev, host, "h"), 0);
+    assert_int_equal(SPOT_HIST_SET(&ev, kind, "gcp-preempted"), 0);
+    ev.deadline_ms = T0 + S(30);
+    ev.epoch = 3;
+    assert_int_equal(spot_hist_encode(&ev, &json), 0);
+    assert_int_equal(
+        spot_hist_parse(json, strlen(json), &back, err, sizeof(err)), 0);
+    assert_int_equal(back.type, t);
+    assert_int_equal(spot_hist_encode(&back, &json2), 0);
+    assert_string_equal(json, json2);
+    assert_string_equal(spot_hist_type_name(t), spot_hist_type_name(back.type));
+    free(json);
+    free(json2);
+  }
+}
+
+static void
+test_bad_events(void **state)
+{
+  static const struct {
+    const char *json, *msg;
+  } cases[] = {
+      {"", "invalid JSON"},
+      {"[]", "object"},
+      {"{\"v\":2,\"type\":\"lease\",\"time_ms\":1,\"owner\":\"a\",\"seq\":0}",
+       "v:"},
+      {"{\"v\":1,\"type\":\"nope\",\"time_ms\":1,\"owner\":\"a\",\"seq\":0}",
+       "type"},
+      {"{\"v\":1,\"type\":\"lease\",\"time_ms\":-5,\"owner\":\"a\",\"seq\":0}",
+       "time_ms"},
+      {"{\"v\":1,\"type\":\"lease\",\"time_ms\":1,\"owner\":\"a/b\",\"seq\":0}",
+       "owner"},
+      {"{\"v\":1,\"type\":\"lease\",\"time_ms\":1,\"owner\":\"..\",\"seq\":0}",
+       "owner"},
+      {"{\"v\":1,\"type\":\"lease\",\"time_ms\":1,\"owner\":\"a\",\"seq\":1.5}",
+       "seq"},
+      {"{\"v\":1,\"type\":\"lease\",\"time_ms\":1,\"owner\":\"a\",\"seq\":0,"
+       "\"epoch\":\"3\"}",
+       "epoch"},
+      {"{\"v\":1,\"type\":\"checkpoint\",\"time_ms\":1,\"owner\":\"a\","
+       "\"seq\":0,\"committed\":1}",
+       "committed"},
+      {"{\"v\":1,\"type\":\"checkpoint\",\"time_ms\":1,\"owner\":\"a\","
+       "\"seq\":0,\"save_s\":1e300}",
+       "save_s"},
+      {"{\"v\":1,\"type\":\"checkpoint\",\"time_ms\":1,\"owner\":\"a\","
+       "\"seq\":0,\"raw_bytes\":-1}",
+       "raw_bytes"},
+      {"{\"v\":1,\"type\":\"notice\",\"time_ms\":1,\"owner\":\"a\",\"seq\":0,"
+       "\"kind\":\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}",
+       "kind"},
+      {"{\"v\":1,\"type\":\"notice\",\"time_ms\":1,\"owner\":\"a\",\"seq\":0,"
+       "\"kind\":\"a\\u0000b\"}",
+       "NUL"},
+      {"{\"v\":1,\"v\":1,\"type\":\"lease\",\"time_ms\":1,\"owner\":\"a\","
+       "\"seq\":0}",
+       "invalid JSON"},
+  };
+  struct spot_hist_event ev;
+  char err[256], big[SPOT_HIST_EVENT_MAX + 2];
+
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    err[0] = '\0';
+    assert_int_equal(spot_hist_parse(cases[i].json, strlen(cases[i].json), &ev,
+                                     err, sizeof(err)),
+                     -EINVAL);
+    if (strstr(err, cases[i].msg) == NULL)
+      fail_msg("case %zu: '%s' lacks '%s'", i, err, cases[i].msg);
+  }
+  memset(big, ' ', sizeof(big));
+  assert_int_equal(spot_hist_parse(big, sizeof(big), &ev, err, sizeof(err)),
+                   -E2BIG);
+  /* A key of another type or a newer writer is ignored. */
+  {
+    const char *j = "{\"v\":1,\"type\":\"lease\",\"time_ms\":1,\"owner\":\"a\","
+                    "\"seq\":0,\"save_s\":\"x\",\"future\":[1]}";
+    assert_int_equal(spot_hist_parse(j, strlen(j), &ev, err, sizeof(err)), 0);
+    assert_true(ev.save_s == 0);
+  }
+  assert_int_equal(spot_hist_event_init(&ev, SPOT_HIST_LAST, 0, "a", 0),
+                   -EINVAL);
+  assert_int_equal(spot_hist_event_init(&ev, SPOT_HIST_LEASE, 0, "", 0),
+                   -EINVAL);
+  assert_int_equal(
+      SPOT_HIST_SET(&ev, reason, "0123456789012345678901234567890123"), -E2BIG);
+}
+
+/* The scenario of the integration test: two runs, a preemption without a
+ * final commit (a short notice), a gap, then a run that finishes. */
+static size_t
+scenario(struct spot_hist_event *ev, bool final_commit)
+{
+  size_t n = 0;
+
+  spot_hist_event_init(&ev[n], SPOT_HIST_RUN_START, T0, "a", 0);
+  SPOT_HIST_SET(&ev[n], host, "node-a");
+  SPOT_HIST_SET(&ev[n++], instance_type, "g5.xlarge");
+  spot_hist_event_init(&ev[n], SPOT_HIST_CHECKPOINT, T0 + S(600), "a", 1);
+  ev[n].save_s = 5;
+  ev[n].upload_s = 10;
+  ev[n].step = 585;
+  ev[n++].committed = true;
+  spot_hist_event_init(&ev[n], SPOT_HIST_NOTICE, T0 + S(1000), "a", 2);
+  SPOT_HIST_SET(&ev[n], kind, "aws-spot-terminate");
+  ev[n].deadline_ms = T0 + S(1120);
+  ev[n++].step = 1000;
+  if (final_commit) {
+    spot_hist_event_init(&ev[n], SPOT_HIST_CHECKPOINT, T0 + S(1020), "a", 3);
+    ev[n].save_s = 4;
+    ev[n].upload_s = 12;
+    ev[n].step = 1004;
+    ev[n++].committed = true;
+  }
+  spot_hist_event_init(&ev[n], SPOT_HIST_RUN_END, T0 + S(1030), "a", 4);
+  SPOT_HIST_SET(&ev[n], outcome, "preempted");
+  ev[n++].committed = final_commit;
+  spot_hist_event_init(&ev[n], SPOT_HIST_RELAUNCH, T0 + S(1031), "a", 5);
+  SPOT_HIST_SET(&ev[n++], result, "ok");
+  spot_hist_event_init(&ev[n], SPOT_HIST_RUN_START, T0 + S(1200), "b", 0);
+  SPOT_HIST_SET(&ev[n++], host, "node-b");
+  spot_hist_event_init(&ev[n], SPOT_HIST_RESTORE, T0 + S(1230), "b", 1);
+  SPOT_HIST_SET(&ev[n], checkpoint, "ckpt-1");
+  ev[n].seconds = 25;
+  ev[n++].step = 585;
+  spot_hist_event_init(&ev[n], SPOT_HIST_CHECKPOINT, T0 + S(1800), "b", 2);
+  ev[n].save_s = 5;
+  ev[n].upload_s = 10;
+  ev[n++].committed = false;
+  spot_hist_event_init(&ev[n], SPOT_HIST_RUN_END, T0 + S(2400), "b", 3);
+  SPOT_HIST_SET(&ev[n], outcome, "exited");
+  ev[n++].exit_code = 0;
+  return n;
+}
+
+static void
+test_summary(void **state)
+{
+  struct spot_hist_event ev[16];
+  struct spot_hist_summary s;
+  size_t n = scenario(ev, false);
+  char *json;
+  json_t *root;
+
+  /* Sorting restores order whatever order the store listed them in. */
+  for (size_t i = 0; i < n / 2; i++) {
+    struct spot_hist_event t = ev[i];
+    ev[i] = ev[n - 1 - i];
+    ev[n - 1 - i] = t;
+  }
+  spot_hist_sort(ev, n);
+  assert_true(ev[0].time_ms == T0 && ev[n - 1].time_ms == T0 + S(2400));
+  assert_int_equal(spot_hist_summarize(ev, n, 0.40, 1.20, &s), 0);
+  assert_int_equal(s.nruns, 2);
+  assert_int_equal(s.preemptions, 1);
+  assert_int_equal(s.crashes, 0);
+  assert_int_equal(s.notices, 1);
+  assert_int_equal(s.checkpoints, 2);
+  assert_int_equal(s.commits, 1);
+  assert_int_equal(s.failed, 1);
+  assert_int_equal(s.relaunches, 1);
+  assert_int_equal(s.relaunch_failures, 0);
+  assert_int_equal(s.runs[0].outcome, SPOT_HIST_PREEMPTED);
+  assert_int_equal(s.runs[1].outcome, SPOT_HIST_EXITED);
+  assert_string_equal(s.runs[0].host, "node-a");
+  assert_string_equal(s.runs[1].restored, "ckpt-1");
+  /* Lost: the commit at 600 s captured the state of 585 s; the notice
+   * came at 1000 s and nothing was committed after it. */
+  assert_true(s.runs[0].lost_ms == S(415));
+  assert_true(s.runs[0].lost_steps == 415);
+  assert_true(s.runs[1].lost_ms == -1);
+  assert_true(s.lost_ms == S(415));
+  /* Gap: node a ended at 1030 s, node b trained from 1230 s. */
+  assert_true(s.runs[1].gap_before_ms == S(200));
+  assert_true(s.gap_ms == S(200) && s.max_gap_ms == S(200));
+  assert_true(s.wall_ms == S(2400));
+  assert_true(s.train_ms == S(1030) + S(1170));
+  assert_true(s.node_ms == S(1030) + S(1200));
+  assert_true(s.save_s == 10 && s.upload_s == 20);
+  assert_int_equal(s.runs[0].ncommit_times, 1);
+  assert_true(s.runs[0].commit_times[0] == T0 + S(600));
+  assert_int_equal(s.runs[1].ncommit_times, 0);
+  assert_true(s.priced);
+  assert_float_equal(s.cost_spot, 2230.0 / 3600 * 0.40, 1e-9);
+  assert_float_equal(s.cost_on_demand, (2200.0 - 415) / 3600 * 1.20, 1e-9);
+
+  assert_int_equal(spot_hist_summary_json(&s, "job-1", ev, n, &json), 0);
+  root = json_loads(json, 0, NULL);
+  assert_non_null(root);
+  assert_int_equal(json_integer_value(json_object_get(
+                       json_object_get(root, "summary"), "preemptions")),
+                   1);
+  assert_float_equal(json_real_value(json_object_get(
+                         json_object_get(root, "summary"), "lost_s")),
+                     415.0, 1e-9);
+  assert_int_equal(json_array_size(json_object_get(root, "runs")), 2);
+  assert_int_equal(json_array_size(json_object_get(root, "events")), n);
+  json_decref(root);
+  free(json);
+  spot_hist_summary_fini(&s);
+
+  /* A final checkpoint committed after the notice saves the work. */
+  n = scenario(ev, true);
+  spot_hist_sort(ev, n);
+  assert_int_equal(spot_hist_summarize(ev, n, 0, 0, &s), 0);
+  assert_true(s.runs[0].lost_ms == 0);
+  assert_true(s.runs[0].lost_steps == 0);
+  assert_true(s.runs[0].final_committed);
+  assert_false(s.priced);
+  spot_hist_summary_fini(&s);
+}
+
+static void
+test_crash_and_running(void **state)
+{
+  struct spot_hist_event ev[8];
+  struct spot_hist_summary s;
+  size_t n = 0;
+
+  /* Node a vanishes without a word after a commit; b is still running. */
+  spot_hist_event_init(&ev[n++], SPOT_HIST_RUN_START, T0, "a", 0);
+  spot_hist_event_init(&ev[n], SPOT_HIST_CHECKPOINT, T0 + S(100), "a", 1);
+  ev[n].save_s = 1;
+  ev[n++].committed = true;
+  spot_hist_event_init(&ev[n++], SPOT_HIST_LEASE, T0 + S(300), "a", 2);
+  spot_hist_event_init(&ev[n++], SPOT_HIST_RUN_START, T0 + S(400), "b", 0);
+  spot_hist_sort(ev, n);
+  assert_int_equal(spot_hist_summarize(ev, n, 0, 0, &s), 0);
+  assert_int_equal(s.nruns, 2);
+  assert_int_equal(s.runs[0].outcome, SPOT_HIST_CRASHED);
+  assert_int_equal(s.runs[1].outcome, SPOT_HIST_RUNNING);
+  assert_int_equal(s.crashes, 1);
+  assert_int_equal(s.preemptions, 0);
+  assert_int_equal(s.lease_changes, 1);
+  /* Last seen at 300 s; the commit held the state of 99 s. */
+  assert_true(s.runs[0].lost_ms == S(201));
+  assert_true(s.runs[0].lost_steps == -1);
+  assert_true(s.lost_steps == -1);
+  assert_true(s.runs[1].gap_before_ms == S(100));
+  spot_hist_summary_fini(&s);
+
+  /* No events at all. */
+  assert_int_equal(spot_hist_summarize(NULL, 0, 1, 2, &s), 0);
+  assert_int_equal(s.nruns, 0);
+  assert_true(s.wall_ms == 0 && s.cost_spot == 0);
+  spot_hist_summary_fini(&s);
+  spot_hist_summary_fini(NULL);
+}
+
+int
+main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_roundtrip),
+      cmocka_unit_test(test_bad_events),
+      cmocka_unit_test(test_summary),
+      cmocka_unit_test(test_crash_and_running),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

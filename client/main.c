@@ -32,6 +32,11 @@ static const struct spotctl_cmd commands[] = {
      "local metadata service emulator", spotctl_cmd_emulate},
     {"relaunch", "--backend exec|slurm [...]", "ask for new capacity",
      spotctl_cmd_relaunch},
+    {"history", "s3://BUCKET/[PREFIX/]JOB [--json|--plot F]",
+     "what happened to a job: runs, preemptions, lost work",
+     spotctl_cmd_history},
+    {"history-event", "s3://BUCKET/[PREFIX/]JOB [FILE|-]",
+     "write job history events (tests, demos)", spotctl_cmd_history_event},
 };
 
 /* Prints "spotctl: MESSAGE" and the trailer (a newline at least) to stderr,

@@ -38,6 +38,7 @@ struct hsession {
 struct hopts {
   const char *endpoint, *region, *profile, *plot;
   double price_spot, price_on_demand;
+  unsigned keep;
   bool json;
 };
 
@@ -49,6 +50,7 @@ enum {
   OPT_PLOT,
   OPT_PRICE_SPOT,
   OPT_PRICE_OD,
+  OPT_KEEP,
 };
 
 static const struct option long_opts[] = {
@@ -60,6 +62,7 @@ static const struct option long_opts[] = {
     {"plot", required_argument, NULL, OPT_PLOT},
     {"price-spot", required_argument, NULL, OPT_PRICE_SPOT},
     {"price-on-demand", required_argument, NULL, OPT_PRICE_OD},
+    {"keep", required_argument, NULL, OPT_KEEP},
     {NULL, 0, NULL, 0},
 };
 
@@ -123,6 +126,14 @@ parse_opts(int argc, char **argv, struct hopts *o, const char *usage)
       if (parse_price("--price-on-demand", optarg, &o->price_on_demand) != 0)
         return SPOTCTL_EXIT_USAGE;
       break;
+    case OPT_KEEP: {
+      int64_t k;
+      if (spot_parse_int64(optarg, 1, 1000000, &k) < 0)
+        return spotctl_usage("--keep: expected 1 to 1000000, got '%s'",
+                             optarg);
+      o->keep = (unsigned)k;
+      break;
+    }
     default:
       if (optopt != 0 && optopt < 256)
         return spotctl_usage("%s: unknown option '-%c'", argv[0], optopt);
@@ -386,6 +397,8 @@ spotctl_cmd_history(int argc, char **argv)
     return r;
   if (argc - optind != 1)
     return spotctl_usage("history: expected s3://BUCKET/[PREFIX/]JOB");
+  if (o.keep > 0)
+    return spotctl_usage("history: --keep is an option of history-event");
   if ((o.price_spot > 0) != (o.price_on_demand > 0))
     return spotctl_usage("history: give both --price-spot and "
                          "--price-on-demand");
@@ -487,7 +500,9 @@ static const char event_usage[] =
     "uses: one JSON event per line (the format is in lib/core/history.h),\n"
     "from FILE or standard input. For tests, demos, and recording what\n"
     "happened to a job by hand. Fails if any event is invalid or not\n"
-    "written.\n\n";
+    "written.\n\n"
+    "  --keep N           prune the job's history to the newest N events\n"
+    "                     (spotd keeps 5000)\n";
 
 int
 spotctl_cmd_history_event(int argc, char **argv)
@@ -509,6 +524,9 @@ spotctl_cmd_history_event(int argc, char **argv)
   if (argc - optind < 1 || argc - optind > 2)
     return spotctl_usage("history-event: expected s3://BUCKET/[PREFIX/]JOB "
                          "and FILE or -");
+  if (o.json || o.plot != NULL || o.price_spot > 0 || o.price_on_demand > 0)
+    return spotctl_usage("history-event: --json, --plot and prices are "
+                         "options of history");
   name = argc - optind == 2 ? argv[optind + 1] : "-";
   f = strcmp(name, "-") == 0 ? stdin : fopen(name, "re");
   if (f == NULL)
@@ -527,6 +545,7 @@ spotctl_cmd_history_event(int argc, char **argv)
   if (r == 0) {
     memset(&ho, 0, sizeof(ho));
     ho.queue_max = (unsigned)(n > 0 ? n : 1);
+    ho.keep = o.keep;
     r = spot_history_new(&s.loop, &s.cfg, &ho, report_cb, &w, &h);
     for (size_t i = 0; r == 0 && i < n; i++)
       r = spot_history_emit(h, &ev[i]);

@@ -285,7 +285,8 @@ advance(struct spot_history *h)
         queue_pop(h, r, msg);
         set_state(h, H_IDLE);
       }
-    } else if (!h->draining && h->since_prune >= SPOT_HISTORY_PRUNE_EVERY) {
+    } else if (h->since_prune >= SPOT_HISTORY_PRUNE_EVERY) {
+      /* Also while draining: the close deadline bounds it. */
       set_state(h, H_PRUNE_LIST);
       if (start_list(h) < 0) {
         h->since_prune = 0;

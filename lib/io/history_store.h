@@ -11,8 +11,9 @@
  * failed write is a warning (logged, and passed to the report callback),
  * never an error of the caller; a full queue drops its oldest waiting
  * event. Nothing waits for it: it never delays a checkpoint. Every
- * SPOT_HISTORY_PRUNE_EVERY writes it lists ROOT/history/ and deletes the
- * oldest events beyond `keep`.
+ * SPOT_HISTORY_PRUNE_EVERY writes (once the queue is empty, also while
+ * closing) it lists ROOT/history/ and deletes the oldest events beyond
+ * `keep`.
  *
  * Engine API (the lead wires this into daemon/engine.c; h is the
  * engine's writer, made at start next to the store config):

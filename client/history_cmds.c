@@ -129,8 +129,7 @@ parse_opts(int argc, char **argv, struct hopts *o, const char *usage)
     case OPT_KEEP: {
       int64_t k;
       if (spot_parse_int64(optarg, 1, 1000000, &k) < 0)
-        return spotctl_usage("--keep: expected 1 to 1000000, got '%s'",
-                             optarg);
+        return spotctl_usage("--keep: expected 1 to 1000000, got '%s'", optarg);
       o->keep = (unsigned)k;
       break;
     }

@@ -315,6 +315,7 @@ spot_hist_parse(const char *json, size_t len, struct spot_hist_event *out,
   json_t *o;
   int r;
 
+  memset(&ev, 0, sizeof(ev));
   if (len > SPOT_HIST_EVENT_MAX) {
     fail(err, errsize, "event of %zu bytes, more than %d", len,
          SPOT_HIST_EVENT_MAX);

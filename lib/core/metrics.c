@@ -199,6 +199,7 @@ spot_metrics_register(struct spot_metrics *m, const char *name,
   if (f->name == NULL || f->help == NULL) {
     free(f->name);
     free(f->help);
+    f->name = f->help = NULL;
     return -ENOMEM;
   }
   f->type = type;
@@ -408,7 +409,7 @@ spot_metrics_new_spotd(struct spot_metrics **out)
        "Times this job's trainer was started again (relaunches included).",
        NULL, 0},
   };
-  struct spot_metrics *m;
+  struct spot_metrics *m = NULL;
   int r = spot_metrics_new(&m);
 
   for (size_t i = 0; r == 0 && i < SPOT_ARRAY_SIZE(defs); i++)

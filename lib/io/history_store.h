@@ -44,8 +44,9 @@
  *
  * Callback contract: if a function taking a callback returns < 0 the
  * callback never runs. The report callback runs once per emitted event
- * that was queued, from the loop, with 0 (written) or a negative errno
- * (-ECANCELED when dropped by close or a full queue). */
+ * that was queued, with 0 (written) or a negative errno (-ECANCELED when
+ * dropped by close or a full queue): from the loop, or before emit()
+ * returns when the request cannot even start (no credentials). */
 #ifndef SPOT_HISTORY_STORE_H
 #define SPOT_HISTORY_STORE_H
 

@@ -1,0 +1,185 @@
+/* The history store's parts that need no server: object keys, the owner,
+ * the writer's lifecycle and its failure path (credentials that fail, so
+ * no request is ever sent), and the atomic metrics file. */
+#include "cmocka-compat.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "history_store.h"
+#include "http.h"
+#include "s3.h"
+#include "util.h"
+
+static void
+test_key(void **state)
+{
+  struct spot_store_config c;
+  struct spot_hist_event ev;
+  struct spot_buf b;
+
+  memset(&c, 0, sizeof(c));
+  c.bucket = "b";
+  c.prefix = "team/runs";
+  c.job = "job-1";
+  spot_buf_init(&b, 4096);
+  assert_int_equal(
+      spot_hist_event_init(&ev, SPOT_HIST_NOTICE, 1764748800123, "n-1.x", 42),
+      0);
+  assert_int_equal(spot_history_key(&c, &ev, &b), 0);
+  assert_string_equal(
+      spot_buf_str(&b),
+      "team/runs/job-1/history/1764748800123-n-1.x-000042.json");
+  c.prefix = "";
+  ev.time_ms = 5;
+  assert_int_equal(spot_history_key(&c, &ev, &b), 0);
+  assert_string_equal(spot_buf_str(&b),
+                      "job-1/history/0000000000005-n-1.x-000042.json");
+  ev.owner[0] = '/';
+  assert_int_equal(spot_history_key(&c, &ev, &b), -EINVAL);
+  spot_buf_fini(&b);
+}
+
+static void
+test_owner(void **state)
+{
+  char a[SPOT_HIST_OWNER_MAX + 1], small[8];
+
+  spot_history_default_owner(a, sizeof(a));
+  assert_true(spot_hist_owner_valid(a));
+  spot_history_default_owner(small, sizeof(small));
+  assert_int_equal(strlen(small), sizeof(small) - 1);
+}
+
+static int
+no_creds(struct spot_creds_provider *p, const struct spot_creds **out)
+{
+  return -EACCES;
+}
+
+struct seen {
+  int reports, fails, closed;
+  int last_err;
+};
+
+static void
+report_cb(int err, const char *key, const char *message, void *data)
+{
+  struct seen *s = data;
+
+  s->reports++;
+  s->last_err = err;
+  if (err < 0)
+    s->fails++;
+  assert_non_null(strstr(key, "job-1/history/"));
+}
+
+static void
+closed_cb(void *data)
+{
+  ((struct seen *)data)->closed++;
+}
+
+static void
+test_writer_failure_is_reported(void **state)
+{
+  struct spot_creds_provider creds = {no_creds, NULL};
+  struct spot_s3_config sc;
+  struct spot_store_config c;
+  struct spot_history_options o;
+  struct spot_history *h;
+  struct spot_hist_event ev;
+  struct spot_http *http;
+  struct spot_s3 *s3;
+  struct seen seen;
+  uv_loop_t loop;
+
+  assert_int_equal(uv_loop_init(&loop), 0);
+  assert_int_equal(spot_http_new(&loop, &http), 0);
+  memset(&sc, 0, sizeof(sc));
+  sc.endpoint = "http://127.0.0.1:1";
+  sc.region = "us-east-1";
+  sc.path_style = true;
+  sc.creds = &creds;
+  assert_int_equal(spot_s3_new(http, &sc, &s3), 0);
+  memset(&c, 0, sizeof(c));
+  c.s3 = s3;
+  c.bucket = "spotd-test";
+  c.job = "job-1";
+  memset(&o, 0, sizeof(o));
+  memset(&seen, 0, sizeof(seen));
+  o.owner = "bad/owner";
+  assert_int_equal(spot_history_new(&loop, &c, &o, report_cb, &seen, &h),
+                   -EINVAL);
+  o.owner = "node-a";
+  o.queue_max = 2;
+  assert_int_equal(spot_history_new(&loop, &c, &o, report_cb, &seen, &h), 0);
+  assert_string_equal(spot_history_owner(h), "node-a");
+
+  assert_int_equal(spot_history_event_init(h, &ev, SPOT_HIST_RUN_START), 0);
+  assert_int_equal(ev.seq, 0);
+  assert_true(ev.time_ms > 1700000000000);
+  assert_int_equal(spot_history_emit(h, &ev), 0);
+  assert_int_equal(spot_history_event_init(h, &ev, SPOT_HIST_CHECKPOINT), 0);
+  assert_int_equal(ev.seq, 1);
+  assert_int_equal(spot_history_emit(h, &ev), 0);
+  /* Without credentials nothing can be written: a report each, never a
+   * failed emit. */
+  assert_int_equal(seen.reports, 2);
+  assert_int_equal(seen.fails, 2);
+  ev.time_ms = -1;
+  assert_int_equal(spot_history_emit(h, &ev), -EINVAL);
+
+  assert_int_equal(spot_history_close(h, 1000, closed_cb, &seen), 0);
+  assert_int_equal(spot_history_close(h, 1000, closed_cb, &seen), -EALREADY);
+  assert_int_equal(spot_history_emit(h, &ev), -ESHUTDOWN);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(seen.closed, 1);
+  spot_s3_free(s3);
+  spot_http_close(http, NULL, NULL);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
+static void
+test_metrics_file(void **state)
+{
+  char dir[] = "/tmp/spot-metrics-" SPOT_MKTEMP_SUFFIX;
+  char path[256], buf[64];
+  struct stat st;
+  FILE *f;
+  size_t n;
+
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof(path), "%s/spotd.prom", dir);
+  assert_int_equal(spot_metrics_write_file(path, "a 1\n"), 0);
+  assert_int_equal(spot_metrics_write_file(path, "b 2\n"), 0);
+  f = fopen(path, "r");
+  assert_non_null(f);
+  n = fread(buf, 1, sizeof(buf) - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+  assert_string_equal(buf, "b 2\n");
+  assert_int_equal(stat(path, &st), 0);
+  assert_int_equal(st.st_mode & 0777, 0644);
+  snprintf(path, sizeof(path), "%s/missing/spotd.prom", dir);
+  assert_int_equal(spot_metrics_write_file(path, "x"), -ENOENT);
+  spot_rm_tree(dir);
+}
+
+int
+main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_key),
+      cmocka_unit_test(test_owner),
+      cmocka_unit_test(test_writer_failure_is_reported),
+      cmocka_unit_test(test_metrics_file),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

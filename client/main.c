@@ -32,10 +32,10 @@ static const struct spotctl_cmd commands[] = {
      "local metadata service emulator", spotctl_cmd_emulate},
     {"relaunch", "--backend exec|slurm [...]", "ask for new capacity",
      spotctl_cmd_relaunch},
-    {"history", "s3://BUCKET/[PREFIX/]JOB [--json|--plot F]",
+    {"history", "s3://BUCKET/[PREFIX/]JOB [...]",
      "what happened to a job: runs, preemptions, lost work",
      spotctl_cmd_history},
-    {"history-event", "s3://BUCKET/[PREFIX/]JOB [FILE|-]",
+    {"history-event", "s3://BUCKET/[PREFIX/]JOB FILE",
      "write job history events (tests, demos)", spotctl_cmd_history_event},
 };
 

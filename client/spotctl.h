@@ -29,5 +29,6 @@ int spotctl_cmd_push(int argc, char **argv);       /* store_cmds.c */
 int spotctl_cmd_list(int argc, char **argv);       /* store_cmds.c */
 int spotctl_cmd_restore(int argc, char **argv);    /* store_cmds.c */
 int spotctl_cmd_relaunch(int argc, char **argv);   /* relaunch.c */
+int spotctl_cmd_lease(int argc, char **argv);      /* lease_cmds.c */
 
 #endif

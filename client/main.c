@@ -32,8 +32,10 @@ static const struct spotctl_cmd commands[] = {
      "local metadata service emulator", spotctl_cmd_emulate},
     {"relaunch", "--backend exec|slurm [...]", "ask for new capacity",
      spotctl_cmd_relaunch},
-    {"lease", "s3://BUCKET/[PREFIX/]JOB [...]", "take, show or release the "
-     "job lease", spotctl_cmd_lease},
+    {"lease", "s3://BUCKET/[PREFIX/]JOB [...]",
+     "take, show or release the "
+     "job lease",
+     spotctl_cmd_lease},
 };
 
 /* Prints "spotctl: MESSAGE" and the trailer (a newline at least) to stderr,

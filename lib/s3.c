@@ -735,8 +735,7 @@ collect_meta(struct spot_s3_op *op)
   size_t used = 0;
 
   op->resp_meta[0] = '\0';
-  while ((h = curl_easy_nextheader(op->easy, CURLH_HEADER, -1, prev)) !=
-         NULL) {
+  while ((h = curl_easy_nextheader(op->easy, CURLH_HEADER, -1, prev)) != NULL) {
     prev = h;
     if (strncasecmp(h->name, "x-amz-meta-", 11) == 0) {
       int n = snprintf(op->resp_meta + used, sizeof(op->resp_meta) - used,
@@ -1055,8 +1054,8 @@ meta_text_ok(const char *s, size_t max)
 int
 spot_s3_put_ex(struct spot_s3 *s3, const char *bucket, const char *key,
                const void *data, size_t len,
-               const struct spot_s3_put_opts *opts, spot_s3_cb cb,
-               void *cbdata, struct spot_s3_op **op)
+               const struct spot_s3_put_opts *opts, spot_s3_cb cb, void *cbdata,
+               struct spot_s3_op **op)
 {
   struct spot_s3_op *o;
   int r;

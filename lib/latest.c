@@ -57,11 +57,17 @@ struct spot_latest_op {
 
 static void s3_cb(const struct spot_s3_result *res, void *data);
 
+static const char *
+state_name(enum latest_state s)
+{
+  return (unsigned)s < LT_STATE_LAST ? state_names[s] : "?";
+}
+
 static void
 set_state(struct spot_latest_op *op, enum latest_state s)
 {
   log_debug("latest key=%s name=%s: %s -> %s", op->latest_key, op->name,
-            state_names[op->state], state_names[s]);
+            state_name(op->state), state_name(s));
   op->state = s;
 }
 

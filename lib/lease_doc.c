@@ -87,7 +87,7 @@ static int
 parse_root(json_t *root, struct spot_lease_doc *d, char *err, size_t errlen)
 {
   char fmt[32], state[16];
-  int64_t version, epoch;
+  int64_t version = 0, epoch = 0;
   int r;
 
   if (!json_is_object(root))

@@ -76,6 +76,7 @@ struct pending {
   bool create;           /* If-None-Match: * */
   char etag[160];        /* If-Match target, bare */
   bool form_flipped;     /* the other If-Match form was tried */
+  bool etag_learned;     /* the ETag our last PUT did not return */
   uint64_t sent_mono_ms; /* first send: the lease counts from here */
 };
 
@@ -110,6 +111,7 @@ struct spot_lease {
   uint64_t last_holder_epoch;
 
   struct pending w;
+  bool freeing;
   struct spot_s3_op *s3op;
   struct spot_buf body; /* GET */
   char msg[512];
@@ -592,6 +594,21 @@ write_cb(const struct spot_s3_result *res, void *data)
     write_failed(l, res);
 }
 
+/* Sends l->w again, from CONFIRMING. */
+static void
+resend(struct spot_lease *l, const struct spot_s3_result *res)
+{
+  static const enum lease_state states[] = {
+      [W_ACQUIRE] = LS_WRITING,
+      [W_RENEW] = LS_RENEWING,
+      [W_RELEASE] = LS_RELEASING,
+  };
+
+  set_state(l, states[l->w.kind]);
+  if (send_write(l) < 0)
+    write_failed(l, res);
+}
+
 /* The read after a failed condition: ours after all, the other If-Match
  * form, or a real conflict. */
 static void
@@ -621,6 +638,15 @@ confirm_cb(const struct spot_s3_result *res, void *data)
     write_landed(l, res->etag); /* a retried PUT whose first try landed */
     return;
   }
+  if (l->cur_exists && !l->w.create && l->w.etag[0] == '\0' &&
+      l->our_nonce[0] != '\0' && strcmp(l->cur.nonce, l->our_nonce) == 0 &&
+      !l->w.etag_learned) {
+    /* our last PUT's answer had no ETag: still ours, now we know it */
+    spot_strlcpy(l->w.etag, l->cur_etag, sizeof(l->w.etag));
+    l->w.etag_learned = true;
+    resend(l, res);
+    return;
+  }
   same_etag = l->cur_exists && !l->w.create &&
               spot_lease_doc_etag_same(l->cur_etag, l->w.etag);
   if (same_etag && !l->w.form_flipped) {
@@ -631,11 +657,7 @@ confirm_cb(const struct spot_s3_result *res, void *data)
              bare ? "unquoted (Ceph RGW)" : "quoted");
     spot_s3_set_if_match_unquoted(l->s3, bare);
     l->w.form_flipped = true;
-    set_state(l, l->w.kind == W_ACQUIRE ? LS_WRITING
-                 : l->w.kind == W_RENEW ? LS_RENEWING
-                                        : LS_RELEASING);
-    if (send_write(l) < 0)
-      write_failed(l, res);
+    resend(l, res);
     return;
   }
   if (l->w.kind == W_ACQUIRE) {
@@ -848,8 +870,9 @@ spot_lease_free(struct spot_lease *l)
 {
   struct spot_s3_op *op;
 
-  if (l == NULL || l->state == LS_CLOSING)
+  if (l == NULL || l->freeing)
     return;
+  l->freeing = true; /* a callback run by the cancel may free again */
   spot_lease_cancel(l);
   op = l->s3op; /* a renewal */
   l->s3op = NULL;

@@ -66,6 +66,8 @@ state_name(enum latest_state s)
 static void
 set_state(struct spot_latest_op *op, enum latest_state s)
 {
+  if (op->state == s)
+    return;
   log_debug("latest key=%s name=%s: %s -> %s", op->latest_key, op->name,
             state_name(op->state), state_name(s));
   op->state = s;

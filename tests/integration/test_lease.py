@@ -146,6 +146,24 @@ def test_kill9():
     print("takeover after kill -9: %d ms after expiry + grace" % (at - due))
     c.check(at - due < 2000, "taken within 2 s of expiry + grace", str(at - due))
 
+    # an operator's release: the lease left held by M, released as M only
+    m = spotlib.spotctl("lease", url, "--owner", "M", "--ttl", "60", timeout=30)
+    c.check(m.returncode == 0 and fields(m.stdout, "acquired") is not None,
+            "M acquires and exits, leaving it held", m.stdout + m.stderr)
+    z = spotlib.spotctl("lease", url, "--owner", "Z", "--release")
+    c.check(z.returncode == 4 and "not held by Z" in z.stderr,
+            "another owner cannot release it (exit 4)", z.stdout + z.stderr)
+    n = spotlib.spotctl("lease", url, "--owner", "N", "--no-wait")
+    c.check(n.returncode == 3 and fields(n.stdout, "busy") is not None,
+            "--no-wait refuses at once (exit 3), naming the holder",
+            n.stdout + n.stderr)
+    r = spotlib.spotctl("lease", url, "--owner", "M", "--release")
+    x = spotlib.spotctl("lease", url, "--show")
+    fx = fields(x.stdout, "released")
+    c.check(r.returncode == 0 and fx is not None and fx["owner"] == "M" and
+            fx["epoch"] == fields(m.stdout, "acquired")["epoch"],
+            "M's lease released by owner id, epoch kept", r.stderr + x.stdout)
+
 
 def test_stale():
     new_job('stale')

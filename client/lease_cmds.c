@@ -485,8 +485,8 @@ signal_cb(uv_signal_t *s, int signum)
     hold_done(c);
     return;
   }
-  spot_lease_cancel(c->lease); /* a wait: acquire_cb sees -ECANCELED */
   stop(c, 128 + signum);
+  spot_lease_cancel(c->lease); /* a wait: acquire_cb's -ECANCELED */
 }
 
 /* Moves LATEST (as the lease holder, or as --epoch). */

@@ -87,7 +87,7 @@ def order_key(o):
 def handoff_round(i):
     """Two acquirers at once. Returns the handoff in ms or None."""
     a = start("--owner", "A%d" % i, "--ttl", "5", "--poll", "0.2", "--hold", "1.5")
-    b = start("--owner", "B%d" % i, "--ttl", "5", "--poll", "0.2", "--hold", "0.2")
+    b = start("--owner", "B%d" % i, "--ttl", "5", "--poll", "0.2", "--hold", "1.5")
     oa, ea = a.communicate(timeout=30)
     ob, eb = b.communicate(timeout=30)
     c.check(a.returncode == 0 and b.returncode == 0,

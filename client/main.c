@@ -37,6 +37,10 @@ static const struct spotctl_cmd commands[] = {
      spotctl_cmd_history},
     {"history-event", "s3://BUCKET/[PREFIX/]JOB FILE",
      "write job history events (tests, demos)", spotctl_cmd_history_event},
+    {"lease", "s3://BUCKET/[PREFIX/]JOB [...]",
+     "take, show or release the "
+     "job lease",
+     spotctl_cmd_lease},
 };
 
 /* Prints "spotctl: MESSAGE" and the trailer (a newline at least) to stderr,

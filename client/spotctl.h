@@ -33,6 +33,7 @@ int spotctl_cmd_restore(int argc, char **argv);       /* store_cmds.c */
 int spotctl_cmd_relaunch(int argc, char **argv);      /* relaunch.c */
 int spotctl_cmd_history(int argc, char **argv);       /* history_cmds.c */
 int spotctl_cmd_history_event(int argc, char **argv); /* history_cmds.c */
+int spotctl_cmd_lease(int argc, char **argv);         /* lease_cmds.c */
 
 /* history_plot.c: the timeline of a job into a .png or .svg file. Returns
  * 0 or negative errno with one line in err. Each run is drawn as one

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <openssl/evp.h>
 
@@ -97,6 +98,7 @@ struct spot_s3 {
   struct spot_s3_op *ops;
   unsigned next_id;
   bool freeing;
+  bool if_match_unquoted;
   spot__s3_request_hook_fn hook;
   void *hook_data;
 };
@@ -122,6 +124,8 @@ struct spot_s3_op {
   uint64_t off, len, got;
   bool sent_range;
   char if_match[160];
+  char meta_hdr[320]; /* put_ex: "x-amz-meta-NAME: VALUE" or "" */
+  char resp_meta[1024];
   spot_s3_sink_cb sink;
   struct spot_buf *into;
   /* request */
@@ -456,6 +460,7 @@ finish(struct spot_s3_op *op, int err)
   res.bucket = op->bucket;
   res.key = op->key;
   res.etag = op->etag;
+  res.meta = op->resp_meta;
   if (err == 0) {
     res.content_length = op->content_length;
     res.upload_id = op->xml.upload_id;
@@ -612,6 +617,10 @@ build_headers(struct spot_s3_op *op, const struct spot_creds *creds)
     if (r == 0 && op->got > 0 && op->if_match[0] != '\0')
       r = add_header(op, "If-Match: %s", op->if_match);
   }
+  if (r == 0 && op->kind == OP_PUT && op->if_match[0] != '\0')
+    r = add_header(op, "If-Match: %s", op->if_match);
+  if (r == 0 && op->meta_hdr[0] != '\0')
+    r = add_header(op, "%s", op->meta_hdr);
   return r;
 }
 
@@ -650,6 +659,7 @@ attempt(struct spot_s3_op *op)
   op->errbuf[0] = '\0';
   op->code[0] = '\0';
   op->message[0] = '\0';
+  op->resp_meta[0] = '\0';
   curl_easy_reset(op->easy);
   SETOPT(CURLOPT_URL, spot_buf_str(&op->url));
   SETOPT(CURLOPT_PROTOCOLS_STR, "http,https");
@@ -723,6 +733,29 @@ copy_str(char *dst, size_t size, const char *src)
   spot_strlcpy(dst, src != NULL ? src : "", size);
 }
 
+/* Keeps the x-amz-meta-* response headers (those that fit). */
+static void
+collect_meta(struct spot_s3_op *op)
+{
+  struct curl_header *h, *prev = NULL;
+  size_t used = 0;
+
+  op->resp_meta[0] = '\0';
+  while ((h = curl_easy_nextheader(op->easy, CURLH_HEADER, -1, prev)) != NULL) {
+    prev = h;
+    if (strncasecmp(h->name, "x-amz-meta-", 11) == 0) {
+      int n = snprintf(op->resp_meta + used, sizeof(op->resp_meta) - used,
+                       "%s: %s\n", h->name, h->value);
+
+      if (n < 0 || (size_t)n >= sizeof(op->resp_meta) - used) {
+        op->resp_meta[used] = '\0';
+        break;
+      }
+      used += (size_t)n;
+    }
+  }
+}
+
 static void
 done_cb(CURL *easy, CURLcode rc, void *data)
 {
@@ -741,6 +774,7 @@ done_cb(CURL *easy, CURLcode rc, void *data)
     if (curl_easy_header(easy, "ETag", 0, CURLH_HEADER, -1, &h) == CURLHE_OK &&
         h != NULL)
       copy_str(op->etag, sizeof(op->etag), h->value);
+    collect_meta(op);
   }
   if (op->kind == OP_GET && op->if_match[0] == '\0' && op->etag[0] != '\0')
     copy_str(op->if_match, sizeof(op->if_match), op->etag);
@@ -1008,6 +1042,93 @@ spot_s3_put(struct spot_s3 *s3, const char *bucket, const char *key,
   o->body_len = len;
   o->flags = flags;
   return op_start(o, op);
+}
+
+static bool
+meta_text_ok(const char *s, size_t max)
+{
+  size_t n = strlen(s);
+
+  if (n == 0 || n > max)
+    return false;
+  for (; *s != '\0'; s++)
+    if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e)
+      return false;
+  return true;
+}
+
+int
+spot_s3_put_ex(struct spot_s3 *s3, const char *bucket, const char *key,
+               const void *data, size_t len,
+               const struct spot_s3_put_opts *opts, spot_s3_cb cb, void *cbdata,
+               struct spot_s3_op **op)
+{
+  struct spot_s3_op *o;
+  int r;
+
+  if ((data == NULL && len > 0) || opts == NULL)
+    return -EINVAL;
+  if (opts->if_match != NULL && !meta_text_ok(opts->if_match, 150))
+    return -EINVAL;
+  if ((opts->meta_name != NULL) != (opts->meta_value != NULL) ||
+      (opts->meta_name != NULL && (!meta_text_ok(opts->meta_name, 64) ||
+                                   strchr(opts->meta_name, ':') != NULL ||
+                                   !meta_text_ok(opts->meta_value, 200))))
+    return -EINVAL;
+  r = object_op_new(s3, OP_PUT, bucket, key, NULL, cb, cbdata, &o);
+  if (r != 0)
+    return r;
+  o->upload = true;
+  o->body = data;
+  o->body_len = len;
+  o->flags = opts->flags;
+  if (opts->if_match != NULL)
+    copy_str(o->if_match, sizeof(o->if_match), opts->if_match);
+  if (opts->meta_name != NULL)
+    snprintf(o->meta_hdr, sizeof(o->meta_hdr), "x-amz-meta-%s: %s",
+             opts->meta_name, opts->meta_value);
+  return op_start(o, op);
+}
+
+bool
+spot_s3_if_match_unquoted(const struct spot_s3 *s3)
+{
+  return s3 != NULL && s3->if_match_unquoted;
+}
+
+void
+spot_s3_set_if_match_unquoted(struct spot_s3 *s3, bool unquoted)
+{
+  if (s3 != NULL)
+    s3->if_match_unquoted = unquoted;
+}
+
+int
+spot_s3_meta_get(const char *meta, const char *name, char *out, size_t size)
+{
+  size_t nl = strlen(name);
+
+  for (const char *p = meta; p != NULL && *p != '\0';) {
+    const char *eol = strchr(p, '\n');
+    size_t len = eol != NULL ? (size_t)(eol - p) : strlen(p);
+
+    if (len > 11 + nl + 2 && strncasecmp(p, "x-amz-meta-", 11) == 0 &&
+        strncasecmp(p + 11, name, nl) == 0 && p[11 + nl] == ':') {
+      const char *v = p + 11 + nl + 1;
+      size_t vl;
+
+      while (*v == ' ')
+        v++;
+      vl = len - (size_t)(v - p);
+      if (vl + 1 > size)
+        return -E2BIG;
+      memcpy(out, v, vl);
+      out[vl] = '\0';
+      return 0;
+    }
+    p = eol != NULL ? eol + 1 : NULL;
+  }
+  return -ENOENT;
 }
 
 int

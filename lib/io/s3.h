@@ -84,6 +84,9 @@ struct spot_s3_result {
   /* delete_objects: keys the server refused to delete */
   const char *const *failed_keys;
   size_t n_failed_keys;
+  /* get, head, put_ex: the x-amz-meta-* response headers as
+   * "x-amz-meta-NAME: VALUE\n" lines ("" if none); see spot_s3_meta_get */
+  const char *meta;
 };
 
 typedef void (*spot_s3_cb)(const struct spot_s3_result *res, void *data);
@@ -114,6 +117,26 @@ enum spot_s3_put_flags {
 int spot_s3_put(struct spot_s3 *s3, const char *bucket, const char *key,
                 const void *data, size_t len, unsigned flags, spot_s3_cb cb,
                 void *cbdata, struct spot_s3_op **op);
+/* A PUT with conditions and one user-metadata header. if_match is sent
+ * verbatim as If-Match (quote it or not: Ceph 16 RGW compares the
+ * unquoted ETag, AWS the quoted one, see spot_s3_if_match_unquoted); a
+ * failed condition ends with -EEXIST (412) or -ENOENT (AWS: no such key).
+ * meta_name ("spotd-order") and meta_value are sent as
+ * x-amz-meta-NAME: VALUE (printable ASCII only). */
+struct spot_s3_put_opts {
+  unsigned flags;       /* enum spot_s3_put_flags */
+  const char *if_match; /* NULL: none */
+  const char *meta_name, *meta_value;
+};
+int spot_s3_put_ex(struct spot_s3 *s3, const char *bucket, const char *key,
+                   const void *data, size_t len,
+                   const struct spot_s3_put_opts *opts, spot_s3_cb cb,
+                   void *cbdata, struct spot_s3_op **op);
+/* Which If-Match form this server wants, as learned by a caller (lease.c):
+ * false (default) = quoted as returned, true = bare hex (Ceph 16). */
+bool spot_s3_if_match_unquoted(const struct spot_s3 *s3);
+void spot_s3_set_if_match_unquoted(struct spot_s3 *s3, bool unquoted);
+
 /* Range [off, off+len); len == 0 means to the end. Exactly one of sink or
  * into is used: into collects the body in a capped buffer. */
 int spot_s3_get(struct spot_s3 *s3, const char *bucket, const char *key,
@@ -158,6 +181,10 @@ int spot_s3_list_uploads(struct spot_s3 *s3, const char *bucket,
 int spot_s3_uri_encode(const char *in, bool keep_slash, struct spot_buf *out);
 /* One line describing a failed result for users:
  * "PUT s3://b/k: 403 SignatureDoesNotMatch: The request signature ..." */
+/* Copies the value of user-metadata header x-amz-meta-NAME from a
+ * result's meta lines into out. 0, -ENOENT (absent) or -E2BIG. */
+int spot_s3_meta_get(const char *meta, const char *name, char *out,
+                     size_t size);
 const char *spot_s3_strerror(const struct spot_s3_result *res, char *buf,
                              size_t size);
 

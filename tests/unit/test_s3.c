@@ -466,6 +466,26 @@ test_strerror(void **state)
   assert_string_equal(spot_s3_strerror(&res, buf, 4), "GET");
 }
 
+static void
+test_meta_get(void **state)
+{
+  const char *meta = "x-amz-meta-other: 1\n"
+                     "X-Amz-Meta-Spotd-Order: 3.17\n"
+                     "x-amz-meta-spotd-orderx: 9.9\n";
+  char out[8];
+
+  assert_int_equal(spot_s3_meta_get(meta, "spotd-order", out, sizeof(out)), 0);
+  assert_string_equal(out, "3.17");
+  assert_int_equal(spot_s3_meta_get(meta, "other", out, sizeof(out)), 0);
+  assert_string_equal(out, "1");
+  assert_int_equal(spot_s3_meta_get(meta, "spotd", out, sizeof(out)), -ENOENT);
+  assert_int_equal(spot_s3_meta_get("", "spotd-order", out, sizeof(out)),
+                   -ENOENT);
+  assert_int_equal(spot_s3_meta_get(NULL, "spotd-order", out, sizeof(out)),
+                   -ENOENT);
+  assert_int_equal(spot_s3_meta_get(meta, "spotd-order", out, 4), -E2BIG);
+}
+
 int
 main(void)
 {
@@ -482,6 +502,7 @@ main(void)
       cmocka_unit_test(test_error_map),
       cmocka_unit_test(test_key_and_query_encoding),
       cmocka_unit_test(test_strerror),
+      cmocka_unit_test(test_meta_get),
   };
 
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,67 @@
+/* LATEST only moves forward: a compare-and-swap of ROOT/LATEST on its
+ * ETag that refuses to point it at a commit older than the one it names.
+ *
+ * The order of a commit is (lease epoch, sequence within the epoch)
+ * (lease_doc.h, struct spot_latest_order). It travels as user metadata,
+ * x-amz-meta-spotd-order: "E.S", so the body stays the plain checkpoint
+ * name: readers that GET LATEST as a name (store_restore.c, store_list.c,
+ * older spotd) keep working unchanged. A LATEST without the header (written
+ * by an older spotd) counts as order 0.0, which any ordered update passes.
+ *
+ * Why the ETag is a sound compare-and-swap token even though it is the
+ * MD5 of the body (the name) and ignores the metadata: LATEST only ever
+ * moves to a newer commit and a commit's name is committed once
+ * (If-None-Match on its manifest), so LATEST never holds the same name
+ * twice with different orders; an If-Match on the name we read therefore
+ * fails whenever anyone moved LATEST since (no ABA). The If-Match form
+ * (quoted or bare, Ceph vs AWS) is learned as in lease.h: on a 412, GET
+ * again; if the ETag is unchanged, send the other form once.
+ *
+ * Fencing (when lease_key is given): before reading LATEST, the lease is
+ * read and the update refused (-ESTALE) unless it is held, unexpired, by
+ * lease_owner at order.epoch. A writer that lost its lease can therefore
+ * move LATEST only inside the window between that read and its PUT; and
+ * since a new holder's first commit carries a higher epoch, it can never
+ * move LATEST back past the new holder's commits.
+ *
+ * Callback contract as in s3.h: returns < 0 and never calls back, or 0
+ * and calls back exactly once (-ECANCELED after spot_latest_cancel). */
+#ifndef SPOT_LATEST_H
+#define SPOT_LATEST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "lease_doc.h"
+#include "s3.h"
+
+#define SPOT_LATEST_KEY "LATEST"
+#define SPOT_LATEST_ROUNDS_MAX 64 /* compare-and-swap attempts */
+
+struct spot_latest_result {
+  /* 0: LATEST names ours (moved, or already did); -ESTALE: refused (LATEST
+   * is at or past ours, or our lease is gone or older); -EAGAIN: lost the
+   * race SPOT_LATEST_ROUNDS_MAX times; -ECANCELED; or an S3 error. */
+  int err;
+  const char *message; /* one line when err < 0 */
+  bool moved;          /* we wrote it */
+  const char *name;    /* what LATEST named when we last read it ("" none) */
+  struct spot_latest_order order; /* its order */
+  unsigned rounds;                /* PUTs tried */
+};
+
+struct spot_latest_op;
+typedef void (*spot_latest_cb)(const struct spot_latest_result *res,
+                               void *data);
+
+/* root is "PREFIX/JOB" (or "JOB"); name a spot_ckpt_name_valid() name.
+ * lease_owner NULL: no lease check. Strings are copied. */
+int spot_latest_update(struct spot_s3 *s3, const char *bucket, const char *root,
+                       const char *name, struct spot_latest_order order,
+                       const char *lease_owner, spot_latest_cb cb, void *data,
+                       struct spot_latest_op **op);
+/* Legal until the callback has run; the callback runs with -ECANCELED
+ * before this returns. */
+void spot_latest_cancel(struct spot_latest_op *op);
+
+#endif

@@ -35,6 +35,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 
+#include "emulate_cloud.h"
 #include "notice.h"
 #include "spotctl.h"
 #include "util.h"
@@ -392,6 +393,8 @@ aws_get(struct emu *e, struct MHD_Connection *c, const char *path,
              cancelled ? "canceled" : "active");
     return reply(c, 200, "text/plain", body, NULL, NULL);
   }
+  if (emu_ec2_imds(path, body, sizeof(body)) != NULL)
+    return reply(c, 200, "text/plain", body, NULL, NULL);
   if (strcmp(path, "autoscaling/target-lifecycle-state") == 0)
     return reply(c, 200, "text/plain", e->lifecycle, NULL, NULL);
   if (strcmp(path, "instance-id") == 0)
@@ -811,6 +814,12 @@ handler(void *cls, struct MHD_Connection *c, const char *url,
                ? MHD_YES
                : MHD_NO;
 
+  if (e->provider == SPOT_PROVIDER_AWS) {
+    enum MHD_Result cr;
+
+    if (emu_ec2_handle(c, method, url, u->body, u->len, &cr))
+      return cr;
+  }
   pthread_mutex_lock(&e->mu);
   e->requests++;
   if (strncmp(url, "/__emulate/", 11) == 0) {
@@ -907,6 +916,9 @@ usage(FILE *f)
       "Runtime control (POST, query parameters): /__emulate/notice,\n"
       "/__emulate/rebalance, /__emulate/maintenance, /__emulate/cancel,\n"
       "/__emulate/fault, /__emulate/lifecycle; GET /__emulate/state.\n"
+      "aws also serves the EC2 API (CreateFleet, DescribeInstances,\n"
+      "TerminateInstances: POST /) with /__emulate/ec2/capacity, subnet,\n"
+      "fault, identity, boot and GET /__emulate/ec2/state (see README).\n"
       "Prints \"listening on http://ADDR:PORT\" when ready and one line per\n"
       "Azure acknowledgement (\"ack EventId=...\"). Stops on "
       "SIGINT/SIGTERM.\n");
@@ -1170,6 +1182,8 @@ spotctl_cmd_emulate(int argc, char **argv)
   e.creds_file = creds_file;
 
   pthread_mutex_init(&e.mu, NULL);
+  if (e.provider == SPOT_PROVIDER_AWS)
+    emu_ec2_init(e.region, e.instance_id);
   {
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -1221,6 +1235,8 @@ out:
   pthread_sigmask(SIG_UNBLOCK, &set, NULL);
   pthread_cond_destroy(&e.cond);
   pthread_mutex_destroy(&e.mu);
+  if (e.provider == SPOT_PROVIDER_AWS)
+    emu_ec2_fini();
   free(e.last_events);
   if (e.creds != NULL)
     explicit_bzero(e.creds, strlen(e.creds));

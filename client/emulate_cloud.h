@@ -1,0 +1,24 @@
+/* The cloud APIs of `spotctl emulate` next to the metadata services
+ * (emulate.c): EC2 (emulate_ec2.c). Each keeps its own state behind its
+ * own mutex. */
+#ifndef SPOTCTL_EMULATE_CLOUD_H
+#define SPOTCTL_EMULATE_CLOUD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <microhttpd.h>
+
+void emu_ec2_init(const char *region, const char *instance_id);
+void emu_ec2_fini(void);
+/* The EC2 Query API (POST /) and /__emulate/ec2/... controls. false when
+ * url is not for EC2 (then *ret is untouched). */
+bool emu_ec2_handle(struct MHD_Connection *c, const char *method,
+                    const char *url, const char *body, size_t len,
+                    enum MHD_Result *ret);
+/* IMDS values of the current identity below /latest/meta-data/ (path
+ * without that prefix): instance-type, placement/availability-zone,
+ * instance-id, tags/instance[/KEY]. NULL: not ours (emulate.c answers). */
+const char *emu_ec2_imds(const char *path, char *buf, size_t size);
+
+#endif

@@ -817,8 +817,15 @@ handler(void *cls, struct MHD_Connection *c, const char *url,
   if (e->provider == SPOT_PROVIDER_AWS) {
     enum MHD_Result cr;
 
-    if (emu_ec2_handle(c, method, url, u->body, u->len, &cr))
+    if (emu_ec2_handle(c, method, url, u->body, u->len, &cr)) {
+      /* a booted instance has its own IMDS: no notice there yet */
+      if (strcmp(url, "/__emulate/ec2/boot") == 0) {
+        pthread_mutex_lock(&e->mu);
+        e->notice_at = e->rebalance_at = 0;
+        pthread_mutex_unlock(&e->mu);
+      }
       return cr;
+    }
   }
   pthread_mutex_lock(&e->mu);
   e->requests++;

@@ -506,8 +506,14 @@ fail_reply(struct aws_relaunch *a, const char *code, const char *msg)
   }
 }
 
-/* One attempt. 0 launched, 1 no capacity in these pools (recorded), or an
- * exit status. */
+/* What attempt() returns besides 0 (launched) and exit statuses (> 0,
+ * after their one line). */
+enum {
+  ATT_NO_CAPACITY = -1, /* no pool had room (recorded) */
+  ATT_NO_POOLS = -2,    /* every pool is excluded */
+};
+
+/* One attempt: 0 launched, ATT_*, or an exit status. */
 static int
 attempt(struct aws_relaunch *a, unsigned n, bool on_demand)
 {
@@ -523,7 +529,7 @@ attempt(struct aws_relaunch *a, unsigned n, bool on_demand)
   int r;
 
   if (a->n_pools > 0 && nu == 0)
-    return 2;
+    return ATT_NO_POOLS;
   memset(&q, 0, sizeof(q));
   if (spot_ec2_client_token(a->c.job, a->c.ckpt, a->c.reason, n, token,
                             sizeof(token)) < 0)
@@ -594,7 +600,7 @@ attempt(struct aws_relaunch *a, unsigned n, bool on_demand)
     printf("%s\n", it->instance_id);
     r = 0;
   } else {
-    r = 1;
+    r = ATT_NO_CAPACITY;
   }
 out:
   free(rep);
@@ -653,23 +659,23 @@ run(struct aws_relaunch *a)
   if (a->reclaimed.type[0] != '\0')
     spot_relaunch_record_fail(&a->c.rec, rec, "reclaimed", spot_now_wall_ms());
   build_pools(a);
-  r = 1;
-  for (n = 0; r == 1 && n < (unsigned)a->attempts; n++) {
+  r = ATT_NO_CAPACITY;
+  for (n = 0; r == ATT_NO_CAPACITY && n < (unsigned)a->attempts; n++) {
     if (a->od_after > 0 && a->spot_failures >= (unsigned)a->od_after)
       break;
     r = attempt(a, n, false);
-    if (r == 1)
+    if (r == ATT_NO_CAPACITY)
       a->spot_failures++;
     if (a->c.dry_run)
-      return r;
+      return r < 0 ? 0 : r;
   }
-  if ((r == 1 || r == 2) && a->od_after > 0) {
+  if (r < 0 && a->od_after > 0) {
     cloud_say("no spot capacity after %u attempts: trying on-demand",
               a->spot_failures);
     r = attempt(a, OD_ATTEMPT, true);
   }
   cloud_record_save(&a->c);
-  if (r == 1 || r == 2)
+  if (r < 0)
     return spotctl_fail("relaunch: no capacity in any pool (%zu pools, "
                         "%u spot attempts): nothing was launched; the job "
                         "stays in the store: relaunch it later by hand "

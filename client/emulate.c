@@ -427,6 +427,8 @@ aws_get(struct emu *e, struct MHD_Connection *c, const char *path,
 static const char *
 gcp_value(struct emu *e, const char *key, uint64_t now, char *buf, size_t size)
 {
+  if (emu_gce_meta(key, buf, size) != NULL)
+    return buf;
   if (strcmp(key, "instance/preempted") == 0)
     return notice_visible(e, now) ? "TRUE" : "FALSE";
   if (strcmp(key, "instance/maintenance-event") == 0)
@@ -814,12 +816,15 @@ handler(void *cls, struct MHD_Connection *c, const char *url,
                ? MHD_YES
                : MHD_NO;
 
-  if (e->provider == SPOT_PROVIDER_AWS) {
+  if (e->provider == SPOT_PROVIDER_AWS || e->provider == SPOT_PROVIDER_GCP) {
     enum MHD_Result cr;
 
-    if (emu_ec2_handle(c, method, url, u->body, u->len, &cr)) {
+    if (e->provider == SPOT_PROVIDER_AWS
+            ? emu_ec2_handle(c, method, url, u->body, u->len, &cr)
+            : emu_gce_handle(c, method, url, u->body, u->len, &cr)) {
       /* a booted instance has its own IMDS: no notice there yet */
-      if (strcmp(url, "/__emulate/ec2/boot") == 0) {
+      if (strcmp(url, "/__emulate/ec2/boot") == 0 ||
+          strcmp(url, "/__emulate/gce/boot") == 0) {
         pthread_mutex_lock(&e->mu);
         e->notice_at = e->rebalance_at = 0;
         pthread_mutex_unlock(&e->mu);
@@ -925,7 +930,10 @@ usage(FILE *f)
       "/__emulate/fault, /__emulate/lifecycle; GET /__emulate/state.\n"
       "aws also serves the EC2 API (CreateFleet, DescribeInstances,\n"
       "TerminateInstances: POST /) with /__emulate/ec2/capacity, subnet,\n"
-      "fault, identity, boot and GET /__emulate/ec2/state (see README).\n"
+      "fault, identity, boot and GET /__emulate/ec2/state; gcp the compute\n"
+      "v1 API (instances.insert, zone operations, instanceTemplates.get)\n"
+      "with /__emulate/gce/capacity, fault, boot, GET /__emulate/gce/state\n"
+      "(see README).\n"
       "Prints \"listening on http://ADDR:PORT\" when ready and one line per\n"
       "Azure acknowledgement (\"ack EventId=...\"). Stops on "
       "SIGINT/SIGTERM.\n");
@@ -1191,6 +1199,8 @@ spotctl_cmd_emulate(int argc, char **argv)
   pthread_mutex_init(&e.mu, NULL);
   if (e.provider == SPOT_PROVIDER_AWS)
     emu_ec2_init(e.region, e.instance_id);
+  if (e.provider == SPOT_PROVIDER_GCP)
+    emu_gce_init(e.region, e.vm_name);
   {
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -1244,6 +1254,8 @@ out:
   pthread_mutex_destroy(&e.mu);
   if (e.provider == SPOT_PROVIDER_AWS)
     emu_ec2_fini();
+  if (e.provider == SPOT_PROVIDER_GCP)
+    emu_gce_fini();
   free(e.last_events);
   if (e.creds != NULL)
     explicit_bzero(e.creds, strlen(e.creds));

@@ -1,6 +1,6 @@
 /* The cloud APIs of `spotctl emulate` next to the metadata services
- * (emulate.c): EC2 (emulate_ec2.c). Each keeps its own state behind its
- * own mutex. */
+ * (emulate.c): EC2 (emulate_ec2.c), Compute Engine (emulate_gce.c). Each keeps
+ * its own state behind its own mutex. */
 #ifndef SPOTCTL_EMULATE_CLOUD_H
 #define SPOTCTL_EMULATE_CLOUD_H
 
@@ -20,5 +20,16 @@ bool emu_ec2_handle(struct MHD_Connection *c, const char *method,
  * without that prefix): instance-type, placement/availability-zone,
  * instance-id, tags/instance[/KEY]. NULL: not ours (emulate.c answers). */
 const char *emu_ec2_imds(const char *path, char *buf, size_t size);
+
+void emu_gce_init(const char *region, const char *vm_name);
+void emu_gce_fini(void);
+/* The compute v1 API (/compute/v1/...) and /__emulate/gce/... controls. */
+bool emu_gce_handle(struct MHD_Connection *c, const char *method,
+                    const char *url, const char *body, size_t len,
+                    enum MHD_Result *ret);
+/* Metadata values below /computeMetadata/v1/ of the current identity:
+ * the service account's token (JSON), instance/zone, instance/name,
+ * project/project-id, instance/attributes/[KEY]. NULL: not ours. */
+const char *emu_gce_meta(const char *key, char *buf, size_t size);
 
 #endif

@@ -813,6 +813,8 @@ static const char relaunch_usage[] =
     "  slurm              scontrol requeue $SLURM_JOB_ID (inside a job)\n"
     "  aws                EC2 CreateFleet in another pool (see\n"
     "                     'spotctl relaunch --backend aws --help')\n"
+    "  gcp                GCE instances.insert (SPOT) in another zone\n"
+    "                     ('spotctl relaunch --backend gcp --help')\n"
     "\n"
     "Options:\n"
     "  --backend NAME     exec or slurm (required)\n"
@@ -1041,8 +1043,14 @@ spotctl_cmd_relaunch(int argc, char **argv)
   int rc, mr;
 
   /* the cloud backends have their own options (relaunch_aws.c) */
-  if (spotctl_relaunch_cloud_backend(argc, argv) == 1)
+  switch (spotctl_relaunch_cloud_backend(argc, argv)) {
+  case 1:
     return spotctl_relaunch_aws(argc, argv);
+  case 2:
+    return spotctl_relaunch_gcp(argc, argv);
+  default:
+    break;
+  }
   memset(&r, 0, sizeof(r));
   r.timeout_s = -1;
   r.retries = -1;

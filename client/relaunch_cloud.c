@@ -146,6 +146,13 @@ cloud_open(struct cloud *c, bool with_aws)
     return spotctl_fail("relaunch: AWS settings: %s", strerror(-r));
   while (!c->aws_done && uv_run(&c->loop, UV_RUN_ONCE) != 0)
     ;
+  if (c->aws_err < 0 && c->aws_optional) {
+    cloud_say("warning: no store credentials (%s): the relaunch record is "
+              "not used",
+              c->aws_msg[0] ? c->aws_msg : strerror(-c->aws_err));
+    c->no_record = true;
+    return 0;
+  }
   if (c->aws_err < 0)
     return spotctl_fail("relaunch: %s",
                         c->aws_msg[0] ? c->aws_msg : strerror(-c->aws_err));

@@ -24,6 +24,7 @@ struct cloud {
   /* options shared by the backends */
   const char *s3_endpoint, *region, *metadata_url;
   bool no_record, dry_run;
+  bool aws_optional; /* gcp: no store credentials = no record */
   int64_t timeout_s;
   /* the engine */
   uv_loop_t loop;

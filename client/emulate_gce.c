@@ -349,10 +349,16 @@ api(struct MHD_Connection *c, const char *method, const char *url,
   } else if (g.deny) {
     char msg[256];
 
-    snprintf(msg, sizeof(msg),
-             "Required 'compute.instances.create' permission for "
-             "'projects/%s/zones/%s/instances'",
-             project, zone);
+    if (strcmp(kind, "instanceTemplates") == 0)
+      snprintf(msg, sizeof(msg),
+               "Required 'compute.instanceTemplates.get' permission for "
+               "'projects/%s/global/instanceTemplates/%s'",
+               project, name);
+    else
+      snprintf(msg, sizeof(msg),
+               "Required 'compute.instances.create' permission for "
+               "'projects/%s/zones/%s/instances'",
+               project, zone);
     json_object_set_new(jl, "result", json_string("denied"));
     ret = send_error(c, 403, "forbidden", "PERMISSION_DENIED", msg);
   } else if (strcmp(kind, "instanceTemplates") == 0 &&

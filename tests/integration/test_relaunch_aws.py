@@ -282,6 +282,59 @@ def botocore_shapes(c, emu, job):
             "botocore's own SigV4 (service ec2) verifies in the emulator too")
 
 
+def form_matches_botocore(c, emu, store, job):
+    """--dry-run prints the CreateFleet form; botocore's own serializer
+    (the EC2 model, ec2 protocol) must give the same parameters for the
+    same request."""
+    try:
+        import botocore.serialize
+        import botocore.session
+    except ImportError:
+        print("     (botocore missing: form not compared)")
+        return
+    import urllib.parse
+    env = {"SPOTD_JOB": job, "SPOTD_STORE": "%s/%s" % (store, job),
+           "SPOTD_CHECKPOINT": "step-000001", "SPOTD_REASON": "manual",
+           "SPOTD_DEADLINE": ""}
+    cp = run_relaunch(emu, env, "--dry-run")
+    lines = cp.stdout.splitlines()
+    form = lines[1] if len(lines) > 1 and lines[0].startswith("would POST") \
+        else ""
+    ours = dict(urllib.parse.parse_qsl(form, keep_blank_values=True))
+    token = ours.get("ClientToken", "")
+    model = botocore.session.get_session().get_service_model("ec2")
+    ser = botocore.serialize.create_serializer("ec2")
+    pools = [("m5.large", "us-east-1b"), ("c5.large", "us-east-1a"),
+             ("c5.large", "us-east-1b")]
+    req = ser.serialize_to_request({
+        "ClientToken": token, "Type": "instant",
+        "TargetCapacitySpecification": {"TotalTargetCapacity": 1,
+                                        "DefaultTargetCapacityType": "spot"},
+        "SpotOptions": {"AllocationStrategy":
+                        "capacity-optimized-prioritized"},
+        "LaunchTemplateConfigs": [{
+            "LaunchTemplateSpecification": {
+                "LaunchTemplateName": "spotd-template",
+                "Version": "$Default"},
+            "Overrides": [{"InstanceType": t, "AvailabilityZone": z,
+                           "Priority": float(i + 1)}
+                          for i, (t, z) in enumerate(pools)]}],
+        "TagSpecifications": [{"ResourceType": "instance", "Tags": [
+            {"Key": "spotd-job", "Value": job},
+            {"Key": "spotd-store", "Value": store}]}]},
+        model.operation_model("CreateFleet"))
+    theirs = {k: str(v) for k, v in req["body"].items()}
+    norm = {k: (v[:-2] if k.endswith(".Priority") and v.endswith(".0")
+                else v) for k, v in theirs.items()}
+    c.check(cp.returncode == 0 and token.startswith("spotd-") and
+            ours == norm,
+            "the CreateFleet form equals botocore's serialization of the "
+            "same request (%d parameters)" % len(ours),
+            "ours - botocore: %s\nbotocore - ours: %s\n%s" % (
+                sorted(set(ours.items()) - set(norm.items())),
+                sorted(set(norm.items()) - set(ours.items())), cp.stderr))
+
+
 def main():
     sl.daemon_env()
     c = sl.Checks()
@@ -294,6 +347,7 @@ def main():
     emu = sl.EmulatorProc("aws")
     try:
         emu.control("ec2/capacity", pool="m5.large/us-east-1b", available=0)
+        form_matches_botocore(c, emu, store, job)
         cycle(c, tmp, emu, store, job, prefix)
         exhausted(c, emu, store, job, prefix)
         errors(c, emu, store, job)

@@ -348,6 +348,12 @@ build_pools(struct aws_relaunch *a)
   size_t nt = a->n_types > 0 ? a->n_types : 1;
   size_t nz = a->n_subnets > 0 ? a->n_subnets : a->n_zones > 0 ? a->n_zones : 1;
 
+  if (a->n_types == 0 && a->n_subnets == 0 && a->n_zones == 0) {
+    cloud_say("warning: no --instance-types, --subnets or --zones: the "
+              "launch template alone, which may land in the pool just "
+              "reclaimed");
+    return; /* no override at all */
+  }
   /* types first: the user's order of types is the priority order, each
    * across every zone */
   for (size_t t = 0; t < nt; t++)

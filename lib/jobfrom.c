@@ -190,6 +190,8 @@ spot_job_from_resolve(enum spot_job_from mode, const char *base_url, char **job,
     return -EINVAL;
   }
   memset(&j, 0, sizeof(j));
+  if (errlen > 0)
+    err[0] = '\0';
   j.err = err;
   j.errlen = errlen;
   if ((r = uv_loop_init(&loop)) < 0) {

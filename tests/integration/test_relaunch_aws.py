@@ -335,6 +335,20 @@ def form_matches_botocore(c, emu, store, job):
                 sorted(set(norm.items()) - set(ours.items())), cp.stderr))
 
 
+def job_from_missing(c, emu):
+    """A node whose metadata has no spotd-job: spotd says so in one line
+    and exits 2 before starting anything."""
+    cp = subprocess.run([sl.spotd_exe(), "run", "--job-from", "aws-tag",
+                         "--metadata-url", emu.url, "--provider", "none",
+                         "--", "true"], capture_output=True, text=True,
+                        timeout=30)
+    lines = cp.stderr.strip().splitlines()
+    c.check(cp.returncode == 2 and len(lines) == 1 and
+            "has no tag spotd-job" in lines[0],
+            "--job-from aws-tag without the tag: exit 2, one line: %s" %
+            (lines[0] if lines else "-"), cp.stderr)
+
+
 def main():
     sl.daemon_env()
     c = sl.Checks()
@@ -346,6 +360,7 @@ def main():
         os.environ.get("AWS_SECRET_ACCESS_KEY", "")
     emu = sl.EmulatorProc("aws")
     try:
+        job_from_missing(c, emu)
         emu.control("ec2/capacity", pool="m5.large/us-east-1b", available=0)
         form_matches_botocore(c, emu, store, job)
         cycle(c, tmp, emu, store, job, prefix)

@@ -203,6 +203,20 @@ def errors(c, emu, store, job):
             "no OAuth token in the output")
 
 
+def job_from_missing(c, emu):
+    """A node whose metadata has no spotd-job: spotd says so in one line
+    and exits 2 before starting anything."""
+    cp = subprocess.run([sl.spotd_exe(), "run", "--job-from", "gcp-metadata",
+                         "--metadata-url", emu.url, "--provider", "none",
+                         "--", "true"], capture_output=True, text=True,
+                        timeout=30)
+    lines = cp.stderr.strip().splitlines()
+    c.check(cp.returncode == 2 and len(lines) == 1 and
+            "has no metadata attribute spotd-job" in lines[0],
+            "--job-from gcp-metadata without the tag: exit 2, one line: %s" %
+            (lines[0] if lines else "-"), cp.stderr)
+
+
 def main():
     sl.daemon_env()
     c = sl.Checks()
@@ -210,6 +224,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="spotd-relaunch-gcp-")
     emu = sl.EmulatorProc("gcp", "--region", "us-central1")
     try:
+        job_from_missing(c, emu)
         emu.control("gce/capacity", zone="us-central1-b", available=0)
         cycle(c, tmp, emu, store, job, prefix)
         errors(c, emu, store, job)

@@ -280,7 +280,7 @@ cloud_record_save(struct cloud *c)
 int
 spotctl_relaunch_cloud_backend(int argc, char **argv)
 {
-  for (int i = 1; i < argc; i++) {
+  for (int i = 1; i < argc && argv[i] != NULL; i++) {
     const char *b = NULL;
 
     if (strcmp(argv[i], "--") == 0)

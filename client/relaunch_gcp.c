@@ -418,7 +418,7 @@ wait_op(struct gcp_relaunch *g, const char *zone, struct spot_gce_op *op)
 {
   char url[1024];
   uint64_t delay = POLL_MIN_MS;
-  long status;
+  long status = 0;
   int r;
 
   while (strcmp(op->status, "DONE") != 0) {

@@ -365,7 +365,7 @@ spot_ec2_client_token(const char *job, const char *ckpt, const char *reason,
   EVP_MD_CTX_free(x);
   if (!ok || mdlen < 16)
     return -EIO;
-  memcpy(buf, "spotd-", 6);
+  snprintf(buf, size, "spotd-");
   for (unsigned i = 0; i < 16; i++)
     snprintf(buf + 6 + 2 * i, 3, "%02x", md[i]);
   return 0;

@@ -62,7 +62,7 @@ struct tok {
 struct ec2 {
   pthread_mutex_t mu;
   char region[32];
-  char ak[128], sk[256];
+  char ak[128], sk[256], token[2048];
   struct {
     char pool[80], lifecycle[16];
   } full[POOLS_MAX];
@@ -104,8 +104,12 @@ emu_ec2_init(const char *region, const char *instance_id)
   snprintf(g.az0, sizeof(g.az0), "%sa", region);
   g.ident = -1;
   if (ak != NULL && sk != NULL) {
+    const char *tok = getenv("SPOT_EMULATE_AWS_SESSION_TOKEN");
+
     spot_strlcpy(g.ak, ak, sizeof(g.ak));
     spot_strlcpy(g.sk, sk, sizeof(g.sk));
+    if (tok != NULL)
+      spot_strlcpy(g.token, tok, sizeof(g.token));
   }
   g.log = json_array();
 }
@@ -293,6 +297,11 @@ check_sig(struct MHD_Connection *c, const char *body, size_t len)
     return "ok"; /* no secret to check against */
   if (strcmp(ak, g.ak) != 0)
     return "unknown key";
+  /* temporary credentials: the token must be the role's, and signed */
+  p = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Amz-Security-Token");
+  if (p != NULL && (strcmp(p, g.token) != 0 ||
+                    strstr(signed_h, "x-amz-security-token") == NULL))
+    return "bad token";
   sig = strstr(auth, "Signature=");
   if (sig == NULL)
     return "malformed";
@@ -757,12 +766,16 @@ api(struct MHD_Connection *c, const char *body, size_t len)
   jl = json_object();
   sig = check_sig(c, body, len);
   json_object_set_new(jl, "signature", json_string(sig));
+  json_object_set_new(
+      jl, "session_token",
+      json_boolean(MHD_lookup_connection_value(
+                       c, MHD_HEADER_KIND, "X-Amz-Security-Token") != NULL));
   if (action == NULL) {
     ret = send_error(c, 400, "MissingAction",
                      "The request must contain the "
                      "parameter Action");
   } else if (strcmp(sig, "ok") != 0) {
-    ret = strcmp(sig, "missing") == 0
+    ret = strcmp(sig, "missing") == 0 || strcmp(sig, "bad token") == 0
               ? send_error(c, 401, "AuthFailure",
                            "AWS was not able to validate the provided "
                            "access credentials")
@@ -977,5 +990,6 @@ emu_ec2_fini(void)
   }
   json_decref(g.log);
   explicit_bzero(g.sk, sizeof(g.sk));
+  explicit_bzero(g.token, sizeof(g.token));
   pthread_mutex_destroy(&g.mu);
 }

@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import spotlib as sl  # noqa: E402
 
 TYPES = "m5.large,c5.large"
+TOKEN = "FwoGZXIvYXdzEmulatedSessionToken0123456789"
 ZONES = "us-east-1a,us-east-1b"
 
 
@@ -335,6 +336,32 @@ def form_matches_botocore(c, emu, store, job):
                 sorted(set(norm.items()) - set(ours.items())), cp.stderr))
 
 
+def role_credentials(c, emu, store, job, tmp):
+    """No keys in the environment nor files: the instance role from IMDS,
+    with its session token, which must ride signed in
+    X-Amz-Security-Token (the emulator checks both)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                        "AWS_SESSION_TOKEN", "AWS_EC2_METADATA_DISABLED",
+                        "AWS_PROFILE")}
+    home = os.path.join(tmp, "empty-home")
+    os.makedirs(home, exist_ok=True)
+    env.update({"HOME": home, "SPOTD_JOB": job,
+                "SPOTD_STORE": "%s/%s" % (store, job),
+                "SPOTD_CHECKPOINT": "step-role", "SPOTD_REASON": "manual",
+                "SPOTD_DEADLINE": ""})
+    cp = subprocess.run(relaunch_cmd(emu, "--no-record"), env=env,
+                        capture_output=True, text=True, timeout=60)
+    st = ec2_state(emu)
+    last = [r for r in st["requests"] if r["action"] == "CreateFleet"][-1]
+    c.check(cp.returncode == 0 and last["signature"] == "ok" and
+            last["session_token"] is True and last.get("result") == "launched",
+            "instance-role credentials (IMDS, session token signed) work",
+            cp.stderr)
+    c.check(TOKEN not in cp.stderr + cp.stdout,
+            "the session token is never printed")
+
+
 def job_from_missing(c, emu):
     """A node whose metadata has no spotd-job: spotd says so in one line
     and exits 2 before starting anything."""
@@ -358,6 +385,7 @@ def main():
         os.environ.get("AWS_ACCESS_KEY_ID", "")
     os.environ["SPOT_EMULATE_AWS_SECRET_ACCESS_KEY"] = \
         os.environ.get("AWS_SECRET_ACCESS_KEY", "")
+    os.environ["SPOT_EMULATE_AWS_SESSION_TOKEN"] = TOKEN
     emu = sl.EmulatorProc("aws")
     try:
         job_from_missing(c, emu)
@@ -366,6 +394,7 @@ def main():
         cycle(c, tmp, emu, store, job, prefix)
         exhausted(c, emu, store, job, prefix)
         errors(c, emu, store, job)
+        role_credentials(c, emu, store, job, tmp)
         botocore_shapes(c, emu, job)
     finally:
         emu.stop()

@@ -342,6 +342,7 @@ api(struct gcp_relaunch *g, const char *method, const char *url,
   char line[300];
   int r;
 
+  memset(op, 0, sizeof(*op));
   for (unsigned attempt = 0;; attempt++) {
     uint64_t wait;
 
@@ -530,7 +531,7 @@ run(struct gcp_relaunch *g)
             (double)cloud_ms_left(&g->c) / 1000.0);
   if (!g->c.dry_run)
     cloud_record_load(&g->c);
-  if ((r = cloud_key(&g->c, key, sizeof(key))) < 0)
+  if (cloud_key(&g->c, key, sizeof(key)) < 0)
     return spotctl_fail("relaunch: cannot derive the key");
   if ((d = spot_relaunch_record_find(&g->c.rec, key)) != NULL) {
     cloud_say("nothing to do: this preemption was relaunched already as %s "

@@ -32,4 +32,18 @@ bool emu_gce_handle(struct MHD_Connection *c, const char *method,
  * project/project-id, instance/attributes/[KEY]. NULL: not ours. */
 const char *emu_gce_meta(const char *key, char *buf, size_t size);
 
+/* Make an instance the current identity (what the control .../boot does).
+ * 0, or -ENOENT. */
+int emu_ec2_boot(const char *id);
+int emu_gce_boot(const char *name);
+
+/* --boot-cmd (emulate_boot.c). clear_notice(arg) withdraws the notice of
+ * the old identity. */
+void emu_boot_setup(const char *cmd, double after_s, const char *url,
+                    void (*clear_notice)(void *), void *arg);
+/* The cloud launched an instance: boot it later when --boot-cmd is set. */
+void emu_boot_launched(const char *id, bool gce);
+/* SIGTERM to the booted commands, wait for them (SIGKILL after 10 s). */
+void emu_boot_stop(void);
+
 #endif

@@ -22,6 +22,7 @@
  * tags/instance[/KEY] of the current identity. */
 #include "emulate_cloud.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -575,6 +576,7 @@ create_fleet(struct MHD_Connection *c, const struct kv *f, const char *body,
       continue;
     }
     launch(f, &ov[i], lifecycle, &ok);
+    emu_boot_launched(g.inst[g.n_inst - 1].id, false);
     json_object_set_new(jl, "instance", json_string(g.inst[g.n_inst - 1].id));
   }
   request_id(rid);
@@ -924,6 +926,21 @@ control(struct MHD_Connection *c, const char *method, const char *url)
     return send_text(c, 404, "text/plain", "unknown control\n");
   }
   return send_text(c, 200, "text/plain", "ok\n");
+}
+
+int
+emu_ec2_boot(const char *id)
+{
+  int r = -ENOENT;
+
+  pthread_mutex_lock(&g.mu);
+  for (unsigned i = 0; i < g.n_inst; i++)
+    if (strcmp(g.inst[i].id, id) == 0) {
+      g.ident = (int)i;
+      r = 0;
+    }
+  pthread_mutex_unlock(&g.mu);
+  return r;
 }
 
 bool

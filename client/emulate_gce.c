@@ -22,6 +22,7 @@
  * instance/name, instance/attributes/[KEY] of the current identity. */
 #include "emulate_cloud.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -301,6 +302,7 @@ do_insert(struct MHD_Connection *c, const char *project, const char *zone,
                  sizeof(in->provisioning));
     in->items = items != NULL ? json_deep_copy(items) : json_array();
     json_object_set_new(jl, "result", json_string("launched"));
+    emu_boot_launched(in->name, true);
   }
   json_decref(b);
   ret = send_json(c, 200, op_json(o, project));
@@ -489,6 +491,22 @@ control(struct MHD_Connection *c, const char *method, const char *url)
     return send_text(c, 404, "unknown control\n");
   }
   return send_text(c, 200, "ok\n");
+}
+
+int
+emu_gce_boot(const char *name)
+{
+  int r = -ENOENT;
+
+  pthread_mutex_lock(&g.mu);
+  for (unsigned i = 0; i < g.n_inst; i++)
+    if (strcmp(g.inst[i].name, name) == 0) {
+      g.ident = (int)i;
+      spot_strlcpy(g.inst[i].status, "RUNNING", sizeof(g.inst[i].status));
+      r = 0;
+    }
+  pthread_mutex_unlock(&g.mu);
+  return r;
 }
 
 bool

@@ -362,6 +362,46 @@ def role_credentials(c, emu, store, job, tmp):
             "the session token is never printed")
 
 
+def boot_hook(c, tmp, store, job, prefix):
+    """`spotctl emulate --boot-cmd`: the emulator itself boots the instance
+    it launched and runs the new node's spotd (--job-from aws-tag), which
+    restores LATEST and resumes."""
+    name = sl.latest(prefix)
+    wd = os.path.join(tmp, "booted")
+    os.makedirs(wd)
+    cmd = ("exec %s run --job-from aws-tag --provider aws --metadata-url "
+           "\"$SPOT_EMULATE_URL\" --poll-interval 200ms --ckpt-dir %s/ckpt "
+           "--socket %s/spotd.sock --interval 0 -- %s %s --log %s/trainer.log "
+           "--step-sleep 0.05 >%s/out 2>%s/err" %
+           (sl.spotd_exe(), wd, wd, sl.PY3, sl.FAKE_TRAINER, wd, wd, wd))
+    emu2 = sl.EmulatorProc("aws", "--boot-cmd", cmd, "--boot-after", "0.5")
+    try:
+        env = {"SPOTD_JOB": job, "SPOTD_STORE": "%s/%s" % (store, job),
+               "SPOTD_CHECKPOINT": name or "", "SPOTD_REASON": "boot-hook",
+               "SPOTD_DEADLINE": ""}
+        cp = run_relaunch(emu2, env, "--no-record")
+        iid = cp.stdout.strip()
+        booted = emu2.out.wait(r"^booted %s: pid \d+" % re.escape(iid), 10)[1]
+        start, end = None, time.time() + 30
+        while time.time() < end and start is None:
+            ev = sl.trainer_events(os.path.join(wd, "trainer.log"), "start")
+            start = ev[0] if ev else None
+            time.sleep(0.1)
+        c.check(cp.returncode == 0 and booted is not None and
+                start is not None and
+                start["env"].get("SPOTD_RESUME_DIR", "").endswith("/%s" % name),
+                "--boot-cmd: the emulator booted %s and its spotd resumed "
+                "from %s" % (iid, name), cp.stderr + repr(start))
+    finally:
+        emu2.stop()  # SIGTERM to the booted spotd, waited for
+    err = sl.read_text(os.path.join(wd, "err")) or ""
+    c.check("job-from aws-tag: job=%s store=%s" % (job, store) in err and
+            re.search(r"restored checkpoint %s into" % name, err) and
+            "exit status" in err,
+            "the booted spotd took its job from the tags, restored, and "
+            "stopped with the emulator", err[-1500:])
+
+
 def job_from_missing(c, emu):
     """A node whose metadata has no spotd-job: spotd says so in one line
     and exits 2 before starting anything."""
@@ -395,6 +435,7 @@ def main():
         exhausted(c, emu, store, job, prefix)
         errors(c, emu, store, job)
         role_credentials(c, emu, store, job, tmp)
+        boot_hook(c, tmp, store, job, prefix)
         botocore_shapes(c, emu, job)
     finally:
         emu.stop()

@@ -35,6 +35,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 
+#include "emulate_cloud.h"
 #include "notice.h"
 #include "spotctl.h"
 #include "util.h"
@@ -392,6 +393,8 @@ aws_get(struct emu *e, struct MHD_Connection *c, const char *path,
              cancelled ? "canceled" : "active");
     return reply(c, 200, "text/plain", body, NULL, NULL);
   }
+  if (emu_ec2_imds(path, body, sizeof(body)) != NULL)
+    return reply(c, 200, "text/plain", body, NULL, NULL);
   if (strcmp(path, "autoscaling/target-lifecycle-state") == 0)
     return reply(c, 200, "text/plain", e->lifecycle, NULL, NULL);
   if (strcmp(path, "instance-id") == 0)
@@ -424,6 +427,8 @@ aws_get(struct emu *e, struct MHD_Connection *c, const char *path,
 static const char *
 gcp_value(struct emu *e, const char *key, uint64_t now, char *buf, size_t size)
 {
+  if (emu_gce_meta(key, buf, size) != NULL)
+    return buf;
   if (strcmp(key, "instance/preempted") == 0)
     return notice_visible(e, now) ? "TRUE" : "FALSE";
   if (strcmp(key, "instance/maintenance-event") == 0)
@@ -811,6 +816,22 @@ handler(void *cls, struct MHD_Connection *c, const char *url,
                ? MHD_YES
                : MHD_NO;
 
+  if (e->provider == SPOT_PROVIDER_AWS || e->provider == SPOT_PROVIDER_GCP) {
+    enum MHD_Result cr;
+
+    if (e->provider == SPOT_PROVIDER_AWS
+            ? emu_ec2_handle(c, method, url, u->body, u->len, &cr)
+            : emu_gce_handle(c, method, url, u->body, u->len, &cr)) {
+      /* a booted instance has its own IMDS: no notice there yet */
+      if (strcmp(url, "/__emulate/ec2/boot") == 0 ||
+          strcmp(url, "/__emulate/gce/boot") == 0) {
+        pthread_mutex_lock(&e->mu);
+        e->notice_at = e->rebalance_at = 0;
+        pthread_mutex_unlock(&e->mu);
+      }
+      return cr;
+    }
+  }
   pthread_mutex_lock(&e->mu);
   e->requests++;
   if (strncmp(url, "/__emulate/", 11) == 0) {
@@ -860,6 +881,18 @@ handler(void *cls, struct MHD_Connection *c, const char *url,
   return ret == MHD_YES ? MHD_YES : MHD_NO;
 }
 
+/* A booted instance has its own metadata service: no notice there. */
+static void
+clear_notice(void *arg)
+{
+  struct emu *e = arg;
+
+  pthread_mutex_lock(&e->mu);
+  e->notice_at = e->rebalance_at = 0;
+  pthread_cond_broadcast(&e->cond);
+  pthread_mutex_unlock(&e->mu);
+}
+
 static void
 completed(void *cls, struct MHD_Connection *c, void **con_cls,
           enum MHD_RequestTerminationCode toe)
@@ -903,10 +936,21 @@ usage(FILE *f)
       "                            SPOT_EMULATE_AWS_SECRET_ACCESS_KEY,\n"
       "                            SPOT_EMULATE_AWS_SESSION_TOKEN)\n"
       "  --role-expire SEC         role Expiration: SEC after each serve "
-      "(6 h)\n\n"
+      "(6 h)\n"
+      "  --boot-cmd CMD            aws/gcp: after each instance the\n"
+      "                            emulated cloud launches, answer as it and\n"
+      "                            run CMD (sh -c) with SPOT_EMULATE_INSTANCE\n"
+      "                            and SPOT_EMULATE_URL (the new node)\n"
+      "  --boot-after SEC          launch to boot (default 1)\n\n"
       "Runtime control (POST, query parameters): /__emulate/notice,\n"
       "/__emulate/rebalance, /__emulate/maintenance, /__emulate/cancel,\n"
       "/__emulate/fault, /__emulate/lifecycle; GET /__emulate/state.\n"
+      "aws also serves the EC2 API (CreateFleet, DescribeInstances,\n"
+      "TerminateInstances: POST /) with /__emulate/ec2/capacity, subnet,\n"
+      "fault, identity, boot and GET /__emulate/ec2/state; gcp the compute\n"
+      "v1 API (instances.insert, zone operations, instanceTemplates.get)\n"
+      "with /__emulate/gce/capacity, fault, boot, GET /__emulate/gce/state\n"
+      "(see README).\n"
       "Prints \"listening on http://ADDR:PORT\" when ready and one line per\n"
       "Azure acknowledgement (\"ack EventId=...\"). Stops on "
       "SIGINT/SIGTERM.\n");
@@ -1017,6 +1061,8 @@ spotctl_cmd_emulate(int argc, char **argv)
     OPT_ROLE,
     OPT_ROLE_CREDS,
     OPT_ROLE_EXPIRE,
+    OPT_BOOT_CMD,
+    OPT_BOOT_AFTER,
     OPT_PROVIDER,
     OPT_HELP,
   };
@@ -1038,6 +1084,8 @@ spotctl_cmd_emulate(int argc, char **argv)
       {"role", required_argument, NULL, OPT_ROLE},
       {"role-creds", required_argument, NULL, OPT_ROLE_CREDS},
       {"role-expire", required_argument, NULL, OPT_ROLE_EXPIRE},
+      {"boot-cmd", required_argument, NULL, OPT_BOOT_CMD},
+      {"boot-after", required_argument, NULL, OPT_BOOT_AFTER},
       {"help", no_argument, NULL, OPT_HELP},
       {NULL, 0, NULL, 0},
   };
@@ -1045,7 +1093,8 @@ spotctl_cmd_emulate(int argc, char **argv)
   double notice_after = -1, notice_deadline = -1, rebalance_after = -1;
   double maint_after = -1, maint_cancel = -1;
   const char *bind_addr = "127.0.0.1", *creds_file = NULL;
-  const char *provider = NULL;
+  const char *provider = NULL, *boot_cmd = NULL;
+  double boot_after = 1.0;
   int64_t port = 1338;
   struct sockaddr_in sa;
   struct MHD_Daemon *d;
@@ -1128,6 +1177,13 @@ spotctl_cmd_emulate(int argc, char **argv)
     case OPT_ROLE_CREDS:
       creds_file = optarg;
       break;
+    case OPT_BOOT_CMD:
+      boot_cmd = optarg;
+      break;
+    case OPT_BOOT_AFTER:
+      if (parse_secs(optarg, &boot_after) < 0 || boot_after > 3600)
+        return spotctl_usage("emulate: bad --boot-after '%s'", optarg);
+      break;
     case OPT_ROLE_EXPIRE: {
       int64_t v;
 
@@ -1170,6 +1226,10 @@ spotctl_cmd_emulate(int argc, char **argv)
   e.creds_file = creds_file;
 
   pthread_mutex_init(&e.mu, NULL);
+  if (e.provider == SPOT_PROVIDER_AWS)
+    emu_ec2_init(e.region, e.instance_id);
+  if (e.provider == SPOT_PROVIDER_GCP)
+    emu_gce_init(e.region, e.vm_name);
   {
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -1208,6 +1268,13 @@ spotctl_cmd_emulate(int argc, char **argv)
   info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
   printf("listening on http://%s:%u\n", bind_addr,
          info != NULL ? (unsigned)info->port : (unsigned)port);
+  if (boot_cmd != NULL) {
+    char url[128];
+
+    snprintf(url, sizeof(url), "http://%s:%u", bind_addr,
+             info != NULL ? (unsigned)info->port : (unsigned)port);
+    emu_boot_setup(boot_cmd, boot_after, url, clear_notice, &e);
+  }
   fflush(stdout);
 
   while (sigwait(&set, &sig) != 0)
@@ -1217,10 +1284,15 @@ spotctl_cmd_emulate(int argc, char **argv)
   pthread_cond_broadcast(&e.cond);
   pthread_mutex_unlock(&e.mu);
   MHD_stop_daemon(d);
+  emu_boot_stop();
 out:
   pthread_sigmask(SIG_UNBLOCK, &set, NULL);
   pthread_cond_destroy(&e.cond);
   pthread_mutex_destroy(&e.mu);
+  if (e.provider == SPOT_PROVIDER_AWS)
+    emu_ec2_fini();
+  if (e.provider == SPOT_PROVIDER_GCP)
+    emu_gce_fini();
   free(e.last_events);
   if (e.creds != NULL)
     explicit_bzero(e.creds, strlen(e.creds));

@@ -30,7 +30,7 @@ static const struct spotctl_cmd commands[] = {
     {"help", "[COMMAND]", "show help", cmd_help},
     {"emulate", "--provider aws|gcp|azure [...]",
      "local metadata service emulator", spotctl_cmd_emulate},
-    {"relaunch", "--backend exec|slurm [...]", "ask for new capacity",
+    {"relaunch", "--backend exec|slurm|aws|gcp", "ask for new capacity",
      spotctl_cmd_relaunch},
     {"history", "s3://BUCKET/[PREFIX/]JOB [...]",
      "what happened to a job: runs, preemptions, lost work",

@@ -58,6 +58,7 @@
 
 #include <openssl/evp.h>
 
+#include "relaunch_cloud.h"
 #include "spotctl.h"
 #include "util.h"
 
@@ -810,6 +811,10 @@ static const char relaunch_usage[] =
     "Backends:\n"
     "  exec -- CMD...     run CMD with those variables; its status is ours\n"
     "  slurm              scontrol requeue $SLURM_JOB_ID (inside a job)\n"
+    "  aws                EC2 CreateFleet in another pool (see\n"
+    "                     'spotctl relaunch --backend aws --help')\n"
+    "  gcp                GCE instances.insert (SPOT) in another zone\n"
+    "                     ('spotctl relaunch --backend gcp --help')\n"
     "\n"
     "Options:\n"
     "  --backend NAME     exec or slurm (required)\n"
@@ -1037,6 +1042,15 @@ spotctl_cmd_relaunch(int argc, char **argv)
   char done[512] = "", what[640] = "";
   int rc, mr;
 
+  /* the cloud backends have their own options (relaunch_aws.c) */
+  switch (spotctl_relaunch_cloud_backend(argc, argv)) {
+  case 1:
+    return spotctl_relaunch_aws(argc, argv);
+  case 2:
+    return spotctl_relaunch_gcp(argc, argv);
+  default:
+    break;
+  }
   memset(&r, 0, sizeof(r));
   r.timeout_s = -1;
   r.retries = -1;

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "jobfrom.h"
 #include "spot-config.h"
 #include "spotd.h"
 #include "util.h"
@@ -187,6 +188,35 @@ run_daemon(struct spot_config *cfg, char **argv)
   return d.exit_code < 0 ? 1 : d.exit_code;
 }
 
+/* --job-from: job and store, when not given, from the instance's own
+ * metadata (one generic launch template serves every job). */
+static int
+job_from(struct spot_config *cfg)
+{
+  char err[512], *job = NULL, *store = NULL;
+  const char *where = "";
+  int r;
+
+  if (cfg->job_from == SPOT_JOB_FROM_NONE ||
+      (cfg->job != NULL && cfg->store != NULL))
+    return 0;
+  r = spot_job_from_resolve((enum spot_job_from)cfg->job_from,
+                            cfg->metadata_url, &job, &store, &where, err,
+                            sizeof(err));
+  if (r == 0 && cfg->job == NULL)
+    r = spot_config_set(cfg, "job", job, err, sizeof(err));
+  if (r == 0 && cfg->store == NULL && store != NULL)
+    r = spot_config_set(cfg, "store", store, err, sizeof(err));
+  if (r == 0)
+    log_info("job-from %s: job=%s store=%s", where, cfg->job,
+             cfg->store != NULL ? cfg->store : "(none)");
+  else
+    fprintf(stderr, "spotd: job-from: %s\n", err);
+  free(job);
+  free(store);
+  return r;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -282,6 +312,10 @@ main(int argc, char **argv)
             "spotd: unexpected argument '%s' (the training command "
             "goes after '--' with 'spotd run')\n",
             argv[optind]);
+    spot_config_free(cfg);
+    return 2;
+  }
+  if (job_from(cfg) < 0) {
     spot_config_free(cfg);
     return 2;
   }

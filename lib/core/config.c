@@ -65,6 +65,10 @@ static const struct enum_val provider_vals[] = {
     {"none", SPOT_CONFIG_PROVIDER_NONE}, {NULL, 0},
 };
 
+static const struct enum_val job_from_vals[] = {
+    {"none", 0}, {"auto", 1}, {"aws-tag", 2}, {"gcp-metadata", 3}, {NULL, 0},
+};
+
 static const struct enum_val target_vals[] = {
     {"group", SPOT_CONFIG_TARGET_GROUP},
     {"leader", SPOT_CONFIG_TARGET_LEADER},
@@ -112,6 +116,12 @@ static const struct key_def keys[] = {
     {"store", T_STRING, OFF(store), "s3://BUCKET/PREFIX", NULL, NULL,
      "s3://my-bucket/spotd", 0, 0, NULL, check_store, F_REQUIRED,
      "Where checkpoints go; the job root is PREFIX/JOB."},
+    {"job-from", T_ENUM, OFF(job_from), NULL, "none", NULL, NULL, 0, 0,
+     job_from_vals, NULL, 0,
+     "Take job and store (when not given) from this instance's metadata "
+     "before starting: the instance tags spotd-job and spotd-store in "
+     "AWS IMDS (aws-tag), the GCE instance attributes of those names "
+     "(gcp-metadata), or whichever answers (auto)."},
     {"command", T_STRING, OFF(command), "CMD", NULL, "none",
      "python3 train.py --lr 0.1", 0, 0, NULL, check_args, F_MULTILINE,
      "The training command for `spotd --config` (`spotd run -- CMD` "

@@ -88,6 +88,7 @@ struct spot_config {
   /* the job */
   char *job;
   char *store;   /* s3://BUCKET/PREFIX; the job root is PREFIX/JOB */
+  int job_from;  /* enum spot_job_from (jobfrom.h): resolved by main() */
   char *command; /* the training command for `spotd --config` (split it
                     with spot_config_split_args) */
   /* interruption notices */

@@ -1,0 +1,63 @@
+/* The cloud backends of `spotctl relaunch` (relaunch_aws.c,
+ * relaunch_gcp.c) and what they share (relaunch_cloud.c): the preemption
+ * from spotd's variables, a loop with HTTP and AWS credentials, the job's
+ * relaunch record in the store, one log line per step. */
+#ifndef SPOTCTL_RELAUNCH_CLOUD_H
+#define SPOTCTL_RELAUNCH_CLOUD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "aws.h"
+#include "ec2.h"
+#include "http.h"
+#include "s3.h"
+
+struct cloud {
+  /* the preemption (SPOTD_*) */
+  const char *job, *store_url, *ckpt, *reason, *deadline;
+  char *bucket, *prefix; /* of the job root */
+  char store[600];       /* s3://BUCKET/PREFIX, for the new node */
+  int64_t deadline_ms;
+  uint64_t end_mono;
+  /* options shared by the backends */
+  const char *s3_endpoint, *region, *metadata_url;
+  bool no_record, dry_run;
+  bool aws_optional; /* gcp: no store credentials = no record */
+  int64_t timeout_s;
+  /* the engine */
+  uv_loop_t loop;
+  bool loop_ready;
+  struct spot_http *http;
+  struct spot_aws *aws; /* S3 (record) and EC2 credentials */
+  struct spot_s3 *s3;
+  int aws_err;
+  char aws_msg[512];
+  bool aws_done;
+  /* the record */
+  struct spot_relaunch_record rec;
+  bool rec_loaded;
+};
+
+void cloud_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Reads SPOTD_*; 0 or an exit status (message printed). */
+int cloud_read_env(struct cloud *c);
+/* Loop + HTTP; with_aws: credentials and S3 for the record. 0 or an exit
+ * status (message printed). */
+int cloud_open(struct cloud *c, bool with_aws);
+void cloud_close(struct cloud *c);
+uint64_t cloud_ms_left(const struct cloud *c);
+/* The record: load (missing = empty) and save; best effort, warn on
+ * failure. */
+void cloud_record_load(struct cloud *c);
+void cloud_record_save(struct cloud *c);
+/* A hex key of the preemption, for the record ("spotd-" + 32 hex). */
+int cloud_key(const struct cloud *c, char *buf, size_t size);
+
+int spotctl_relaunch_aws(int argc, char **argv);
+int spotctl_relaunch_gcp(int argc, char **argv);
+/* argv names --backend aws or gcp (relaunch.c hands those over). */
+int spotctl_relaunch_cloud_backend(int argc, char **argv);
+
+#endif

@@ -236,7 +236,13 @@ def _notify(path, timeout=5.0):
     sock_path = os.environ.get("SPOTD_SOCKET")
     if not sock_path:
         return None
-    req = json.dumps({"v": 1, "id": 1, "cmd": "done", "args": {"dir": path}})
+    # A folder of SPOTD_CKPT_DIR goes by its bare name: spotd resolves it
+    # against its own (maybe relative) --ckpt-dir.
+    arg = path
+    if os.environ.get("SPOTD_CKPT_DIR") and \
+            os.path.dirname(path) == ckpt_root():
+        arg = os.path.basename(path)
+    req = json.dumps({"v": 1, "id": 1, "cmd": "done", "args": {"dir": arg}})
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(timeout)
@@ -256,12 +262,14 @@ def _notify(path, timeout=5.0):
         return None
 
 
-def done(path):
+def done(path, strict=True):
     """Marks the checkpoint folder path complete, as `spotctl done` does:
     fsyncs everything in it, creates SPOTD_COMPLETE (fsynced, with the
     folder and its parent), then tells spotd over $SPOTD_SOCKET when there
     is one. Call it only once every file is written. Returns the folder's
-    name."""
+    name. When spotd refuses the folder (not directly under its
+    SPOTD_CKPT_DIR, say) it raises RuntimeError, or with strict=False
+    prints one warning line on stderr."""
     path = os.path.abspath(path)
     _fsync_tree(path)
     marker = os.path.join(path, MARKER)
@@ -275,7 +283,10 @@ def done(path):
     ans = _notify(path)
     if ans is not None and not ans.get("ok") and \
             "already handled" not in str(ans.get("error", "")):
-        raise RuntimeError("spotd refused %s: %s" % (path, ans.get("error")))
+        msg = "spotd refused %s: %s" % (path, ans.get("error"))
+        if strict:
+            raise RuntimeError(msg)
+        print("spotd: warning: " + msg, file=sys.stderr, flush=True)
     return os.path.basename(path)
 
 
@@ -383,7 +394,7 @@ class Checkpoint:
         if failed:
             return False  # no marker: spotd never uploads this folder
         if self.writer:
-            done(self.path)
+            done(self.path, strict=False)  # a refusal must not kill training
         self.complete = True
         return False
 

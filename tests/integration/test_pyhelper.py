@@ -18,6 +18,7 @@
 No daemon, no S3.
 """
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -235,10 +236,16 @@ def test_done_socket(c, tmp):
                     f.write(b"m")
             req = fake.requests[-1] if fake.requests else {}
             c.check(req.get("cmd") == "done" and req.get("v") == 1 and
-                    req.get("args", {}).get("dir") == ck.path and
+                    req.get("args", {}).get("dir") == "step-000003" and
                     os.path.isfile(os.path.join(ck.path, MARKER)),
-                    "the marker is written and spotd told (cmd done, "
-                    "absolute dir)", repr(req))
+                    "the marker is written and spotd told (cmd done, the "
+                    "bare name of a folder of SPOTD_CKPT_DIR)", repr(req))
+            other = os.path.join(tmp, "elsewhere")
+            os.makedirs(other)
+            spotd.done(other)
+            req = fake.requests[-1] if fake.requests else {}
+            c.check(req.get("args", {}).get("dir") == other,
+                    "a folder elsewhere goes by its absolute path", repr(req))
             fake.answer = {"v": 1, "id": 1, "ok": False,
                            "error": "%s: already handled" % ck.path}
             os.makedirs(os.path.join(root, "again"))
@@ -254,6 +261,14 @@ def test_done_socket(c, tmp):
                 got = str(e)
             c.check(got is not None and "not a folder directly" in got,
                     "a refusal by spotd raises", repr(got))
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                with spotd.checkpoint(name="refused2") as ck:
+                    pass
+            c.check(ck.complete and os.path.isfile(os.path.join(
+                ck.path, MARKER)) and "spotd: warning: spotd refused" in
+                err.getvalue(), "in a checkpoint block a refusal is one "
+                "warning line, the block completes", err.getvalue())
     finally:
         fake.close()
 

@@ -195,10 +195,15 @@ jstr(json_t *o, const char *k)
   return s != NULL ? s : "";
 }
 
+/* Strings spotd passes on from the metadata service and the store are
+ * escaped before they reach a terminal. */
+#define E(s) spot_escape((s), esc, sizeof(esc))
+
 static void
 print_status(const struct spot_proto_status *st)
 {
   char a[32], b[32];
+  char esc[SPOT_ESCAPE_SIZE(512)];
 
   printf("state:        %s\n", st->state);
   printf("job:          %s  (%s)\n", st->job, st->store);
@@ -221,11 +226,12 @@ print_status(const struct spot_proto_status *st)
     printf("trainer:      not running\n");
   if (st->has_last_commit)
     printf("last commit:  %s at %s (%" PRId64 " s of work at risk)\n",
-           st->last_commit.name, st->last_commit.time, st->last_commit.age_s);
+           E(st->last_commit.name), st->last_commit.time,
+           st->last_commit.age_s);
   else
     printf("last commit:  none (all work since start is at risk)\n");
   if (st->has_upload) {
-    printf("upload:       %s %s / %s at %.0f MB/s", st->upload.name,
+    printf("upload:       %s %s / %s at %.0f MB/s", E(st->upload.name),
            spot_fmt_bytes(st->upload.bytes_done, a, sizeof(a)),
            spot_fmt_bytes(st->upload.bytes_total, b, sizeof(b)),
            st->upload.rate / 1e6);
@@ -235,11 +241,13 @@ print_status(const struct spot_proto_status *st)
   }
   for (size_t i = 0; i < st->n_relaunch; i++)
     printf("relaunch:     %s %s: %s (status %d)\n", st->relaunch[i].time,
-           st->relaunch[i].reason, st->relaunch[i].ok ? "ok" : "FAILED",
+           E(st->relaunch[i].reason), st->relaunch[i].ok ? "ok" : "FAILED",
            st->relaunch[i].exit_status);
   for (size_t i = 0; i < st->n_warnings; i++)
-    printf("warning:      %s\n", st->warnings[i]);
+    printf("warning:      %s\n", E(st->warnings[i]));
 }
+
+#undef E
 
 /* parse() for a command that takes no operands. */
 static int
@@ -260,13 +268,14 @@ static int
 request(const struct ctl_opts *o, struct spot_buf *req, json_t **root,
         struct spot_proto_msg *msg)
 {
+  char esc[SPOT_ESCAPE_SIZE(1024)];
   int r = call(o, req, root, msg);
 
   spot_buf_fini(req);
   if (r != 0)
     return r;
   if (!msg->ok) {
-    r = spotctl_fail("%s", msg->error);
+    r = spotctl_fail("%s", spot_escape(msg->error, esc, sizeof(esc)));
     json_decref(*root);
     *root = NULL;
   }

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -423,11 +424,29 @@ spotctl_cmd_restore(int argc, char **argv)
   return r;
 }
 
+/* Names come from the store's keys and objects: escaped for a terminal,
+ * and quoted by jansson in JSON. */
+#define NAME_OUT SPOT_ESCAPE_SIZE(256)
+
+static const char *
+json_quoted(const char *s, char *buf, size_t size)
+{
+  char esc[NAME_OUT];
+  json_t *j = json_string(spot_escape(s, esc, sizeof(esc)));
+  char *d = j != NULL ? json_dumps(j, JSON_ENCODE_ANY) : NULL;
+
+  spot_strlcpy(buf, d != NULL ? d : "\"\"", size);
+  free(d);
+  json_decref(j);
+  return buf;
+}
+
 static void
 list_done_cb(const struct spot_store_list_result *res, void *data)
 {
   struct session *s = data;
   size_t committed = 0;
+  char name[NAME_OUT + 8], latest[NAME_OUT + 8];
 
   s->done = true;
   if (res->err < 0) {
@@ -436,19 +455,19 @@ list_done_cb(const struct spot_store_list_result *res, void *data)
   }
   s->exit_code = SPOTCTL_EXIT_OK;
   if (s->json) {
-    printf("{\"job\":\"%s\",\"latest\":\"%s\",\"checkpoints\":[", s->job,
-           res->latest);
+    printf("{\"job\":\"%s\",\"latest\":%s,\"checkpoints\":[", s->job,
+           json_quoted(res->latest, latest, sizeof(latest)));
     for (size_t i = 0; i < res->n; i++) {
       const struct spot_store_entry *e = &res->entries[i];
       char when[32] = "";
       if (e->committed)
         spot_rfc3339_format(e->created_ms, when, sizeof(when));
-      printf("%s{\"name\":\"%s\",\"committed\":%s,\"latest\":%s,"
+      printf("%s{\"name\":%s,\"committed\":%s,\"latest\":%s,"
              "\"created\":\"%s\",\"files\":%" PRIu64 ",\"raw_bytes\":%" PRIu64
              ",\"stored_bytes\":%" PRIu64 "}",
-             i ? "," : "", e->name, e->committed ? "true" : "false",
-             e->latest ? "true" : "false", when, e->files, e->raw_bytes,
-             e->stored_bytes);
+             i ? "," : "", json_quoted(e->name, name, sizeof(name)),
+             e->committed ? "true" : "false", e->latest ? "true" : "false",
+             when, e->files, e->raw_bytes, e->stored_bytes);
     }
     printf("]}\n");
     return;
@@ -460,7 +479,7 @@ list_done_cb(const struct spot_store_list_result *res, void *data)
     char when[32], raw[32], stored[32];
 
     if (!e->committed) {
-      printf("%-2s %-32s %s\n", "", e->name,
+      printf("%-2s %-32s %s\n", "", spot_escape(e->name, name, sizeof(name)),
              e->problem != NULL ? e->problem
                                 : "(uncommitted leftover, never restored)");
       continue;
@@ -468,14 +487,15 @@ list_done_cb(const struct spot_store_list_result *res, void *data)
     committed++;
     spot_rfc3339_format(e->created_ms, when, sizeof(when));
     printf("%-2s %-32s %-20s %6" PRIu64 " %12s %12s\n", e->latest ? "*" : "",
-           e->name, when, e->files,
+           spot_escape(e->name, name, sizeof(name)), when, e->files,
            spot_fmt_bytes(e->raw_bytes, raw, sizeof(raw)),
            spot_fmt_bytes(e->stored_bytes, stored, sizeof(stored)));
   }
   if (res->n == 0)
     printf("(no checkpoints)\n");
   else if (res->latest[0] != '\0')
-    printf("* = LATEST (%s); %zu committed\n", res->latest, committed);
+    printf("* = LATEST (%s); %zu committed\n",
+           spot_escape(res->latest, latest, sizeof(latest)), committed);
 }
 
 static const char list_usage[] =

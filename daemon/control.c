@@ -1,8 +1,14 @@
 /* The control socket: a Unix stream socket, mode 0660, speaking the JSON
  * lines of proto.h. Every connection's peer is checked with SO_PEERCRED
- * (root, our own user, or our group); a bad, oversized or slow client is
- * dropped, never the daemon. Each connection embeds two handles (the pipe
- * and an idle timer) and is freed in the last close callback. */
+ * and SO_PEERGROUPS (root, our own user, or a member of our group or of
+ * --socket-group, primary or supplementary); a bad, oversized or slow
+ * client is dropped, never the daemon. Each request line must arrive
+ * within CTL_LINE_MS of the connection or of the previous line (bytes
+ * trickled in do not extend it), and one process or user holds only a
+ * few of the slots; a refused client gets one JSON line saying why. Each
+ * connection embeds two handles (the pipe and the deadline timer) and is
+ * freed in the last close callback. A socket another spotd still listens
+ * on is never taken over; only a stale one is replaced. */
 #include <errno.h>
 #include <grp.h>
 #include <stdio.h>
@@ -10,6 +16,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -17,15 +24,18 @@
 #include "spotd.h"
 #include "util.h"
 
-#define CTL_IDLE_MS 30000 /* a client silent this long is dropped */
-#define CTL_CONNS_MAX 32
+#define CTL_LINE_MS 10000    /* each request line due within this */
+#define CTL_CONNS_MAX 32     /* clients at once */
+#define CTL_CONNS_PER_PID 4  /* from one process */
+#define CTL_CONNS_PER_UID 24 /* from one user: others keep a few slots */
+#define CTL_GROUPS_MAX 4096  /* supplementary groups looked at per peer */
 #define CTL_WRITE_CAP (256 * 1024)
 
 struct ctl_conn {
   struct spotd *d;
   struct ctl_conn *next;
   uv_pipe_t pipe;
-  uv_timer_t idle;
+  uv_timer_t idle; /* the request line's deadline; never extended by bytes */
   struct spot_proto_reader rd;
   unsigned closes;
   bool closing;
@@ -41,6 +51,8 @@ struct ctl_write {
   size_t len;
   char data[]; /* the request and its buffer are one allocation */
 };
+
+static void idle_cb(uv_timer_t *t);
 
 static void
 conn_closed_cb(uv_handle_t *h)
@@ -122,6 +134,8 @@ msg_cb(const struct spot_proto_msg *m, void *data)
   int r;
 
   spot_buf_init(&out, SPOT_PROTO_MAX_LINE + 1);
+  /* A whole line arrived: the next one has CTL_LINE_MS again. */
+  uv_timer_start(&c->idle, idle_cb, CTL_LINE_MS, 0);
   if (m->args_error != NULL) {
     spot_proto_encode_error(&out, m->id, "%s", m->args_error);
     goto send;
@@ -229,8 +243,6 @@ read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
   }
   if (n == 0)
     return;
-  if (!c->waiting)
-    uv_timer_again(&c->idle);
   r = spot_proto_feed(&c->rd, buf->base, (size_t)n, msg_cb, c);
   if (r < 0) {
     struct spot_buf out;
@@ -248,20 +260,73 @@ read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 static void
 idle_cb(uv_timer_t *t)
 {
-  conn_drop(t->data, "idle too long");
+  conn_drop(t->data, "no complete request line in time");
 }
 
 static bool
-peer_allowed(struct spotd *d, uid_t uid, gid_t gid)
+gid_allowed(struct spotd *d, gid_t gid)
 {
-  if (uid == 0 || uid == geteuid() || gid == getegid())
+  return gid == getegid() || (d->ctl_has_gid && gid == d->ctl_gid);
+}
+
+/* Root, our user, or a member (primary or supplementary) of our group or
+ * of --socket-group. SO_PEERGROUPS gives the groups the peer had when it
+ * connected, as SO_PEERCRED does for uid and gid: no /proc race. */
+static bool
+peer_allowed(struct spotd *d, int fd, const struct ucred *cred)
+{
+  gid_t groups[CTL_GROUPS_MAX];
+  socklen_t len = sizeof(groups);
+
+  if (cred->uid == 0 || cred->uid == geteuid() || gid_allowed(d, cred->gid))
     return true;
-  if (d->cfg->socket_group != NULL) {
-    struct group *g = getgrnam(d->cfg->socket_group);
-    if (g != NULL && g->gr_gid == gid)
-      return true;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) < 0) {
+    log_debug("control: SO_PEERGROUPS of pid=%d: %s", (int)cred->pid,
+              strerror(errno));
+    return false;
   }
+  for (size_t i = 0; i < len / sizeof(gid_t); i++)
+    if (gid_allowed(d, groups[i]))
+      return true;
   return false;
+}
+
+/* Why a new client from pid/uid may not have a slot, or NULL. */
+static const char *
+over_limit(struct spotd *d, const struct ctl_conn *me, char *why, size_t n)
+{
+  unsigned same_pid = 0, same_uid = 0;
+
+  for (const struct ctl_conn *c = d->conns; c != NULL; c = c->next) {
+    if (c == me)
+      continue;
+    same_pid += c->pid == me->pid;
+    same_uid += c->uid == me->uid;
+  }
+  if (d->nconns > CTL_CONNS_MAX)
+    snprintf(why, n, "too many clients (%d at once)", CTL_CONNS_MAX);
+  else if (same_pid >= CTL_CONNS_PER_PID)
+    snprintf(why, n, "too many connections from pid %d (%d at once)",
+             (int)me->pid, CTL_CONNS_PER_PID);
+  else if (same_uid >= CTL_CONNS_PER_UID)
+    snprintf(why, n, "too many connections from uid %d (%d at once)",
+             (int)me->uid, CTL_CONNS_PER_UID);
+  else
+    return NULL;
+  return why;
+}
+
+/* Tells the client why in one JSON line, then drops it. */
+static void
+refuse(struct ctl_conn *c, const char *why)
+{
+  struct spot_buf out;
+
+  spot_buf_init(&out, 1024);
+  spot_proto_encode_error(&out, 0, "%s", why);
+  conn_send(c, &out);
+  spot_buf_fini(&out);
+  conn_drop(c, NULL);
 }
 
 static void
@@ -272,6 +337,7 @@ connection_cb(uv_stream_t *server, int status)
   struct ucred cred;
   socklen_t len = sizeof(cred);
   uv_os_fd_t fd;
+  char why[128];
 
   if (status < 0) {
     log_warn("control: accept: %s", uv_strerror(status));
@@ -300,28 +366,120 @@ connection_cb(uv_stream_t *server, int status)
   }
   c->pid = cred.pid;
   c->uid = cred.uid;
-  if (!peer_allowed(d, cred.uid, cred.gid)) {
-    struct spot_buf out;
-
+  if (!peer_allowed(d, fd, &cred)) {
     log_warn("control: refused pid=%d uid=%d gid=%d (not root, our user or "
              "group)",
              (int)cred.pid, (int)cred.uid, (int)cred.gid);
-    spot_buf_init(&out, 1024);
-    spot_proto_encode_error(&out, 0,
-                            "permission denied: uid %d may not "
-                            "control this spotd",
-                            (int)cred.uid);
-    conn_send(c, &out);
-    spot_buf_fini(&out);
-    conn_drop(c, NULL);
+    snprintf(why, sizeof(why),
+             "permission denied: uid %d may not control this spotd",
+             (int)cred.uid);
+    refuse(c, why);
     return;
   }
-  if (d->nconns > CTL_CONNS_MAX) {
-    conn_drop(c, "too many clients");
+  if (over_limit(d, c, why, sizeof(why)) != NULL) {
+    log_warn("control: refused pid=%d uid=%d: %s", (int)cred.pid, (int)cred.uid,
+             why);
+    refuse(c, why);
     return;
   }
-  uv_timer_start(&c->idle, idle_cb, CTL_IDLE_MS, CTL_IDLE_MS);
+  uv_timer_start(&c->idle, idle_cb, CTL_LINE_MS, 0);
   uv_read_start((uv_stream_t *)&c->pipe, alloc_cb, read_cb);
+}
+
+/* Whether a process listens on the socket at path: 1 (its pid in *pid, 0
+ * if unknown), 0 when nobody does (a stale socket), or a negative errno
+ * when we cannot tell. Blocking, but at start only, on a local socket: a
+ * listener accepts or refuses at once. */
+static int
+socket_in_use(const char *path, pid_t *pid)
+{
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  struct ucred cred;
+  socklen_t len = sizeof(cred);
+  int fd, r;
+
+  *pid = 0;
+  if (strlen(path) >= sizeof(sa.sun_path))
+    return -ENAMETOOLONG;
+  memcpy(sa.sun_path, path, strlen(path) + 1);
+  fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -errno;
+  r = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+  if (r == 0 || errno == EAGAIN) {
+    /* The listener's credentials, as of its listen(). */
+    if (r == 0 && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
+      *pid = cred.pid;
+    r = 1;
+  } else if (errno == ECONNREFUSED || errno == ENOENT) {
+    r = 0;
+  } else {
+    r = -errno;
+  }
+  close(fd);
+  return r;
+}
+
+/* A stale socket of a dead spotd is replaced; a live one, or anything
+ * else, is not: two spotd with one --socket would take each other's
+ * clients and remove each other's socket. */
+static int
+clear_stale_socket(const char *path)
+{
+  struct stat st;
+  pid_t pid;
+  int r;
+
+  if (lstat(path, &st) < 0)
+    return 0;
+  if (!S_ISSOCK(st.st_mode)) {
+    log_err("control socket %s exists and is not a socket", path);
+    return -EEXIST;
+  }
+  r = socket_in_use(path, &pid);
+  if (r > 0) {
+    if (pid > 0)
+      log_err("control socket %s is in use by a running spotd (pid %d): "
+              "stop it, or give this one another --socket",
+              path, (int)pid);
+    else
+      log_err("control socket %s is in use by a running process: stop "
+              "it, or give this spotd another --socket",
+              path);
+    return -EADDRINUSE;
+  }
+  if (r < 0) {
+    log_err("control socket %s exists and cannot be checked (%s): not "
+            "replacing it",
+            path, strerror(-r));
+    return r;
+  }
+  log_info("control socket %s: replacing a stale socket", path);
+  if (unlink(path) < 0 && errno != ENOENT)
+    return log_err_errno(-errno, "control socket %s: unlink", path);
+  return 0;
+}
+
+/* --socket-group, resolved once: no getgrnam on the loop per client. */
+static void
+resolve_group(struct spotd *d)
+{
+  struct group *g;
+
+  d->ctl_has_gid = false;
+  if (d->cfg->socket_group == NULL)
+    return;
+  errno = 0;
+  g = getgrnam(d->cfg->socket_group);
+  if (g == NULL) {
+    log_warn("socket-group %s: %s: only root, our user and group may use "
+             "the control socket",
+             d->cfg->socket_group,
+             errno != 0 ? strerror(errno) : "no such group");
+    return;
+  }
+  d->ctl_gid = g->gr_gid;
+  d->ctl_has_gid = true;
 }
 
 int
@@ -332,25 +490,26 @@ control_start(struct spotd *d)
   mode_t old;
   int r;
 
+  resolve_group(d);
+  r = clear_stale_socket(path);
+  if (r < 0)
+    return r;
   r = uv_pipe_init(d->loop, &d->ctl, 0);
   if (r < 0)
     return r;
   d->ctl_open = true;
   d->ctl.data = d;
-  /* A stale socket of a dead spotd is replaced; anything else is not. */
-  if (lstat(path, &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      log_err("control socket %s exists and is not a socket", path);
-      return -EEXIST;
-    }
-    unlink(path);
-  }
   old = umask(0117); /* born 0660: no window with wider access */
   r = uv_pipe_bind(&d->ctl, path);
   umask(old);
   if (r < 0) {
     log_err("control socket %s: %s", path, uv_strerror(r));
     return r;
+  }
+  d->ctl_bound = true;
+  if (lstat(path, &st) == 0) {
+    d->ctl_dev = st.st_dev;
+    d->ctl_ino = st.st_ino;
   }
   chmod(path, 0660);
   r = uv_listen((uv_stream_t *)&d->ctl, 8, connection_cb);
@@ -383,7 +542,7 @@ control_commit_event(struct spotd *d, const char *name, int err,
     }
     conn_send(c, &out);
     spot_buf_fini(&out);
-    uv_timer_again(&c->idle);
+    uv_timer_start(&c->idle, idle_cb, CTL_LINE_MS, 0);
   }
 }
 
@@ -396,7 +555,12 @@ control_close(struct spotd *d)
     conn_drop(d->conns, NULL);
   }
   if (d->ctl_open && !uv_is_closing((uv_handle_t *)&d->ctl)) {
+    struct stat st;
+
     uv_close((uv_handle_t *)&d->ctl, NULL);
-    unlink(d->cfg->socket);
+    /* Only our own socket file: never one that replaced it. */
+    if (d->ctl_bound && lstat(d->cfg->socket, &st) == 0 &&
+        st.st_dev == d->ctl_dev && st.st_ino == d->ctl_ino)
+      unlink(d->cfg->socket);
   }
 }

@@ -155,6 +155,11 @@ struct spotd {
   bool ctl_open;
   struct ctl_conn *conns;
   unsigned nconns;
+  bool ctl_bound;   /* we created the socket file */
+  bool ctl_has_gid; /* socket-group, resolved once at start */
+  gid_t ctl_gid;
+  dev_t ctl_dev; /* the socket file bound: removed on exit only if ours */
+  ino_t ctl_ino;
 
   /* signals, watchdog */
   uv_signal_t sigterm, sigint, sighup;

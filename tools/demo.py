@@ -170,6 +170,7 @@ SPOTD_SHOWN = re.compile(
 SPOTD_HIDDEN = re.compile(r"state \S+ -> ")
 RELAUNCH_HIDDEN = re.compile(r"attempt \d+/\d+: |relaunch done")
 SPOTD_PREFIX = re.compile(r"^spotd: (info|notice|debug): ")
+LOG_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ")  # lib/log.c
 STEP_RE = re.compile(r"^step (\d+) loss (\S+)$")
 
 
@@ -181,6 +182,7 @@ def node_filter(node, show_every):
                 return
             show(node + " trainer", line)
             return
+        line = LOG_TIME.sub("", line)  # the demo shows its own clock
         if line.startswith("spotctl relaunch "):
             if not RELAUNCH_HIDDEN.search(line):
                 show(node + " relaunch", re.sub(r"^spotctl relaunch \S+: ",

@@ -3,16 +3,19 @@
 
     spotd run --job J --store s3://B/P -- /usr/bin/python3 examples/pytorch/train.py
 
-What spotd needs from a trainer, and where it is done below:
+What spotd needs from a trainer, done here with the `spotd` Python helper
+(python/spotd, installed by `meson install`; from a source tree it is
+found next to this file):
 
-1. On the checkpoint signal (SIGUSR1 unless --signal says otherwise) the
-   handler only sets a flag (on_checkpoint_signal).
-2. After optimizer.step(), when the flag is set, the trainer saves model,
-   optimizer, step and every RNG state into a NEW folder under
-   SPOTD_CKPT_DIR, named step-NNNNNN, and creates the empty file
-   SPOTD_COMPLETE in it last, after every file is written and fsync'ed
+1. `import spotd` first: the checkpoint signal (SIGUSR1, or --signal) only
+   sets a flag, so an early signal cannot kill the import of torch.
+2. After optimizer.step(), when spotd.checkpoint_requested() is True, the
+   trainer saves model, optimizer, step and every RNG state inside
+   `with spotd.checkpoint(step=step)`: a NEW folder under SPOTD_CKPT_DIR,
+   named step-NNNNNN, that gets the SPOTD_COMPLETE marker only after every
+   file is written and fsync'ed, never after an exception
    (save_checkpoint). spotd never uploads a folder without that marker.
-3. When SPOTD_RESUME_DIR is set, spotd restored that checkpoint before
+3. When spotd.resume_dir() is set, spotd restored that checkpoint before
    launch: the trainer loads it and carries on from its step (resume).
 4. SIGTERM: spotd sends it only after the checkpoint is committed, so the
    trainer saves nothing and dies at once (default action, exit status 143).
@@ -41,8 +44,14 @@ import signal
 import sys
 import time
 
+try:
+    import spotd  # installs the checkpoint-signal handler: before torch
+except ImportError:  # run from a source tree, not installed
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(
+        __file__)), "..", "..", "python"))
+    import spotd
+
 CKPT_FILES = ("model.pt", "optimizer.pt", "trainer.pt")
-MARKER = "SPOTD_COMPLETE"
 
 # name: (input width, hidden width, hidden layers, classes, batch size).
 # Debian's torch uses a slow reference BLAS (~1 GFLOP/s per core), so both
@@ -52,16 +61,6 @@ MODEL_SIZES = {
     "small": (64, 256, 3, 10, 64),
     "large": (64, 4096, 4, 10, 2),
 }
-
-
-class Flags:
-    """Set by signal handlers, read between optimizer steps."""
-    checkpoint = False
-
-
-def on_checkpoint_signal(signum, frame):
-    # Only set a flag: the state is consistent only between steps.
-    Flags.checkpoint = True
 
 
 def parse_args():
@@ -82,19 +81,18 @@ def parse_args():
     p.add_argument("--slow-save", type=float, default=0.0, metavar="SEC",
                    help="pause SEC after the first file of each save (tests: "
                    "a preemption in the middle of a save)")
-    p.add_argument("--signal", default="USR1",
-                   help="checkpoint signal, e.g. USR1, SIGUSR2 (default USR1)")
+    p.add_argument("--signal", default=None,
+                   help="checkpoint signal, e.g. USR1, SIGUSR2 (default "
+                   "$SPOTD_SIGNAL, else USR1)")
     p.add_argument("--ckpt-dir", default=None,
-                   help="default $SPOTD_CKPT_DIR, else ./ckpt")
+                   help="default $SPOTD_CKPT_DIR, else ./checkpoints")
     args = p.parse_args()
     if args.steps < 0 or args.save_every < 0 or args.log_every < 1:
         p.error("--steps and --save-every must be >= 0, --log-every >= 1")
-    name = args.signal.upper()
     try:
-        args.signal = signal.Signals(int(name)) if name.isdigit() else \
-            signal.Signals[name if name.startswith("SIG") else "SIG" + name]
-    except (KeyError, ValueError):
-        p.error("unknown signal: " + args.signal)
+        spotd.install(args.signal)  # the flag checkpoint_requested() reads
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
@@ -104,11 +102,9 @@ def log(msg):
 
 
 args = parse_args()
-# Install the handlers before importing torch (which takes seconds): an
-# early SIGUSR1 must not kill us. SIG_DFL for SIGTERM also undoes an
-# inherited "ignore".
+# SIG_DFL for SIGTERM undoes an inherited "ignore": spotd's SIGTERM comes
+# only after the checkpoint is committed, and ends us at once.
 signal.signal(signal.SIGTERM, signal.SIG_DFL)
-signal.signal(args.signal, on_checkpoint_signal)
 
 import random  # noqa: E402
 import torch  # noqa: E402
@@ -165,34 +161,8 @@ def interned(obj):
     return obj
 
 
-def fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def new_folder(root, step):
-    """A new folder step-NNNNNN under root. Never reuse one: spotd may be
-    uploading it. A name taken already (a rerun into the same folder) gets
-    a suffix."""
-    os.makedirs(root, exist_ok=True)
-    base = "step-%06d" % step
-    for i in range(1000):
-        name = base if i == 0 else "%s-%d" % (base, i)
-        path = os.path.join(root, name)
-        try:
-            os.mkdir(path)
-            return name, path
-        except FileExistsError:
-            continue
-    raise RuntimeError("no free checkpoint name for " + base)
-
-
 def save_checkpoint(root, step, model, optimizer, reason):
     t0 = time.monotonic()
-    name, path = new_folder(root, step)
     trainer_state = {
         "step": step,
         "seed": args.seed,
@@ -207,22 +177,18 @@ def save_checkpoint(root, step, model, optimizer, reason):
         "trainer.pt": trainer_state,
     }
     size = 0
-    for fname in CKPT_FILES:
-        with open(os.path.join(path, fname), "wb") as f:
-            torch.save(interned(parts[fname]), f)  # a file, not a path
-            f.flush()
-            os.fsync(f.fileno())
-            size += f.tell()
-        if args.slow_save > 0 and fname == CKPT_FILES[0]:
-            time.sleep(args.slow_save)  # half-written: no marker yet
-    # The marker last, once everything above is durable: from now on spotd
-    # may upload the folder.
-    with open(os.path.join(path, MARKER), "wb") as f:
-        os.fsync(f.fileno())
-    fsync_dir(path)
-    fsync_dir(root)
+    # A new folder step-NNNNNN (a suffix if taken: never reuse one, spotd
+    # may be uploading it); SPOTD_COMPLETE once the block ends, after
+    # every file is fsynced: from then on spotd may upload it.
+    with spotd.checkpoint(step=step, root=root) as ck:
+        for fname in CKPT_FILES:
+            with ck.open(fname) as f:  # fsynced when closed
+                torch.save(interned(parts[fname]), f)  # a file, not a path
+                size += f.tell()
+            if args.slow_save > 0 and fname == CKPT_FILES[0]:
+                time.sleep(args.slow_save)  # half-written: no marker yet
     log("saved %s at step %d (%s, %.1f MB in %.2f s)"
-        % (name, step, reason, size / 1e6, time.monotonic() - t0))
+        % (ck.name, step, reason, size / 1e6, time.monotonic() - t0))
 
 
 def resume(path, model, optimizer):
@@ -245,8 +211,8 @@ def resume(path, model, optimizer):
 
 
 def main():
-    ckpt_root = args.ckpt_dir or os.environ.get("SPOTD_CKPT_DIR") or "./ckpt"
-    resume_dir = os.environ.get("SPOTD_RESUME_DIR")
+    ckpt_root = args.ckpt_dir or spotd.ckpt_root()
+    resume_dir = spotd.resume_dir()
 
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
@@ -259,9 +225,9 @@ def main():
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     teacher = make_teacher(args.seed, args.model_size)
     loss_fn = nn.CrossEntropyLoss()
-    log("start job=%s restart=%s model=%s params=%d seed=%d steps=%d threads=%d"
+    log("start job=%s restart=%d model=%s params=%d seed=%d steps=%d threads=%d"
         % (os.environ.get("SPOTD_JOB", "-"),
-           os.environ.get("SPOTD_RESTART_COUNT", "0"), args.model_size,
+           spotd.restart_count(), args.model_size,
            sum(p.numel() for p in model.parameters()), args.seed, args.steps,
            args.threads))
 
@@ -284,8 +250,7 @@ def main():
             log("step %d loss %.6f" % (step, loss.item()))
 
         # The safe point: between optimizer steps.
-        if Flags.checkpoint:
-            Flags.checkpoint = False  # a signal during the save asks again
+        if spotd.checkpoint_requested():  # a signal mid-save asks again
             save_checkpoint(ckpt_root, step, model, optimizer, "signal")
             saved_at = step
         elif args.save_every and step % args.save_every == 0:

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const char *log_progname = "spot";
 static int log_max = SPOT_LOG_INFO;
@@ -59,10 +60,29 @@ level_name(int level)
   }
 }
 
+/* "2026-12-03T08:05:20.123Z": UTC with milliseconds, so lines of spotd,
+ * spotctl and the relaunch step sort and compare across machines. */
+static void
+timestamp(char *buf, size_t size)
+{
+  struct timespec ts;
+  struct tm tm;
+  char sec[32];
+
+  if (clock_gettime(CLOCK_REALTIME, &ts) < 0 ||
+      gmtime_r(&ts.tv_sec, &tm) == NULL ||
+      strftime(sec, sizeof(sec), "%Y-%m-%dT%H:%M:%S", &tm) == 0) {
+    buf[0] = '\0';
+    return;
+  }
+  snprintf(buf, size, "%s.%03ldZ ", sec, ts.tv_nsec / 1000000);
+}
+
 void
 spot_logv(int level, const char *fmt, va_list ap)
 {
   char line[2048];
+  char when[64];
   int saved = errno;
   int n;
 
@@ -80,9 +100,11 @@ spot_logv(int level, const char *fmt, va_list ap)
   if (log_sink != NULL) {
     log_sink(level, line, log_sink_data);
   } else if (getenv("JOURNAL_STREAM") != NULL) {
-    fprintf(stderr, "<%d>%s\n", level, line);
+    fprintf(stderr, "<%d>%s\n", level, line); /* journald adds the time */
   } else {
-    fprintf(stderr, "%s: %s: %s\n", log_progname, level_name(level), line);
+    timestamp(when, sizeof(when));
+    fprintf(stderr, "%s%s: %s: %s\n", when, log_progname, level_name(level),
+            line);
   }
   errno = saved;
 }

@@ -1,4 +1,6 @@
-/* Logging: one line per event on stderr, <N> prefixes under journald. */
+/* Logging: one line per event on stderr, <N> prefixes under journald
+ * (which adds its own time), else "2026-12-03T08:05:20.123Z spotd: info:
+ * message" (UTC, milliseconds). */
 #ifndef SPOT_LOG_H
 #define SPOT_LOG_H
 

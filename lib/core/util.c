@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <ftw.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -238,6 +239,85 @@ spot_fmt_bytes(uint64_t n, char *buf, size_t size)
   else
     snprintf(buf, size, "%.1f %s", v, units[u]);
   return buf;
+}
+
+/* Length of the valid UTF-8 sequence at s (2..4 bytes; overlongs,
+ * surrogates and code points above U+10FFFF are invalid) and its code
+ * point in *cp, or 0. */
+static size_t
+utf8_seq(const unsigned char *s, uint32_t *cp)
+{
+  size_t n, i;
+  uint32_t c, min;
+
+  if (s[0] >= 0xc2 && s[0] <= 0xdf) {
+    n = 2, c = s[0] & 0x1f, min = 0x80;
+  } else if (s[0] >= 0xe0 && s[0] <= 0xef) {
+    n = 3, c = s[0] & 0x0f, min = 0x800;
+  } else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
+    n = 4, c = s[0] & 0x07, min = 0x10000;
+  } else {
+    return 0;
+  }
+  for (i = 1; i < n; i++) {
+    if ((s[i] & 0xc0) != 0x80) /* also stops at the terminating NUL */
+      return 0;
+    c = (c << 6) | (s[i] & 0x3f);
+  }
+  if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
+    return 0;
+  *cp = c;
+  return n;
+}
+
+/* Code points that act on a terminal or on how a line reads. */
+static bool
+cp_unsafe(uint32_t c)
+{
+  return (c >= 0x80 && c <= 0x9f) || c == 0x2028 || c == 0x2029 ||
+         (c >= 0x202a && c <= 0x202e) || (c >= 0x2066 && c <= 0x2069);
+}
+
+const char *
+spot_escape(const char *src, char *dst, size_t size)
+{
+  const unsigned char *s = (const unsigned char *)(src != NULL ? src : "");
+  size_t o = 0;
+
+  if (size == 0)
+    return dst;
+  while (*s != '\0') {
+    char esc[8];
+    const char *piece = esc;
+    size_t len, adv = 1;
+    uint32_t cp;
+
+    if (*s == '\n' || *s == '\r' || *s == '\t') {
+      esc[0] = '\\';
+      esc[1] = *s == '\n' ? 'n' : *s == '\r' ? 'r' : 't';
+      len = 2;
+    } else if (*s < 0x20 || *s == 0x7f) {
+      len = (size_t)snprintf(esc, sizeof(esc), "\\x%02x", *s);
+    } else if (*s < 0x80) {
+      piece = (const char *)s;
+      len = 1;
+    } else if ((adv = utf8_seq(s, &cp)) == 0) {
+      len = (size_t)snprintf(esc, sizeof(esc), "\\x%02x", *s);
+      adv = 1;
+    } else if (cp_unsafe(cp)) {
+      len = (size_t)snprintf(esc, sizeof(esc), "\\u%04x", (unsigned)cp);
+    } else {
+      piece = (const char *)s;
+      len = adv;
+    }
+    if (o + len >= size)
+      break; /* only whole characters */
+    memcpy(dst + o, piece, len);
+    o += len;
+    s += adv;
+  }
+  dst[o] = '\0';
+  return dst;
 }
 
 static int

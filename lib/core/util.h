@@ -47,6 +47,17 @@ uint32_t spot_random_u32(void);
  * (best effort: what cannot be removed stays). */
 void spot_rm_tree(const char *path);
 
+/* A string that came from the network or the store, made safe to print:
+ * copies src into dst (size bytes, always terminated; cut only between
+ * whole characters) with every C0 control and DEL as \n, \r, \t or \xNN,
+ * invalid UTF-8 bytes as \xNN, and C1 controls (U+0080..U+009F), line and
+ * paragraph separators and bidi overrides as \uNNNN. Printable ASCII and
+ * other valid UTF-8 pass unchanged; a backslash is not escaped, so
+ * escaping twice changes nothing. Returns dst ("" for a NULL src).
+ * SPOT_ESCAPE_SIZE(n) fits the escape of n bytes. */
+#define SPOT_ESCAPE_SIZE(n) (4 * (n) + 1)
+const char *spot_escape(const char *src, char *dst, size_t size);
+
 /* Human-readable byte counts ("1.5 GiB") into buf. */
 const char *spot_fmt_bytes(uint64_t n, char *buf, size_t size);
 

@@ -559,6 +559,8 @@ static void
 deliver(struct spot_meta *m, struct spot_notice *n)
 {
   char when[32] = "none";
+  char reason[SPOT_ESCAPE_SIZE(SPOT_NOTICE_REASON_MAX)];
+  char id[SPOT_ESCAPE_SIZE(SPOT_NOTICE_ID_MAX)];
 
   if (spot_notice_seen(&m->dedup, n))
     return;
@@ -567,7 +569,8 @@ deliver(struct spot_meta *m, struct spot_notice *n)
     spot_rfc3339_format(n->deadline_wall_ms, when, sizeof(when));
   log_notice("meta notice provider=%s kind=%s reason=%s id=%s deadline=%s",
              spot_provider_name(n->provider), spot_notice_kind_name(n->kind),
-             n->reason, n->id, when);
+             spot_escape(n->reason, reason, sizeof(reason)),
+             spot_escape(n->id, id, sizeof(id)), when);
   m->cb(m, n, m->data);
 }
 
@@ -798,6 +801,7 @@ handle_azure_name(struct op *op, long status)
   const char *p = spot_buf_str(&op->body);
   size_t n = op->body.len;
   struct op *ev;
+  char name[SPOT_ESCAPE_SIZE(255)];
 
   spot__meta_trim(&p, &n);
   if (status != 200 || n == 0 || n > 255 || memchr(p, '\0', n) != NULL) {
@@ -819,7 +823,8 @@ handle_azure_name(struct op *op, long status)
     free(m->vm_name);
     m->vm_name = strndup(p, n);
     m->name_known = m->vm_name != NULL;
-    log_info("meta azure: this VM is %s", m->vm_name ? m->vm_name : "?");
+    log_info("meta azure: this VM is %s",
+             spot_escape(m->vm_name ? m->vm_name : "?", name, sizeof(name)));
     op_succeeded(op);
     set_state(op, OP_DONE);
   }
@@ -1189,6 +1194,7 @@ spot_meta_ack(struct spot_meta *m, const char *event_id, spot_meta_ack_cb cb,
               void *data)
 {
   struct op *op;
+  char esc[SPOT_ESCAPE_SIZE(SPOT_NOTICE_ID_MAX)];
   int r;
 
   if (m->closing)
@@ -1207,7 +1213,8 @@ spot_meta_ack(struct spot_meta *m, const char *event_id, spot_meta_ack_cb cb,
   }
   op->ack_cb = cb;
   op->ack_data = data;
-  log_info("meta azure: acknowledging event %s", event_id);
+  log_info("meta azure: acknowledging event %s",
+           spot_escape(event_id, esc, sizeof(esc)));
   op_start_fetch(op);
   return 0;
 }

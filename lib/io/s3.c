@@ -263,6 +263,7 @@ spot_s3_strerror(const struct spot_s3_result *res, char *buf, size_t size)
   const char *code = res->s3_code != NULL ? res->s3_code : "";
   const char *msg = res->message != NULL ? res->message : "";
   char status[24] = "", tries[40] = "";
+  char key[SPOT_ESCAPE_SIZE(512)];
 
   if (size == 0)
     return buf;
@@ -275,7 +276,7 @@ spot_s3_strerror(const struct spot_s3_result *res, char *buf, size_t size)
   snprintf(buf, size, "%s s3://%s/%s: %s%s%s%s%s",
            res->op_name != NULL ? res->op_name : "S3",
            res->bucket != NULL ? res->bucket : "",
-           res->key != NULL ? res->key : "", status, code,
+           spot_escape(res->key, key, sizeof(key)), status, code,
            code[0] != '\0' && msg[0] != '\0' ? ": " : "", msg, tries);
   return buf;
 }
@@ -756,12 +757,21 @@ collect_meta(struct spot_s3_op *op)
   }
 }
 
+/* What the server said (Code, Message) is printed: escaped on arrival. */
+static void
+copy_escaped(char *dst, size_t size, const char *src)
+{
+  spot_escape(src, dst, size);
+}
+
 static void
 done_cb(CURL *easy, CURLcode rc, void *data)
 {
   struct spot_s3_op *op = data;
   struct curl_header *h = NULL;
   curl_off_t cl = -1;
+  char key[SPOT_ESCAPE_SIZE(512)]; /* for log lines: keys may come from the
+                                      store (a listing, a manifest) */
   int err;
 
   if (op->cancelled || rc == CURLE_ABORTED_BY_CALLBACK) {
@@ -805,8 +815,8 @@ done_cb(CURL *easy, CURLcode rc, void *data)
         err = -EBADMSG;
       } else if (op->xml.is_error) {
         /* CompleteMultipartUpload can fail inside a 200 */
-        copy_str(op->code, sizeof(op->code), op->xml.code);
-        copy_str(op->message, sizeof(op->message), op->xml.message);
+        copy_escaped(op->code, sizeof(op->code), op->xml.code);
+        copy_escaped(op->message, sizeof(op->message), op->xml.message);
         err = -EIO;
       } else if (op->kind == OP_MPU_COMPLETE && op->xml.etag != NULL) {
         copy_str(op->etag, sizeof(op->etag), op->xml.etag);
@@ -826,8 +836,8 @@ done_cb(CURL *easy, CURLcode rc, void *data)
     if (op->resp.len > 0 &&
         spot__s3_xml_parse(SPOT__S3_XML_ERROR, spot_buf_str(&op->resp),
                            op->resp.len, &x) == 0) {
-      copy_str(op->code, sizeof(op->code), x.code);
-      copy_str(op->message, sizeof(op->message), x.message);
+      copy_escaped(op->code, sizeof(op->code), x.code);
+      copy_escaped(op->message, sizeof(op->message), x.message);
       spot__s3_xml_result_fini(&x);
     } else {
       snprintf(op->message, sizeof(op->message), "HTTP %ld", op->status);
@@ -845,7 +855,8 @@ done_cb(CURL *easy, CURLcode rc, void *data)
 
     op->retries++;
     log_warn("s3: %s s3://%s/%s: %s%s%s; retry %u/%u in %llu ms",
-             kinds[op->kind].name, op->bucket, op->key,
+             kinds[op->kind].name, op->bucket,
+             spot_escape(op->key, key, sizeof(key)),
              rc != CURLE_OK ? "" : op->code,
              rc != CURLE_OK || op->code[0] == '\0' ? "" : ": ", op->message,
              op->retries, op->s3->max_retries, (unsigned long long)ms);
@@ -854,8 +865,8 @@ done_cb(CURL *easy, CURLcode rc, void *data)
     return;
   }
   if (rc != CURLE_OK)
-    log_warn("s3: %s s3://%s/%s: %s", kinds[op->kind].name, op->bucket, op->key,
-             op->message);
+    log_warn("s3: %s s3://%s/%s: %s", kinds[op->kind].name, op->bucket,
+             spot_escape(op->key, key, sizeof(key)), op->message);
   finish(op, err);
 }
 

@@ -121,11 +121,14 @@ static void
 fail_msg(struct restore_op *op, int err, const char *fmt, ...)
 {
   va_list ap;
+  char raw[sizeof(op->msg)];
 
   if (op->msg[0] == '\0') {
     va_start(ap, fmt);
-    vsnprintf(op->msg, sizeof(op->msg), fmt, ap);
+    vsnprintf(raw, sizeof(raw), fmt, ap);
     va_end(ap);
+    /* Paths and names come from the store's manifest: never raw. */
+    spot_escape(raw, op->msg, sizeof(op->msg));
   }
   if (op->err == 0)
     op->err = err < 0 ? err : -EIO;

@@ -1,13 +1,55 @@
 /* libFuzzer target: the S3 response parser (lib/s3_xml.c) for every kind.
  * The first byte picks the kind, the rest is the body, so one corpus
- * covers all kinds. Checks the invariants a caller relies on. */
+ * covers all kinds. Checks the invariants a caller relies on, and that
+ * an error's Code and Message, escaped as lib/s3.c does before printing
+ * them (spot_escape), hold no control character, no C1 control, no bidi
+ * override and only valid UTF-8, and that escaping again changes
+ * nothing. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "s3_xml.h"
+#include "util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void
+check_printable(const char *raw)
+{
+  static char out[SPOT_ESCAPE_SIZE(1024)], again[sizeof(out)];
+  const unsigned char *p = (const unsigned char *)out;
+
+  spot_escape(raw, out, sizeof(out));
+  while (*p != '\0') {
+    uint32_t c;
+    size_t n;
+
+    if (*p < 0x20 || *p == 0x7f)
+      __builtin_trap();
+    if (*p < 0x80) {
+      p++;
+      continue;
+    }
+    n = *p >= 0xf0 ? 4 : *p >= 0xe0 ? 3 : *p >= 0xc2 ? 2 : 0;
+    if (n == 0)
+      __builtin_trap();
+    c = *p & (0x7f >> n);
+    for (size_t i = 1; i < n; i++) {
+      if ((p[i] & 0xc0) != 0x80)
+        __builtin_trap();
+      c = (c << 6) | (p[i] & 0x3f);
+    }
+    if (c <= 0x9f || (c >= 0x202a && c <= 0x202e) || c == 0x2028 ||
+        c == 0x2029 || (c >= 0x2066 && c <= 0x2069) ||
+        (c >= 0xd800 && c <= 0xdfff) || c > 0x10ffff)
+      __builtin_trap();
+    p += n;
+  }
+  spot_escape(out, again, sizeof(again));
+  if (strcmp(out, again) != 0)
+    __builtin_trap();
+}
 
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -22,6 +64,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* what finish() hands to users must be consistent */
     if (r.is_error && r.code == NULL)
       __builtin_trap();
+    if (r.is_error) {
+      check_printable(r.code);
+      check_printable(r.message != NULL ? r.message : "");
+    }
     for (size_t i = 0; i < r.n_objects; i++)
       if (r.objects[i].key == NULL || r.objects[i].etag == NULL ||
           r.objects[i].last_modified == NULL)

@@ -2,9 +2,12 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
+#include "util.h"
 
 static char last[2048];
 static int last_level;
@@ -49,12 +52,53 @@ test_newlines_folded(void **state)
   spot_log_set_sink(NULL, NULL);
 }
 
+/* What reaches stderr: a UTC timestamp and the program name, or only the
+ * <N> prefix under journald (which stamps lines itself). */
+static void
+test_stderr_format(void **state)
+{
+  FILE *f = tmpfile();
+  char a[512], b[512], stamp[32];
+  int saved;
+  int64_t when, now = spot_now_wall_ms();
+
+  assert_non_null(f);
+  spot_log_set_sink(NULL, NULL);
+  spot_log_init("tlog", SPOT_LOG_INFO);
+  fflush(stderr);
+  saved = dup(2);
+  assert_true(saved >= 0 && dup2(fileno(f), 2) == 2);
+  unsetenv("JOURNAL_STREAM");
+  log_warn("plain %d", 1);
+  setenv("JOURNAL_STREAM", "8:1", 1);
+  log_warn("journal %d", 2);
+  unsetenv("JOURNAL_STREAM");
+  fflush(stderr);
+  assert_true(dup2(saved, 2) == 2);
+  close(saved);
+  rewind(f);
+  assert_non_null(fgets(a, sizeof(a), f));
+  assert_non_null(fgets(b, sizeof(b), f));
+  fclose(f);
+
+  /* "2026-12-03T08:05:20.123Z tlog: warning: plain 1" */
+  assert_true(strlen(a) > 25 && a[10] == 'T' && a[19] == '.' && a[23] == 'Z' &&
+              a[24] == ' ');
+  assert_string_equal(a + 25, "tlog: warning: plain 1\n");
+  memcpy(stamp, a, 24);
+  stamp[24] = '\0';
+  assert_int_equal(spot_rfc3339_parse(stamp, &when), 0);
+  assert_true(when >= now - 2000 && when <= now + 60000);
+  assert_string_equal(b, "<4>journal 2\n");
+}
+
 int
 main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_levels_and_errno),
       cmocka_unit_test(test_newlines_folded),
+      cmocka_unit_test(test_stderr_format),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -82,6 +82,50 @@ test_strlcpy_and_bytes(void **state)
   assert_string_equal(spot_fmt_bytes(3ull << 30, out, sizeof(out)), "3.0 GiB");
 }
 
+static void
+test_escape(void **state)
+{
+  char out[SPOT_ESCAPE_SIZE(64)];
+  char again[SPOT_ESCAPE_SIZE(sizeof(out))];
+  char small[8];
+
+  /* C0 controls, DEL, a forged log line, ESC sequences */
+  assert_string_equal(spot_escape("a\nb\r\tc", out, sizeof(out)),
+                      "a\\nb\\r\\tc");
+  assert_string_equal(spot_escape("\x1b[31mred\x7f\x01", out, sizeof(out)),
+                      "\\x1b[31mred\\x7f\\x01");
+  /* C1 controls (U+0085 NEL, U+009B CSI) and bidi overrides */
+  assert_string_equal(spot_escape("x\xc2\x85y\xc2\x9b", out, sizeof(out)),
+                      "x\\u0085y\\u009b");
+  assert_string_equal(spot_escape("\xe2\x80\xae\xe2\x80\xa8", out, sizeof(out)),
+                      "\\u202e\\u2028");
+  /* invalid UTF-8: a lone C1 byte, a truncated sequence, an overlong,
+   * a surrogate */
+  assert_string_equal(spot_escape("\x85\xc3", out, sizeof(out)), "\\x85\\xc3");
+  assert_string_equal(spot_escape("\xc0\xaf\xed\xa0\x80", out, sizeof(out)),
+                      "\\xc0\\xaf\\xed\\xa0\\x80");
+  /* valid UTF-8 and printable ASCII pass; a backslash is kept */
+  assert_string_equal(
+      spot_escape("caf\xc3\xa9 \xf0\x9f\x98\x80 a\\b", out, sizeof(out)),
+      "caf\xc3\xa9 \xf0\x9f\x98\x80 a\\b");
+  /* idempotent */
+  spot_escape("\x1b]0;x\x07\n\xc2\x9b", out, sizeof(out));
+  assert_string_equal(spot_escape(out, again, sizeof(again)), out);
+  /* cut between whole escapes, always terminated */
+  assert_string_equal(spot_escape("ab\ncd", small, 5), "ab\\n");
+  assert_string_equal(spot_escape("abc\n", small, 5), "abc");
+  assert_string_equal(spot_escape(NULL, small, sizeof(small)), "");
+  /* the worst case fits SPOT_ESCAPE_SIZE */
+  {
+    char in[33];
+    char big[SPOT_ESCAPE_SIZE(32)];
+
+    memset(in, 0x01, 32);
+    in[32] = '\0';
+    assert_int_equal(strlen(spot_escape(in, big, sizeof(big))), 4 * 32);
+  }
+}
+
 int
 main(void)
 {
@@ -90,6 +134,7 @@ main(void)
       cmocka_unit_test(test_parse_numbers),
       cmocka_unit_test(test_backoff_bounds),
       cmocka_unit_test(test_strlcpy_and_bytes),
+      cmocka_unit_test(test_escape),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,421 @@
+"""spotd's trainer contract in a few lines (standard library; torch optional).
+
+    import spotd                      # first: installs the signal handler
+    import torch
+    ...
+    if spotd.resume_dir():
+        step = load(spotd.resume_dir())
+    while step < steps:
+        train_one_step()
+        step += 1
+        if spotd.checkpoint_requested():      # once per step, every rank
+            with spotd.checkpoint(step=step) as ck:
+                if ck.writer:
+                    with ck.open("model.pt") as f:
+                        torch.save(model.state_dict(), f)
+
+What it does for you:
+
+- Importing it (in the main thread) installs a handler for the checkpoint
+  signal (SIGUSR1, or the one named in $SPOTD_SIGNAL) that only sets a
+  flag. checkpoint_requested() reads and clears it at a safe point
+  (between optimizer steps). Under torch.distributed (initialised) the
+  ranks agree with one all_reduce(MAX), so every rank saves at the same
+  step even if only one of them got the signal.
+- checkpoint() makes the next folder under $SPOTD_CKPT_DIR (step-NNNNNN,
+  or the name you give; a name already taken gets a suffix, a folder is
+  never reused) and, when the with block ends without an exception (on
+  every rank), fsyncs every file and the folders, then creates the empty
+  SPOTD_COMPLETE marker. After an exception there is no marker: spotd
+  never uploads that folder.
+- Under torchrun (one spotd per node): every rank enters the block; the
+  folder is created once per node and the marker is written once per node
+  by the node's local rank 0 after every rank left the block. ck.writer is
+  True on that process: DDP weights are replicated, so it alone writes the
+  model and optimizer; any rank may also write files of its own (say
+  rng-rank{K}.pt) into ck.path.
+- resume_dir(), rank(), restart_count(), done(dir) (what `spotctl done`
+  does: mark a folder complete and tell spotd).
+
+Without spotd (a plain local run) everything works the same: checkpoints
+go to ./checkpoints (or $SPOTD_CKPT_DIR if you set it), resume_dir() is
+$SPOTD_RESUME_DIR if you set it, `kill -USR1 PID` asks for a checkpoint.
+"""
+import errno
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+
+__all__ = [
+    "CheckpointAbandoned", "Checkpoint", "MARKER", "checkpoint",
+    "checkpoint_requested", "ckpt_root", "done", "install", "local_rank",
+    "rank", "request", "restart_count", "resume_dir", "under_spotd",
+    "world_size",
+]
+
+MARKER = "SPOTD_COMPLETE"
+DEFAULT_ROOT = "checkpoints"  # without spotd: ./checkpoints
+
+_flag = threading.Event()
+_installed = None  # the signal our handler is installed for
+
+
+class CheckpointAbandoned(RuntimeError):
+    """Raised on the ranks that did not fail when another rank's checkpoint
+    block raised: the folder gets no marker on any rank."""
+
+
+# ---------------------------------------------------------------- signal
+
+def _parse_signal(sig):
+    if isinstance(sig, int):
+        return signal.Signals(sig)
+    name = str(sig).strip().upper()
+    if name.isdigit():
+        return signal.Signals(int(name))
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    try:
+        return signal.Signals[name]
+    except KeyError:
+        raise ValueError("unknown signal: %s" % sig) from None
+
+
+def _on_signal(signum, frame):
+    # Only a flag: the training state is consistent only between steps.
+    _flag.set()
+
+
+def install(sig=None):
+    """Installs the checkpoint-signal handler (done at import): sig, else
+    $SPOTD_SIGNAL, else SIGUSR1. Only from the main thread. Returns the
+    signal."""
+    global _installed
+    s = _parse_signal(sig or os.environ.get("SPOTD_SIGNAL") or "USR1")
+    if _installed is not None and _installed != s:
+        signal.signal(_installed, signal.SIG_DFL)
+    signal.signal(s, _on_signal)
+    _installed = s
+    return s
+
+
+def request():
+    """Asks for a checkpoint from inside the program (as the signal does)."""
+    _flag.set()
+
+
+def _dist():
+    """torch.distributed when it is imported and initialised, else None.
+    Never imports torch itself."""
+    if "torch" not in sys.modules:
+        return None
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist
+
+
+def _agree_max(dist, value):
+    """The maximum of an int over all ranks (one all_reduce)."""
+    import torch
+    dev = "cpu"
+    if dist.get_backend() == "nccl":
+        dev = torch.device("cuda", torch.cuda.current_device())
+    t = torch.tensor([int(value)], dtype=torch.int32, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def checkpoint_requested():
+    """True when a checkpoint was asked for since the last True (the signal,
+    or request()). Call it once per step at the safe point, on every rank
+    under torch.distributed: it is then a collective (one all_reduce) and
+    every rank gets the same answer."""
+    local = _flag.is_set()
+    dist = _dist()
+    if dist is not None and dist.get_world_size() > 1:
+        asked = _agree_max(dist, local) > 0
+    else:
+        asked = local
+    if asked:
+        _flag.clear()  # a signal during the save asks again
+    return asked
+
+
+# ----------------------------------------------------------- environment
+
+def under_spotd():
+    """True when this process was started by spotd."""
+    return bool(os.environ.get("SPOTD_SOCKET"))
+
+
+def ckpt_root():
+    """The folder checkpoints go in (absolute): $SPOTD_CKPT_DIR, or
+    ./checkpoints without spotd."""
+    return os.path.abspath(os.environ.get("SPOTD_CKPT_DIR") or DEFAULT_ROOT)
+
+
+def resume_dir():
+    """The (absolute) folder to resume from, or None: $SPOTD_RESUME_DIR, set
+    by spotd only when it restored a checkpoint before launch."""
+    d = os.environ.get("SPOTD_RESUME_DIR")
+    return os.path.abspath(d) if d else None
+
+
+def restart_count():
+    """How many times this job was relaunched ($SPOTD_RESTART_COUNT, 0)."""
+    try:
+        return int(os.environ.get("SPOTD_RESTART_COUNT") or 0)
+    except ValueError:
+        return 0
+
+
+def _env_int(*names, default=0):
+    for n in names:
+        v = os.environ.get(n)
+        if v:
+            try:
+                return int(v)
+            except ValueError:
+                pass
+    return default
+
+
+def rank():
+    """This process's global rank: torch.distributed's when initialised,
+    else $RANK (torchrun), else $SPOTD_RANK (spotd --rank), else 0."""
+    dist = _dist()
+    if dist is not None:
+        return dist.get_rank()
+    return _env_int("RANK", "SPOTD_RANK")
+
+
+def world_size():
+    dist = _dist()
+    if dist is not None:
+        return dist.get_world_size()
+    return _env_int("WORLD_SIZE", default=1)
+
+
+def local_rank():
+    """The rank among this node's processes ($LOCAL_RANK of torchrun, 0)."""
+    return _env_int("LOCAL_RANK")
+
+
+# ------------------------------------------------------------ durability
+
+def _fsync_path(path, directory=False):
+    flags = os.O_RDONLY | (os.O_DIRECTORY if directory else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path):
+    """fsync every regular file and folder under path (path included)."""
+    for d, dirs, files in os.walk(path):
+        for n in files:
+            p = os.path.join(d, n)
+            if os.path.isfile(p) and not os.path.islink(p):
+                _fsync_path(p)
+        _fsync_path(d, directory=True)
+
+
+def _notify(path, timeout=5.0):
+    """Tells the spotd of $SPOTD_SOCKET that path is complete (the request
+    `spotctl done` sends). No socket: nothing to do (the marker is enough).
+    Returns spotd's answer, or None."""
+    sock_path = os.environ.get("SPOTD_SOCKET")
+    if not sock_path:
+        return None
+    # A folder of SPOTD_CKPT_DIR goes by its bare name: spotd resolves it
+    # against its own (maybe relative) --ckpt-dir.
+    arg = path
+    if os.environ.get("SPOTD_CKPT_DIR") and \
+            os.path.dirname(path) == ckpt_root():
+        arg = os.path.basename(path)
+    req = json.dumps({"v": 1, "id": 1, "cmd": "done", "args": {"dir": arg}})
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(sock_path)
+            s.sendall(req.encode() + b"\n")
+            buf = b""
+            while not buf.endswith(b"\n") and len(buf) < 65536:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                buf += chunk
+    except OSError:
+        return None  # spotd gone or busy: its folder watch sees the marker
+    try:
+        return json.loads(buf.decode("utf-8", "replace"))
+    except ValueError:
+        return None
+
+
+def done(path, strict=True):
+    """Marks the checkpoint folder path complete, as `spotctl done` does:
+    fsyncs everything in it, creates SPOTD_COMPLETE (fsynced, with the
+    folder and its parent), then tells spotd over $SPOTD_SOCKET when there
+    is one. Call it only once every file is written. Returns the folder's
+    name. When spotd refuses the folder (not directly under its
+    SPOTD_CKPT_DIR, say) it raises RuntimeError, or with strict=False
+    prints one warning line on stderr."""
+    path = os.path.abspath(path)
+    _fsync_tree(path)
+    marker = os.path.join(path, MARKER)
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _fsync_path(path, directory=True)
+    _fsync_path(os.path.dirname(path), directory=True)
+    ans = _notify(path)
+    if ans is not None and not ans.get("ok") and \
+            "already handled" not in str(ans.get("error", "")):
+        msg = "spotd refused %s: %s" % (path, ans.get("error"))
+        if strict:
+            raise RuntimeError(msg)
+        print("spotd: warning: " + msg, file=sys.stderr, flush=True)
+    return os.path.basename(path)
+
+
+# ------------------------------------------------------------ checkpoint
+
+def _new_folder(root, base):
+    """Creates root/base (root/base-1, ... when taken) and returns its path.
+    A folder is never reused: spotd may be uploading it."""
+    os.makedirs(root, exist_ok=True)
+    for i in range(1000):
+        path = os.path.join(root, base if i == 0 else "%s-%d" % (base, i))
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free checkpoint name", base)
+
+
+class _SyncedFile:
+    """A binary file that is flushed and fsynced when closed."""
+
+    def __init__(self, path, mode):
+        self._f = open(path, mode)
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def close(self):
+        if self._f.closed:
+            return
+        try:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+        finally:
+            self._f.close()
+
+
+class Checkpoint:
+    """A checkpoint folder being written; see checkpoint()."""
+
+    def __init__(self, name=None, step=None, root=None):
+        if name is None and step is None:
+            raise ValueError("checkpoint(): give a name or a step")
+        self.base = name if name is not None else "step-%06d" % step
+        if not self.base or "/" in self.base or self.base.startswith("."):
+            raise ValueError("bad checkpoint name: %r" % self.base)
+        self.root = os.path.abspath(root) if root else ckpt_root()
+        self.path = None
+        self.name = None
+        self.complete = False
+        self._dist = _dist()
+        if self._dist is not None:
+            self.writer = local_rank() == 0
+        else:
+            self.writer = True
+
+    def open(self, filename, mode="wb"):
+        """A file in the folder, fsynced when closed (use it with `with`)."""
+        if os.path.isabs(filename) or ".." in filename.split("/"):
+            raise ValueError("a file inside the checkpoint: %r" % filename)
+        full = os.path.join(self.path, filename)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        return _SyncedFile(full, mode)
+
+    def __enter__(self):
+        dist = self._dist
+        if dist is None or dist.get_world_size() == 1:
+            self.path = _new_folder(self.root, self.base)
+        else:
+            # Global rank 0 picks the name (on its node); every node's local
+            # leader creates that folder; nobody writes before it exists.
+            name = [None]
+            if dist.get_rank() == 0:
+                name[0] = os.path.basename(_new_folder(self.root, self.base))
+            dist.broadcast_object_list(name, src=0)
+            self.path = os.path.join(self.root, name[0])
+            if self.writer and dist.get_rank() != 0:
+                os.makedirs(self.path, exist_ok=True)
+            dist.barrier()
+        self.name = os.path.basename(self.path)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        failed = exc_type is not None
+        dist = self._dist
+        if dist is not None and dist.get_world_size() > 1:
+            try:
+                # Doubles as the barrier: every rank has left its block.
+                any_failed = _agree_max(dist, failed) > 0
+            except Exception:
+                if failed:
+                    return False  # keep the original exception
+                raise
+            if any_failed and not failed:
+                raise CheckpointAbandoned(
+                    "checkpoint %s abandoned: another rank failed" % self.name)
+        if failed:
+            return False  # no marker: spotd never uploads this folder
+        if self.writer:
+            done(self.path, strict=False)  # a refusal must not kill training
+        self.complete = True
+        return False
+
+
+def checkpoint(name=None, step=None, root=None):
+    """A context manager for one checkpoint:
+
+        with spotd.checkpoint(step=step) as ck:   # ck.path, ck.name
+            with ck.open("model.pt") as f:
+                torch.save(model.state_dict(), f)
+
+    The folder is root (default ckpt_root()) / name, or step-NNNNNN for a
+    step; a taken name gets a suffix (-1, -2, ...). SPOTD_COMPLETE is
+    written when the block ends without an exception, after every file
+    and folder is fsynced; never after an exception."""
+    return Checkpoint(name=name, step=step, root=root)
+
+
+if threading.current_thread() is threading.main_thread():
+    try:
+        install()
+    except ValueError as e:  # a bad $SPOTD_SIGNAL
+        print("spotd: %s; using SIGUSR1" % e, file=sys.stderr)
+        install("USR1")

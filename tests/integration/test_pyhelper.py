@@ -1,0 +1,388 @@
+"""The Python helper (python/spotd) keeps the trainer contract.
+
+1. A checkpoint block: SPOTD_COMPLETE appears only when the block ends,
+   after every file in the folder (those written through ck.open and
+   others) and the folders were fsynced (os.fsync is recorded); a taken
+   name gets a suffix.
+2. An exception in the block: no marker, the exception goes through.
+3. No spotd: checkpoints go to ./checkpoints, resume_dir() is None, rank 0,
+   restart 0; done() marks a folder without any socket.
+4. The signal only sets a flag (SIGUSR1, or $SPOTD_SIGNAL in a fresh
+   process); checkpoint_requested() reads and clears it.
+5. done() sends `spotctl done`'s request to $SPOTD_SOCKET (a fake spotd
+   here), takes "already handled" as success and raises on a refusal.
+6. Under torch.distributed (2 processes, gloo, when torch imports): only
+   rank 1 gets the signal, both ranks see the request at the same step;
+   one folder, written by local rank 0, marked once; an exception on rank
+   1 leaves no marker and rank 0 gets CheckpointAbandoned.
+No daemon, no S3.
+"""
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from spotlib import PY3, Checks, srcdir_path  # noqa: E402
+
+sys.path.insert(0, srcdir_path("python"))
+import spotd  # noqa: E402
+
+MARKER = spotd.MARKER
+
+
+@contextlib.contextmanager
+def env(**kv):
+    """os.environ with kv set (None: removed) for the block."""
+    old = {k: os.environ.get(k) for k in kv}
+    for k, v in kv.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def fsync_recorder(events):
+    """Records ("fsync", path) for every os.fsync in the block."""
+    real = os.fsync
+
+    def rec(fd):
+        events.append(("fsync", os.readlink("/proc/self/fd/%d" % fd)))
+        return real(fd)
+    os.fsync = rec
+    try:
+        yield
+    finally:
+        os.fsync = real
+
+
+NO_SPOTD = dict(SPOTD_CKPT_DIR=None, SPOTD_RESUME_DIR=None, SPOTD_SOCKET=None,
+                SPOTD_RESTART_COUNT=None, SPOTD_RANK=None, RANK=None,
+                SPOTD_SIGNAL=None, LOCAL_RANK=None, WORLD_SIZE=None)
+
+
+def test_complete_after_files(c, tmp):
+    root = os.path.join(tmp, "ckpt")
+    events = []
+    with env(**dict(NO_SPOTD, SPOTD_CKPT_DIR=root)), fsync_recorder(events):
+        with spotd.checkpoint(step=7) as ck:
+            c.check(ck.name == "step-000007" and ck.path == os.path.join(
+                root, "step-000007") and os.path.isdir(ck.path),
+                "checkpoint(step=7) makes ROOT/step-000007", repr(ck.path))
+            with ck.open("model.pt") as f:
+                f.write(b"m" * 100000)
+            c.check(not os.path.exists(os.path.join(ck.path, MARKER)),
+                    "no marker while the block runs")
+            with open(os.path.join(ck.path, "extra.bin"), "wb") as f:
+                f.write(b"x")  # written without ck.open
+            with ck.open("sub/opt.pt") as f:
+                f.write(b"o")
+            c.check(not os.path.exists(os.path.join(ck.path, MARKER)),
+                    "still no marker after every file is written")
+        marker = os.path.join(ck.path, MARKER)
+        c.check(os.path.isfile(marker) and os.path.getsize(marker) == 0
+                and ck.complete, "the empty marker exists after the block")
+        with spotd.checkpoint(step=7) as ck2:
+            pass
+    c.check(ck2.name == "step-000007-1",
+            "a taken name gets a suffix (folder never reused)", ck2.name)
+    synced = [p for _, p in events]
+    first_marker = synced.index(marker) if marker in synced else -1
+    for p in ("model.pt", "extra.bin", "sub/opt.pt", "sub", ""):
+        full = os.path.normpath(os.path.join(ck.path, p))
+        c.check(full in synced[:first_marker],
+                "%s fsynced before the marker" % (p or "the folder"),
+                "\n".join(synced))
+    c.check(first_marker >= 0 and ck.path in synced[first_marker + 1:] and
+            root in synced[first_marker + 1:],
+            "the marker, then the folder and its parent are fsynced",
+            "\n".join(synced))
+
+
+def test_exception(c, tmp):
+    root = os.path.join(tmp, "exc")
+    path = None
+    raised = None
+    try:
+        with env(**dict(NO_SPOTD, SPOTD_CKPT_DIR=root)):
+            with spotd.checkpoint(name="broken") as ck:
+                path = ck.path
+                with ck.open("model.pt") as f:
+                    f.write(b"half")
+                raise KeyError("disk on fire")
+    except KeyError as e:
+        raised = e
+    c.check(raised is not None, "the exception leaves the block unchanged")
+    c.check(path is not None and os.path.isdir(path) and
+            not os.path.exists(os.path.join(path, MARKER)) and
+            not ck.complete, "no marker after an exception")
+
+
+def test_no_spotd(c, tmp):
+    cwd = os.getcwd()
+    work = os.path.join(tmp, "plain")
+    os.makedirs(work)
+    os.chdir(work)
+    try:
+        with env(**NO_SPOTD):
+            c.check(not spotd.under_spotd(), "under_spotd() is False")
+            c.check(spotd.ckpt_root() == os.path.join(work, "checkpoints"),
+                    "ckpt_root() is ./checkpoints", spotd.ckpt_root())
+            c.check(spotd.resume_dir() is None and spotd.rank() == 0 and
+                    spotd.restart_count() == 0,
+                    "resume_dir None, rank 0, restart 0")
+            with spotd.checkpoint(step=1) as ck:
+                with ck.open("a") as f:
+                    f.write(b"a")
+            c.check(os.path.isfile(os.path.join(work, "checkpoints",
+                                                "step-000001", MARKER)),
+                    "a checkpoint without spotd lands in ./checkpoints")
+            os.makedirs("manual")
+            name = spotd.done("manual")
+            c.check(name == "manual" and os.path.isfile(
+                os.path.join(work, "manual", MARKER)),
+                "done(DIR) marks a folder without spotd")
+        with env(**dict(NO_SPOTD, SPOTD_RESUME_DIR="rel/step-000003",
+                        SPOTD_RESTART_COUNT="2", RANK="3")):
+            c.check(spotd.resume_dir() == os.path.join(work, "rel",
+                                                       "step-000003"),
+                    "resume_dir() is absolute", str(spotd.resume_dir()))
+            c.check(spotd.restart_count() == 2 and spotd.rank() == 3,
+                    "restart_count() and rank() from the environment")
+    finally:
+        os.chdir(cwd)
+
+
+def test_signal(c, tmp):
+    c.check(signal.getsignal(signal.SIGUSR1) is spotd._on_signal,
+            "import installs the SIGUSR1 handler")
+    c.check(not spotd.checkpoint_requested(), "no request before a signal")
+    os.kill(os.getpid(), signal.SIGUSR1)
+    time.sleep(0.05)
+    c.check(spotd.checkpoint_requested(), "SIGUSR1 sets the flag")
+    c.check(not spotd.checkpoint_requested(), "reading it clears it")
+    # $SPOTD_SIGNAL in a fresh process: USR2 sets the flag.
+    code = ("import os, signal, time, spotd\n"
+            "os.kill(os.getpid(), signal.SIGUSR2)\n"
+            "time.sleep(0.05)\n"
+            "print(spotd.checkpoint_requested(), spotd._installed.name)\n")
+    cp = subprocess.run([PY3, "-c", code], capture_output=True, text=True,
+                        timeout=30, env=dict(os.environ, SPOTD_SIGNAL="USR2",
+                                             PYTHONPATH=srcdir_path("python")))
+    c.check(cp.returncode == 0 and cp.stdout.split() == ["True", "SIGUSR2"],
+            "SPOTD_SIGNAL=USR2: SIGUSR2 sets the flag",
+            cp.stdout + cp.stderr)
+
+
+class FakeSpotd:
+    """A Unix socket that answers each request line with self.answer and
+    keeps the requests."""
+
+    def __init__(self, path):
+        self.path = path
+        self.requests = []
+        self.answer = {"v": 1, "id": 1, "ok": True, "result": {}}
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(path)
+        self.srv.listen(4)
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        while True:
+            try:
+                conn, _ = self.srv.accept()
+            except OSError:
+                return
+            with conn:
+                buf = b""
+                while not buf.endswith(b"\n"):
+                    b = conn.recv(4096)
+                    if not b:
+                        break
+                    buf += b
+                self.requests.append(json.loads(buf))
+                conn.sendall(json.dumps(self.answer).encode() + b"\n")
+
+    def close(self):
+        self.srv.close()
+
+
+def test_done_socket(c, tmp):
+    sock = os.path.join(tmp, "spotd.sock")
+    fake = FakeSpotd(sock)
+    root = os.path.join(tmp, "sockckpt")
+    try:
+        with env(**dict(NO_SPOTD, SPOTD_CKPT_DIR=root, SPOTD_SOCKET=sock)):
+            c.check(spotd.under_spotd(), "under_spotd() with SPOTD_SOCKET")
+            with spotd.checkpoint(step=3) as ck:
+                with ck.open("m") as f:
+                    f.write(b"m")
+            req = fake.requests[-1] if fake.requests else {}
+            c.check(req.get("cmd") == "done" and req.get("v") == 1 and
+                    req.get("args", {}).get("dir") == "step-000003" and
+                    os.path.isfile(os.path.join(ck.path, MARKER)),
+                    "the marker is written and spotd told (cmd done, the "
+                    "bare name of a folder of SPOTD_CKPT_DIR)", repr(req))
+            other = os.path.join(tmp, "elsewhere")
+            os.makedirs(other)
+            spotd.done(other)
+            req = fake.requests[-1] if fake.requests else {}
+            c.check(req.get("args", {}).get("dir") == other,
+                    "a folder elsewhere goes by its absolute path", repr(req))
+            fake.answer = {"v": 1, "id": 1, "ok": False,
+                           "error": "%s: already handled" % ck.path}
+            os.makedirs(os.path.join(root, "again"))
+            c.check(spotd.done(os.path.join(root, "again")) == "again",
+                    "'already handled' (the folder watch was first) is fine")
+            fake.answer = {"v": 1, "id": 1, "ok": False,
+                           "error": "x is not a folder directly under y"}
+            os.makedirs(os.path.join(root, "refused"))
+            try:
+                spotd.done(os.path.join(root, "refused"))
+                got = None
+            except RuntimeError as e:
+                got = str(e)
+            c.check(got is not None and "not a folder directly" in got,
+                    "a refusal by spotd raises", repr(got))
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                with spotd.checkpoint(name="refused2") as ck:
+                    pass
+            c.check(ck.complete and os.path.isfile(os.path.join(
+                ck.path, MARKER)) and "spotd: warning: spotd refused" in
+                err.getvalue(), "in a checkpoint block a refusal is one "
+                "warning line, the block completes", err.getvalue())
+    finally:
+        fake.close()
+
+
+DIST_WORKER = r"""
+import os, sys, time, signal
+import spotd
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+r = dist.get_rank()
+root = sys.argv[1]
+seen = []
+for step in range(1, 31):
+    if r == 1 and step == 5:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.05)
+    if spotd.checkpoint_requested():
+        seen.append(step)
+        with spotd.checkpoint(step=step, root=root) as ck:
+            if ck.writer:
+                with ck.open("model.pt") as f:
+                    f.write(b"model")
+            with ck.open("rng-rank%d.pt" % r) as f:
+                f.write(b"rng")
+            time.sleep(0.3 if r == 1 else 0)  # rank 1 is slower
+# An exception on rank 1 only.
+result = "none"
+try:
+    with spotd.checkpoint(name="failing", root=root) as ck:
+        if r == 1:
+            raise ValueError("rank 1 fails")
+except spotd.CheckpointAbandoned:
+    result = "abandoned"
+except ValueError:
+    result = "raised"
+print("rank=%d seen=%s writer=%s failing=%s" % (r, seen, ck.writer, result),
+      flush=True)
+dist.destroy_process_group()
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_distributed(c, tmp):
+    cp = subprocess.run([PY3, "-c", "import torch.distributed as d; "
+                         "assert d.is_available()"], capture_output=True)
+    if cp.returncode != 0:
+        print("     (torch.distributed not importable: part 6 not run)")
+        return
+    root = os.path.join(tmp, "dist")
+    script = os.path.join(tmp, "worker.py")
+    with open(script, "w") as f:
+        f.write(DIST_WORKER)
+    port = str(free_port())
+    procs = []
+    for r in (0, 1):
+        e = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                 PYTHONPATH=srcdir_path("python"))
+        for k in ("SPOTD_SOCKET", "SPOTD_CKPT_DIR", "SPOTD_SIGNAL"):
+            e.pop(k, None)
+        procs.append(subprocess.Popen([PY3, script, root], env=e,
+                                      stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+        outs.append((p.returncode, out))
+    detail = "\n".join("rc=%d\n%s" % o for o in outs)
+    lines = [o[1].strip().splitlines()[-1] if o[1].strip() else ""
+             for o in outs]
+    c.check(all(o[0] == 0 for o in outs), "both ranks exit 0", detail)
+    c.check(lines[0].startswith("rank=0 seen=[5] writer=True") and
+            lines[1].startswith("rank=1 seen=[5] writer=False"),
+            "signal on rank 1 only: both ranks save at step 5; local rank 0 "
+            "is the writer", detail)
+    folder = os.path.join(root, "step-000005")
+    files = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    c.check(files == sorted([MARKER, "model.pt", "rng-rank0.pt",
+                             "rng-rank1.pt"]),
+            "one folder: the writer's model, each rank's file, one marker",
+            repr(files))
+    c.check(sorted(os.listdir(root)) == ["failing", "step-000005"],
+            "no other folder was made", repr(os.listdir(root)))
+    c.check(lines[0].endswith("failing=abandoned") and
+            lines[1].endswith("failing=raised") and
+            not os.path.exists(os.path.join(root, "failing", MARKER)),
+            "an exception on rank 1: no marker, rank 0 gets "
+            "CheckpointAbandoned", detail)
+
+
+def main():
+    c = Checks()
+    tmp = tempfile.mkdtemp(prefix="spot-pyhelper-")
+    try:
+        test_complete_after_files(c, tmp)
+        test_exception(c, tmp)
+        test_no_spotd(c, tmp)
+        test_signal(c, tmp)
+        test_done_socket(c, tmp)
+        test_distributed(c, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    c.finish()
+
+
+if __name__ == "__main__":
+    main()

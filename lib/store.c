@@ -1,5 +1,7 @@
-/* The checkpoint store: shared pieces of push, restore and list.
- * store_push.c and store_restore.c hold the two pipelines. */
+/* The checkpoint store: shared pieces of push, restore and list, and the
+ * base every store operation embeds (store_internal.h). The pipelines are
+ * in store_push.c (+ store_push_xfer.c, store_resume.c, store_ranks.c,
+ * store_retain.c) and store_restore.c. */
 #include "store.h"
 
 #include <errno.h>
@@ -157,4 +159,353 @@ spot__store_prefix_name(const char *p, char **name)
     start--;
   *name = strndup(start, (size_t)(p + len - 1 - start));
   return *name != NULL ? 0 : -ENOMEM;
+}
+
+/* ------------------------------------------------------------ the base */
+
+int
+spot__store_op_new(size_t size, const struct spot__store_kind *kind,
+                   uv_loop_t *loop, const struct spot_store_config *cfg,
+                   spot_store_progress_cb progress, spot_store_cb cb,
+                   void *data, struct spot__store_op **out)
+{
+  struct spot__store_op *b = calloc(1, size);
+  int r;
+
+  if (b == NULL)
+    return -ENOMEM;
+  b->kind = kind;
+  b->loop = loop;
+  b->progress = progress;
+  b->cb = cb;
+  b->data = data;
+  r = spot__store_cfg_copy(&b->cfg, cfg);
+  if (r == 0) {
+    r = uv_timer_init(loop, &b->progress_timer);
+    if (r < 0)
+      spot__store_cfg_fini(&b->cfg);
+  }
+  if (r < 0) {
+    free(b);
+    return r;
+  }
+  b->handles = 1;
+  b->start_ms = spot_now_mono_ms();
+  *out = b;
+  return 0;
+}
+
+void
+spot__store_op_free(struct spot__store_op *b)
+{
+  if (b->kind->free != NULL)
+    b->kind->free(b);
+  spot__store_cfg_fini(&b->cfg);
+  free(b->name);
+  free(b);
+}
+
+void
+spot__store_handle_closed(struct spot__store_op *b)
+{
+  if (--b->handles == 0)
+    spot__store_op_free(b);
+}
+
+static void
+progress_close_cb(uv_handle_t *h)
+{
+  spot__store_handle_closed(
+      spot_container_of(h, struct spot__store_op, progress_timer));
+}
+
+void
+spot__store_close(struct spot__store_op *b)
+{
+  uv_timer_stop(&b->progress_timer);
+  uv_close((uv_handle_t *)&b->progress_timer, progress_close_cb);
+  if (b->kind->close != NULL)
+    b->kind->close(b);
+}
+
+static void
+progress_timer_cb(uv_timer_t *t)
+{
+  struct spot__store_op *b =
+      spot_container_of(t, struct spot__store_op, progress_timer);
+
+  if (b->kind->tick != NULL)
+    b->kind->tick(b);
+}
+
+void
+spot__store_progress_start(struct spot__store_op *b)
+{
+  if (b->progress == NULL)
+    return;
+  uv_timer_start(&b->progress_timer, progress_timer_cb, 250, 250);
+  uv_unref((uv_handle_t *)&b->progress_timer);
+}
+
+void
+spot__store_progress(struct spot__store_op *b, enum spot_store_phase phase)
+{
+  struct spot_store_progress p;
+
+  if (b->progress == NULL)
+    return;
+  p.phase = phase;
+  p.name = b->name != NULL ? b->name : "";
+  p.raw_done = b->raw_done;
+  p.raw_total = b->raw_total;
+  p.stored_done = b->stored_done;
+  p.elapsed_ms = spot_now_mono_ms() - b->start_ms;
+  p.retries = b->retries;
+  b->progress(&p, b->data);
+}
+
+void
+spot__store_fail(struct spot__store_op *b, int err)
+{
+  if (b->err == 0)
+    b->err = err < 0 ? err : -EIO;
+}
+
+void
+spot__store_fail_msg(struct spot__store_op *b, int err, const char *fmt, ...)
+{
+  va_list ap;
+
+  if (b->msg[0] == '\0') {
+    va_start(ap, fmt);
+    vsnprintf(b->msg, sizeof(b->msg), fmt, ap);
+    va_end(ap);
+  }
+  spot__store_fail(b, err);
+}
+
+void
+spot__store_fail_s3(struct spot__store_op *b, const char *what,
+                    const struct spot_s3_result *res)
+{
+  spot__store_s3_msg(b->msg, sizeof(b->msg), what, res);
+  spot__store_fail(b, res->err);
+}
+
+bool
+spot__store_cancel_mark(struct spot__store_op *b)
+{
+  if (b->life != SPOT__STORE_RUNNING)
+    return false;
+  b->life = SPOT__STORE_CANCELLING;
+  spot__store_fail(b, -ECANCELED);
+  spot__store_msg(b->msg, sizeof(b->msg), "cancelled");
+  return true;
+}
+
+static void
+work_after_cb(uv_work_t *req, int status)
+{
+  struct spot__store_op *b =
+      spot_container_of(req, struct spot__store_op, work);
+
+  b->active_work--;
+  if (status < 0)
+    spot__store_fail_msg(b, status, "%s", uv_strerror(status));
+  b->kind->advance(b);
+}
+
+int
+spot__store_queue(struct spot__store_op *b, uv_work_cb fn)
+{
+  int r = uv_queue_work(b->loop, &b->work, fn, work_after_cb);
+
+  if (r == 0)
+    b->active_work++;
+  return r;
+}
+
+void
+spot__store_finish(struct spot__store_op *b, struct spot_store_result *res)
+{
+  b->life = SPOT__STORE_FINISHED;
+  if (b->err < 0 && b->msg[0] == '\0')
+    snprintf(b->msg, sizeof(b->msg), "%s", strerror(-b->err));
+  res->err = b->err;
+  res->message = b->err < 0 ? b->msg : "";
+  res->name = b->name != NULL ? b->name : "";
+  res->retries = b->retries;
+  res->elapsed_ms = spot_now_mono_ms() - b->start_ms;
+  if (res->warning == NULL)
+    res->warning = "";
+  if (b->err == 0)
+    spot__store_progress(b, SPOT_STORE_PHASE_FINISH);
+  b->cb(res, b->data);
+  spot__store_close(b);
+}
+
+void
+spot__store_log_state(const struct spot__store_op *b, const char *from,
+                      const char *to)
+{
+  log_debug("%s name=%s state %s -> %s", b->kind->name,
+            b->name != NULL ? b->name : "?", from, to);
+}
+
+void
+spot_store_cancel(struct spot_store_op *op)
+{
+  struct spot__store_op *b = (struct spot__store_op *)(void *)op;
+
+  if (b != NULL && spot__store_cancel_mark(b))
+    b->kind->cancel(b);
+}
+
+/* ------------------------------------------------------------ coders */
+
+int
+spot__store_coders_new(size_t n, size_t part_max,
+                       struct spot__store_coder **out)
+{
+  struct spot__store_coder *c = calloc(n, sizeof(*c));
+  int r;
+
+  if (c == NULL)
+    return -ENOMEM;
+  for (size_t i = 0; i < n; i++) {
+    r = spot_codec_new(part_max, &c[i].codec);
+    c[i].raw = r == 0 ? malloc(part_max) : NULL;
+    if (r == 0 && c[i].raw == NULL)
+      r = -ENOMEM;
+    if (r < 0) {
+      spot__store_coders_free(c, i + 1);
+      return r;
+    }
+  }
+  *out = c;
+  return 0;
+}
+
+void
+spot__store_coders_free(struct spot__store_coder *c, size_t n)
+{
+  for (size_t i = 0; c != NULL && i < n; i++) {
+    spot_codec_free(c[i].codec);
+    free(c[i].raw);
+  }
+  free(c);
+}
+
+struct spot__store_coder *
+spot__store_coder_take(struct spot__store_coder *c, size_t n)
+{
+  for (size_t i = 0; c != NULL && i < n; i++)
+    if (!c[i].busy)
+      return &c[i];
+  return NULL;
+}
+
+/* ------------------------------------------------------------ the pipe */
+
+int
+spot__store_pipe_init(struct spot__store_pipe *p, struct spot__store_op *op,
+                      size_t part_max)
+{
+  size_t bound = spot_codec_bound(part_max);
+  int r;
+
+  p->ncoders = op->cfg.c.workers;
+  r = spot__store_coders_new(p->ncoders, part_max, &p->coders);
+  if (r < 0)
+    return r;
+  p->nslots = op->cfg.c.workers + op->cfg.c.parallel;
+  p->slots = calloc(p->nslots, sizeof(*p->slots));
+  if (p->slots == NULL)
+    return -ENOMEM;
+  for (size_t i = 0; i < p->nslots; i++) {
+    p->slots[i].op = op;
+    p->slots[i].comp_cap = bound;
+    /* Untouched pages of these buffers cost no memory. */
+    p->slots[i].comp = malloc(bound);
+    if (p->slots[i].comp == NULL)
+      return -ENOMEM;
+  }
+  return 0;
+}
+
+void
+spot__store_pipe_fini(struct spot__store_pipe *p)
+{
+  spot__store_coders_free(p->coders, p->ncoders);
+  for (size_t i = 0; p->slots != NULL && i < p->nslots; i++)
+    free(p->slots[i].comp);
+  free(p->slots);
+  memset(p, 0, sizeof(*p));
+}
+
+struct spot__store_slot *
+spot__store_pipe_find(struct spot__store_pipe *p, unsigned state,
+                      bool (*ok)(const struct spot__store_slot *s))
+{
+  struct spot__store_slot *best = NULL;
+
+  for (size_t i = 0; i < p->nslots; i++) {
+    struct spot__store_slot *s = &p->slots[i];
+
+    if (s->state != state || (ok != NULL && !ok(s)))
+      continue;
+    if (state == 0)
+      return s;
+    if (best == NULL || s->seq < best->seq)
+      best = s;
+  }
+  return best;
+}
+
+int
+spot__store_pipe_work(struct spot__store_pipe *p, struct spot__store_slot *s,
+                      uv_work_cb work, uv_after_work_cb after,
+                      unsigned work_state)
+{
+  struct spot__store_coder *c = spot__store_coder_take(p->coders, p->ncoders);
+  int r;
+
+  if (c == NULL)
+    return 1;
+  s->coder = c;
+  c->busy = true;
+  r = uv_queue_work(s->op->loop, &s->work, work, after);
+  if (r < 0) {
+    c->busy = false;
+    s->coder = NULL;
+    spot__store_fail_msg(s->op, r, "queueing work: %s", uv_strerror(r));
+    return r;
+  }
+  s->state = work_state;
+  s->op->active_work++;
+  return 0;
+}
+
+int
+spot__store_pipe_worked(struct spot__store_slot *s, int status)
+{
+  s->op->active_work--;
+  s->coder->busy = false;
+  s->coder = NULL;
+  s->state = 0;
+  return status < 0 ? status : s->work_err;
+}
+
+void
+spot__store_pipe_cancel(struct spot__store_pipe *p, unsigned work_state,
+                        unsigned s3_state)
+{
+  for (size_t i = 0; i < p->nslots; i++) {
+    struct spot__store_slot *s = &p->slots[i];
+
+    if (s->state == work_state)
+      uv_cancel((uv_req_t *)&s->work);
+    else if (s->state == s3_state && s->s3op != NULL)
+      spot_s3_cancel(s->s3op);
+  }
 }

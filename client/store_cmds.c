@@ -13,6 +13,7 @@
 #include "aws.h"
 #include "http.h"
 #include "log.h"
+#include "manifest.h"
 #include "s3.h"
 #include "s3url.h"
 #include "spotctl.h"
@@ -375,9 +376,9 @@ spotctl_cmd_push(int argc, char **argv)
     r = spot_store_push(&s.loop, &s.cfg, argv[optind], o.name, print_progress,
                         store_done_cb, &s, NULL);
     if (r == -EINVAL)
-      r = spotctl_fail("push: invalid checkpoint name '%s' (1-128 printable "
-                       "characters, no '/', not '..')",
-                       o.name != NULL ? o.name : argv[optind]);
+      r = spotctl_fail(
+          "push: invalid checkpoint name '%s' (" SPOT_CKPT_NAME_RULES ")",
+          o.name != NULL ? o.name : argv[optind]);
     else if (r < 0)
       r = spotctl_fail("push: %s", strerror(-r));
     else
@@ -412,8 +413,9 @@ spotctl_cmd_restore(int argc, char **argv)
     r = spot_store_restore(&s.loop, &s.cfg, o.name, argv[optind + 1],
                            print_progress, store_done_cb, &s, NULL);
     if (r == -EINVAL)
-      r = spotctl_usage("restore: invalid checkpoint name '%s'",
-                        o.name != NULL ? o.name : "");
+      r = spotctl_usage(
+          "restore: invalid checkpoint name '%s' (" SPOT_CKPT_NAME_RULES ")",
+          o.name != NULL ? o.name : "");
     else if (r < 0)
       r = spotctl_fail("restore: %s", strerror(-r));
     else

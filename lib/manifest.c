@@ -99,7 +99,7 @@ path_problem(const char *p, size_t len)
   if (len == 0)
     return "empty";
   if (len > SPOT_MANIFEST_PATH_MAX)
-    return "longer than 4096 bytes";
+    return "longer than 4095 bytes (PATH_MAX)";
   if (memchr(p, '\0', len))
     return "contains a NUL byte";
   if (p[0] == '/')
@@ -141,7 +141,7 @@ spot_ckpt_name_valid(const char *name)
   n = strnlen(name, SPOT_CKPT_NAME_MAX + 1);
   if (n == 0 || n > SPOT_CKPT_NAME_MAX)
     return false;
-  if (strcmp(name, ".") == 0 || strstr(name, ".."))
+  if (name[0] == '.' || strstr(name, ".."))
     return false;
   for (size_t i = 0; i < n; i++) {
     unsigned char c = (unsigned char)name[i];
@@ -207,6 +207,7 @@ spot_manifest_add_file(struct spot_manifest *m, const char *path,
   struct spot_manifest_file *f;
 
   if (!spot_manifest_path_valid(path) || mode > 07777 ||
+      mtime_ns < SPOT_MANIFEST_MTIME_MIN_NS ||
       (unsigned)filter >= SPOT_FILTER_LAST || (size == 0) != (key == NULL) ||
       (key && (!spot_manifest_path_valid(key) ||
                strcmp(key, SPOT_MANIFEST_NAME) == 0)))
@@ -720,7 +721,8 @@ parse_file(struct parse *ps, json_t *o, size_t i, struct spot_manifest_file *f)
   if (r < 0)
     return r;
   f->mode = (uint32_t)v;
-  r = get_int(ps, o, where, "mtime_ns", INT64_MIN, INT64_MAX, &f->mtime_ns);
+  r = get_int(ps, o, where, "mtime_ns", SPOT_MANIFEST_MTIME_MIN_NS, INT64_MAX,
+              &f->mtime_ns);
   if (r < 0)
     return r;
   r = get_str(ps, o, where, "filter", false, &s, &len);

@@ -25,11 +25,12 @@
  *         "filter": "none", "frames": [] } ] }
  *
  * Per file: "path" relative to the checkpoint folder; "mode" the permission
- * bits (<= 07777); "filter" a spot_filter_name(); "key" the object key
- * relative to PREFIX/JOB/checkpoints/NAME/ (DESIGN.md: "<path>.zst"); the
- * frames, one per part, tile [0, size) and the object [0, stored) with no
- * gap or overlap, and "crc32c" is the CRC32C of the frame's raw bytes
- * (codec.h says why raw). An EMPTY file has no frame and NO object: no
+ * bits (<= 07777; restore drops setuid/setgid/sticky, store.h);
+ * "mtime_ns" >= SPOT_MANIFEST_MTIME_MIN_NS; "filter" a spot_filter_name();
+ * "key" the object key relative to PREFIX/JOB/checkpoints/NAME/ (DESIGN.md:
+ * "<path>.zst"); the frames, one per part, tile [0, size) and the object [0,
+ * stored) with no gap or overlap, and "crc32c" is the CRC32C of the frame's raw
+ * bytes (codec.h says why raw). An EMPTY file has no frame and NO object: no
  * "key", nothing is uploaded (a PUT per empty file is a wasted round trip,
  * and an empty object is not a zstd stream anyway); restore just creates
  * it. A non-empty file always has a key and >= 1 frame.
@@ -55,8 +56,12 @@
 #define SPOT_MANIFEST_FORMAT "spotd-checkpoint"
 #define SPOT_MANIFEST_NAME "MANIFEST.json"
 /* Bounds applied when building and when parsing. */
-#define SPOT_MANIFEST_PATH_MAX 4096
+/* What the restore can open: PATH_MAX counts the NUL, NAME_MAX does not. */
+#define SPOT_MANIFEST_PATH_MAX 4095
 #define SPOT_MANIFEST_COMPONENT_MAX 255
+/* mtime_ns that futimens() takes on every file system we restore to:
+ * 1901-12-13 (a 32-bit time_t's minimum) .. INT64_MAX (2262). */
+#define SPOT_MANIFEST_MTIME_MIN_NS (-2147483648LL * 1000000000LL)
 #define SPOT_MANIFEST_FILES_MAX 1000000
 #define SPOT_MANIFEST_FRAMES_MAX 10000 /* per file: S3's part limit */
 #define SPOT_MANIFEST_TOTAL_FRAMES_MAX 4000000
@@ -100,8 +105,14 @@ struct spot_manifest {
 
 /* Whether name is a valid checkpoint name (also used for job ids): 1..128
  * bytes of printable ASCII other than space, no '/', no '\\', no "..",
- * not ".". */
+ * and no leading '.' (spotd's own folders next to checkpoints start with
+ * one: .spotd-resume, .spotd-journal, the restore's temporary folder).
+ * The one check push, list, restore and the manifest parser share. */
 bool spot_ckpt_name_valid(const char *name);
+/* The rules above in words, for messages. */
+#define SPOT_CKPT_NAME_RULES                                                   \
+  "1-128 printable ASCII characters, no space, '/', '\\' or '..', not "        \
+  "starting with '.'"
 /* Whether path is a valid relative path by the rules above. */
 bool spot_manifest_path_valid(const char *path);
 

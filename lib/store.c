@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "log.h"
 #include "manifest.h"
@@ -29,6 +30,32 @@ spot_store_phase_name(enum spot_store_phase p)
   if ((unsigned)p >= SPOT_STORE_PHASE_LAST)
     return "?";
   return names[p];
+}
+
+uint32_t
+spot_store_restore_mode(uint32_t mode, uint32_t mask)
+{
+  return mode & 0777 & ~(mask & 0022);
+}
+
+uint32_t
+spot_store_umask(void)
+{
+  FILE *f = fopen("/proc/self/status", "re");
+  char line[256];
+  unsigned m = 0;
+  bool found = false;
+  mode_t old;
+
+  while (f != NULL && !found && fgets(line, sizeof(line), f) != NULL)
+    found = sscanf(line, "Umask: %o", &m) == 1;
+  if (f != NULL)
+    fclose(f);
+  if (found)
+    return m & 0777;
+  old = umask(077); /* only before 4.7 kernels; briefly the strictest */
+  umask(old);
+  return (uint32_t)old & 0777;
 }
 
 int
@@ -158,7 +185,14 @@ spot__store_prefix_name(const char *p, char **name)
   while (start > p && start[-1] != '/')
     start--;
   *name = strndup(start, (size_t)(p + len - 1 - start));
-  return *name != NULL ? 0 : -ENOMEM;
+  if (*name == NULL)
+    return -ENOMEM;
+  if (!spot_ckpt_name_valid(*name)) {
+    free(*name);
+    *name = NULL;
+    return -EINVAL; /* not a checkpoint of ours (".spotd-...", ...) */
+  }
+  return 0;
 }
 
 /* ------------------------------------------------------------ the base */

@@ -165,4 +165,13 @@ int spot_store_key(const struct spot_store_config *cfg, const char *name,
 
 const char *spot_store_phase_name(enum spot_store_phase p);
 
+/* The mode restore gives a file stored with `mode`: the permission bits
+ * only (setuid, setgid and sticky are never restored) and no group or
+ * other write bit that `mask` (the umask) takes away. A manifest asking for
+ * more is not refused; the extra bits are dropped. Pure. */
+uint32_t spot_store_restore_mode(uint32_t mode, uint32_t mask);
+/* The process umask, read without changing it (/proc/self/status; else
+ * umask(2) twice). */
+uint32_t spot_store_umask(void);
+
 #endif

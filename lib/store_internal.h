@@ -23,7 +23,8 @@ void spot__store_cfg_fini(struct spot__store_cfg *c);
 char *spot__store_key(const struct spot_store_config *cfg, const char *name,
                       const char *rel);
 /* ".../checkpoints/NAME/" (a CommonPrefix) -> NAME, malloc'd. Returns 0,
- * -EINVAL (not of that shape) or -ENOMEM. */
+ * -EINVAL (not of that shape, or NAME is not spot_ckpt_name_valid()) or
+ * -ENOMEM. */
 int spot__store_prefix_name(const char *prefix, char **name);
 /* Writes into buf only if it is still empty (the first error wins). */
 void spot__store_msg(char *buf, size_t size, const char *fmt, ...)
@@ -178,6 +179,7 @@ struct spot__store_slot {
   void *comp;
   size_t comp_cap;
   size_t comp_len; /* push: encoded length; restore: bytes fetched */
+  uint64_t want;   /* restore: the frame's stored length */
   uint64_t raw_len;
   uint32_t crc;
   int mode; /* push: enum spot_codec_mode */

@@ -140,6 +140,8 @@ seq_cb(const struct spot_s3_result *res, void *data)
       op->latest[n] = '\0';
       while (n > 0 && (op->latest[n - 1] == '\n' || op->latest[n - 1] == ' '))
         op->latest[--n] = '\0';
+      if (!spot_ckpt_name_valid(op->latest))
+        op->latest[0] = '\0'; /* names nothing a list would show */
     } else if (res->err != -ENOENT) {
       spot__store_fail_s3(&op->b, "reading LATEST", res);
     }

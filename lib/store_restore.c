@@ -58,7 +58,8 @@ struct restore_op {
   struct spot__store_op b; /* first: the op handle is its address */
   enum restore_state state;
   char *dir;
-  char *tmp; /* the temporary folder, once made */
+  char *tmp;      /* the temporary folder, once made */
+  uint32_t umask; /* the process umask when the restore started */
 
   struct spot_buf body;
   struct spot_manifest *m;
@@ -321,9 +322,13 @@ finish_work_cb(uv_work_t *req)
       fail_msg(op, fd, "%s: %s", f->path, strerror(-fd));
       return;
     }
-    ts[0].tv_sec = ts[1].tv_sec = (time_t)(f->mtime_ns / 1000000000);
-    ts[0].tv_nsec = ts[1].tv_nsec = (long)(f->mtime_ns % 1000000000);
-    if (fsync(fd) < 0 || fchmod(fd, (mode_t)f->mode) < 0 ||
+    /* Floor division: tv_nsec stays in [0, 1e9) before 1970 too. */
+    ts[0].tv_sec = ts[1].tv_sec =
+        (time_t)(f->mtime_ns / 1000000000 - (f->mtime_ns % 1000000000 < 0));
+    ts[0].tv_nsec = ts[1].tv_nsec =
+        (long)((f->mtime_ns % 1000000000 + 1000000000) % 1000000000);
+    if (fsync(fd) < 0 ||
+        fchmod(fd, (mode_t)spot_store_restore_mode(f->mode, op->umask)) < 0 ||
         futimens(fd, ts) < 0) {
       fail_msg(op, -errno, "%s: %s", f->path, strerror(errno));
       close(fd);
@@ -366,9 +371,12 @@ fetch_sink(const void *p, size_t n, uint64_t offset, void *data)
 {
   struct spot__store_slot *s = data;
 
-  /* The server must not send more than the frame. */
-  if (offset > s->comp_cap || n > s->comp_cap - offset)
-    return -EBADMSG;
+  /* The server must not send more than the frame asked for (a 206 with
+   * extra bytes): its own length, not the buffer's, is the limit. */
+  if (offset > s->want || n > s->want - offset || s->want > s->comp_cap) {
+    s->work_err = -EMSGSIZE;
+    return -EMSGSIZE;
+  }
   memcpy((char *)s->comp + offset, p, n);
   if (offset + n > s->comp_len)
     s->comp_len = (size_t)(offset + n);
@@ -471,7 +479,12 @@ fetch_cb(const struct spot_s3_result *res, void *data)
   spot__store_s3_done(&op->b, &s->s3op, res);
   op->active_fetch--;
   s->state = RS_FREE;
-  if (res->err < 0) {
+  if (s->work_err == -EMSGSIZE) {
+    fail_msg(op, -EBADMSG,
+             "%s part %zu: the server sent more than the frame's %" PRIu64
+             " bytes of %s (a ranged read with extra bytes)",
+             f->path, s->part + 1, fr->comp_len, f->key);
+  } else if (res->err < 0) {
     char what[600];
     snprintf(what, sizeof(what), "reading %s part %zu", f->path, s->part + 1);
     spot__store_fail_s3(&op->b, what, res);
@@ -527,6 +540,8 @@ start_fetches(struct restore_op *op)
     s->file = op->next_file;
     s->part = op->next_frame;
     s->comp_len = 0;
+    s->want = fr->comp_len;
+    s->work_err = 0;
     s->seq = op->pipe.seq++;
     r = spot_s3_get(op->b.cfg.c.s3, op->b.cfg.bucket, key, fr->comp_off,
                     fr->comp_len, fetch_sink, NULL, fetch_cb, s, &s->s3op);
@@ -763,6 +778,7 @@ spot_store_restore(uv_loop_t *loop, const struct spot_store_config *cfg,
     spot__store_close(&op->b);
     return -ENOMEM;
   }
+  op->umask = spot_store_umask();
   n = strlen(op->dir);
   while (n > 1 && op->dir[n - 1] == '/')
     op->dir[--n] = '\0';

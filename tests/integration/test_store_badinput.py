@@ -137,6 +137,39 @@ try:
         fails(cp, "DIR with a '..' base name", "invalid checkpoint name")
         nothing_committed("bad names")
 
+        # names that collide with spotd's own folders (issue 14.5): push,
+        # restore, list and the manifest parser refuse them alike
+        for name in (".spotd-resume", ".spotd-journal", ".x"):
+            cp = spotlib.spotctl("push", good, url, "--name", name)
+            fails(cp, "push --name %r" % name, name, "invalid checkpoint name")
+            cp = spotlib.spotctl("restore", url, os.path.join(tmp, "never"),
+                                 "--name", name)
+            fails(cp, "restore --name %r" % name, name, "invalid checkpoint name")
+        hidden = os.path.join(tmp, ".spotd-journal")
+        os.makedirs(hidden)
+        cp = spotlib.spotctl("push", hidden, url)
+        fails(cp, "push of a folder named .spotd-journal", "invalid checkpoint name")
+        nothing_committed("dot names")
+        # planted in the store by hand: a commit named .spotd-resume, LATEST
+        # pointing at it
+        cp = spotlib.spotctl("push", good, url, "--name", "planted")
+        c.check(cp.returncode == 0, "push a checkpoint to copy", cp.stderr)
+        m = spotlib.s3_get(root + "checkpoints/planted/MANIFEST.json").decode()
+        spotlib.s3_put(root + "checkpoints/.spotd-resume/MANIFEST.json",
+                       m.replace('"planted"', '".spotd-resume"'))
+        spotlib.s3_put(root + "checkpoints/.spotd-resume/f.zst",
+                       spotlib.s3_get(root + "checkpoints/planted/f.zst"))
+        spotlib.s3_put(root + "LATEST", b".spotd-resume\n")
+        dst = os.path.join(tmp, "dot-dst")
+        cp = spotlib.spotctl("restore", url, dst)
+        fails(cp, "restore with LATEST = .spotd-resume", "LATEST", "no valid checkpoint name")
+        c.check(not os.path.exists(dst), "LATEST = .spotd-resume: nothing restored")
+        cp = spotlib.spotctl("list", url, "--json")
+        c.check(cp.returncode == 0 and ".spotd-resume" not in cp.stdout and
+                "planted" in cp.stdout,
+                "list: a .spotd-resume prefix is not a checkpoint", cp.stdout + cp.stderr)
+        spotlib.s3_cleanup(root)
+
         # URLs without a job
         for u in ("s3://%s" % bucket, "s3://%s/" % bucket, "s3:///job", "http://x/y/z"):
             cp = spotlib.spotctl("push", good, u)

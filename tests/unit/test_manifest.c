@@ -286,6 +286,17 @@ static const struct reject rejects[] = {
     {"\"name\":\"step-100\"", "\"name\":\"a/b\"", -EBADMSG,
      "name: not a valid checkpoint name"},
     {"\"name\":\"step-100\"", "\"name\":\"..\"", -EBADMSG, "name: not a valid"},
+    /* names that would collide with spotd's own folders (issue 14.5) */
+    {"\"name\":\"step-100\"", "\"name\":\".spotd-resume\"", -EBADMSG,
+     "name: not a valid"},
+    {"\"name\":\"step-100\"", "\"name\":\".spotd-journal\"", -EBADMSG,
+     "name: not a valid"},
+    {"\"name\":\"step-100\"", "\"name\":\".x\"", -EBADMSG, "name: not a valid"},
+    /* what the restore could not do, refused before any data (14.10) */
+    {"\"mtime_ns\":123", "\"mtime_ns\":-9223372036854775808", -EBADMSG,
+     "files[0].mtime_ns: -9223372036854775808 not in"},
+    {"\"mtime_ns\":123", "\"mtime_ns\":-2147483648000000001", -EBADMSG,
+     "files[0].mtime_ns: -2147483648000000001 not in"},
     {"\"job\":\"job1\"", "\"job\":\"\"", -EBADMSG, "job: not a valid job id"},
     {"\"created\":\"2026-12-02T10:13:50Z\"", "\"created\":\"yesterday\"",
      -EBADMSG, "created: not an RFC 3339 time"},
@@ -356,7 +367,7 @@ test_parse_shapes(void **state)
     } else {
       assert_int_equal(spot_manifest_parse(s, strlen(s), &m, err, sizeof(err)),
                        -EBADMSG);
-      assert_non_null(strstr(err, "files[1].path: longer than 4096"));
+      assert_non_null(strstr(err, "files[1].path: longer than 4095"));
     }
     free(s);
   }
@@ -397,6 +408,10 @@ test_names(void **state)
   assert_false(spot_ckpt_name_valid("a\nb"));
   assert_false(spot_ckpt_name_valid("\x7f"));
   assert_false(spot_ckpt_name_valid("caf\xc3\xa9"));
+  assert_false(spot_ckpt_name_valid(".spotd-resume"));
+  assert_false(spot_ckpt_name_valid(".spotd-journal"));
+  assert_false(spot_ckpt_name_valid(".hidden"));
+  assert_true(spot_ckpt_name_valid("v1.2"));
   memset(long_name, 'n', sizeof(long_name));
   long_name[SPOT_CKPT_NAME_MAX] = '\0';
   assert_true(spot_ckpt_name_valid(long_name));

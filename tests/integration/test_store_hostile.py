@@ -1,0 +1,109 @@
+#!/usr/bin/python3
+"""A hostile or broken S3 server during restore (issue 14.10, 14.9).
+
+A real checkpoint is pushed to the test S3 server (Ceph), its objects are
+read back with boto3, and a small loopback server that answers like S3
+(path-style GETs, ranged GETs as 206) serves them to `spotctl restore`
+with one misbehaviour per case:
+
+  - extra-bytes: every ranged GET answers 206 with the asked bytes and 7
+    more (Content-Length says so): restore fails naming the frame's own
+    length ("more than the frame's N bytes"), not "shorter than the
+    manifest says", and nothing is left at or next to the target.
+  - control: the same server without the fault restores the tree
+    identical (the test's own control)."""
+import http.server
+import os
+import re
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import spotlib as sl  # noqa: E402
+
+sl.store_env()
+c = sl.Checks()
+url, root = sl.unique_job("hostile")
+bucket = os.environ["SPOT_TEST_S3_BUCKET"]
+OBJECTS = {}
+MODE = {"fault": None}
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        path = self.path.split("?", 1)[0]
+        key = path[len("/%s/" % bucket):] if path.startswith("/%s/" % bucket) else None
+        body = OBJECTS.get(key)
+        if body is None:
+            msg = (b"<?xml version=\"1.0\"?><Error><Code>NoSuchKey</Code>"
+                   b"<Message>no</Message></Error>")
+            self.send_response(404)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(msg)))
+            self.end_headers()
+            self.wfile.write(msg)
+            return
+        status = 200
+        rng = self.headers.get("Range")
+        m = re.match(r"bytes=(\d+)-(\d+)$", rng or "")
+        if m:
+            a, b = int(m.group(1)), int(m.group(2))
+            data = body[a:b + 1]
+            status = 206
+            if MODE["fault"] == "extra-bytes":
+                data += b"EXTRA!!"
+        else:
+            data = body
+        self.send_response(status)
+        if status == 206:
+            self.send_header("Content-Range", "bytes %d-%d/%d" % (a, b, len(body)))
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("ETag", '"e"')
+        self.end_headers()
+        self.wfile.write(data)
+
+
+server = None
+try:
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "src")
+        os.makedirs(os.path.join(src, "sub"))
+        sl.write_random(os.path.join(src, "a.bin"), 3 << 20)
+        with open(os.path.join(src, "sub", "b.txt"), "w") as f:
+            f.write("hello\n" * 1000)
+        cp = sl.spotctl("push", src, url, "--name", "ck")
+        c.check(cp.returncode == 0, "push the checkpoint to the real server", cp.stderr)
+        for k in sl.s3_keys(root):
+            OBJECTS[k] = sl.s3_get(k)
+        server, endpoint = sl.serve_http(Handler)
+
+        def restore(dst, *extra):
+            return sl.spotctl("restore", url, dst, "--endpoint", endpoint, *extra,
+                              timeout=60)
+
+        MODE["fault"] = "extra-bytes"
+        dst = os.path.join(tmp, "r-extra")
+        cp = restore(dst)
+        err = cp.stderr.strip().splitlines()
+        last = err[-1] if err else ""
+        c.check(cp.returncode != 0, "extra-bytes: restore fails", cp.stderr)
+        c.check("more than the frame" in last and "shorter" not in last,
+                "extra-bytes: the message names the frame's length: %s" % last,
+                cp.stderr)
+        c.check(not os.path.exists(dst) and not sl.leftovers_next_to(dst),
+                "extra-bytes: nothing at or next to the target")
+
+        MODE["fault"] = None
+        sl.check_restore(c, url, src, os.path.join(tmp, "r-ok"),
+                         "control: the same server without faults restores identical",
+                         "--endpoint", endpoint)
+finally:
+    if server is not None:
+        sl.stop_http(server)
+    sl.s3_cleanup(root)
+c.finish()

@@ -153,11 +153,47 @@ spot_ckpt_name_valid(const char *name)
   return true;
 }
 
+bool
+spot_manifest_link_valid(const char *path, const char *target)
+{
+  size_t len, depth = 0, up = 0;
+  const char *p, *c;
+  bool names = false;
+
+  if (!path || !target || !spot_manifest_path_valid(path))
+    return false;
+  len = strnlen(target, SPOT_MANIFEST_PATH_MAX + 1);
+  if (len == 0 || len > SPOT_MANIFEST_PATH_MAX || target[0] == '/')
+    return false;
+  for (p = strchr(path, '/'); p; p = strchr(p + 1, '/'))
+    depth++; /* the folders the link is in */
+  for (c = target; *c;) {
+    const char *e = strchr(c, '/');
+    size_t n = e ? (size_t)(e - c) : strlen(c);
+
+    if (n == 0 || n > SPOT_MANIFEST_COMPONENT_MAX || (n == 1 && c[0] == '.'))
+      return false;
+    if (n == 2 && c[0] == '.' && c[1] == '.') {
+      if (names || ++up > depth)
+        return false; /* ".." after a name, or above the folder */
+    } else {
+      names = true;
+    }
+    if (!e)
+      break;
+    c = e + 1;
+    if (!*c)
+      return false; /* trailing '/' */
+  }
+  return true;
+}
+
 static void
 file_fini(struct spot_manifest_file *f)
 {
   free(f->path);
   free(f->key);
+  free(f->link);
   free(f->frames);
 }
 
@@ -241,6 +277,30 @@ spot_manifest_add_file(struct spot_manifest *m, const char *path,
   if (out_index)
     *out_index = m->nfiles;
   m->nfiles++;
+  return 0;
+}
+
+int
+spot_manifest_add_link(struct spot_manifest *m, const char *path,
+                       const char *target, int64_t mtime_ns, size_t *out_index)
+{
+  size_t idx;
+  int r;
+
+  if (!spot_manifest_link_valid(path, target))
+    return -EINVAL;
+  r = spot_manifest_add_file(m, path, NULL, 0, 0777, mtime_ns, SPOT_FILTER_NONE,
+                             &idx);
+  if (r < 0)
+    return r;
+  m->files[idx].link = strdup(target);
+  if (!m->files[idx].link) {
+    file_fini(&m->files[idx]);
+    m->nfiles--;
+    return -ENOMEM;
+  }
+  if (out_index)
+    *out_index = idx;
   return 0;
 }
 
@@ -336,6 +396,14 @@ validate(struct spot_manifest *m, bool compute, char *err, size_t errlen)
     }
     if ((unsigned)f->filter >= SPOT_FILTER_LAST) {
       r = fail(err, errlen, -EBADMSG, "files[%zu].filter: unknown", i);
+      goto out;
+    }
+    if (f->link && (f->size != 0 || f->filter != SPOT_FILTER_NONE ||
+                    !spot_manifest_link_valid(f->path, f->link))) {
+      r = fail(err, errlen, -EBADMSG, "files[%zu].link: %s", i,
+               f->size != 0 || f->filter != SPOT_FILTER_NONE
+                   ? "a symlink has size 0 and filter none"
+                   : "not a relative link inside the checkpoint");
       goto out;
     }
     if (f->size == 0 && (f->key || f->nframes)) {
@@ -527,6 +595,8 @@ spot_manifest_to_json(struct spot_manifest *m, char **out, char *err,
                                json_string(spot_filter_name(f->filter)));
     if (f->key)
       bad |= json_object_set_new(o, "key", json_string(f->key));
+    if (f->link)
+      bad |= json_object_set_new(o, "link", json_string(f->link));
     bad |= json_object_set_new(o, "frames", frames);
     for (size_t j = 0; j < f->nframes && !bad; j++) {
       const struct spot_manifest_frame *fr = &f->frames[j];
@@ -677,8 +747,9 @@ parse_frames(struct parse *ps, json_t *arr, const char *where,
 static int
 parse_file(struct parse *ps, json_t *o, size_t i, struct spot_manifest_file *f)
 {
-  static const char *const file_keys[] = {
-      "path", "size", "mode", "mtime_ns", "filter", "key", "frames", NULL};
+  static const char *const file_keys[] = {"path",     "size",   "mode",
+                                          "mtime_ns", "filter", "key",
+                                          "link",     "frames", NULL};
   char where[WHERE_MAX];
   const char *s;
   size_t len;
@@ -711,6 +782,17 @@ parse_file(struct parse *ps, json_t *o, size_t i, struct spot_manifest_file *f)
                   path_problem(s, len));
     f->key = strdup(s);
     if (!f->key)
+      return -ENOMEM;
+  }
+  r = get_str(ps, o, where, "link", true, &s, &len);
+  if (r < 0)
+    return r;
+  if (s) {
+    if (len != strlen(s))
+      return fail(ps->err, ps->errlen, -EBADMSG, "%s.link: contains a NUL byte",
+                  where);
+    f->link = strdup(s);
+    if (!f->link)
       return -ENOMEM;
   }
   r = get_int(ps, o, where, "size", 0, INT64_MAX, &v);

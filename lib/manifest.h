@@ -36,6 +36,11 @@
  * it. A non-empty file always has a key and >= 1 frame.
  * ("totals" are checked against the sums of the files when parsing.)
  *
+ * A symlink is an entry with "link": its target, size 0, no key, no
+ * frames, filter "none". The target is relative and stays inside the
+ * checkpoint folder: spot_manifest_link_valid() (issue 13.5). Restore
+ * makes it a symlink again (after every file is written).
+ *
  * Paths and keys: UTF-8 (JSON strings are), 1..SPOT_MANIFEST_PATH_MAX
  * bytes, no NUL, no leading '/', no empty, "." or ".." component, each
  * component <= 255 bytes; no two files share a path or a key, no file's
@@ -79,7 +84,8 @@ struct spot_manifest_frame {
 
 struct spot_manifest_file {
   char *path;
-  char *key; /* NULL for an empty file */
+  char *key;  /* NULL for an empty file and a symlink */
+  char *link; /* a symlink's target, else NULL */
   uint64_t size;
   uint64_t stored; /* sum of comp_len */
   uint32_t mode;   /* st_mode & 07777 */
@@ -116,6 +122,13 @@ bool spot_ckpt_name_valid(const char *name);
 /* Whether path is a valid relative path by the rules above. */
 bool spot_manifest_path_valid(const char *path);
 
+/* Whether a symlink at path (valid by the rules above) pointing at target
+ * stays inside the checkpoint folder: target is relative, 1..PATH_MAX-1
+ * bytes, its components are names, except leading ".." components (no
+ * more than path has folders); no "." or empty component, so no link is
+ * followed by "..", which would leave where the names say. */
+bool spot_manifest_link_valid(const char *path, const char *target);
+
 /* An empty manifest. Returns 0, -EINVAL (invalid name or job, created_ms
  * outside 1970..9999) or -ENOMEM. */
 int spot_manifest_new(const char *name, const char *job, int64_t created_ms,
@@ -130,6 +143,12 @@ void spot_manifest_free(struct spot_manifest *m);
 int spot_manifest_add_file(struct spot_manifest *m, const char *path,
                            const char *key, uint64_t size, uint32_t mode,
                            int64_t mtime_ns, enum spot_filter filter,
+                           size_t *out_index);
+
+/* Adds a symlink entry (see spot_manifest_link_valid()). Returns 0,
+ * -EINVAL, -E2BIG or -ENOMEM like spot_manifest_add_file(). */
+int spot_manifest_add_link(struct spot_manifest *m, const char *path,
+                           const char *target, int64_t mtime_ns,
                            size_t *out_index);
 
 /* Records frame number part (0-based) of file index: parts may be set in

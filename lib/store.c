@@ -5,6 +5,7 @@
 #include "store.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,6 +96,19 @@ spot__store_key(const struct spot_store_config *cfg, const char *name,
   return spot_buf_steal(&b);
 }
 
+/* SPOT_STORE_MIN_RATE=B/s (1..1e12): a test knob, as s3.c's
+ * SPOT_S3_LOW_SPEED_TIME, so a slow-server test need not wait minutes. */
+static uint64_t
+min_rate_default(void)
+{
+  const char *v = getenv("SPOT_STORE_MIN_RATE");
+  int64_t n;
+
+  if (v != NULL && spot_parse_int64(v, 1, 1000000000000LL, &n) == 0)
+    return (uint64_t)n;
+  return SPOT_STORE_MIN_RATE_DEFAULT;
+}
+
 int
 spot__store_cfg_copy(struct spot__store_cfg *dst,
                      const struct spot_store_config *src)
@@ -131,6 +145,8 @@ spot__store_cfg_copy(struct spot__store_cfg *dst,
   }
   if (dst->c.stale_upload_age_ms == 0)
     dst->c.stale_upload_age_ms = 3600 * 1000;
+  if (dst->c.min_rate == 0)
+    dst->c.min_rate = min_rate_default();
   if (src->s3 == NULL || dst->bucket[0] == '\0' || dst->job[0] == '\0' ||
       dst->c.part_size < SPOT_STORE_PART_MIN ||
       dst->c.part_size > SPOT_STORE_PART_MAX || dst->c.part_size % 4096 != 0 ||
@@ -197,6 +213,67 @@ spot__store_prefix_name(const char *p, char **name)
 
 /* ------------------------------------------------------------ the base */
 
+/* Whether a transfer is past its deadline, and the op's own. */
+static void
+watch_cb(uv_timer_t *t)
+{
+  struct spot__store_op *b =
+      spot_container_of(t, struct spot__store_op, watch_timer);
+  uint64_t now = spot_now_mono_ms();
+
+  if (b->life != SPOT__STORE_RUNNING)
+    return;
+  if (b->deadline_ms != 0 && now >= b->deadline_ms) {
+    spot__store_fail_msg(
+        b, -ETIMEDOUT, "%s did not finish within %" PRIu64 " s (%s)",
+        b->kind->name, (b->deadline_ms - b->start_ms) / 1000, b->deadline_what);
+    spot_store_cancel((struct spot_store_op *)(void *)b);
+    return;
+  }
+  for (size_t i = 0; b->pipe != NULL && i < b->pipe->nslots; i++) {
+    struct spot__store_slot *s = &b->pipe->slots[i];
+
+    if (s->s3op != NULL && s->deadline_ms != 0 && now >= s->deadline_ms) {
+      s->work_err = -ETIMEDOUT;
+      s->deadline_ms = 0;
+      spot_s3_cancel(s->s3op); /* its callback runs now */
+    }
+  }
+}
+
+void
+spot__store_deadline(struct spot__store_op *b, uint64_t ms, const char *what)
+{
+  b->deadline_ms = ms > 0 ? b->start_ms + ms : 0;
+  b->deadline_what = what;
+}
+
+void
+spot__store_slot_sent(struct spot__store_slot *s, uint64_t bytes)
+{
+  uint64_t rate = s->op->cfg.c.min_rate;
+
+  s->work_err = 0;
+  s->sent_bytes = bytes;
+  s->sent_ms = spot_now_mono_ms();
+  s->deadline_ms =
+      s->sent_ms + SPOT_STORE_TRANSFER_GRACE_MS + bytes * 1000 / rate;
+}
+
+bool
+spot__store_slot_too_slow(struct spot__store_slot *s, const char *what)
+{
+  if (s->work_err != -ETIMEDOUT)
+    return false;
+  spot__store_fail_msg(
+      s->op, -ETIMEDOUT,
+      "%s: the server is too slow: %" PRIu64 " bytes not moved in %" PRIu64
+      " s (the floor is %" PRIu64 " B/s plus %d s per transfer)",
+      what, s->sent_bytes, (spot_now_mono_ms() - s->sent_ms) / 1000,
+      s->op->cfg.c.min_rate, SPOT_STORE_TRANSFER_GRACE_MS / 1000);
+  return true;
+}
+
 int
 spot__store_op_new(size_t size, const struct spot__store_kind *kind,
                    uv_loop_t *loop, const struct spot_store_config *cfg,
@@ -223,8 +300,12 @@ spot__store_op_new(size_t size, const struct spot__store_kind *kind,
     free(b);
     return r;
   }
-  b->handles = 1;
+  /* Cannot fail once a timer of the same loop initialised. */
+  (void)uv_timer_init(loop, &b->watch_timer);
+  b->handles = 2;
   b->start_ms = spot_now_mono_ms();
+  uv_timer_start(&b->watch_timer, watch_cb, 1000, 1000);
+  uv_unref((uv_handle_t *)&b->watch_timer);
   *out = b;
   return 0;
 }
@@ -253,11 +334,20 @@ progress_close_cb(uv_handle_t *h)
       spot_container_of(h, struct spot__store_op, progress_timer));
 }
 
+static void
+watch_close_cb(uv_handle_t *h)
+{
+  spot__store_handle_closed(
+      spot_container_of(h, struct spot__store_op, watch_timer));
+}
+
 void
 spot__store_close(struct spot__store_op *b)
 {
   uv_timer_stop(&b->progress_timer);
   uv_close((uv_handle_t *)&b->progress_timer, progress_close_cb);
+  uv_timer_stop(&b->watch_timer);
+  uv_close((uv_handle_t *)&b->watch_timer, watch_close_cb);
   if (b->kind->close != NULL)
     b->kind->close(b);
 }

@@ -68,6 +68,8 @@ enum spot__store_life {
   SPOT__STORE_FINISHED,   /* the final callback ran */
 };
 
+struct spot__store_pipe;
+
 struct spot__store_op {
   const struct spot__store_kind *kind;
   uv_loop_t *loop;
@@ -89,9 +91,21 @@ struct spot__store_op {
   uint64_t raw_total, raw_done, stored_done;
   unsigned retries;
   uv_timer_t progress_timer;
+  /* Every second: the op's deadline (deadline_ms, 0 = none) and each
+   * transfer's (spot__store_slot_sent()). */
+  uv_timer_t watch_timer;
+  uint64_t deadline_ms;
+  const char *deadline_what;
+  struct spot__store_pipe *pipe;
+  /* the transfers the watch checks */ /* "--restore-timeout" etc., for the
+                                          message */
   unsigned handles; /* open handles; the last close frees the op */
 };
 
+/* The op fails with -ETIMEDOUT and a line naming what (an option) unless
+ * it finishes within ms. */
+void spot__store_deadline(struct spot__store_op *b, uint64_t ms,
+                          const char *what);
 /* Allocates an op of size bytes (its struct starts with the base), copies
  * cfg, initialises the progress timer. 0 or negative errno (nothing to
  * free). On success the op is freed only through spot__store_close(). */
@@ -186,8 +200,9 @@ struct spot__store_slot {
   uint64_t work_ns;
   struct spot__store_coder *coder;
   uv_work_t work;
-  int work_err;
+  int work_err; /* also -ETIMEDOUT: the watch cancelled the transfer */
   struct spot_s3_op *s3op;
+  uint64_t sent_ms, deadline_ms, sent_bytes; /* the transfer in flight */
 };
 
 /* `workers` coders and `workers + parallel` slots: what bounds a push's
@@ -218,6 +233,11 @@ int spot__store_pipe_work(struct spot__store_pipe *p,
 /* First thing in an after-work callback: takes the coder back and frees
  * the slot. Returns the job's error (status or work_err). */
 int spot__store_pipe_worked(struct spot__store_slot *s, int status);
+/* A transfer of bytes started on s (s->s3op set): arms its deadline. */
+void spot__store_slot_sent(struct spot__store_slot *s, uint64_t bytes);
+/* Whether s's transfer was cancelled for being too slow; then the op has
+ * failed with a message naming what (e.g. "a.bin part 2"). */
+bool spot__store_slot_too_slow(struct spot__store_slot *s, const char *what);
 /* Cancels pool jobs in work_state and S3 requests in s3_state. */
 void spot__store_pipe_cancel(struct spot__store_pipe *p, unsigned work_state,
                              unsigned s3_state);

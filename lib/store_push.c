@@ -86,6 +86,59 @@ add_file(struct push_op *op, size_t *alloc, const char *rel, const char *abs,
   return 0;
 }
 
+/* A symlink: a relative link that stays inside the folder is stored as a
+ * link; any other fails the push, unless follow_symlinks stores the
+ * regular file it points to. Never skipped silently (issue 13.5). */
+static int
+walk_link(struct push_op *op, size_t *alloc, const char *abs, const char *rel,
+          const struct stat *lst)
+{
+  char target[SPOT_MANIFEST_PATH_MAX + 2];
+  ssize_t n = readlink(abs, target, sizeof(target) - 1);
+  struct stat st;
+  char *real;
+  int r;
+
+  if (n < 0) {
+    fail_msg(op, -errno, "%s: %s", rel, strerror(errno));
+    return -errno;
+  }
+  target[n] = '\0';
+  if (spot_manifest_link_valid(rel, target)) {
+    r = add_file(op, alloc, rel, abs, lst);
+    if (r == 0) {
+      struct pfile *f = &op->files[op->nfiles - 1];
+      f->size = 0;
+      f->link = strdup(target);
+      r = f->link != NULL ? 0 : -ENOMEM;
+    }
+    if (r < 0)
+      fail_msg(op, r, "%s: %s", rel, strerror(-r));
+    return r;
+  }
+  if (!op->b.cfg.c.follow_symlinks) {
+    fail_msg(op, -EINVAL,
+             "%s: a symlink to '%.300s', which is not a relative link inside "
+             "the checkpoint folder; nothing committed (--follow-symlinks "
+             "stores the file it points to)",
+             rel, target);
+    return -EINVAL;
+  }
+  if (stat(abs, &st) < 0 || !S_ISREG(st.st_mode)) {
+    fail_msg(op, -EINVAL,
+             "%s: a symlink to '%.300s', which is not a regular file "
+             "(--follow-symlinks stores files only)",
+             rel, target);
+    return -EINVAL;
+  }
+  real = realpath(abs, NULL);
+  r = real != NULL ? add_file(op, alloc, rel, real, &st) : -errno;
+  free(real);
+  if (r < 0)
+    fail_msg(op, r, "%s: %s", rel, strerror(-r));
+  return r;
+}
+
 static void
 walk_note(struct push_op *op, const char *path, const char *why)
 {
@@ -153,7 +206,9 @@ walk_dir(struct push_op *op, size_t *alloc, const char *abs, const char *rel,
       break;
     }
     if (S_ISLNK(st.st_mode)) {
-      walk_note(op, crel, "a symlink (symlinks are not followed)");
+      r = walk_link(op, alloc, cabs, crel, &st);
+      if (r < 0)
+        break;
       continue;
     }
     if (S_ISDIR(st.st_mode)) {
@@ -223,7 +278,11 @@ walk_work_cb(uv_work_t *req)
     size_t n = f->size < SPOT_CODEC_SAMPLE_MAX ? (size_t)f->size
                                                : SPOT_CODEC_SAMPLE_MAX;
     struct spot_codec_trial t;
-    int fd = open(f->abs, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd;
+
+    if (f->link != NULL)
+      continue; /* stored as a link: nothing to read */
+    fd = open(f->abs, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
 
     if (fd < 0) {
       fail_msg(op, -errno, "%s: %s", f->rel, strerror(errno));
@@ -276,6 +335,8 @@ verify_work_cb(uv_work_t *req)
     struct stat st;
     int64_t mt;
 
+    if (f->link != NULL)
+      continue; /* a link: nothing was read from it */
     if (lstat(f->abs, &st) < 0) {
       fail_msg(op, -errno, "%s: %s", f->rel, strerror(errno));
       return;
@@ -309,6 +370,7 @@ op_free(struct spot__store_op *b)
     struct pfile *f = &op->files[i];
     free(f->rel);
     free(f->abs);
+    free(f->link);
     free(f->key);
     free(f->upload_id);
     free(f->etags);
@@ -709,6 +771,7 @@ spot_store_push(uv_loop_t *loop, const struct spot_store_config *cfg,
   if (r < 0)
     return r;
   op = (struct push_op *)(void *)b;
+  op->b.pipe = &op->pipe;
   spot_buf_init(&op->body, SPOT__STORE_MANIFEST_CAP);
   r = set_dir_and_name(op, dir, name);
   if (r == 0)

@@ -51,7 +51,8 @@ enum file_state {
 
 struct pfile {
   char *rel;
-  char *abs;
+  char *abs;  /* what is read: the file, or what a followed link names */
+  char *link; /* a symlink stored as one: its target (no object) */
   char *key;
   uint64_t size;
   uint32_t mode;

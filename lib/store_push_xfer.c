@@ -160,7 +160,8 @@ part_done_cb(const struct spot_s3_result *res, void *data)
   if (res->err < 0) {
     char what[600];
     snprintf(what, sizeof(what), "uploading %s part %zu", f->rel, s->part + 1);
-    spot__store_fail_s3(&op->b, what, res);
+    if (!spot__store_slot_too_slow(s, what))
+      spot__store_fail_s3(&op->b, what, res);
     spot__push_pump(op);
     return;
   }
@@ -309,6 +310,7 @@ start_sends(struct push_op *op)
     }
     if (op->net_ms_start == 0)
       op->net_ms_start = spot_now_mono_ms();
+    spot__store_slot_sent(s, s->comp_len);
     s->state = SLOT_SENDING;
     op->b.active_s3++;
     op->active_xfers++;
@@ -413,6 +415,16 @@ add_to_manifest(struct push_op *op, struct pfile *f)
     snprintf(path, sizeof(path), "rank-%u/%s", op->b.cfg.c.rank, f->rel);
   else
     snprintf(path, sizeof(path), "%s", f->rel);
+  if (f->link != NULL) {
+    r = spot_manifest_add_link(op->manifest, path, f->link, f->mtime_ns,
+                               &f->midx);
+    if (r < 0)
+      fail_msg(op, r, "%s: the link cannot be recorded in the manifest",
+               f->rel);
+    else
+      spot__push_file_set_state(op, f, FILE_DONE);
+    return r;
+  }
   if (f->size > 0) {
     snprintf(key_rel, sizeof(key_rel), "%s.zst", path);
     f->key = spot__store_key(&op->b.cfg.c, op->b.name, key_rel);

@@ -169,8 +169,12 @@ merge_file(struct push_op *op, unsigned rank,
            const struct spot_manifest_file *f)
 {
   size_t idx;
-  int r = spot_manifest_add_file(op->ranks.merged, f->path, f->key, f->size,
-                                 f->mode, f->mtime_ns, f->filter, &idx);
+  int r =
+      f->link != NULL
+          ? spot_manifest_add_link(op->ranks.merged, f->path, f->link,
+                                   f->mtime_ns, &idx)
+          : spot_manifest_add_file(op->ranks.merged, f->path, f->key, f->size,
+                                   f->mode, f->mtime_ns, f->filter, &idx);
 
   for (size_t j = 0; r == 0 && j < f->nframes; j++)
     r = spot_manifest_set_frame(op->ranks.merged, idx, j, f->frames[j].raw_len,

@@ -254,9 +254,11 @@ prepare_work_cb(uv_work_t *req)
   }
   for (size_t i = 0; i < op->m->nfiles; i++) {
     const struct spot_manifest_file *f = &op->m->files[i];
-    int r = make_parents(dfd, f->path);
-    int fd;
+    int r, fd;
 
+    if (f->link != NULL)
+      continue; /* made last, once every file is written */
+    r = make_parents(dfd, f->path);
     if (r < 0) {
       fail_msg(op, r, "creating the folders of %s: %s", f->path, strerror(-r));
       break;
@@ -306,6 +308,45 @@ fsync_dirs_cb(const char *path, const struct stat *st, int flag,
   return 0;
 }
 
+/* Floor division: tv_nsec stays in [0, 1e9) before 1970 too. */
+static void
+mtime_of(const struct spot_manifest_file *f, struct timespec ts[2])
+{
+  ts[0].tv_sec = ts[1].tv_sec =
+      (time_t)(f->mtime_ns / 1000000000 - (f->mtime_ns % 1000000000 < 0));
+  ts[0].tv_nsec = ts[1].tv_nsec =
+      (long)((f->mtime_ns % 1000000000 + 1000000000) % 1000000000);
+}
+
+/* The symlinks, last: while the data is written no link exists in the
+ * temporary folder. Their targets were checked by the manifest parser
+ * (spot_manifest_link_valid()): relative, inside the checkpoint. */
+static int
+make_links(struct restore_op *op)
+{
+  int dfd = open(op->tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int r = 0;
+
+  if (dfd < 0)
+    return -errno;
+  for (size_t i = 0; r == 0 && i < op->m->nfiles; i++) {
+    const struct spot_manifest_file *f = &op->m->files[i];
+    struct timespec ts[2];
+
+    if (f->link == NULL)
+      continue;
+    mtime_of(f, ts);
+    r = make_parents(dfd, f->path);
+    if (r == 0 && (symlinkat(f->link, dfd, f->path) < 0 ||
+                   utimensat(dfd, f->path, ts, AT_SYMLINK_NOFOLLOW) < 0))
+      r = -errno;
+    if (r < 0)
+      fail_msg(op, r, "%s: making the symlink: %s", f->path, strerror(-r));
+  }
+  close(dfd);
+  return r;
+}
+
 static void
 finish_work_cb(uv_work_t *req)
 {
@@ -316,17 +357,16 @@ finish_work_cb(uv_work_t *req)
   for (size_t i = 0; i < op->m->nfiles; i++) {
     const struct spot_manifest_file *f = &op->m->files[i];
     struct timespec ts[2];
-    int fd = open_in_tmp(op, f->path, O_WRONLY);
+    int fd;
 
+    if (f->link != NULL)
+      continue;
+    fd = open_in_tmp(op, f->path, O_WRONLY);
     if (fd < 0) {
       fail_msg(op, fd, "%s: %s", f->path, strerror(-fd));
       return;
     }
-    /* Floor division: tv_nsec stays in [0, 1e9) before 1970 too. */
-    ts[0].tv_sec = ts[1].tv_sec =
-        (time_t)(f->mtime_ns / 1000000000 - (f->mtime_ns % 1000000000 < 0));
-    ts[0].tv_nsec = ts[1].tv_nsec =
-        (long)((f->mtime_ns % 1000000000 + 1000000000) % 1000000000);
+    mtime_of(f, ts);
     if (fsync(fd) < 0 ||
         fchmod(fd, (mode_t)spot_store_restore_mode(f->mode, op->umask)) < 0 ||
         futimens(fd, ts) < 0) {
@@ -339,6 +379,8 @@ finish_work_cb(uv_work_t *req)
       return;
     }
   }
+  if (make_links(op) < 0)
+    return;
   /* mkdtemp made it 0700; a checkpoint folder is an ordinary one. */
   chmod(op->tmp, 0755);
   if (nftw(op->tmp, fsync_dirs_cb, 16, FTW_DEPTH | FTW_PHYS) != 0) {
@@ -487,7 +529,8 @@ fetch_cb(const struct spot_s3_result *res, void *data)
   } else if (res->err < 0) {
     char what[600];
     snprintf(what, sizeof(what), "reading %s part %zu", f->path, s->part + 1);
-    spot__store_fail_s3(&op->b, what, res);
+    if (!spot__store_slot_too_slow(s, what))
+      spot__store_fail_s3(&op->b, what, res);
   } else if (s->comp_len != fr->comp_len) {
     fail_msg(op, -EBADMSG,
              "%s part %zu: the stored object %s is shorter than the manifest "
@@ -551,6 +594,7 @@ start_fetches(struct restore_op *op)
       break;
     }
     op->next_frame++;
+    spot__store_slot_sent(s, fr->comp_len);
     s->state = RS_FETCHING;
     op->b.active_s3++;
     op->active_fetch++;
@@ -771,6 +815,9 @@ spot_store_restore(uv_loop_t *loop, const struct spot_store_config *cfg,
   if (r < 0)
     return r;
   op = (struct restore_op *)(void *)b;
+  op->b.pipe = &op->pipe;
+  spot__store_deadline(&op->b, op->b.cfg.c.restore_timeout_ms,
+                       "--restore-timeout");
   spot_buf_init(&op->body, SPOT__STORE_LATEST_CAP);
   op->dir = strdup(dir);
   if (op->dir == NULL ||

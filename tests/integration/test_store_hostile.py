@@ -11,15 +11,27 @@ with one misbehaviour per case:
     length ("more than the frame's N bytes"), not "shorter than the
     manifest says", and nothing is left at or next to the target.
   - control: the same server without the fault restores the tree
-    identical (the test's own control)."""
+    identical (the test's own control).
+
+Slow servers (tests/integration/faultproxy.py capping bandwidth in front of
+the real server, fast enough to stay above libcurl's low-speed limit):
+
+  - restore with --restore-timeout 2: fails within a few seconds with a
+    line naming the option, nothing left at or next to the target;
+  - restore and push with a per-transfer floor (SPOT_STORE_MIN_RATE, the
+    test knob of spot_store_config.min_rate): a 5 MiB frame that cannot
+    move at that rate fails the op with "too slow", long before the
+    transfer itself would end; the push commits nothing."""
 import http.server
 import os
 import re
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import spotlib as sl  # noqa: E402
+from faultproxy import FaultProxy  # noqa: E402
 
 sl.store_env()
 c = sl.Checks()
@@ -69,6 +81,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 
 server = None
+px = None
 try:
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "src")
@@ -102,7 +115,57 @@ try:
         sl.check_restore(c, url, src, os.path.join(tmp, "r-ok"),
                          "control: the same server without faults restores identical",
                          "--endpoint", endpoint)
+
+        # slow servers
+        big = os.path.join(tmp, "big")
+        os.makedirs(big)
+        sl.write_random(os.path.join(big, "w.bin"), 6 << 20)
+        cp = sl.spotctl("push", big, url, "--name", "big", "--part-size", "5M",
+                        "--compress", "never")
+        c.check(cp.returncode == 0, "push a 6 MiB checkpoint", cp.stderr)
+        px = FaultProxy(os.environ["SPOT_TEST_S3_ENDPOINT"], seed=1)
+        px.configure(bandwidth=200000)  # 5 MiB would take 26 s
+
+        dst = os.path.join(tmp, "r-timeout")
+        t0 = time.monotonic()
+        cp = sl.spotctl("restore", url, dst, "--name", "big", "--endpoint", px.url,
+                        "--restore-timeout", "2", timeout=60)
+        took = time.monotonic() - t0
+        last = (cp.stderr.strip().splitlines() or [""])[-1]
+        c.check(cp.returncode != 0 and "--restore-timeout" in last and
+                "within 2 s" in last,
+                "restore-timeout: fails naming the option: %s" % last, cp.stderr)
+        c.check(took < 10, "restore-timeout: gave up in %.1f s (< 10)" % took)
+        c.check(not os.path.exists(dst) and not sl.leftovers_next_to(dst),
+                "restore-timeout: nothing at or next to the target")
+
+        slow = {"SPOT_STORE_MIN_RATE": "2000000"}  # 5 MiB: 5 s + 2.6 s
+        dst = os.path.join(tmp, "r-slow")
+        t0 = time.monotonic()
+        cp = sl.spotctl("restore", url, dst, "--name", "big", "--endpoint", px.url,
+                        env=slow, timeout=60)
+        took = time.monotonic() - t0
+        last = (cp.stderr.strip().splitlines() or [""])[-1]
+        c.check(cp.returncode != 0 and "too slow" in last and "w.bin part" in last,
+                "floor rate, restore: fails naming the frame: %s" % last, cp.stderr)
+        c.check(took < 20, "floor rate, restore: gave up in %.1f s (< 20)" % took)
+        c.check(not os.path.exists(dst) and not sl.leftovers_next_to(dst),
+                "floor rate, restore: nothing at or next to the target")
+
+        t0 = time.monotonic()
+        cp = sl.spotctl("push", big, url, "--name", "big-slow", "--part-size", "5M",
+                        "--compress", "never", "--endpoint", px.url, env=slow,
+                        timeout=60)
+        took = time.monotonic() - t0
+        last = (cp.stderr.strip().splitlines() or [""])[-1]
+        c.check(cp.returncode != 0 and "too slow" in last,
+                "floor rate, push: fails: %s" % last, cp.stderr)
+        c.check(took < 20, "floor rate, push: gave up in %.1f s (< 20)" % took)
+        c.check(not any(k.endswith("big-slow/MANIFEST.json") for k in sl.s3_keys(root)),
+                "floor rate, push: nothing committed")
 finally:
+    if px is not None:
+        px.close()
     if server is not None:
         sl.stop_http(server)
     sl.s3_cleanup(root)

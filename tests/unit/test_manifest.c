@@ -292,6 +292,15 @@ static const struct reject rejects[] = {
     {"\"name\":\"step-100\"", "\"name\":\".spotd-journal\"", -EBADMSG,
      "name: not a valid"},
     {"\"name\":\"step-100\"", "\"name\":\".x\"", -EBADMSG, "name: not a valid"},
+    /* symlinks that leave the checkpoint, or carry data (13.5) */
+    {"\"mtime_ns\":-5,", "\"mtime_ns\":-5,\"link\":\"../x\",", -EBADMSG,
+     "files[1].link: not a relative link inside the checkpoint"},
+    {"\"mtime_ns\":-5,", "\"mtime_ns\":-5,\"link\":\"/etc\",", -EBADMSG,
+     "files[1].link: not a relative link inside"},
+    {"\"mtime_ns\":123,", "\"mtime_ns\":123,\"link\":\"e\",", -EBADMSG,
+     "files[0].link: a symlink has size 0"},
+    {"\"mtime_ns\":-5,", "\"mtime_ns\":-5,\"link\":5,", -EBADMSG,
+     "files[1].link: not a string"},
     /* what the restore could not do, refused before any data (14.10) */
     {"\"mtime_ns\":123", "\"mtime_ns\":-9223372036854775808", -EBADMSG,
      "files[0].mtime_ns: -9223372036854775808 not in"},
@@ -390,6 +399,50 @@ test_parse_shapes(void **state)
                    -E2BIG);
 }
 
+/* Issue 13.5: which symlink targets stay inside the checkpoint. */
+static void
+test_links(void **state)
+{
+  struct spot_manifest *m = NULL, *back = NULL;
+  char *json = NULL, err[256];
+  size_t idx;
+
+  (void)state;
+  assert_true(spot_manifest_link_valid("a", "b"));
+  assert_true(spot_manifest_link_valid("a", "sub/data.bin"));
+  assert_true(spot_manifest_link_valid("sub/x", ".."));
+  assert_true(spot_manifest_link_valid("sub/x", "../alias"));
+  assert_true(spot_manifest_link_valid("s/t/x", "../../a/b"));
+  assert_false(spot_manifest_link_valid("a", "/etc/passwd"));
+  assert_false(spot_manifest_link_valid("a", ".."));
+  assert_false(spot_manifest_link_valid("a", "../outside"));
+  assert_false(spot_manifest_link_valid("sub/x", "../../outside"));
+  assert_false(spot_manifest_link_valid("a", "sub/../../x")); /* after a name */
+  assert_false(spot_manifest_link_valid("a", "b/.."));
+  assert_false(spot_manifest_link_valid("a", "."));
+  assert_false(spot_manifest_link_valid("a", "./b"));
+  assert_false(spot_manifest_link_valid("a", "b//c"));
+  assert_false(spot_manifest_link_valid("a", "b/"));
+  assert_false(spot_manifest_link_valid("a", ""));
+  assert_false(spot_manifest_link_valid("../a", "b"));
+  assert_false(spot_manifest_link_valid("a", NULL));
+
+  /* build, serialize, parse back */
+  assert_int_equal(spot_manifest_new("ck", "job", 1000, &m), 0);
+  assert_int_equal(spot_manifest_add_link(m, "alias", "sub/f", 5, &idx), 0);
+  assert_int_equal(spot_manifest_add_link(m, "bad", "../x", 5, NULL), -EINVAL);
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), 0);
+  assert_non_null(strstr(json, "\"link\":\"sub/f\""));
+  assert_int_equal(
+      spot_manifest_parse(json, strlen(json), &back, err, sizeof(err)), 0);
+  assert_string_equal(back->files[0].link, "sub/f");
+  assert_int_equal(back->files[0].size, 0);
+  assert_null(back->files[0].key);
+  spot_manifest_free(back);
+  spot_manifest_free(m);
+  free(json);
+}
+
 static void
 test_names(void **state)
 {
@@ -439,6 +492,7 @@ main(void)
       cmocka_unit_test(test_parse_rejects),
       cmocka_unit_test(test_parse_shapes),
       cmocka_unit_test(test_names),
+      cmocka_unit_test(test_links),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

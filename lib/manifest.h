@@ -67,10 +67,14 @@
 /* mtime_ns that futimens() takes on every file system we restore to:
  * 1901-12-13 (a 32-bit time_t's minimum) .. INT64_MAX (2262). */
 #define SPOT_MANIFEST_MTIME_MIN_NS (-2147483648LL * 1000000000LL)
-#define SPOT_MANIFEST_FILES_MAX 1000000
+/* The documented limits of a checkpoint (README "Limits", issue 14.6):
+ * files, and the manifest's size. Within them restore needs at most
+ * ~2.2 x the manifest's size for it (the text, then the parsed entries;
+ * each element of "files" is parsed on its own). */
+#define SPOT_MANIFEST_FILES_MAX 300000
 #define SPOT_MANIFEST_FRAMES_MAX 10000 /* per file: S3's part limit */
 #define SPOT_MANIFEST_TOTAL_FRAMES_MAX 4000000
-#define SPOT_MANIFEST_JSON_MAX ((size_t)256 << 20)
+#define SPOT_MANIFEST_JSON_MAX ((size_t)40 << 20)
 #define SPOT_CKPT_NAME_MAX 128
 
 struct spot_manifest_frame {

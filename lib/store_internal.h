@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "codec.h"
+#include "manifest.h"
 #include "store.h"
 
 /* A config with its strings copied and defaults filled in. */
@@ -34,7 +35,7 @@ void spot__store_s3_msg(char *buf, size_t size, const char *what,
 
 /* LATEST and manifests are read with this cap. */
 #define SPOT__STORE_LATEST_CAP 1024
-#define SPOT__STORE_MANIFEST_CAP ((size_t)64 << 20)
+#define SPOT__STORE_MANIFEST_CAP SPOT_MANIFEST_JSON_MAX
 
 /* ------------------------------------------------------------ the base
  *

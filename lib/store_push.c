@@ -37,7 +37,7 @@ static const char *const push_state_names[] = {
     "commit", "commit-check", "latest", "retain",   "abort",  "done",
 };
 
-#define WALK_FILES_MAX 1000000
+#define WALK_FILES_MAX SPOT_MANIFEST_FILES_MAX
 #define WALK_DEPTH_MAX 64
 
 #define fail_msg(op, ...) spot__store_fail_msg(&(op)->b, __VA_ARGS__)
@@ -227,6 +227,11 @@ walk_dir(struct push_op *op, size_t *alloc, const char *abs, const char *rel,
       break;
     }
     r = add_file(op, alloc, crel, cabs, &st);
+    if (r == -E2BIG)
+      fail_msg(op, r,
+               "%s holds more than %d files, the limit of a checkpoint; "
+               "nothing was uploaded",
+               op->dir, WALK_FILES_MAX);
     if (r < 0) {
       fail_msg(op, r, "%s: %s", cabs, strerror(-r));
       break;
@@ -646,6 +651,37 @@ verified(struct push_op *op)
   }
 }
 
+/* After the walk: the totals, and the manifest's size within the limit
+ * before anything is uploaded. The estimate is what spot_manifest_to_json()
+ * writes per file (path, key, numbers) and per frame, a little over. */
+static int
+walked(struct push_op *op)
+{
+  uint64_t est = 300;
+
+  op->b.raw_total = 0;
+  for (size_t i = 0; i < op->nfiles; i++) {
+    const struct pfile *f = &op->files[i];
+
+    op->b.raw_total += f->size;
+    size_t len = strlen(f->rel) + 12; /* + "rank-K/" */
+
+    /* {"path":P,"size":S,"mode":M,"mtime_ns":T,"filter":F,"frames":[]}
+     * is 95 bytes but P; "key":K and "link":L when there; a frame's five
+     * numbers about 100. */
+    est += len + 110 + (f->size > 0 ? len + 12 : 0) +
+           (f->link ? strlen(f->link) + 12 : 0) + (uint64_t)f->nparts * 115;
+  }
+  if (est <= SPOT_MANIFEST_JSON_MAX)
+    return 0;
+  fail_msg(op, -EFBIG,
+           "the manifest of %zu files would be about %" PRIu64
+           " MiB, more than the %zu MiB a checkpoint's manifest may be "
+           "(fewer files, or a bigger --part-size); nothing was uploaded",
+           op->nfiles, est >> 20, SPOT_MANIFEST_JSON_MAX >> 20);
+  return -EFBIG;
+}
+
 void
 spot__push_advance(struct push_op *op)
 {
@@ -659,10 +695,8 @@ spot__push_advance(struct push_op *op)
   }
   switch (op->state) {
   case PUSH_WALK:
-    op->b.raw_total = 0;
-    for (size_t i = 0; i < op->nfiles; i++)
-      op->b.raw_total += op->files[i].size;
-    check_name(op);
+    if (walked(op) == 0)
+      check_name(op);
     break;
   case PUSH_CHECK:
     r = spot__push_xfer_setup(op);

@@ -347,6 +347,46 @@ make_links(struct restore_op *op)
   return r;
 }
 
+/* Mode and times of every file; fsync of those with data. An empty file
+ * has nothing to sync: the folders' fsync makes its entry durable, and it
+ * costs no open (300,000 empty files, issue 14.6). */
+static int
+set_file_attrs(struct restore_op *op)
+{
+  int dfd = open(op->tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int r = 0;
+
+  if (dfd < 0)
+    return -errno;
+  for (size_t i = 0; r == 0 && i < op->m->nfiles; i++) {
+    const struct spot_manifest_file *f = &op->m->files[i];
+    mode_t mode = (mode_t)spot_store_restore_mode(f->mode, op->umask);
+    struct timespec ts[2];
+    int fd;
+
+    if (f->link != NULL)
+      continue;
+    mtime_of(f, ts);
+    if (f->size == 0) {
+      if (fchmodat(dfd, f->path, mode, 0) < 0 ||
+          utimensat(dfd, f->path, ts, AT_SYMLINK_NOFOLLOW) < 0)
+        r = -errno;
+    } else if ((fd = openat(dfd, f->path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW)) <
+               0) {
+      r = -errno;
+    } else {
+      if (fsync(fd) < 0 || fchmod(fd, mode) < 0 || futimens(fd, ts) < 0)
+        r = -errno;
+      if (close(fd) < 0 && r == 0)
+        r = -errno;
+    }
+    if (r < 0)
+      fail_msg(op, r, "%s: %s", f->path, strerror(-r));
+  }
+  close(dfd);
+  return r;
+}
+
 static void
 finish_work_cb(uv_work_t *req)
 {
@@ -354,32 +394,7 @@ finish_work_cb(uv_work_t *req)
   char *parent;
   char *slash;
 
-  for (size_t i = 0; i < op->m->nfiles; i++) {
-    const struct spot_manifest_file *f = &op->m->files[i];
-    struct timespec ts[2];
-    int fd;
-
-    if (f->link != NULL)
-      continue;
-    fd = open_in_tmp(op, f->path, O_WRONLY);
-    if (fd < 0) {
-      fail_msg(op, fd, "%s: %s", f->path, strerror(-fd));
-      return;
-    }
-    mtime_of(f, ts);
-    if (fsync(fd) < 0 ||
-        fchmod(fd, (mode_t)spot_store_restore_mode(f->mode, op->umask)) < 0 ||
-        futimens(fd, ts) < 0) {
-      fail_msg(op, -errno, "%s: %s", f->path, strerror(errno));
-      close(fd);
-      return;
-    }
-    if (close(fd) < 0) {
-      fail_msg(op, -errno, "%s: %s", f->path, strerror(errno));
-      return;
-    }
-  }
-  if (make_links(op) < 0)
+  if (set_file_attrs(op) < 0 || make_links(op) < 0)
     return;
   /* mkdtemp made it 0700; a checkpoint folder is an ordinary one. */
   chmod(op->tmp, 0755);
@@ -624,6 +639,11 @@ get_cb(const struct spot_s3_result *res, void *data)
     fail_msg(op, -ENOENT,
              "no committed checkpoint for job %s (no LATEST in the store)",
              op->b.cfg.job);
+  else if (res->err == -E2BIG && op->state == R_MANIFEST)
+    fail_msg(op, -EFBIG,
+             "the manifest of checkpoint %s is larger than %zu MiB, the limit "
+             "of a checkpoint's manifest; nothing was fetched",
+             op->b.name, SPOT_MANIFEST_JSON_MAX >> 20);
   else if (res->err == -ENOENT)
     fail_msg(op, -ENOENT,
              "checkpoint %s of job %s does not exist (no "

@@ -13,6 +13,8 @@ with one misbehaviour per case:
   - control: the same server without the fault restores the tree
     identical (the test's own control).
 
+A manifest over the 40 MiB limit is refused before any data is fetched.
+
 Slow servers (tests/integration/faultproxy.py capping bandwidth in front of
 the real server, fast enough to stay above libcurl's low-speed limit):
 
@@ -115,6 +117,18 @@ try:
         sl.check_restore(c, url, src, os.path.join(tmp, "r-ok"),
                          "control: the same server without faults restores identical",
                          "--endpoint", endpoint)
+
+        # a manifest over the documented 40 MiB limit (issue 14.6): refused
+        # as it arrives, before any data is fetched
+        sl.s3_put(root + "checkpoints/huge/MANIFEST.json",
+                  b'{"format":"spotd-checkpoint","files":[' + b" " * (41 << 20) + b"]}")
+        dst = os.path.join(tmp, "r-huge")
+        cp = sl.spotctl("restore", url, dst, "--name", "huge", timeout=60)
+        last = (cp.stderr.strip().splitlines() or [""])[-1]
+        c.check(cp.returncode != 0 and "larger than 40 MiB" in last,
+                "huge manifest: refused naming the limit: %s" % last, cp.stderr)
+        c.check(not os.path.exists(dst) and not sl.leftovers_next_to(dst),
+                "huge manifest: nothing at or next to the target")
 
         # slow servers
         big = os.path.join(tmp, "big")

@@ -443,6 +443,57 @@ test_links(void **state)
   free(json);
 }
 
+/* Issue 14.6: the file limit holds when building and parsing, and a
+ * "files" array over it is refused without parsing its elements. */
+static void
+test_limits(void **state)
+{
+  struct spot_manifest *m = NULL;
+  size_t n = SPOT_MANIFEST_FILES_MAX + 1, len;
+  char *json, *p, err[256];
+
+  (void)state;
+  assert_int_equal(spot_manifest_new("ck", "job", 1000, &m), 0);
+  for (size_t i = 0; i < SPOT_MANIFEST_FILES_MAX; i++) {
+    char path[32];
+
+    snprintf(path, sizeof(path), "d%zu/f%zu", i / 1000, i);
+    assert_int_equal(spot_manifest_add_file(m, path, NULL, 0, 0644, 0,
+                                            SPOT_FILTER_NONE, NULL),
+                     0);
+  }
+  assert_int_equal(spot_manifest_add_file(m, "one-more", NULL, 0, 0644, 0,
+                                          SPOT_FILTER_NONE, NULL),
+                   -E2BIG);
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), 0);
+  assert_true(strlen(json) <= SPOT_MANIFEST_JSON_MAX);
+  free(json);
+  spot_manifest_free(m);
+
+  /* one element too many: "1" each, refused before any element parse */
+  len = 300 + 2 * n;
+  json = malloc(len);
+  assert_non_null(json);
+  p = json + snprintf(json, len,
+                      "{\"format\":\"spotd-checkpoint\",\"version\":1,"
+                      "\"name\":\"ck\",\"job\":\"job\",\"created\":"
+                      "\"2026-12-02T10:13:50Z\",\"totals\":{\"files\":0,"
+                      "\"raw_bytes\":0,\"stored_bytes\":0},\"files\":[");
+  for (size_t i = 0; i < n; i++) {
+    *p++ = '1';
+    *p++ = i + 1 < n ? ',' : ']';
+  }
+  *p++ = '}';
+  m = NULL;
+  err[0] = '\0';
+  assert_int_equal(
+      spot_manifest_parse(json, (size_t)(p - json), &m, err, sizeof(err)),
+      -EBADMSG);
+  assert_non_null(strstr(err, "files: more than 300000"));
+  assert_null(m);
+  free(json);
+}
+
 static void
 test_names(void **state)
 {
@@ -493,6 +544,7 @@ main(void)
       cmocka_unit_test(test_parse_shapes),
       cmocka_unit_test(test_names),
       cmocka_unit_test(test_links),
+      cmocka_unit_test(test_limits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1097,7 +1097,8 @@ split_files(struct parse *ps, const char *json, size_t len, size_t *outlen,
     return NULL;
   }
   memcpy(root, json, a);
-  memcpy(root + a, "[]", 2);
+  root[a] = '[';
+  root[a + 1] = ']';
   memcpy(root + a + 2, json + b, len - b);
   *outlen = len - (b - a) + 2;
   ps->text = json;

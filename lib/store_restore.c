@@ -318,71 +318,68 @@ mtime_of(const struct spot_manifest_file *f, struct timespec ts[2])
       (long)((f->mtime_ns % 1000000000 + 1000000000) % 1000000000);
 }
 
-/* The symlinks, last: while the data is written no link exists in the
- * temporary folder. Their targets were checked by the manifest parser
- * (spot_manifest_link_valid()): relative, inside the checkpoint. */
+/* Mode and times of a file; fsync when it has data. An empty file has
+ * nothing to sync: the folders' fsync makes its entry durable, and it
+ * costs no open (300,000 empty files, issue 14.6). */
 static int
-make_links(struct restore_op *op)
+file_attrs(const struct restore_op *op, int dfd,
+           const struct spot_manifest_file *f, const struct timespec ts[2])
 {
-  int dfd = open(op->tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  int r = 0;
+  mode_t mode = (mode_t)spot_store_restore_mode(f->mode, op->umask);
+  int fd, r = 0;
 
-  if (dfd < 0)
+  if (f->size == 0)
+    return fchmodat(dfd, f->path, mode, 0) < 0 ||
+                   utimensat(dfd, f->path, ts, AT_SYMLINK_NOFOLLOW) < 0
+               ? -errno
+               : 0;
+  fd = openat(dfd, f->path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0)
     return -errno;
-  for (size_t i = 0; r == 0 && i < op->m->nfiles; i++) {
-    const struct spot_manifest_file *f = &op->m->files[i];
-    struct timespec ts[2];
-
-    if (f->link == NULL)
-      continue;
-    mtime_of(f, ts);
-    r = make_parents(dfd, f->path);
-    if (r == 0 && (symlinkat(f->link, dfd, f->path) < 0 ||
-                   utimensat(dfd, f->path, ts, AT_SYMLINK_NOFOLLOW) < 0))
-      r = -errno;
-    if (r < 0)
-      fail_msg(op, r, "%s: making the symlink: %s", f->path, strerror(-r));
-  }
-  close(dfd);
+  if (fsync(fd) < 0 || fchmod(fd, mode) < 0 || futimens(fd, ts) < 0)
+    r = -errno;
+  if (close(fd) < 0 && r == 0)
+    r = -errno;
   return r;
 }
 
-/* Mode and times of every file; fsync of those with data. An empty file
- * has nothing to sync: the folders' fsync makes its entry durable, and it
- * costs no open (300,000 empty files, issue 14.6). */
+/* A symlink. Their targets were checked by the manifest parser
+ * (spot_manifest_link_valid()): relative, inside the checkpoint. */
 static int
-set_file_attrs(struct restore_op *op)
+make_link(int dfd, const struct spot_manifest_file *f,
+          const struct timespec ts[2])
+{
+  int r = make_parents(dfd, f->path);
+
+  if (r == 0 && (symlinkat(f->link, dfd, f->path) < 0 ||
+                 utimensat(dfd, f->path, ts, AT_SYMLINK_NOFOLLOW) < 0))
+    r = -errno;
+  return r;
+}
+
+/* Every file's attributes, then the symlinks: until every file is done
+ * no link exists in the temporary folder. */
+static int
+finish_entries(struct restore_op *op)
 {
   int dfd = open(op->tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   int r = 0;
 
   if (dfd < 0)
     return -errno;
-  for (size_t i = 0; r == 0 && i < op->m->nfiles; i++) {
-    const struct spot_manifest_file *f = &op->m->files[i];
-    mode_t mode = (mode_t)spot_store_restore_mode(f->mode, op->umask);
-    struct timespec ts[2];
-    int fd;
+  for (int links = 0; links < 2; links++)
+    for (size_t i = 0; r == 0 && i < op->m->nfiles; i++) {
+      const struct spot_manifest_file *f = &op->m->files[i];
+      struct timespec ts[2];
 
-    if (f->link != NULL)
-      continue;
-    mtime_of(f, ts);
-    if (f->size == 0) {
-      if (fchmodat(dfd, f->path, mode, 0) < 0 ||
-          utimensat(dfd, f->path, ts, AT_SYMLINK_NOFOLLOW) < 0)
-        r = -errno;
-    } else if ((fd = openat(dfd, f->path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW)) <
-               0) {
-      r = -errno;
-    } else {
-      if (fsync(fd) < 0 || fchmod(fd, mode) < 0 || futimens(fd, ts) < 0)
-        r = -errno;
-      if (close(fd) < 0 && r == 0)
-        r = -errno;
+      if ((f->link != NULL) != (links == 1))
+        continue;
+      mtime_of(f, ts);
+      r = links ? make_link(dfd, f, ts) : file_attrs(op, dfd, f, ts);
+      if (r < 0)
+        fail_msg(op, r, "%s: %s%s", f->path,
+                 links ? "making the symlink: " : "", strerror(-r));
     }
-    if (r < 0)
-      fail_msg(op, r, "%s: %s", f->path, strerror(-r));
-  }
   close(dfd);
   return r;
 }
@@ -394,7 +391,7 @@ finish_work_cb(uv_work_t *req)
   char *parent;
   char *slash;
 
-  if (set_file_attrs(op) < 0 || make_links(op) < 0)
+  if (finish_entries(op) < 0)
     return;
   /* mkdtemp made it 0700; a checkpoint folder is an ordinary one. */
   chmod(op->tmp, 0755);

@@ -14,6 +14,7 @@
 #include "aws.h"
 #include "http.h"
 #include "log.h"
+#include "manifest.h"
 #include "s3.h"
 #include "s3url.h"
 #include "spotctl.h"
@@ -42,8 +43,9 @@ struct common_opts {
   const char *endpoint, *region, *profile, *name, *journal;
   uint64_t part_size;
   unsigned parallel, workers, keep;
+  uint64_t restore_timeout_ms;
   enum spot_store_compress compress;
-  bool quiet, json;
+  bool quiet, json, follow_symlinks;
 };
 
 enum {
@@ -57,6 +59,8 @@ enum {
   OPT_KEEP,
   OPT_JSON,
   OPT_JOURNAL,
+  OPT_RESTORE_TIMEOUT,
+  OPT_FOLLOW_SYMLINKS,
 };
 
 static const struct option long_opts[] = {
@@ -73,6 +77,8 @@ static const struct option long_opts[] = {
     {"keep", required_argument, NULL, OPT_KEEP},
     {"json", no_argument, NULL, OPT_JSON},
     {"journal", required_argument, NULL, OPT_JOURNAL},
+    {"restore-timeout", required_argument, NULL, OPT_RESTORE_TIMEOUT},
+    {"follow-symlinks", no_argument, NULL, OPT_FOLLOW_SYMLINKS},
     {NULL, 0, NULL, 0},
 };
 
@@ -100,6 +106,38 @@ parse_uint(const char *opt, const char *v, int64_t min, int64_t max,
                          opt, min, max, v);
   *out = (unsigned)n;
   return 0;
+}
+
+/* The options that take a number. 0, or an exit status after the usage
+ * line. */
+static int
+parse_number_opt(int c, const char *v, struct common_opts *o)
+{
+  unsigned secs = 0;
+
+  switch (c) {
+  case OPT_PART_SIZE:
+    if (spot_parse_size(v, &o->part_size) < 0 ||
+        o->part_size < SPOT_STORE_PART_MIN ||
+        o->part_size > SPOT_STORE_PART_MAX || o->part_size % 4096 != 0)
+      return spotctl_usage("--part-size: expected 5M to 128M in whole "
+                           "KiB multiples of 4, got '%s'",
+                           v);
+    return 0;
+  case OPT_PARALLEL:
+    return parse_uint("--parallel", v, 1, 64, &o->parallel);
+  case OPT_WORKERS:
+    return parse_uint("--workers", v, 1, 64, &o->workers);
+  case OPT_KEEP:
+    return parse_uint("--keep", v, 0, 100000, &o->keep);
+  case OPT_RESTORE_TIMEOUT:
+    if (parse_uint("--restore-timeout", v, 1, 7 * 24 * 3600, &secs) != 0)
+      return SPOTCTL_EXIT_USAGE;
+    o->restore_timeout_ms = (uint64_t)secs * 1000;
+    return 0;
+  default:
+    return SPOTCTL_EXIT_USAGE;
+  }
 }
 
 /* Parses the options shared by the store commands. Returns -1 to go on,
@@ -135,24 +173,15 @@ parse_opts(int argc, char **argv, struct common_opts *o, const char *usage)
       o->profile = optarg;
       break;
     case OPT_PART_SIZE:
-      if (spot_parse_size(optarg, &o->part_size) < 0 ||
-          o->part_size < SPOT_STORE_PART_MIN ||
-          o->part_size > SPOT_STORE_PART_MAX || o->part_size % 4096 != 0)
-        return spotctl_usage("--part-size: expected 5M to 128M in whole "
-                             "KiB multiples of 4, got '%s'",
-                             optarg);
-      break;
     case OPT_PARALLEL:
-      if (parse_uint("--parallel", optarg, 1, 64, &o->parallel) != 0)
-        return SPOTCTL_EXIT_USAGE;
-      break;
     case OPT_WORKERS:
-      if (parse_uint("--workers", optarg, 1, 64, &o->workers) != 0)
+    case OPT_KEEP:
+    case OPT_RESTORE_TIMEOUT:
+      if (parse_number_opt(c, optarg, o) != 0)
         return SPOTCTL_EXIT_USAGE;
       break;
-    case OPT_KEEP:
-      if (parse_uint("--keep", optarg, 0, 100000, &o->keep) != 0)
-        return SPOTCTL_EXIT_USAGE;
+    case OPT_FOLLOW_SYMLINKS:
+      o->follow_symlinks = true;
       break;
     case OPT_COMPRESS:
       if (strcmp(optarg, "auto") == 0)
@@ -246,6 +275,8 @@ session_open(struct session *s, const char *url, const struct common_opts *o)
   s->cfg.compress = o->compress;
   s->cfg.keep = o->keep;
   s->cfg.journal_dir = o->journal;
+  s->cfg.restore_timeout_ms = o->restore_timeout_ms;
+  s->cfg.follow_symlinks = o->follow_symlinks;
   s->done = false;
   return 0;
 }
@@ -352,7 +383,10 @@ static const char push_usage[] =
     "  --compress MODE    auto (default), always or never\n"
     "  --keep N           keep the N newest checkpoints, delete older ones\n"
     "  --journal DIR      record uploads in progress in DIR; a push of the\n"
-    "                     same name killed mid-way resumes them\n";
+    "                     same name killed mid-way resumes them\n"
+    "  --follow-symlinks  store the content a symlink points to (default:\n"
+    "                     a relative link inside DIR is stored as a link,\n"
+    "                     any other link fails the push)\n";
 
 int
 spotctl_cmd_push(int argc, char **argv)
@@ -376,9 +410,9 @@ spotctl_cmd_push(int argc, char **argv)
     r = spot_store_push(&s.loop, &s.cfg, argv[optind], o.name, print_progress,
                         store_done_cb, &s, NULL);
     if (r == -EINVAL)
-      r = spotctl_fail("push: invalid checkpoint name '%s' (1-128 printable "
-                       "characters, no '/', not '..')",
-                       o.name != NULL ? o.name : argv[optind]);
+      r = spotctl_fail(
+          "push: invalid checkpoint name '%s' (" SPOT_CKPT_NAME_RULES ")",
+          o.name != NULL ? o.name : argv[optind]);
     else if (r < 0)
       r = spotctl_fail("push: %s", strerror(-r));
     else
@@ -392,7 +426,10 @@ static const char restore_usage[] =
     "Usage: spotctl restore s3://BUCKET/[PREFIX/]JOB DIR [OPTIONS]\n\n"
     "Restores a committed checkpoint into DIR (which must not exist, or be\n"
     "empty): every frame is checked, and DIR appears only when complete.\n\n"
-    "  -n, --name NAME    checkpoint to restore (default: LATEST)\n";
+    "  -n, --name NAME    checkpoint to restore (default: LATEST)\n"
+    "  --restore-timeout SEC  fail when the restore is not done within SEC\n"
+    "                     (default: no limit; each transfer must still move\n"
+    "                     64 KiB/s plus 5 s)\n";
 
 int
 spotctl_cmd_restore(int argc, char **argv)
@@ -413,8 +450,9 @@ spotctl_cmd_restore(int argc, char **argv)
     r = spot_store_restore(&s.loop, &s.cfg, o.name, argv[optind + 1],
                            print_progress, store_done_cb, &s, NULL);
     if (r == -EINVAL)
-      r = spotctl_usage("restore: invalid checkpoint name '%s'",
-                        o.name != NULL ? o.name : "");
+      r = spotctl_usage(
+          "restore: invalid checkpoint name '%s' (" SPOT_CKPT_NAME_RULES ")",
+          o.name != NULL ? o.name : "");
     else if (r < 0)
       r = spotctl_fail("restore: %s", strerror(-r));
     else

@@ -25,15 +25,21 @@
  *         "filter": "none", "frames": [] } ] }
  *
  * Per file: "path" relative to the checkpoint folder; "mode" the permission
- * bits (<= 07777); "filter" a spot_filter_name(); "key" the object key
- * relative to PREFIX/JOB/checkpoints/NAME/ (DESIGN.md: "<path>.zst"); the
- * frames, one per part, tile [0, size) and the object [0, stored) with no
- * gap or overlap, and "crc32c" is the CRC32C of the frame's raw bytes
- * (codec.h says why raw). An EMPTY file has no frame and NO object: no
+ * bits (<= 07777; restore drops setuid/setgid/sticky, store.h);
+ * "mtime_ns" >= SPOT_MANIFEST_MTIME_MIN_NS; "filter" a spot_filter_name();
+ * "key" the object key relative to PREFIX/JOB/checkpoints/NAME/ (DESIGN.md:
+ * "<path>.zst"); the frames, one per part, tile [0, size) and the object [0,
+ * stored) with no gap or overlap, and "crc32c" is the CRC32C of the frame's raw
+ * bytes (codec.h says why raw). An EMPTY file has no frame and NO object: no
  * "key", nothing is uploaded (a PUT per empty file is a wasted round trip,
  * and an empty object is not a zstd stream anyway); restore just creates
  * it. A non-empty file always has a key and >= 1 frame.
  * ("totals" are checked against the sums of the files when parsing.)
+ *
+ * A symlink is an entry with "link": its target, size 0, no key, no
+ * frames, filter "none". The target is relative and stays inside the
+ * checkpoint folder: spot_manifest_link_valid() (issue 13.5). Restore
+ * makes it a symlink again (after every file is written).
  *
  * Paths and keys: UTF-8 (JSON strings are), 1..SPOT_MANIFEST_PATH_MAX
  * bytes, no NUL, no leading '/', no empty, "." or ".." component, each
@@ -55,12 +61,20 @@
 #define SPOT_MANIFEST_FORMAT "spotd-checkpoint"
 #define SPOT_MANIFEST_NAME "MANIFEST.json"
 /* Bounds applied when building and when parsing. */
-#define SPOT_MANIFEST_PATH_MAX 4096
+/* What the restore can open: PATH_MAX counts the NUL, NAME_MAX does not. */
+#define SPOT_MANIFEST_PATH_MAX 4095
 #define SPOT_MANIFEST_COMPONENT_MAX 255
-#define SPOT_MANIFEST_FILES_MAX 1000000
+/* mtime_ns that futimens() takes on every file system we restore to:
+ * 1901-12-13 (a 32-bit time_t's minimum) .. INT64_MAX (2262). */
+#define SPOT_MANIFEST_MTIME_MIN_NS (-2147483648LL * 1000000000LL)
+/* The documented limits of a checkpoint (README "Limits", issue 14.6):
+ * files, and the manifest's size. Within them restore needs at most
+ * ~2.2 x the manifest's size for it (the text, then the parsed entries;
+ * each element of "files" is parsed on its own). */
+#define SPOT_MANIFEST_FILES_MAX 300000
 #define SPOT_MANIFEST_FRAMES_MAX 10000 /* per file: S3's part limit */
 #define SPOT_MANIFEST_TOTAL_FRAMES_MAX 4000000
-#define SPOT_MANIFEST_JSON_MAX ((size_t)256 << 20)
+#define SPOT_MANIFEST_JSON_MAX ((size_t)40 << 20)
 #define SPOT_CKPT_NAME_MAX 128
 
 struct spot_manifest_frame {
@@ -74,7 +88,8 @@ struct spot_manifest_frame {
 
 struct spot_manifest_file {
   char *path;
-  char *key; /* NULL for an empty file */
+  char *key;  /* NULL for an empty file and a symlink */
+  char *link; /* a symlink's target, else NULL */
   uint64_t size;
   uint64_t stored; /* sum of comp_len */
   uint32_t mode;   /* st_mode & 07777 */
@@ -100,10 +115,23 @@ struct spot_manifest {
 
 /* Whether name is a valid checkpoint name (also used for job ids): 1..128
  * bytes of printable ASCII other than space, no '/', no '\\', no "..",
- * not ".". */
+ * and no leading '.' (spotd's own folders next to checkpoints start with
+ * one: .spotd-resume, .spotd-journal, the restore's temporary folder).
+ * The one check push, list, restore and the manifest parser share. */
 bool spot_ckpt_name_valid(const char *name);
+/* The rules above in words, for messages. */
+#define SPOT_CKPT_NAME_RULES                                                   \
+  "1-128 printable ASCII characters, no space, '/', '\\' or '..', not "        \
+  "starting with '.'"
 /* Whether path is a valid relative path by the rules above. */
 bool spot_manifest_path_valid(const char *path);
+
+/* Whether a symlink at path (valid by the rules above) pointing at target
+ * stays inside the checkpoint folder: target is relative, 1..PATH_MAX-1
+ * bytes, its components are names, except leading ".." components (no
+ * more than path has folders); no "." or empty component, so no link is
+ * followed by "..", which would leave where the names say. */
+bool spot_manifest_link_valid(const char *path, const char *target);
 
 /* An empty manifest. Returns 0, -EINVAL (invalid name or job, created_ms
  * outside 1970..9999) or -ENOMEM. */
@@ -119,6 +147,12 @@ void spot_manifest_free(struct spot_manifest *m);
 int spot_manifest_add_file(struct spot_manifest *m, const char *path,
                            const char *key, uint64_t size, uint32_t mode,
                            int64_t mtime_ns, enum spot_filter filter,
+                           size_t *out_index);
+
+/* Adds a symlink entry (see spot_manifest_link_valid()). Returns 0,
+ * -EINVAL, -E2BIG or -ENOMEM like spot_manifest_add_file(). */
+int spot_manifest_add_link(struct spot_manifest *m, const char *path,
+                           const char *target, int64_t mtime_ns,
                            size_t *out_index);
 
 /* Records frame number part (0-based) of file index: parts may be set in

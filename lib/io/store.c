@@ -1,12 +1,16 @@
-/* The checkpoint store: shared pieces of push, restore and list.
- * store_push.c and store_restore.c hold the two pipelines. */
+/* The checkpoint store: shared pieces of push, restore and list, and the
+ * base every store operation embeds (store_internal.h). The pipelines are
+ * in store_push.c (+ store_push_xfer.c, store_resume.c, store_ranks.c,
+ * store_retain.c) and store_restore.c. */
 #include "store.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "log.h"
 #include "manifest.h"
@@ -27,6 +31,32 @@ spot_store_phase_name(enum spot_store_phase p)
   if ((unsigned)p >= SPOT_STORE_PHASE_LAST)
     return "?";
   return names[p];
+}
+
+uint32_t
+spot_store_restore_mode(uint32_t mode, uint32_t mask)
+{
+  return mode & 0777 & ~(mask & 0022);
+}
+
+uint32_t
+spot_store_umask(void)
+{
+  FILE *f = fopen("/proc/self/status", "re");
+  char line[256];
+  unsigned m = 0;
+  bool found = false;
+  mode_t old;
+
+  while (f != NULL && !found && fgets(line, sizeof(line), f) != NULL)
+    found = sscanf(line, "Umask: %o", &m) == 1;
+  if (f != NULL)
+    fclose(f);
+  if (found)
+    return m & 0777;
+  old = umask(077); /* only before 4.7 kernels; briefly the strictest */
+  umask(old);
+  return (uint32_t)old & 0777;
 }
 
 int
@@ -66,6 +96,19 @@ spot__store_key(const struct spot_store_config *cfg, const char *name,
   return spot_buf_steal(&b);
 }
 
+/* SPOT_STORE_MIN_RATE=B/s (1..1e12): a test knob, as s3.c's
+ * SPOT_S3_LOW_SPEED_TIME, so a slow-server test need not wait minutes. */
+static uint64_t
+min_rate_default(void)
+{
+  const char *v = getenv("SPOT_STORE_MIN_RATE");
+  int64_t n;
+
+  if (v != NULL && spot_parse_int64(v, 1, 1000000000000LL, &n) == 0)
+    return (uint64_t)n;
+  return SPOT_STORE_MIN_RATE_DEFAULT;
+}
+
 int
 spot__store_cfg_copy(struct spot__store_cfg *dst,
                      const struct spot_store_config *src)
@@ -102,6 +145,8 @@ spot__store_cfg_copy(struct spot__store_cfg *dst,
   }
   if (dst->c.stale_upload_age_ms == 0)
     dst->c.stale_upload_age_ms = 3600 * 1000;
+  if (dst->c.min_rate == 0)
+    dst->c.min_rate = min_rate_default();
   if (src->s3 == NULL || dst->bucket[0] == '\0' || dst->job[0] == '\0' ||
       dst->c.part_size < SPOT_STORE_PART_MIN ||
       dst->c.part_size > SPOT_STORE_PART_MAX || dst->c.part_size % 4096 != 0 ||
@@ -156,5 +201,438 @@ spot__store_prefix_name(const char *p, char **name)
   while (start > p && start[-1] != '/')
     start--;
   *name = strndup(start, (size_t)(p + len - 1 - start));
-  return *name != NULL ? 0 : -ENOMEM;
+  if (*name == NULL)
+    return -ENOMEM;
+  if (!spot_ckpt_name_valid(*name)) {
+    free(*name);
+    *name = NULL;
+    return -EINVAL; /* not a checkpoint of ours (".spotd-...", ...) */
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------ the base */
+
+/* Whether a transfer is past its deadline, and the op's own. */
+static void
+watch_cb(uv_timer_t *t)
+{
+  struct spot__store_op *b =
+      spot_container_of(t, struct spot__store_op, watch_timer);
+  uint64_t now = spot_now_mono_ms();
+
+  if (b->life != SPOT__STORE_RUNNING)
+    return;
+  if (b->deadline_ms != 0 && now >= b->deadline_ms) {
+    spot__store_fail_msg(
+        b, -ETIMEDOUT, "%s did not finish within %" PRIu64 " s (%s)",
+        b->kind->name, (b->deadline_ms - b->start_ms) / 1000, b->deadline_what);
+    spot_store_cancel((struct spot_store_op *)(void *)b);
+    return;
+  }
+  for (size_t i = 0; b->pipe != NULL && i < b->pipe->nslots; i++) {
+    struct spot__store_slot *s = &b->pipe->slots[i];
+
+    if (s->s3op != NULL && s->deadline_ms != 0 && now >= s->deadline_ms) {
+      s->work_err = -ETIMEDOUT;
+      s->deadline_ms = 0;
+      spot_s3_cancel(s->s3op); /* its callback runs now */
+    }
+  }
+}
+
+void
+spot__store_deadline(struct spot__store_op *b, uint64_t ms, const char *what)
+{
+  b->deadline_ms = ms > 0 ? b->start_ms + ms : 0;
+  b->deadline_what = what;
+}
+
+void
+spot__store_slot_sent(struct spot__store_slot *s, uint64_t bytes)
+{
+  uint64_t rate = s->op->cfg.c.min_rate;
+
+  s->work_err = 0;
+  s->sent_bytes = bytes;
+  s->sent_ms = spot_now_mono_ms();
+  s->deadline_ms =
+      s->sent_ms + SPOT_STORE_TRANSFER_GRACE_MS + bytes * 1000 / rate;
+}
+
+bool
+spot__store_slot_too_slow(struct spot__store_slot *s, const char *what)
+{
+  if (s->work_err != -ETIMEDOUT)
+    return false;
+  spot__store_fail_msg(
+      s->op, -ETIMEDOUT,
+      "%s: the server is too slow: %" PRIu64 " bytes not moved in %" PRIu64
+      " s (the floor is %" PRIu64 " B/s plus %d s per transfer)",
+      what, s->sent_bytes, (spot_now_mono_ms() - s->sent_ms) / 1000,
+      s->op->cfg.c.min_rate, SPOT_STORE_TRANSFER_GRACE_MS / 1000);
+  return true;
+}
+
+int
+spot__store_op_new(size_t size, const struct spot__store_kind *kind,
+                   uv_loop_t *loop, const struct spot_store_config *cfg,
+                   spot_store_progress_cb progress, spot_store_cb cb,
+                   void *data, struct spot__store_op **out)
+{
+  struct spot__store_op *b = calloc(1, size);
+  int r;
+
+  if (b == NULL)
+    return -ENOMEM;
+  b->kind = kind;
+  b->loop = loop;
+  b->progress = progress;
+  b->cb = cb;
+  b->data = data;
+  r = spot__store_cfg_copy(&b->cfg, cfg);
+  if (r == 0) {
+    r = uv_timer_init(loop, &b->progress_timer);
+    if (r < 0)
+      spot__store_cfg_fini(&b->cfg);
+  }
+  if (r < 0) {
+    free(b);
+    return r;
+  }
+  /* Cannot fail once a timer of the same loop initialised. */
+  (void)uv_timer_init(loop, &b->watch_timer);
+  b->handles = 2;
+  b->start_ms = spot_now_mono_ms();
+  uv_timer_start(&b->watch_timer, watch_cb, 1000, 1000);
+  uv_unref((uv_handle_t *)&b->watch_timer);
+  *out = b;
+  return 0;
+}
+
+void
+spot__store_op_free(struct spot__store_op *b)
+{
+  if (b->kind->free != NULL)
+    b->kind->free(b);
+  spot__store_cfg_fini(&b->cfg);
+  free(b->name);
+  free(b);
+}
+
+void
+spot__store_handle_closed(struct spot__store_op *b)
+{
+  if (--b->handles == 0)
+    spot__store_op_free(b);
+}
+
+static void
+progress_close_cb(uv_handle_t *h)
+{
+  spot__store_handle_closed(
+      spot_container_of(h, struct spot__store_op, progress_timer));
+}
+
+static void
+watch_close_cb(uv_handle_t *h)
+{
+  spot__store_handle_closed(
+      spot_container_of(h, struct spot__store_op, watch_timer));
+}
+
+void
+spot__store_close(struct spot__store_op *b)
+{
+  uv_timer_stop(&b->progress_timer);
+  uv_close((uv_handle_t *)&b->progress_timer, progress_close_cb);
+  uv_timer_stop(&b->watch_timer);
+  uv_close((uv_handle_t *)&b->watch_timer, watch_close_cb);
+  if (b->kind->close != NULL)
+    b->kind->close(b);
+}
+
+static void
+progress_timer_cb(uv_timer_t *t)
+{
+  struct spot__store_op *b =
+      spot_container_of(t, struct spot__store_op, progress_timer);
+
+  if (b->kind->tick != NULL)
+    b->kind->tick(b);
+}
+
+void
+spot__store_progress_start(struct spot__store_op *b)
+{
+  if (b->progress == NULL)
+    return;
+  uv_timer_start(&b->progress_timer, progress_timer_cb, 250, 250);
+  uv_unref((uv_handle_t *)&b->progress_timer);
+}
+
+void
+spot__store_progress(struct spot__store_op *b, enum spot_store_phase phase)
+{
+  struct spot_store_progress p;
+
+  if (b->progress == NULL)
+    return;
+  p.phase = phase;
+  p.name = b->name != NULL ? b->name : "";
+  p.raw_done = b->raw_done;
+  p.raw_total = b->raw_total;
+  p.stored_done = b->stored_done;
+  p.elapsed_ms = spot_now_mono_ms() - b->start_ms;
+  p.retries = b->retries;
+  b->progress(&p, b->data);
+}
+
+void
+spot__store_fail(struct spot__store_op *b, int err)
+{
+  if (b->err == 0)
+    b->err = err < 0 ? err : -EIO;
+}
+
+void
+spot__store_fail_msg(struct spot__store_op *b, int err, const char *fmt, ...)
+{
+  va_list ap;
+  char raw[sizeof(b->msg)];
+
+  if (b->msg[0] == '\0') {
+    va_start(ap, fmt);
+    vsnprintf(raw, sizeof(raw), fmt, ap);
+    va_end(ap);
+    /* Paths and names may come from the store's manifest: never raw. */
+    spot_escape(raw, b->msg, sizeof(b->msg));
+  }
+  spot__store_fail(b, err);
+}
+
+void
+spot__store_fail_s3(struct spot__store_op *b, const char *what,
+                    const struct spot_s3_result *res)
+{
+  spot__store_s3_msg(b->msg, sizeof(b->msg), what, res);
+  spot__store_fail(b, res->err);
+}
+
+bool
+spot__store_cancel_mark(struct spot__store_op *b)
+{
+  if (b->life != SPOT__STORE_RUNNING)
+    return false;
+  b->life = SPOT__STORE_CANCELLING;
+  spot__store_fail(b, -ECANCELED);
+  spot__store_msg(b->msg, sizeof(b->msg), "cancelled");
+  return true;
+}
+
+static void
+work_after_cb(uv_work_t *req, int status)
+{
+  struct spot__store_op *b =
+      spot_container_of(req, struct spot__store_op, work);
+
+  b->active_work--;
+  if (status < 0)
+    spot__store_fail_msg(b, status, "%s", uv_strerror(status));
+  b->kind->advance(b);
+}
+
+int
+spot__store_queue(struct spot__store_op *b, uv_work_cb fn)
+{
+  int r = uv_queue_work(b->loop, &b->work, fn, work_after_cb);
+
+  if (r == 0)
+    b->active_work++;
+  return r;
+}
+
+void
+spot__store_finish(struct spot__store_op *b, struct spot_store_result *res)
+{
+  b->life = SPOT__STORE_FINISHED;
+  if (b->err < 0 && b->msg[0] == '\0')
+    snprintf(b->msg, sizeof(b->msg), "%s", strerror(-b->err));
+  res->err = b->err;
+  res->message = b->err < 0 ? b->msg : "";
+  res->name = b->name != NULL ? b->name : "";
+  res->retries = b->retries;
+  res->elapsed_ms = spot_now_mono_ms() - b->start_ms;
+  if (res->warning == NULL)
+    res->warning = "";
+  if (b->err == 0)
+    spot__store_progress(b, SPOT_STORE_PHASE_FINISH);
+  b->cb(res, b->data);
+  spot__store_close(b);
+}
+
+void
+spot__store_log_state(const struct spot__store_op *b, const char *from,
+                      const char *to)
+{
+  log_debug("%s name=%s state %s -> %s", b->kind->name,
+            b->name != NULL ? b->name : "?", from, to);
+}
+
+void
+spot_store_cancel(struct spot_store_op *op)
+{
+  struct spot__store_op *b = (struct spot__store_op *)(void *)op;
+
+  if (b != NULL && spot__store_cancel_mark(b))
+    b->kind->cancel(b);
+}
+
+/* ------------------------------------------------------------ coders */
+
+int
+spot__store_coders_new(size_t n, size_t part_max,
+                       struct spot__store_coder **out)
+{
+  struct spot__store_coder *c = calloc(n, sizeof(*c));
+  int r;
+
+  if (c == NULL)
+    return -ENOMEM;
+  for (size_t i = 0; i < n; i++) {
+    r = spot_codec_new(part_max, &c[i].codec);
+    c[i].raw = r == 0 ? malloc(part_max) : NULL;
+    if (r == 0 && c[i].raw == NULL)
+      r = -ENOMEM;
+    if (r < 0) {
+      spot__store_coders_free(c, i + 1);
+      return r;
+    }
+  }
+  *out = c;
+  return 0;
+}
+
+void
+spot__store_coders_free(struct spot__store_coder *c, size_t n)
+{
+  for (size_t i = 0; c != NULL && i < n; i++) {
+    spot_codec_free(c[i].codec);
+    free(c[i].raw);
+  }
+  free(c);
+}
+
+struct spot__store_coder *
+spot__store_coder_take(struct spot__store_coder *c, size_t n)
+{
+  for (size_t i = 0; c != NULL && i < n; i++)
+    if (!c[i].busy)
+      return &c[i];
+  return NULL;
+}
+
+/* ------------------------------------------------------------ the pipe */
+
+int
+spot__store_pipe_init(struct spot__store_pipe *p, struct spot__store_op *op,
+                      size_t part_max)
+{
+  size_t bound = spot_codec_bound(part_max);
+  int r;
+
+  p->ncoders = op->cfg.c.workers;
+  r = spot__store_coders_new(p->ncoders, part_max, &p->coders);
+  if (r < 0)
+    return r;
+  p->nslots = op->cfg.c.workers + op->cfg.c.parallel;
+  p->slots = calloc(p->nslots, sizeof(*p->slots));
+  if (p->slots == NULL)
+    return -ENOMEM;
+  for (size_t i = 0; i < p->nslots; i++) {
+    p->slots[i].op = op;
+    p->slots[i].comp_cap = bound;
+    /* Untouched pages of these buffers cost no memory. */
+    p->slots[i].comp = malloc(bound);
+    if (p->slots[i].comp == NULL)
+      return -ENOMEM;
+  }
+  return 0;
+}
+
+void
+spot__store_pipe_fini(struct spot__store_pipe *p)
+{
+  spot__store_coders_free(p->coders, p->ncoders);
+  for (size_t i = 0; p->slots != NULL && i < p->nslots; i++)
+    free(p->slots[i].comp);
+  free(p->slots);
+  memset(p, 0, sizeof(*p));
+}
+
+struct spot__store_slot *
+spot__store_pipe_find(struct spot__store_pipe *p, unsigned state,
+                      bool (*ok)(const struct spot__store_slot *s))
+{
+  struct spot__store_slot *best = NULL;
+
+  for (size_t i = 0; i < p->nslots; i++) {
+    struct spot__store_slot *s = &p->slots[i];
+
+    if (s->state != state || (ok != NULL && !ok(s)))
+      continue;
+    if (state == 0)
+      return s;
+    if (best == NULL || s->seq < best->seq)
+      best = s;
+  }
+  return best;
+}
+
+int
+spot__store_pipe_work(struct spot__store_pipe *p, struct spot__store_slot *s,
+                      uv_work_cb work, uv_after_work_cb after,
+                      unsigned work_state)
+{
+  struct spot__store_coder *c = spot__store_coder_take(p->coders, p->ncoders);
+  int r;
+
+  if (c == NULL)
+    return 1;
+  s->coder = c;
+  c->busy = true;
+  r = uv_queue_work(s->op->loop, &s->work, work, after);
+  if (r < 0) {
+    c->busy = false;
+    s->coder = NULL;
+    spot__store_fail_msg(s->op, r, "queueing work: %s", uv_strerror(r));
+    return r;
+  }
+  s->state = work_state;
+  s->op->active_work++;
+  return 0;
+}
+
+int
+spot__store_pipe_worked(struct spot__store_slot *s, int status)
+{
+  s->op->active_work--;
+  s->coder->busy = false;
+  s->coder = NULL;
+  s->state = 0;
+  return status < 0 ? status : s->work_err;
+}
+
+void
+spot__store_pipe_cancel(struct spot__store_pipe *p, unsigned work_state,
+                        unsigned s3_state)
+{
+  for (size_t i = 0; i < p->nslots; i++) {
+    struct spot__store_slot *s = &p->slots[i];
+
+    if (s->state == work_state)
+      uv_cancel((uv_req_t *)&s->work);
+    else if (s->state == s3_state && s->s3op != NULL)
+      spot_s3_cancel(s->s3op);
+  }
 }

@@ -73,7 +73,24 @@ struct spot_store_config {
    * exists. Either wait is bounded by rank_wait_ms (0 = 60 s). */
   unsigned rank, nranks;
   uint64_t rank_wait_ms;
+  /* Minimum progress per transfer (one part or frame): a transfer not
+   * done within SPOT_STORE_TRANSFER_GRACE_MS + its bytes / min_rate fails
+   * the op with a line saying so, even if the server trickles just above
+   * libcurl's low-speed limit. 0 = $SPOT_STORE_MIN_RATE (a test knob),
+   * else SPOT_STORE_MIN_RATE_DEFAULT. In bytes per second. */
+  uint64_t min_rate;
+  /* restore: fail with a clear line when the whole restore (LATEST,
+   * manifest, every frame, fsync, rename) is not done within this; 0 = no
+   * limit. spotctl restore --restore-timeout SEC sets it. */
+  uint64_t restore_timeout_ms;
+  /* push: store the content of the file a symlink points to instead of
+   * failing on a symlink that is not a relative link inside the folder
+   * (spotctl push --follow-symlinks). */
+  bool follow_symlinks;
 };
+
+#define SPOT_STORE_MIN_RATE_DEFAULT ((uint64_t)64 << 10)
+#define SPOT_STORE_TRANSFER_GRACE_MS 5000
 
 enum spot_store_phase {
   SPOT_STORE_PHASE_PLAN = 0,
@@ -136,7 +153,10 @@ typedef void (*spot_store_progress_cb)(const struct spot_store_progress *p,
 
 /* Pushes every regular file under dir (but the top-level
  * SPOT_STORE_MARKER) as checkpoint name (NULL: the folder's base name).
- * Symlinks and special files are skipped with a warning. A file that changes
+ * A relative symlink that stays inside dir is stored as a link; any other
+ * symlink fails the push naming it (nothing committed) unless
+ * cfg->follow_symlinks stores the regular file it points to. Special files
+ * (fifos, sockets, devices) are skipped with a warning. A file that changes
  * while it is read fails the push. */
 int spot_store_push(uv_loop_t *loop, const struct spot_store_config *cfg,
                     const char *dir, const char *name,
@@ -164,5 +184,14 @@ int spot_store_key(const struct spot_store_config *cfg, const char *name,
                    const char *rel, struct spot_buf *out);
 
 const char *spot_store_phase_name(enum spot_store_phase p);
+
+/* The mode restore gives a file stored with `mode`: the permission bits
+ * only (setuid, setgid and sticky are never restored) and no group or
+ * other write bit that `mask` (the umask) takes away. A manifest asking for
+ * more is not refused; the extra bits are dropped. Pure. */
+uint32_t spot_store_restore_mode(uint32_t mode, uint32_t mask);
+/* The process umask, read without changing it (/proc/self/status; else
+ * umask(2) twice). */
+uint32_t spot_store_umask(void);
 
 #endif

@@ -21,6 +21,13 @@ enum list_state {
   L_DONE,
 };
 
+static const char *const list_state_names[] = {
+    "latest",
+    "names",
+    "manifests",
+    "done",
+};
+
 struct lentry {
   struct spot_store_entry e;
   char *name;
@@ -35,15 +42,9 @@ struct lget {
 };
 
 struct list_op {
-  struct spot__store_hdr hdr;
-  uv_loop_t *loop;
-  struct spot__store_cfg cfg;
+  struct spot__store_op b; /* first: the op handle is its address */
   enum list_state state;
   spot_store_list_cb cb;
-  void *data;
-  int err;
-  char msg[768];
-  bool cancelled;
   char latest[SPOT__STORE_LATEST_CAP + 1];
   struct spot_buf body;
   struct spot_s3_op *s3op;
@@ -51,15 +52,23 @@ struct list_op {
   struct lentry *entries;
   size_t n, alloc, next;
   struct lget gets[LIST_PARALLEL];
-  unsigned active;
-  uv_idle_t idle; /* defers the final callback out of cancel() */
 };
 
 static void advance(struct list_op *op);
 
 static void
-op_free(struct list_op *op)
+set_state(struct list_op *op, enum list_state s)
 {
+  spot__store_log_state(&op->b, list_state_names[op->state],
+                        list_state_names[s]);
+  op->state = s;
+}
+
+static void
+op_free(struct spot__store_op *b)
+{
+  struct list_op *op = (struct list_op *)(void *)b;
+
   for (size_t i = 0; i < op->n; i++) {
     free(op->entries[i].name);
     free(op->entries[i].problem);
@@ -69,14 +78,6 @@ op_free(struct list_op *op)
     spot_buf_fini(&op->gets[i].body);
   spot_buf_fini(&op->body);
   free(op->token);
-  spot__store_cfg_fini(&op->cfg);
-  free(op);
-}
-
-static void
-idle_close_cb(uv_handle_t *h)
-{
-  op_free(spot_container_of(h, struct list_op, idle));
 }
 
 static int
@@ -97,13 +98,14 @@ finish(struct list_op *op)
   struct spot_store_list_result res;
   struct spot_store_entry *arr = NULL;
 
-  op->state = L_DONE;
+  set_state(op, L_DONE);
+  op->b.life = SPOT__STORE_FINISHED;
   memset(&res, 0, sizeof(res));
-  if (op->err == 0 && op->n > 0) {
+  if (op->b.err == 0 && op->n > 0) {
     qsort(op->entries, op->n, sizeof(*op->entries), cmp_entries);
     arr = calloc(op->n, sizeof(*arr));
     if (arr == NULL) {
-      op->err = -ENOMEM;
+      op->b.err = -ENOMEM;
     } else {
       for (size_t i = 0; i < op->n; i++) {
         arr[i] = op->entries[i].e;
@@ -113,16 +115,16 @@ finish(struct list_op *op)
       }
     }
   }
-  if (op->err < 0 && op->msg[0] == '\0')
-    snprintf(op->msg, sizeof(op->msg), "%s", strerror(-op->err));
-  res.err = op->err;
-  res.message = op->err < 0 ? op->msg : "";
+  if (op->b.err < 0 && op->b.msg[0] == '\0')
+    snprintf(op->b.msg, sizeof(op->b.msg), "%s", strerror(-op->b.err));
+  res.err = op->b.err;
+  res.message = op->b.err < 0 ? op->b.msg : "";
   res.latest = op->latest;
-  res.entries = op->err == 0 ? arr : NULL;
-  res.n = op->err == 0 ? op->n : 0;
-  op->cb(&res, op->data);
+  res.entries = op->b.err == 0 ? arr : NULL;
+  res.n = op->b.err == 0 ? op->n : 0;
+  op->cb(&res, op->b.data);
   free(arr);
-  uv_close((uv_handle_t *)&op->idle, idle_close_cb);
+  spot__store_close(&op->b);
 }
 
 static void
@@ -130,8 +132,7 @@ seq_cb(const struct spot_s3_result *res, void *data)
 {
   struct list_op *op = data;
 
-  op->active--;
-  op->s3op = NULL;
+  spot__store_s3_done(&op->b, &op->s3op, res);
   if (op->state == L_LATEST) {
     if (res->err == 0) {
       size_t n = op->body.len;
@@ -139,14 +140,14 @@ seq_cb(const struct spot_s3_result *res, void *data)
       op->latest[n] = '\0';
       while (n > 0 && (op->latest[n - 1] == '\n' || op->latest[n - 1] == ' '))
         op->latest[--n] = '\0';
+      if (!spot_ckpt_name_valid(op->latest))
+        op->latest[0] = '\0'; /* names nothing a list would show */
     } else if (res->err != -ENOENT) {
-      spot__store_s3_msg(op->msg, sizeof(op->msg), "reading LATEST", res);
-      op->err = res->err;
+      spot__store_fail_s3(&op->b, "reading LATEST", res);
     }
-    op->state = L_NAMES;
+    set_state(op, L_NAMES);
   } else if (res->err < 0) {
-    spot__store_s3_msg(op->msg, sizeof(op->msg), "listing checkpoints", res);
-    op->err = res->err;
+    spot__store_fail_s3(&op->b, "listing checkpoints", res);
   } else {
     for (size_t i = 0; i < res->n_common_prefixes; i++) {
       struct lentry *e;
@@ -156,7 +157,7 @@ seq_cb(const struct spot_s3_result *res, void *data)
       if (r == -EINVAL)
         continue;
       if (r < 0) {
-        op->err = r;
+        spot__store_fail(&op->b, r);
         break;
       }
       if (op->n >= LIST_NAMES_MAX) {
@@ -168,7 +169,7 @@ seq_cb(const struct spot_s3_result *res, void *data)
         struct lentry *ne = realloc(op->entries, na * sizeof(*ne));
         if (ne == NULL) {
           free(name);
-          op->err = -ENOMEM;
+          spot__store_fail(&op->b, -ENOMEM);
           break;
         }
         op->entries = ne;
@@ -182,7 +183,7 @@ seq_cb(const struct spot_s3_result *res, void *data)
     free(op->token);
     op->token = res->next_token != NULL ? strdup(res->next_token) : NULL;
     if (op->token == NULL)
-      op->state = L_MANIFESTS;
+      set_state(op, L_MANIFESTS);
   }
   advance(op);
 }
@@ -194,8 +195,7 @@ get_cb(const struct spot_s3_result *res, void *data)
   struct list_op *op = g->op;
   struct lentry *e = &op->entries[g->idx];
 
-  op->active--;
-  g->s3op = NULL;
+  spot__store_s3_done(&op->b, &g->s3op, res);
   if (res->err == 0) {
     struct spot_manifest *m = NULL;
     char err[256];
@@ -215,92 +215,92 @@ get_cb(const struct spot_s3_result *res, void *data)
       e->problem = strdup(p);
     }
     spot_manifest_free(m);
-  } else if (res->err != -ENOENT && op->err == 0) {
-    spot__store_s3_msg(op->msg, sizeof(op->msg), "reading a manifest", res);
-    op->err = res->err;
+  } else if (res->err != -ENOENT) {
+    spot__store_fail_s3(&op->b, "reading a manifest", res);
   }
   spot_buf_fini(&g->body);
   advance(op);
+}
+
+static int
+list_names(struct list_op *op)
+{
+  char *key = spot__store_key(&op->b.cfg.c, NULL, "checkpoints/");
+  int r;
+
+  if (key == NULL)
+    return -ENOMEM;
+  r = spot_s3_list(op->b.cfg.c.s3, op->b.cfg.bucket, key, "/", op->token, 0,
+                   seq_cb, op, &op->s3op);
+  free(key);
+  if (r == 0)
+    op->b.active_s3++;
+  return r;
+}
+
+/* Keeps up to LIST_PARALLEL manifest GETs in flight. */
+static int
+get_manifests(struct list_op *op)
+{
+  for (size_t i = 0; i < LIST_PARALLEL && op->next < op->n; i++) {
+    struct lget *g = &op->gets[i];
+    char *key;
+    int r;
+
+    if (g->s3op != NULL || g->body.cap != 0)
+      continue;
+    key = spot__store_key(&op->b.cfg.c, op->entries[op->next].name,
+                          SPOT_MANIFEST_NAME);
+    if (key == NULL)
+      return -ENOMEM;
+    g->op = op;
+    g->idx = op->next++;
+    spot_buf_init(&g->body, SPOT__STORE_MANIFEST_CAP);
+    r = spot_s3_get(op->b.cfg.c.s3, op->b.cfg.bucket, key, 0, 0, NULL, &g->body,
+                    get_cb, g, &g->s3op);
+    free(key);
+    if (r < 0) {
+      spot_buf_fini(&g->body);
+      g->body.cap = 0;
+      return r;
+    }
+    op->b.active_s3++;
+  }
+  return 0;
 }
 
 static void
 advance(struct list_op *op)
 {
   int r = 0;
-  char *key;
 
   if (op->state == L_DONE)
     return;
-  if (op->err < 0 || op->cancelled) {
-    if (op->err == 0)
-      op->err = -ECANCELED;
-    if (op->active == 0)
-      finish(op);
-    return;
+  if (op->b.err == 0 && (op->b.active_s3 == 0 || op->state == L_MANIFESTS)) {
+    if (op->state == L_NAMES)
+      r = list_names(op);
+    else if (op->state == L_MANIFESTS)
+      r = get_manifests(op);
+    if (r < 0)
+      spot__store_fail_msg(&op->b, r, "%s", strerror(-r));
   }
-  if (op->active > 0 && op->state != L_MANIFESTS)
+  if (op->b.active_s3 > 0)
     return;
-  switch (op->state) {
-  case L_LATEST:
-    return;
-  case L_NAMES:
-    key = spot__store_key(&op->cfg.c, NULL, "checkpoints/");
-    if (key == NULL) {
-      op->err = -ENOMEM;
-      break;
-    }
-    r = spot_s3_list(op->cfg.c.s3, op->cfg.bucket, key, "/", op->token, 0,
-                     seq_cb, op, &op->s3op);
-    free(key);
-    if (r == 0)
-      op->active++;
-    break;
-  case L_MANIFESTS:
-    for (size_t i = 0; i < LIST_PARALLEL && op->next < op->n; i++) {
-      struct lget *g = &op->gets[i];
-      if (g->s3op != NULL || g->body.cap != 0)
-        continue;
-      key = spot__store_key(&op->cfg.c, op->entries[op->next].name,
-                            SPOT_MANIFEST_NAME);
-      if (key == NULL) {
-        op->err = -ENOMEM;
-        break;
-      }
-      g->op = op;
-      g->idx = op->next++;
-      spot_buf_init(&g->body, SPOT__STORE_MANIFEST_CAP);
-      r = spot_s3_get(op->cfg.c.s3, op->cfg.bucket, key, 0, 0, NULL, &g->body,
-                      get_cb, g, &g->s3op);
-      free(key);
-      if (r < 0) {
-        spot_buf_fini(&g->body);
-        g->body.cap = 0;
-        break;
-      }
-      op->active++;
-    }
-    if (op->active == 0 && op->next >= op->n)
-      finish(op);
-    break;
-  default:
-    break;
-  }
-  if (r < 0 && op->err == 0) {
-    op->err = r;
-    snprintf(op->msg, sizeof(op->msg), "%s", strerror(-r));
-  }
-  if (op->err < 0 && op->active == 0 && op->state != L_DONE)
+  if (op->b.err < 0 || (op->state == L_MANIFESTS && op->next >= op->n))
     finish(op);
 }
 
-void
-spot__store_list_cancel(struct spot_store_op *sop)
+static void
+advance_cb(struct spot__store_op *b)
 {
-  struct list_op *op = (struct list_op *)(void *)sop;
+  advance((struct list_op *)(void *)b);
+}
 
-  if (op->state == L_DONE || op->cancelled)
-    return;
-  op->cancelled = true;
+static void
+cancel(struct spot__store_op *b)
+{
+  struct list_op *op = (struct list_op *)(void *)b;
+
   if (op->s3op != NULL)
     spot_s3_cancel(op->s3op);
   for (size_t i = 0; i < LIST_PARALLEL; i++)
@@ -308,65 +308,42 @@ spot__store_list_cancel(struct spot_store_op *sop)
       spot_s3_cancel(op->gets[i].s3op);
 }
 
+static const struct spot__store_kind list_kind = {
+    .name = "list",
+    .advance = advance_cb,
+    .cancel = cancel,
+    .free = op_free,
+};
+
 int
 spot_store_list(uv_loop_t *loop, const struct spot_store_config *cfg,
                 spot_store_list_cb cb, void *data, struct spot_store_op **out)
 {
+  struct spot__store_op *b;
   struct list_op *op;
   char *key;
   int r;
 
   if (loop == NULL || cfg == NULL || cb == NULL)
     return -EINVAL;
-  op = calloc(1, sizeof(*op));
-  if (op == NULL)
-    return -ENOMEM;
-  op->hdr.kind = SPOT__STORE_LIST;
-  op->loop = loop;
-  r = spot__store_cfg_copy(&op->cfg, cfg);
-  if (r < 0) {
-    free(op);
+  r = spot__store_op_new(sizeof(*op), &list_kind, loop, cfg, NULL, NULL, data,
+                         &b);
+  if (r < 0)
     return r;
-  }
+  op = (struct list_op *)(void *)b;
   op->cb = cb;
-  op->data = data;
   spot_buf_init(&op->body, SPOT__STORE_LATEST_CAP);
-  r = uv_idle_init(loop, &op->idle);
-  if (r < 0) {
-    op_free(op);
-    return r;
-  }
-  key = spot__store_key(&op->cfg.c, NULL, "LATEST");
+  key = spot__store_key(&op->b.cfg.c, NULL, "LATEST");
   r = key == NULL ? -ENOMEM
-                  : spot_s3_get(op->cfg.c.s3, op->cfg.bucket, key, 0, 0, NULL,
-                                &op->body, seq_cb, op, &op->s3op);
+                  : spot_s3_get(op->b.cfg.c.s3, op->b.cfg.bucket, key, 0, 0,
+                                NULL, &op->body, seq_cb, op, &op->s3op);
   free(key);
   if (r < 0) {
-    uv_close((uv_handle_t *)&op->idle, idle_close_cb);
+    spot__store_close(&op->b);
     return r;
   }
-  op->active++;
+  op->b.active_s3++;
   if (out != NULL)
     *out = (struct spot_store_op *)(void *)op;
   return 0;
-}
-
-void
-spot_store_cancel(struct spot_store_op *op)
-{
-  const struct spot__store_hdr *h = (const struct spot__store_hdr *)(void *)op;
-
-  if (op == NULL)
-    return;
-  switch (h->kind) {
-  case SPOT__STORE_PUSH:
-    spot__store_push_cancel(op);
-    break;
-  case SPOT__STORE_RESTORE:
-    spot__store_restore_cancel(op);
-    break;
-  case SPOT__STORE_LIST:
-    spot__store_list_cancel(op);
-    break;
-  }
 }

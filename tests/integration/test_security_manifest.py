@@ -115,6 +115,46 @@ try:
                        os.path.exists(os.path.join(parent, p)) or
                        os.path.exists(os.path.join(tmp, p))]
             c.check(not outside, "%s: nothing written outside" % name, repr(outside))
+        # Mode bits (issue 14.1): setuid/setgid/sticky never restored, no
+        # group/other write beyond the umask. A pushed 4755 file, and a
+        # hand-made manifest asking for 06777 and 01777.
+        old_umask = os.umask(0o022)
+        try:
+            msrc = os.path.join(tmp, "msrc")
+            os.makedirs(msrc)
+            suid = os.path.join(msrc, "tool")
+            with open(suid, "w") as f:
+                f.write("#!/bin/sh\necho hi\n")
+            os.chmod(suid, 0o4755)
+            c.check(os.stat(suid).st_mode & 0o7777 == 0o4755, "the source file is 4755")
+            cp = sl.spotctl("push", msrc, url, "--name", "suid")
+            c.check(cp.returncode == 0, "push a 4755 file", cp.stderr)
+            sm = json.loads(sl.s3_get(root + "checkpoints/suid/MANIFEST.json"))
+            c.check(sm["files"][0]["mode"] == 0o4755, "the manifest records 4755",
+                    repr(sm["files"][0]))
+            dst = os.path.join(tmp, "r-suid")
+            cp = sl.spotctl("restore", url, dst, "--name", "suid")
+            c.check(cp.returncode == 0, "restore the 4755 file", cp.stderr)
+            got = os.stat(os.path.join(dst, "tool")).st_mode & 0o7777 if \
+                cp.returncode == 0 else None
+            c.check(got == 0o755, "restored without setuid: %s" % oct(got or 0))
+
+            def modes(m):
+                m["files"][0]["mode"] = 0o6777
+                m["files"][1]["mode"] = 0o1777
+            evil = variant(modes)
+            c.check(put_variant("modes", evil), "modes: manifest committed")
+            dst = os.path.join(tmp, "r-modes")
+            cp = sl.spotctl("restore", url, dst, "--name", "modes")
+            c.check(cp.returncode == 0, "modes: restore of 06777/01777 succeeds "
+                    "with the bits dropped", cp.stderr)
+            for f in evil["files"][:2]:
+                p = os.path.join(dst, f["path"])
+                got = os.stat(p).st_mode & 0o7777 if os.path.exists(p) else None
+                c.check(got == 0o755, "modes: %s asked %s, restored %s" %
+                        (f["path"], oct(f["mode"]), oct(got or 0)))
+        finally:
+            os.umask(old_umask)
         # the legitimate one still restores (the test's own control)
         sl.check_restore(c, url, src, os.path.join(tmp, "ok"),
                          "control: the legitimate manifest restores identical",

@@ -6,8 +6,10 @@ non-zero exit and no partial commit (no manifest, no LATEST).
   - an unreadable file: the tests run as root, who reads anything, so
     spotctl runs as `nobody` (setpriv) on a folder it may enter that holds
     one 0600 root file;
-  - symlinks, including a loop and a link to a parent folder: skipped, and
-    said so on stderr (the push itself succeeds, without them);
+  - symlinks: relative ones inside the folder (a loop, a link to a parent
+    folder, a dangling one) stored and restored as links; an absolute one,
+    or one leaving the folder, fails the push naming it, unless
+    --follow-symlinks stores the file's content;
   - a file that grows while it is pushed (a writer appends during a slow
     --parallel 1 push): detected, the push fails;
   - a name with '/' or '..' (also a '..' base name of DIR);
@@ -78,7 +80,12 @@ try:
         fails(cp, "unreadable file", "secret.bin", "permission denied")
         nothing_committed("unreadable file")
 
-        # symlinks: a loop, a link to the parent, a dangling link, a good one
+        # symlinks (issue 13.5): never skipped silently. Relative links that
+        # stay inside the folder (a loop, a link to the parent folder, a
+        # dangling one, an alias of a file) are stored as links and restored
+        # as links; an absolute link or one leaving the folder fails the push
+        # naming it, nothing committed, unless --follow-symlinks stores the
+        # file it points to.
         d = os.path.join(tmp, "links")
         os.makedirs(os.path.join(d, "sub"))
         spotlib.write_random(os.path.join(d, "sub", "data.bin"), 5000)
@@ -86,15 +93,61 @@ try:
         os.symlink("loop-a", os.path.join(d, "loop-b"))
         os.symlink("..", os.path.join(d, "sub", "up"))
         os.symlink("sub/data.bin", os.path.join(d, "alias.bin"))
+        os.symlink("../alias.bin", os.path.join(d, "sub", "back.bin"))
+        os.symlink("gone.bin", os.path.join(d, "dangling"))
         cp = spotlib.spotctl("push", d, url)
-        c.check(cp.returncode == 0, "symlinks: the push succeeds without them",
-                cp.stdout + cp.stderr)
-        c.check("symlink" in cp.stderr and "skipp" in cp.stderr,
-                "symlinks: stderr says they were skipped", cp.stderr)
+        c.check(cp.returncode == 0, "links inside: the push succeeds", cp.stdout + cp.stderr)
         keys = spotlib.s3_keys(root + "checkpoints/links/")
         c.check(keys == [root + "checkpoints/links/MANIFEST.json",
                          root + "checkpoints/links/sub/data.bin.zst"],
-                "symlinks: only the regular file was stored", "\n".join(keys))
+                "links inside: one object, the links are manifest entries",
+                "\n".join(keys))
+        import json
+        m = json.loads(spotlib.s3_get(root + "checkpoints/links/MANIFEST.json"))
+        links = {f["path"]: f.get("link") for f in m["files"] if f.get("link")}
+        c.check(links == {"loop-a": "loop-b", "loop-b": "loop-a", "sub/up": "..",
+                          "alias.bin": "sub/data.bin", "sub/back.bin": "../alias.bin",
+                          "dangling": "gone.bin"},
+                "links inside: the manifest records each link and its target", repr(links))
+        dst = os.path.join(tmp, "links-dst")
+        cp = spotlib.spotctl("restore", url, dst, "--name", "links")
+        c.check(cp.returncode == 0, "links inside: restore succeeds", cp.stderr)
+        got = {}
+        for rel in links:
+            p = os.path.join(dst, rel)
+            got[rel] = os.readlink(p) if os.path.islink(p) else None
+        c.check(got == links, "links inside: restored as the same symlinks", repr(got))
+        if cp.returncode == 0:
+            with open(os.path.join(dst, "alias.bin"), "rb") as f1, \
+                    open(os.path.join(d, "sub", "data.bin"), "rb") as f2:
+                c.check(f1.read() == f2.read(), "links inside: alias.bin reads the file")
+        spotlib.s3_cleanup(root)
+
+        outside = os.path.join(tmp, "outside.bin")
+        with open(outside, "wb") as f:
+            f.write(b"outside data\n" * 100)
+        for label, target in (("absolute", outside), ("leaving", "../outside.bin"),
+                              ("up-after-name", "sub/../../outside.bin")):
+            d = os.path.join(tmp, "bad-" + label)
+            os.makedirs(os.path.join(d, "sub"))
+            with open(os.path.join(d, "ok.txt"), "w") as f:
+                f.write("ok\n")
+            os.symlink(target, os.path.join(d, "evil"))
+            cp = spotlib.spotctl("push", d, url)
+            fails(cp, "link %s" % label, "evil", "symlink", "nothing committed",
+                  "--follow-symlinks")
+            nothing_committed("link %s" % label)
+        d = os.path.join(tmp, "bad-absolute")
+        cp = spotlib.spotctl("push", d, url, "--follow-symlinks")
+        c.check(cp.returncode == 0, "--follow-symlinks: the push succeeds", cp.stderr)
+        dst = os.path.join(tmp, "follow-dst")
+        cp = spotlib.spotctl("restore", url, dst, "--name", "bad-absolute")
+        c.check(cp.returncode == 0 and not os.path.islink(os.path.join(dst, "evil")),
+                "--follow-symlinks: restored as a regular file", cp.stderr)
+        if cp.returncode == 0:
+            with open(os.path.join(dst, "evil"), "rb") as f:
+                c.check(f.read() == b"outside data\n" * 100,
+                        "--follow-symlinks: with the content it pointed to")
         spotlib.s3_cleanup(root)
 
         # a file that grows while it is pushed
@@ -136,6 +189,39 @@ try:
         cp = spotlib.spotctl("push", os.path.join(good, ".."), url)
         fails(cp, "DIR with a '..' base name", "invalid checkpoint name")
         nothing_committed("bad names")
+
+        # names that collide with spotd's own folders (issue 14.5): push,
+        # restore, list and the manifest parser refuse them alike
+        for name in (".spotd-resume", ".spotd-journal", ".x"):
+            cp = spotlib.spotctl("push", good, url, "--name", name)
+            fails(cp, "push --name %r" % name, name, "invalid checkpoint name")
+            cp = spotlib.spotctl("restore", url, os.path.join(tmp, "never"),
+                                 "--name", name)
+            fails(cp, "restore --name %r" % name, name, "invalid checkpoint name")
+        hidden = os.path.join(tmp, ".spotd-journal")
+        os.makedirs(hidden)
+        cp = spotlib.spotctl("push", hidden, url)
+        fails(cp, "push of a folder named .spotd-journal", "invalid checkpoint name")
+        nothing_committed("dot names")
+        # planted in the store by hand: a commit named .spotd-resume, LATEST
+        # pointing at it
+        cp = spotlib.spotctl("push", good, url, "--name", "planted")
+        c.check(cp.returncode == 0, "push a checkpoint to copy", cp.stderr)
+        m = spotlib.s3_get(root + "checkpoints/planted/MANIFEST.json").decode()
+        spotlib.s3_put(root + "checkpoints/.spotd-resume/MANIFEST.json",
+                       m.replace('"planted"', '".spotd-resume"'))
+        spotlib.s3_put(root + "checkpoints/.spotd-resume/f.zst",
+                       spotlib.s3_get(root + "checkpoints/planted/f.zst"))
+        spotlib.s3_put(root + "LATEST", b".spotd-resume\n")
+        dst = os.path.join(tmp, "dot-dst")
+        cp = spotlib.spotctl("restore", url, dst)
+        fails(cp, "restore with LATEST = .spotd-resume", "LATEST", "no valid checkpoint name")
+        c.check(not os.path.exists(dst), "LATEST = .spotd-resume: nothing restored")
+        cp = spotlib.spotctl("list", url, "--json")
+        c.check(cp.returncode == 0 and ".spotd-resume" not in cp.stdout and
+                "planted" in cp.stdout,
+                "list: a .spotd-resume prefix is not a checkpoint", cp.stdout + cp.stderr)
+        spotlib.s3_cleanup(root)
 
         # URLs without a job
         for u in ("s3://%s" % bucket, "s3://%s/" % bucket, "s3:///job", "http://x/y/z"):

@@ -286,6 +286,26 @@ static const struct reject rejects[] = {
     {"\"name\":\"step-100\"", "\"name\":\"a/b\"", -EBADMSG,
      "name: not a valid checkpoint name"},
     {"\"name\":\"step-100\"", "\"name\":\"..\"", -EBADMSG, "name: not a valid"},
+    /* names that would collide with spotd's own folders (issue 14.5) */
+    {"\"name\":\"step-100\"", "\"name\":\".spotd-resume\"", -EBADMSG,
+     "name: not a valid"},
+    {"\"name\":\"step-100\"", "\"name\":\".spotd-journal\"", -EBADMSG,
+     "name: not a valid"},
+    {"\"name\":\"step-100\"", "\"name\":\".x\"", -EBADMSG, "name: not a valid"},
+    /* symlinks that leave the checkpoint, or carry data (13.5) */
+    {"\"mtime_ns\":-5,", "\"mtime_ns\":-5,\"link\":\"../x\",", -EBADMSG,
+     "files[1].link: not a relative link inside the checkpoint"},
+    {"\"mtime_ns\":-5,", "\"mtime_ns\":-5,\"link\":\"/etc\",", -EBADMSG,
+     "files[1].link: not a relative link inside"},
+    {"\"mtime_ns\":123,", "\"mtime_ns\":123,\"link\":\"e\",", -EBADMSG,
+     "files[0].link: a symlink has size 0"},
+    {"\"mtime_ns\":-5,", "\"mtime_ns\":-5,\"link\":5,", -EBADMSG,
+     "files[1].link: not a string"},
+    /* what the restore could not do, refused before any data (14.10) */
+    {"\"mtime_ns\":123", "\"mtime_ns\":-9223372036854775808", -EBADMSG,
+     "files[0].mtime_ns: -9223372036854775808 not in"},
+    {"\"mtime_ns\":123", "\"mtime_ns\":-2147483648000000001", -EBADMSG,
+     "files[0].mtime_ns: -2147483648000000001 not in"},
     {"\"job\":\"job1\"", "\"job\":\"\"", -EBADMSG, "job: not a valid job id"},
     {"\"created\":\"2026-12-02T10:13:50Z\"", "\"created\":\"yesterday\"",
      -EBADMSG, "created: not an RFC 3339 time"},
@@ -356,7 +376,7 @@ test_parse_shapes(void **state)
     } else {
       assert_int_equal(spot_manifest_parse(s, strlen(s), &m, err, sizeof(err)),
                        -EBADMSG);
-      assert_non_null(strstr(err, "files[1].path: longer than 4096"));
+      assert_non_null(strstr(err, "files[1].path: longer than 4095"));
     }
     free(s);
   }
@@ -379,6 +399,101 @@ test_parse_shapes(void **state)
                    -E2BIG);
 }
 
+/* Issue 13.5: which symlink targets stay inside the checkpoint. */
+static void
+test_links(void **state)
+{
+  struct spot_manifest *m = NULL, *back = NULL;
+  char *json = NULL, err[256];
+  size_t idx;
+
+  (void)state;
+  assert_true(spot_manifest_link_valid("a", "b"));
+  assert_true(spot_manifest_link_valid("a", "sub/data.bin"));
+  assert_true(spot_manifest_link_valid("sub/x", ".."));
+  assert_true(spot_manifest_link_valid("sub/x", "../alias"));
+  assert_true(spot_manifest_link_valid("s/t/x", "../../a/b"));
+  assert_false(spot_manifest_link_valid("a", "/etc/passwd"));
+  assert_false(spot_manifest_link_valid("a", ".."));
+  assert_false(spot_manifest_link_valid("a", "../outside"));
+  assert_false(spot_manifest_link_valid("sub/x", "../../outside"));
+  assert_false(spot_manifest_link_valid("a", "sub/../../x")); /* after a name */
+  assert_false(spot_manifest_link_valid("a", "b/.."));
+  assert_false(spot_manifest_link_valid("a", "."));
+  assert_false(spot_manifest_link_valid("a", "./b"));
+  assert_false(spot_manifest_link_valid("a", "b//c"));
+  assert_false(spot_manifest_link_valid("a", "b/"));
+  assert_false(spot_manifest_link_valid("a", ""));
+  assert_false(spot_manifest_link_valid("../a", "b"));
+  assert_false(spot_manifest_link_valid("a", NULL));
+
+  /* build, serialize, parse back */
+  assert_int_equal(spot_manifest_new("ck", "job", 1000, &m), 0);
+  assert_int_equal(spot_manifest_add_link(m, "alias", "sub/f", 5, &idx), 0);
+  assert_int_equal(spot_manifest_add_link(m, "bad", "../x", 5, NULL), -EINVAL);
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), 0);
+  assert_non_null(strstr(json, "\"link\":\"sub/f\""));
+  assert_int_equal(
+      spot_manifest_parse(json, strlen(json), &back, err, sizeof(err)), 0);
+  assert_string_equal(back->files[0].link, "sub/f");
+  assert_int_equal(back->files[0].size, 0);
+  assert_null(back->files[0].key);
+  spot_manifest_free(back);
+  spot_manifest_free(m);
+  free(json);
+}
+
+/* Issue 14.6: the file limit holds when building and parsing, and a
+ * "files" array over it is refused without parsing its elements. */
+static void
+test_limits(void **state)
+{
+  struct spot_manifest *m = NULL;
+  size_t n = SPOT_MANIFEST_FILES_MAX + 1, len;
+  char *json, *p, err[256];
+
+  (void)state;
+  assert_int_equal(spot_manifest_new("ck", "job", 1000, &m), 0);
+  for (size_t i = 0; i < SPOT_MANIFEST_FILES_MAX; i++) {
+    char path[32];
+
+    snprintf(path, sizeof(path), "d%zu/f%zu", i / 1000, i);
+    assert_int_equal(spot_manifest_add_file(m, path, NULL, 0, 0644, 0,
+                                            SPOT_FILTER_NONE, NULL),
+                     0);
+  }
+  assert_int_equal(spot_manifest_add_file(m, "one-more", NULL, 0, 0644, 0,
+                                          SPOT_FILTER_NONE, NULL),
+                   -E2BIG);
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), 0);
+  assert_true(strlen(json) <= SPOT_MANIFEST_JSON_MAX);
+  free(json);
+  spot_manifest_free(m);
+
+  /* one element too many: "1" each, refused before any element parse */
+  len = 300 + 2 * n;
+  json = malloc(len);
+  assert_non_null(json);
+  p = json + snprintf(json, len,
+                      "{\"format\":\"spotd-checkpoint\",\"version\":1,"
+                      "\"name\":\"ck\",\"job\":\"job\",\"created\":"
+                      "\"2026-12-02T10:13:50Z\",\"totals\":{\"files\":0,"
+                      "\"raw_bytes\":0,\"stored_bytes\":0},\"files\":[");
+  for (size_t i = 0; i < n; i++) {
+    *p++ = '1';
+    *p++ = i + 1 < n ? ',' : ']';
+  }
+  *p++ = '}';
+  m = NULL;
+  err[0] = '\0';
+  assert_int_equal(
+      spot_manifest_parse(json, (size_t)(p - json), &m, err, sizeof(err)),
+      -EBADMSG);
+  assert_non_null(strstr(err, "files: more than 300000"));
+  assert_null(m);
+  free(json);
+}
+
 static void
 test_names(void **state)
 {
@@ -397,6 +512,10 @@ test_names(void **state)
   assert_false(spot_ckpt_name_valid("a\nb"));
   assert_false(spot_ckpt_name_valid("\x7f"));
   assert_false(spot_ckpt_name_valid("caf\xc3\xa9"));
+  assert_false(spot_ckpt_name_valid(".spotd-resume"));
+  assert_false(spot_ckpt_name_valid(".spotd-journal"));
+  assert_false(spot_ckpt_name_valid(".hidden"));
+  assert_true(spot_ckpt_name_valid("v1.2"));
   memset(long_name, 'n', sizeof(long_name));
   long_name[SPOT_CKPT_NAME_MAX] = '\0';
   assert_true(spot_ckpt_name_valid(long_name));
@@ -424,6 +543,8 @@ main(void)
       cmocka_unit_test(test_parse_rejects),
       cmocka_unit_test(test_parse_shapes),
       cmocka_unit_test(test_names),
+      cmocka_unit_test(test_links),
+      cmocka_unit_test(test_limits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

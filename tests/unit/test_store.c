@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <uv.h>
 
 #include "buf.h"
@@ -103,6 +104,28 @@ test_phase_names(void **state)
   assert_string_equal(spot_store_phase_name(SPOT_STORE_PHASE_FINISH), "finish");
   assert_string_equal(spot_store_phase_name(SPOT_STORE_PHASE_LAST), "?");
   assert_string_equal(spot_store_phase_name((enum spot_store_phase) - 1), "?");
+}
+
+/* Issue 14.1: setuid/setgid/sticky never restored, no group/other write
+ * the umask takes away; the rest of the permission bits kept. */
+static void
+test_restore_mode(void **state)
+{
+  (void)state;
+  assert_int_equal(spot_store_restore_mode(04755, 022), 0755);
+  assert_int_equal(spot_store_restore_mode(06777, 022), 0755);
+  assert_int_equal(spot_store_restore_mode(07777, 0), 0777);
+  assert_int_equal(spot_store_restore_mode(01777, 002), 0775);
+  assert_int_equal(spot_store_restore_mode(0640, 022), 0640);
+  assert_int_equal(spot_store_restore_mode(0600, 077), 0600);
+  assert_int_equal(spot_store_restore_mode(0666, 077), 0644);
+  assert_int_equal(spot_store_restore_mode(0, 022), 0);
+  /* the umask read back is the one set */
+  {
+    mode_t old = umask(027);
+    assert_int_equal(spot_store_umask(), 027);
+    umask(old);
+  }
 }
 
 static void
@@ -213,6 +236,7 @@ main(void)
       cmocka_unit_test(test_key_no_prefix),
       cmocka_unit_test(test_key_resets_and_caps),
       cmocka_unit_test(test_phase_names),
+      cmocka_unit_test(test_restore_mode),
       cmocka_unit_test(test_invalid_args),
   };
 

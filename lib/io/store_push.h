@@ -1,0 +1,228 @@
+/* Push internals, shared by the files of the push job (internal to the
+ * store):
+ *   store_push.c       the op, walk, verify, commit, LATEST, abort: the
+ *                      main state machine (enum push_state)
+ *   store_push_xfer.c  the transfer pipeline (enum file_state per file,
+ *                      enum slot_state per in-flight part)
+ *   store_resume.c     the journal and resuming a killed push
+ *                      (enum resume_state)
+ *   store_ranks.c      the multi-node commit: rank markers, wait, merge
+ *                      (enum ranks_state)
+ *   store_retain.c     retention after a commit (enum retain_state)
+ * Each sub-job owns its state and setter; when it is done it hands back
+ * to spot__push_advance(). */
+#ifndef SPOT_STORE_PUSH_H
+#define SPOT_STORE_PUSH_H
+
+#include <sys/types.h>
+
+#include "manifest.h"
+#include "store_internal.h"
+#include "store_journal.h"
+
+enum push_state {
+  PUSH_WALK,         /* pool: list, stat and sample the files */
+  PUSH_CHECK,        /* GET 1 byte of MANIFEST.json: never overwrite a commit */
+  PUSH_RESUME,       /* store_resume.c: journal, then orphaned uploads */
+  PUSH_XFER,         /* store_push_xfer.c: parts and files */
+  PUSH_VERIFY,       /* pool: stat every file again */
+  PUSH_RANKS,        /* store_ranks.c (nranks > 1) */
+  PUSH_COMMIT,       /* PUT MANIFEST.json, If-None-Match: * */
+  PUSH_COMMIT_CHECK, /* 412 after a retry: read it back, ours? */
+  PUSH_LATEST,       /* PUT LATEST */
+  PUSH_RETAIN,       /* store_retain.c */
+  PUSH_ABORT,        /* after an error: abort our multipart uploads */
+  PUSH_DONE,
+  PUSH_STATE_LAST,
+};
+
+/* A file's upload. Single-part files go WAIT -> DONE; multipart ones
+ * WAIT -> CREATING -> OPEN -> COMPLETING -> DONE, and OPEN -> ABORTING
+ * after an error. */
+enum file_state {
+  FILE_WAIT,
+  FILE_CREATING,
+  FILE_OPEN, /* has an upload id */
+  FILE_COMPLETING,
+  FILE_DONE,
+  FILE_ABORTING,
+  FILE_STATE_LAST,
+};
+
+struct pfile {
+  char *rel;
+  char *abs;  /* what is read: the file, or what a followed link names */
+  char *link; /* a symlink stored as one: its target (no object) */
+  char *key;
+  uint64_t size;
+  uint32_t mode;
+  int64_t mtime_ns;
+  dev_t dev;
+  ino_t ino;
+  enum spot_filter filter;
+  bool compress;
+  enum spot_codec_mode cmode; /* what the trial chose (zstd or dense) */
+  size_t nparts;
+  size_t next_part; /* next part to dispatch */
+  size_t parts_done;
+  size_t midx; /* index in the manifest */
+  enum file_state state;
+  char *upload_id;
+  struct spot_s3_part_info *etags;
+  struct spot_s3_op *s3op; /* create or complete */
+};
+
+/* A part's slot (struct spot__store_slot in store_internal.h). */
+enum slot_state {
+  SLOT_FREE = 0,
+  SLOT_ENCODING,
+  SLOT_READY,
+  SLOT_SENDING,
+};
+
+enum resume_state {
+  RESUME_JOURNAL,      /* list parts / abort each journaled upload */
+  RESUME_ORPHANS_LIST, /* list uploads of this name */
+  RESUME_ORPHANS_ABORT,
+  RESUME_DONE,
+  RESUME_STATE_LAST,
+};
+
+struct resume {
+  enum resume_state state;
+  char *journal_path;
+  uint64_t journal_saved_ms;
+  struct spot__journal *journal;
+  size_t idx;
+  unsigned resumed_parts;
+  char **orphan_keys, **orphan_ids; /* uploads of this name not resumed */
+  size_t norphans, orphan_idx;
+};
+
+enum ranks_state {
+  RANKS_IDLE,
+  RANKS_MARKER,       /* PUT ranks/rank-K.json, If-None-Match: * */
+  RANKS_MARKER_CHECK, /* 412 after a retry: read it back */
+  RANKS_WAIT,         /* rank 0: list ranks/ */
+  RANKS_SLEEP,        /* between two polls (wait_timer armed) */
+  RANKS_READ,         /* rank 0: GET and merge the markers */
+  RANKS_MERGED,       /* rank 0: op->manifest is the merged one */
+  RANKS_COMMIT_WAIT,  /* rank > 0: GET 1 byte of MANIFEST.json */
+  RANKS_COMMITTED,    /* rank > 0: rank 0 committed */
+  RANKS_FAILED,
+  RANKS_STATE_LAST,
+};
+
+struct ranks {
+  enum ranks_state state;
+  enum ranks_state poll; /* what RANKS_SLEEP goes back to */
+  uv_timer_t wait_timer; /* the 500 ms poll; initialised iff nranks > 1 */
+  uint64_t wait_start_ms;
+  bool *seen;   /* WAIT: markers listed this round */
+  char *token;  /* WAIT: next list page */
+  unsigned idx; /* READ: next marker to read */
+  struct spot_manifest *merged;
+  uint64_t own_stored; /* MERGED: this rank's part stored this much */
+};
+
+enum retain_state {
+  RETAIN_LIST,          /* list checkpoints/ (pages) */
+  RETAIN_READ,          /* GET each manifest */
+  RETAIN_DEL_MANIFEST,  /* delete the oldest's manifest first */
+  RETAIN_DEL_LIST,      /* list what is left of it */
+  RETAIN_DEL_PAGE,      /* delete that page, then list again */
+  RETAIN_UPLOADS_LIST,  /* list multipart uploads */
+  RETAIN_UPLOADS_ABORT, /* abort the stale ones */
+  RETAIN_DONE,
+  RETAIN_STATE_LAST,
+};
+
+struct retain_entry {
+  char *name;
+  int64_t created_ms;
+};
+
+struct retain {
+  enum retain_state state;
+  char **names;
+  size_t nnames, names_alloc;
+  char *token;
+  struct retain_entry *entries;
+  size_t nentries, read_idx, del_idx;
+  char **del_keys;
+  size_t ndel_keys;
+  struct spot_s3_upload_info *uploads;
+  size_t nuploads, upload_idx;
+};
+
+struct push_op {
+  struct spot__store_op b; /* first: the op handle is its address */
+  enum push_state state;
+  char *dir;
+  char warning[512];
+  char walk_warn[512];
+
+  struct pfile *files;
+  size_t nfiles;
+  size_t next_file; /* dispatch cursor */
+
+  struct spot__store_pipe pipe;
+  unsigned active_xfers;
+
+  struct spot_manifest *manifest;
+  char *manifest_json;
+  struct spot_s3_op *s3op; /* the one sequential op (check, commit, ...) */
+  struct spot_buf body;
+
+  /* throughput figures for the raw/compress choice */
+  uint64_t enc_bytes, enc_ns;
+  uint64_t net_bytes, net_ms_start;
+  uint64_t commit_ms;
+  unsigned deleted, aborted;
+
+  struct resume resume;
+  struct ranks ranks;
+  struct retain retain;
+};
+
+/* store_push.c */
+void spot__push_advance(struct push_op *op);
+void spot__push_set_state(struct push_op *op, enum push_state s);
+/* The commit: PUT op->manifest_json as MANIFEST.json, If-None-Match. */
+void spot__push_commit(struct push_op *op);
+/* GETs key (malloc'd, freed here) into op->body; true when started. */
+bool spot__push_read_back(struct push_op *op, char *key, spot_s3_cb cb);
+/* Whether op->body holds exactly op->manifest_json. */
+bool spot__push_body_is_ours(const struct push_op *op);
+
+/* store_push_xfer.c */
+/* pread of exactly n bytes at off: 0, -ESTALE (the file shrank) or
+ * negative errno. */
+int spot__push_read_full(int fd, void *buf, size_t n, uint64_t off);
+int spot__push_xfer_setup(struct push_op *op);
+void spot__push_xfer_start(struct push_op *op);
+void spot__push_pump(struct push_op *op);
+void spot__push_file_set_state(struct push_op *op, struct pfile *f,
+                               enum file_state s);
+void spot__push_xfer_cancel(struct push_op *op);
+bool spot__push_files_done(const struct push_op *op);
+
+/* store_resume.c */
+int spot__resume_init(struct push_op *op);
+void spot__resume_start(struct push_op *op);
+void spot__resume_fini(struct push_op *op);
+void spot__resume_save(struct push_op *op, bool force);
+void spot__resume_remove(struct push_op *op);
+
+/* store_ranks.c */
+int spot__ranks_init(struct push_op *op);
+void spot__ranks_start(struct push_op *op);
+void spot__ranks_cancel(struct push_op *op);
+void spot__ranks_close(struct push_op *op);
+void spot__ranks_fini(struct push_op *op);
+
+/* store_retain.c */
+void spot__retain_start(struct push_op *op);
+void spot__retain_fini(struct push_op *op);
+
+#endif

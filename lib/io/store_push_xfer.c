@@ -1,0 +1,467 @@
+/* Push, the transfer: read + compress parts on the pool (at most `workers`
+ * at once), upload them (at most `parallel`), one multipart upload per
+ * file bigger than a part, a single PUT otherwise. Memory: `workers` raw
+ * part buffers and `workers + parallel` compressed ones, whatever the
+ * checkpoint size. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "store_push.h"
+#include "util.h"
+
+static const char *const file_state_names[] = {
+    "wait", "creating", "open", "completing", "done", "aborting",
+};
+
+void
+spot__push_file_set_state(struct push_op *op, struct pfile *f,
+                          enum file_state s)
+{
+  log_debug("push name=%s file=%s state %s -> %s", op->b.name, f->rel,
+            file_state_names[f->state], file_state_names[s]);
+  f->state = s;
+}
+
+bool
+spot__push_files_done(const struct push_op *op)
+{
+  for (size_t i = 0; i < op->nfiles; i++)
+    if (op->files[i].state != FILE_DONE)
+      return false;
+  return true;
+}
+
+#define fail_msg(op, ...) spot__store_fail_msg(&(op)->b, __VA_ARGS__)
+
+int
+spot__push_read_full(int fd, void *buf, size_t n, uint64_t off)
+{
+  size_t got = 0;
+
+  while (got < n) {
+    ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
+    if (r < 0) {
+      if (errno == EINTR)
+        continue;
+      return -errno;
+    }
+    if (r == 0)
+      return -ESTALE; /* the file shrank under us */
+    got += (size_t)r;
+  }
+  return 0;
+}
+
+/* S3 wants every part of a multipart upload but the last to be at least
+ * 5 MiB, and a well-compressed frame of a 5-8 MiB part is smaller (text,
+ * sparse tensors, bf16 at 8 MiB parts is just above). Such a frame is
+ * followed by a zstd skippable frame (magic 0x184D2A50, LE32 length, zero
+ * bytes) up to SPOT_STORE_PART_MIN: `zstd -d` and every zstd decoder skip
+ * it, so the object stays a plain zstd stream; the manifest's comp_len
+ * covers both frames, and restore checks the trailer is exactly that.
+ * Grouping frames into bigger parts would need a staging buffer per
+ * transfer; padding keeps memory where it is. Called on the worker. */
+static int
+pad_part(void *comp, size_t cap, size_t *len)
+{
+  unsigned char *p = (unsigned char *)comp + *len;
+  size_t pad;
+
+  if (*len >= SPOT_STORE_PART_MIN)
+    return 0;
+  pad = (size_t)SPOT_STORE_PART_MIN - *len;
+  if (pad < 8)
+    pad = 8; /* the skippable frame's header */
+  if (pad > cap - *len)
+    return -ENOBUFS;
+  p[0] = 0x50;
+  p[1] = 0x2A;
+  p[2] = 0x4D;
+  p[3] = 0x18;
+  p[4] = (unsigned char)((pad - 8) & 0xff);
+  p[5] = (unsigned char)(((pad - 8) >> 8) & 0xff);
+  p[6] = (unsigned char)(((pad - 8) >> 16) & 0xff);
+  p[7] = (unsigned char)(((pad - 8) >> 24) & 0xff);
+  memset(p + 8, 0, pad - 8);
+  *len += pad;
+  return 0;
+}
+
+static void
+encode_work_cb(uv_work_t *req)
+{
+  struct spot__store_slot *s =
+      spot_container_of(req, struct spot__store_slot, work);
+  struct push_op *op = (struct push_op *)(void *)s->op;
+  struct pfile *f = &op->files[s->file];
+  uint64_t off = (uint64_t)s->part * op->b.cfg.c.part_size;
+  uint64_t t0 = spot_now_mono_ms();
+  int fd;
+
+  s->work_err = 0;
+  fd = open(f->abs, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    s->work_err = -errno;
+    return;
+  }
+  s->work_err =
+      spot__push_read_full(fd, s->coder->raw, (size_t)s->raw_len, off);
+  close(fd);
+  if (s->work_err < 0)
+    return;
+  s->work_err = spot_codec_encode(
+      s->coder->codec, f->filter, (enum spot_codec_mode)s->mode, s->coder->raw,
+      (size_t)s->raw_len, s->comp, s->comp_cap, &s->comp_len, &s->crc);
+  if (s->work_err == 0 && f->nparts > 1 && s->part + 1 < f->nparts)
+    s->work_err = pad_part(s->comp, s->comp_cap, &s->comp_len);
+  s->work_ns = (spot_now_mono_ms() - t0) * 1000000u + 1;
+}
+
+static void
+encode_after_cb(uv_work_t *req, int status)
+{
+  struct spot__store_slot *s =
+      spot_container_of(req, struct spot__store_slot, work);
+  struct push_op *op = (struct push_op *)(void *)s->op;
+  struct pfile *f = &op->files[s->file];
+  int r = spot__store_pipe_worked(s, status);
+
+  if (r == 0)
+    r = spot_manifest_set_frame(op->manifest, f->midx, s->part, s->raw_len,
+                                s->comp_len, s->crc);
+  if (r == -ESTALE)
+    fail_msg(op, r, "%s: file changed while it was pushed", f->rel);
+  else if (r < 0)
+    fail_msg(op, r, "%s part %zu: %s", f->rel, s->part + 1, strerror(-r));
+  if (r == 0) {
+    op->enc_bytes += s->raw_len;
+    op->enc_ns += s->work_ns;
+    op->b.raw_done += s->raw_len;
+    s->state = SLOT_READY;
+  }
+  spot__push_pump(op);
+}
+
+static void
+part_done_cb(const struct spot_s3_result *res, void *data)
+{
+  struct spot__store_slot *s = data;
+  struct push_op *op = (struct push_op *)(void *)s->op;
+  struct pfile *f = &op->files[s->file];
+
+  spot__store_s3_done(&op->b, &s->s3op, res);
+  op->active_xfers--;
+  s->state = SLOT_FREE;
+  if (res->err < 0) {
+    char what[600];
+    snprintf(what, sizeof(what), "uploading %s part %zu", f->rel, s->part + 1);
+    if (!spot__store_slot_too_slow(s, what))
+      spot__store_fail_s3(&op->b, what, res);
+    spot__push_pump(op);
+    return;
+  }
+  op->b.stored_done += s->comp_len;
+  op->net_bytes += s->comp_len;
+  f->parts_done++;
+  if (f->nparts == 1) {
+    spot__push_file_set_state(op, f, FILE_DONE);
+  } else {
+    struct spot_s3_part_info *pi = &f->etags[s->part];
+    pi->number = (int)s->part + 1;
+    pi->size = s->comp_len;
+    spot_strlcpy(pi->etag, res->etag != NULL ? res->etag : "",
+                 sizeof(pi->etag));
+    spot__resume_save(op, false);
+  }
+  spot__push_pump(op);
+}
+
+/* Create and complete of a file's multipart upload carry this context. */
+struct fctx {
+  struct push_op *op;
+  size_t file;
+};
+
+static void
+file_op_cb(const struct spot_s3_result *res, void *data)
+{
+  struct fctx *c = data;
+  struct push_op *op = c->op;
+  struct pfile *f = &op->files[c->file];
+  bool complete = f->state == FILE_COMPLETING;
+
+  free(c);
+  spot__store_s3_done(&op->b, &f->s3op, res);
+  if (res->err < 0) {
+    char what[600];
+    snprintf(what, sizeof(what), "%s the upload of %s",
+             complete ? "completing" : "starting", f->rel);
+    spot__store_fail_s3(&op->b, what, res);
+    /* A failed complete leaves the upload open (abort it). */
+    spot__push_file_set_state(op, f, complete ? FILE_OPEN : FILE_WAIT);
+  } else if (complete) {
+    spot__push_file_set_state(op, f, FILE_DONE);
+  } else if (res->upload_id == NULL || res->upload_id[0] == '\0') {
+    fail_msg(op, -EPROTO, "starting the upload of %s: no upload id", f->rel);
+    spot__push_file_set_state(op, f, FILE_WAIT);
+  } else if ((f->upload_id = strdup(res->upload_id)) == NULL) {
+    fail_msg(op, -ENOMEM, "out of memory");
+    spot__push_file_set_state(op, f, FILE_WAIT);
+  } else {
+    spot__push_file_set_state(op, f, FILE_OPEN);
+    spot__resume_save(op, true);
+  }
+  spot__push_pump(op);
+}
+
+static int
+file_op(struct push_op *op, size_t i, bool complete)
+{
+  struct pfile *f = &op->files[i];
+  struct fctx *c = malloc(sizeof(*c));
+  const struct spot__store_cfg *cfg = &op->b.cfg;
+  int r;
+
+  if (c == NULL)
+    return -ENOMEM;
+  c->op = op;
+  c->file = i;
+  if (complete)
+    r = spot_s3_mpu_complete(cfg->c.s3, cfg->bucket, f->key, f->upload_id,
+                             f->etags, f->nparts, file_op_cb, c, &f->s3op);
+  else
+    r = spot_s3_mpu_create(cfg->c.s3, cfg->bucket, f->key, file_op_cb, c,
+                           &f->s3op);
+  if (r < 0) {
+    free(c);
+    return r;
+  }
+  op->b.active_s3++;
+  spot__push_file_set_state(op, f, complete ? FILE_COMPLETING : FILE_CREATING);
+  return 0;
+}
+
+/* A multipart file's parts wait for its upload id. */
+static bool
+can_send(const struct spot__store_slot *s)
+{
+  const struct push_op *op = (const struct push_op *)(const void *)s->op;
+  const struct pfile *f = &op->files[s->file];
+
+  return f->nparts == 1 || f->state == FILE_OPEN;
+}
+
+static enum spot_codec_mode
+choose_mode(struct push_op *op, const struct pfile *f)
+{
+  double cbps, nbps, ratio, secs;
+
+  if (!f->compress)
+    return SPOT_CODEC_RAW;
+  if (op->b.cfg.c.compress != SPOT_STORE_COMPRESS_AUTO)
+    return f->cmode;
+  if (op->enc_ns == 0 || op->b.stored_done == 0)
+    return f->cmode;
+  /* All workers together; per-part time includes the read. */
+  cbps = (double)op->enc_bytes / ((double)op->enc_ns / 1e9) *
+         (double)op->b.cfg.c.workers;
+  secs = (double)(spot_now_mono_ms() - op->net_ms_start) / 1000.0;
+  nbps = secs > 0.05 ? (double)op->net_bytes / secs : 0;
+  ratio = op->b.raw_done > 0 && op->b.stored_done > 0
+              ? (double)op->enc_bytes / (double)op->b.stored_done
+              : 1.0;
+  /* Only trust the network figure while parts queue up for it. */
+  if (op->active_xfers < op->b.cfg.c.parallel)
+    nbps = 0;
+  return spot_codec_compress_pays(cbps, nbps, ratio) ? f->cmode
+                                                     : SPOT_CODEC_RAW;
+}
+
+/* 1. uploads of encoded parts, oldest first */
+static void
+start_sends(struct push_op *op)
+{
+  const struct spot__store_cfg *cfg = &op->b.cfg;
+
+  while (op->active_xfers < cfg->c.parallel) {
+    struct spot__store_slot *s =
+        spot__store_pipe_find(&op->pipe, SLOT_READY, can_send);
+    struct pfile *f;
+    int r;
+
+    if (s == NULL)
+      break;
+    f = &op->files[s->file];
+    if (f->nparts == 1)
+      r = spot_s3_put(cfg->c.s3, cfg->bucket, f->key, s->comp, s->comp_len, 0,
+                      part_done_cb, s, &s->s3op);
+    else
+      r = spot_s3_mpu_part(cfg->c.s3, cfg->bucket, f->key, f->upload_id,
+                           (int)s->part + 1, s->comp, s->comp_len, part_done_cb,
+                           s, &s->s3op);
+    if (r < 0) {
+      fail_msg(op, r, "uploading %s: %s", f->rel, strerror(-r));
+      break;
+    }
+    if (op->net_ms_start == 0)
+      op->net_ms_start = spot_now_mono_ms();
+    spot__store_slot_sent(s, s->comp_len);
+    s->state = SLOT_SENDING;
+    op->b.active_s3++;
+    op->active_xfers++;
+  }
+}
+
+/* 2. encodes: a free encoder and a free slot per part */
+static void
+start_encodes(struct push_op *op)
+{
+  while (op->b.err == 0 && op->next_file < op->nfiles) {
+    struct pfile *f = &op->files[op->next_file];
+    struct spot__store_slot *s;
+    int r;
+
+    while (f->etags != NULL && f->next_part < f->nparts &&
+           f->etags[f->next_part].number != 0)
+      f->next_part++; /* stored before a resume */
+    if (f->next_part >= f->nparts) {
+      op->next_file++;
+      continue;
+    }
+    s = spot__store_pipe_find(&op->pipe, SLOT_FREE, NULL);
+    if (s == NULL)
+      break;
+    s->file = op->next_file;
+    s->part = f->next_part;
+    s->seq = op->pipe.seq++;
+    s->raw_len = f->size - (uint64_t)s->part * op->b.cfg.c.part_size;
+    if (s->raw_len > op->b.cfg.c.part_size)
+      s->raw_len = op->b.cfg.c.part_size;
+    s->mode = (int)choose_mode(op, f);
+    r = spot__store_pipe_work(&op->pipe, s, encode_work_cb, encode_after_cb,
+                              SLOT_ENCODING);
+    if (r != 0)
+      break; /* no encoder free, or failed */
+    f->next_part++;
+    if (f->nparts > 1 && f->state == FILE_WAIT) {
+      r = file_op(op, op->next_file, false);
+      if (r < 0) {
+        fail_msg(op, r, "uploading %s: %s", f->rel, strerror(-r));
+        break;
+      }
+    }
+  }
+}
+
+/* 3. complete multipart uploads whose parts are all stored */
+static void
+start_completes(struct push_op *op)
+{
+  for (size_t i = 0; op->b.err == 0 && i < op->nfiles; i++) {
+    struct pfile *f = &op->files[i];
+    int r;
+
+    if (f->nparts > 1 && f->state == FILE_OPEN && f->parts_done == f->nparts) {
+      r = file_op(op, i, true);
+      if (r < 0)
+        fail_msg(op, r, "completing %s: %s", f->rel, strerror(-r));
+    }
+  }
+}
+
+void
+spot__push_pump(struct push_op *op)
+{
+  if (op->state == PUSH_XFER && op->b.err == 0) {
+    start_sends(op);
+    start_encodes(op);
+    start_completes(op);
+  }
+  if (!spot__store_busy(&op->b))
+    spot__push_advance(op);
+}
+
+void
+spot__push_xfer_start(struct push_op *op)
+{
+  spot__push_set_state(op, PUSH_XFER);
+  spot__store_progress(&op->b, SPOT_STORE_PHASE_TRANSFER);
+  spot__resume_save(op, true);
+  spot__push_pump(op);
+}
+
+void
+spot__push_xfer_cancel(struct push_op *op)
+{
+  spot__store_pipe_cancel(&op->pipe, SLOT_ENCODING, SLOT_SENDING);
+  for (size_t i = 0; i < op->nfiles; i++)
+    if (op->files[i].s3op != NULL)
+      spot_s3_cancel(op->files[i].s3op);
+}
+
+/* Keys and manifest entries of the files. */
+static int
+add_to_manifest(struct push_op *op, struct pfile *f)
+{
+  char key_rel[4224], path[4200];
+  int r;
+
+  if (op->b.cfg.c.nranks > 1)
+    snprintf(path, sizeof(path), "rank-%u/%s", op->b.cfg.c.rank, f->rel);
+  else
+    snprintf(path, sizeof(path), "%s", f->rel);
+  if (f->link != NULL) {
+    r = spot_manifest_add_link(op->manifest, path, f->link, f->mtime_ns,
+                               &f->midx);
+    if (r < 0)
+      fail_msg(op, r, "%s: the link cannot be recorded in the manifest",
+               f->rel);
+    else
+      spot__push_file_set_state(op, f, FILE_DONE);
+    return r;
+  }
+  if (f->size > 0) {
+    snprintf(key_rel, sizeof(key_rel), "%s.zst", path);
+    f->key = spot__store_key(&op->b.cfg.c, op->b.name, key_rel);
+    if (f->key == NULL)
+      return -ENOMEM;
+  }
+  r = spot_manifest_add_file(op->manifest, path, f->size > 0 ? key_rel : NULL,
+                             f->size, f->mode, f->mtime_ns, f->filter,
+                             &f->midx);
+  if (r < 0) {
+    fail_msg(op, r, "%s: cannot be recorded in the manifest", f->rel);
+    return r;
+  }
+  if (f->nparts > 1) {
+    f->etags = calloc(f->nparts, sizeof(*f->etags));
+    if (f->etags == NULL)
+      return -ENOMEM;
+  }
+  if (f->nparts == 0)
+    spot__push_file_set_state(op, f, FILE_DONE);
+  return 0;
+}
+
+int
+spot__push_xfer_setup(struct push_op *op)
+{
+  int r = spot_manifest_new(op->b.name, op->b.cfg.job, spot_now_wall_ms(),
+                            &op->manifest);
+
+  if (r < 0) {
+    fail_msg(op, r, "checkpoint name '%s' or job '%s' is not valid", op->b.name,
+             op->b.cfg.job);
+    return r;
+  }
+  for (size_t i = 0; i < op->nfiles; i++)
+    if ((r = add_to_manifest(op, &op->files[i])) < 0)
+      return r;
+  return spot__store_pipe_init(&op->pipe, &op->b,
+                               (size_t)op->b.cfg.c.part_size);
+}

@@ -170,7 +170,7 @@ SPOTD_SHOWN = re.compile(
 SPOTD_HIDDEN = re.compile(r"state \S+ -> ")
 RELAUNCH_HIDDEN = re.compile(r"attempt \d+/\d+: |relaunch done")
 SPOTD_PREFIX = re.compile(r"^spotd: (info|notice|debug): ")
-LOG_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ")  # lib/log.c
+LOG_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ")  # lib/core/log.c
 STEP_RE = re.compile(r"^step (\d+) loss (\S+)$")
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """The AWS credentials chain end to end: tests/integration/aws_creds (the
-driver, lib/aws.c + lib/aws_imds.c + lib/http.c on a real uv loop) against
+driver, lib/core/aws_conf.c + lib/io/aws_imds.c + lib/io/http.c on a real uv loop) against
 a small IMDSv2 stand-in on loopback (http.server), plus the environment and
 profile files. `spotctl emulate` does not exist yet; when it lands, this
 test should also run against it.

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The If-Match form strategy of lib/lease.c and lib/latest.c (lease.h),
+"""The If-Match form strategy of lib/io/lease.c and lib/io/latest.c (lease.h),
 against a loopback stand-in for the two behaviours that matter (AWS S3
 cannot run here; Ceph's is measured in shared/VERIFIED.md and exercised
 by test_lease.py against the real Ceph):

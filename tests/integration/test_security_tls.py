@@ -90,10 +90,10 @@ with tempfile.TemporaryDirectory() as tmp:
     hits = sorted({m.group(0) for t in texts for m in bad.finditer(t)})
     c.check(hits == [], "no option, variable or config key disables TLS verification",
             repr(hits))
-    s3c = open(sl.srcdir_path("lib", "s3.c")).read()
-    http_c = open(sl.srcdir_path("lib", "http.c")).read()
+    s3c = open(sl.srcdir_path("lib", "io", "s3.c")).read()
+    http_c = open(sl.srcdir_path("lib", "io", "http.c")).read()
     c.check(not re.search(r"VERIFY(PEER|HOST), 0|getenv", http_c),
-            "lib/http.c neither turns verification off nor reads a variable")
+            "lib/io/http.c neither turns verification off nor reads a variable")
     c.check("CURLOPT_SSL_VERIFYPEER, 1L" in s3c and "CURLOPT_SSL_VERIFYHOST, 2L" in s3c
             and not re.search(r"VERIFY(PEER|HOST), 0", s3c),
             "lib/s3.c always sets VERIFYPEER 1 and VERIFYHOST 2")

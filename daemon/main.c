@@ -183,6 +183,7 @@ run_daemon(struct spot_config *cfg, char **argv)
     return 70;
   }
   free(d.journal_dir);
+  free(d.ckpt_dir);
   log_info("exit status %d", d.exit_code);
   return d.exit_code < 0 ? 1 : d.exit_code;
 }
@@ -198,6 +199,9 @@ main(int argc, char **argv)
   int cmdc = 0, c, r, status;
   bool check = false, run = false;
 
+  /* The exec shim of lib/child.c: spotd re-executed to start a child. */
+  if (argc > 1 && strcmp(argv[1], SPOT_CHILD_SHIM_ARG) == 0)
+    spot_child_shim_main(argc, argv);
   spot_log_init("spotd", SPOT_LOG_INFO);
   /* Credentials and IMDS tokens live in this process's memory: no core
    * dump, no ptrace or /proc/PID/mem|environ for other processes of the

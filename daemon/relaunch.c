@@ -93,7 +93,7 @@ static int
 step_env(struct spotd *d, struct spot_env *e, const char *ckpt)
 {
   char deadline[32] = "";
-  int r = spot_env_init(e);
+  int r = spot_env_init(e, false);
 
   if (d->deadline_wall != 0)
     spot_rfc3339_format(d->deadline_wall, deadline, sizeof(deadline));

@@ -16,17 +16,17 @@ static void
 exit_cb(struct spot_child *c, void *data)
 {
   struct spotd *d = data;
-  char sig[16];
+  char buf[16];
 
   (void)c;
-  if (d->trainer.term_signal != 0 && d->trainer.term_signal == d->cfg->signal) {
-    spot_config_signal_name(d->cfg->signal, sig, sizeof(sig));
+  /* spotd starts it with the signal ignored: something reset that. */
+  if (d->trainer.term_signal != 0 && d->trainer.term_signal == d->cfg->signal)
     spotd_warn(d,
                "the trainer pid=%d was killed by SIG%s, the checkpoint "
-               "signal: it must handle it (see the README's trainer "
-               "contract) or pass it on with --signal-target group",
-               (int)d->trainer.pid, sig);
-  }
+               "signal: its command resets the signal but installs no "
+               "handler; install one (README, trainer contract)",
+               (int)d->trainer.pid,
+               spot_config_signal_name(d->cfg->signal, buf, sizeof(buf)));
   spotd_trainer_exited(d);
 }
 
@@ -34,7 +34,7 @@ exit_cb(struct spot_child *c, void *data)
 static int
 trainer_env(struct spotd *d, struct spot_env *e)
 {
-  int r = spot_env_init(e);
+  int r = spot_env_init(e, false);
 
   if (r == 0)
     r = spot_env_set(e, "SPOTD_CKPT_DIR", "%s", d->ckpt_dir);

@@ -21,17 +21,11 @@
 /* The service manager's variables are spotd's, not its children's:
  * sd_notify socket, watchdog, socket activation, credentials. */
 static const char *const private_prefixes[] = {
-    "SPOTD_",
-    "NOTIFY_SOCKET=",
-    "WATCHDOG_",
-    "LISTEN_",
-    "MONITOR_",
-    "TRIGGER_",
-    "INVOCATION_ID=",
-    "MAINPID=",
-    "MANAGERPID=",
-    "SYSTEMD_EXEC_PID=",
-    "CREDENTIALS_DIRECTORY=",
+    "NOTIFY_SOCKET=",    "WATCHDOG_",
+    "LISTEN_",           "MONITOR_",
+    "TRIGGER_",          "INVOCATION_ID=",
+    "MAINPID=",          "MANAGERPID=",
+    "SYSTEMD_EXEC_PID=", "CREDENTIALS_DIRECTORY=",
 };
 
 bool
@@ -63,14 +57,14 @@ env_push(struct spot_env *e, char *entry)
 }
 
 int
-spot_env_init(struct spot_env *e)
+spot_env_init(struct spot_env *e, bool keep_spotd)
 {
   memset(e, 0, sizeof(*e));
   for (char **p = environ; p != NULL && *p != NULL; p++) {
     char *dup;
     int r;
 
-    if (spot_env_private(*p))
+    if (spot_env_private(*p) || (!keep_spotd && strncmp(*p, "SPOTD_", 6) == 0))
       continue;
     dup = strdup(*p);
     r = dup == NULL ? -ENOMEM : env_push(e, dup);
@@ -204,7 +198,8 @@ spot_child_exec(char *const argv[], char *const envp[],
   if (x->pdeath_signal != 0) {
     if (prctl(PR_SET_PDEATHSIG, x->pdeath_signal) < 0 ||
         getppid() != x->parent) {
-      dprintf(STDERR_FILENO, "spotd: the parent of '%s' is gone\n", argv[0]);
+      dprintf(STDERR_FILENO, "%s: the parent of '%s' is gone\n",
+              program_invocation_short_name, argv[0]);
       _exit(127);
     }
   }
@@ -222,8 +217,8 @@ spot_child_exec(char *const argv[], char *const envp[],
     execvpe(argv[0], argv, envp);
   else
     execvp(argv[0], argv);
-  dprintf(STDERR_FILENO, "spotd: cannot run '%s': %s\n", argv[0],
-          strerror(errno));
+  dprintf(STDERR_FILENO, "%s: cannot run '%s': %s\n",
+          program_invocation_short_name, argv[0], strerror(errno));
   _exit(127);
 }
 
@@ -293,9 +288,10 @@ spot_child_group_alive(pid_t pgid)
 /* ---------------------------------------------------------- spot_child */
 
 #define REAP_POLL_MS 50
-#define REAP_TERM_AFTER_MS 200 /* a launcher's workers may exit on their own   \
-                                */
-#define REAP_GIVE_UP_MS 5000   /* after SIGKILL: unkillable (D state) */
+#define REAP_TERM_AFTER_MS                                                     \
+  200                        /* a launcher's workers may exit on their own     \
+                              */
+#define REAP_GIVE_UP_MS 5000 /* after SIGKILL: unkillable (D state) */
 
 static const char *const state_names[] = {
     "idle", "running", "stopping", "reaping", "exited", "closed",

@@ -3,8 +3,9 @@
  *
  * Environment: one builder. A child gets spotd's environment minus the
  * service manager's variables (NOTIFY_SOCKET, WATCHDOG_*, LISTEN_*,
- * INVOCATION_ID, CREDENTIALS_DIRECTORY, ...) and minus every inherited
- * SPOTD_*; the caller then adds its own SPOTD_* variables. The user's own
+ * INVOCATION_ID, CREDENTIALS_DIRECTORY, ...) and (for spotd's children)
+ * minus every inherited SPOTD_*; the caller then adds its own SPOTD_*
+ * variables. The user's own
  * variables (AWS_* included) stay; credentials spotd fetched itself (IMDS
  * role, LoadCredential=) are never put in any environment.
  *
@@ -41,10 +42,12 @@ struct spot_env {
   size_t n, cap;
 };
 
-/* True for an environment entry ("NAME=value") a child never inherits. */
+/* True for an environment entry ("NAME=value") a child never inherits:
+ * the service manager's. */
 bool spot_env_private(const char *entry);
-/* environ minus the private entries. */
-int spot_env_init(struct spot_env *e);
+/* environ minus the private entries, and minus SPOTD_* unless keep_spotd
+ * (`spotctl relaunch` passes those it got on to its command). */
+int spot_env_init(struct spot_env *e, bool keep_spotd);
 /* Adds NAME=value (formatted), replacing an entry of that name. */
 int spot_env_set(struct spot_env *e, const char *name, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -420,8 +420,8 @@ def test_daemon():
     try:
         c.check(ckpt is not None, "daemon: the final checkpoint is committed", log)
         c.check("not inside a Slurm job" in log and
-                re.search(r"relaunch step failed with status 1 \(the checkpoint "
-                          r"stays committed\)", log) is not None,
+                re.search(r"relaunch step failed with status 1 \(checkpoint "
+                          r"\S+ stays committed\)", log) is not None,
                 "daemon: its log says the relaunch failed, and why", log)
         if ckpt:
             latest = spotlib.s3_get(root + "LATEST").decode().strip()

@@ -10,8 +10,9 @@ and CompleteMultipartUpload (If-None-Match: *, If-Match), multipart
 delimiter, max-keys, continuation-token), DeleteObjects.
 
 Hooks for tests: `stall(method, key)` returns seconds to hold a request
-before answering (e.g. to keep spotd in its restore); `requests` lists
-(method, key, query) of every request."""
+before answering (e.g. to keep spotd in its restore); `fail(method, key)`
+returns None or (status, code) to answer with that error instead;
+`requests` lists (method, key, query) of every request."""
 import hashlib
 import http.server
 import re
@@ -36,6 +37,7 @@ class FakeS3:
         self.lock = threading.Lock()
         self.requests = []
         self.stall = lambda method, key: 0
+        self.fail = lambda method, key: None
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -101,6 +103,9 @@ class FakeS3:
         delay = self.stall(h.command, key)
         if delay:
             time.sleep(delay)
+        err = self.fail(h.command, key)
+        if err:
+            return self._error(h, err[0], err[1])
         if bucket != self.bucket:
             return self._error(h, 404, "NoSuchBucket", "The specified bucket "
                                "does not exist")

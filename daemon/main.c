@@ -83,9 +83,15 @@ usage(FILE *f)
     fputs(spot_buf_str(&b), f);
   spot_buf_fini(&b);
   fprintf(f, "\nThe trainer gets SPOTD_CKPT_DIR, SPOTD_RESUME_DIR (after a "
-             "restore),\nSPOTD_JOB, SPOTD_SOCKET and SPOTD_RESTART_COUNT. "
-             "Exit status: the trainer's,\n75 after a handled preemption, 1 "
-             "on spotd's own errors.\n");
+             "restore),\nSPOTD_JOB, SPOTD_SOCKET and SPOTD_RESTART_COUNT; it "
+             "starts with the checkpoint\nsignal ignored, in its own session, "
+             "without spotd's systemd variables.\n"
+             "Exit status: the trainer's; 0 after SIGTERM with the final "
+             "checkpoint committed;\n75 after a handled preemption (a "
+             "committed checkpoint to resume from); 76 after\na notice with "
+             "nothing committed; 128+N after signal N without a final commit;"
+             "\n1 on spotd's own errors or when the last checkpoint could not "
+             "be committed.\n");
 }
 
 static void

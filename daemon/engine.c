@@ -568,6 +568,8 @@ spotd_close(struct spotd *d)
   upload_cancel_all(d);
   if (d->restore.op != NULL)
     spot_store_cancel(d->restore.op);
+  if (d->restore.s3op != NULL)
+    spot_s3_cancel(d->restore.s3op);
   relaunch_close(d);
   spot_child_close(&d->trainer);
   watch_close(d);

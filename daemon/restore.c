@@ -1,6 +1,8 @@
 /* The startup, one operation (struct restore_op, enum restore_state):
  *
  *   CONNECTING  credentials and the S3 client
+ *   PROBING     the store check (probe.c): write, read, delete under the
+ *               job root, or exit 1 with one line
  *   RESUMING    a push a killed spotd left (journal.c), finished first so
  *               the restore brings the newest checkpoint back
  *   RESTORING   the newest committed checkpoint into CKPT_DIR/NAME
@@ -30,8 +32,9 @@ static const char *const names[] = {
 #define B(s) (1u << (s))
 static const unsigned legal[RESTORE_STATE_LAST] = {
     [RESTORE_NONE] = B(RESTORE_CONNECTING),
-    [RESTORE_CONNECTING] = B(RESTORE_RESUMING) | B(RESTORE_RESTORING) |
-                           B(RESTORE_DONE) | B(RESTORE_FAILED),
+    [RESTORE_CONNECTING] = B(RESTORE_PROBING) | B(RESTORE_FAILED),
+    [RESTORE_PROBING] = B(RESTORE_RESUMING) | B(RESTORE_RESTORING) |
+                        B(RESTORE_DONE) | B(RESTORE_FAILED),
     [RESTORE_RESUMING] = B(RESTORE_RESTORING) | B(RESTORE_DONE),
     [RESTORE_RESTORING] =
         B(RESTORE_COUNTING) | B(RESTORE_DONE) | B(RESTORE_FAILED),
@@ -248,6 +251,19 @@ aws_ready_cb(int err, const char *msg, void *data)
     return;
   }
   d->store.s3 = d->s3;
+  set_state(d, RESTORE_PROBING);
+  probe_start(d);
+}
+
+void
+restore_probed(struct spotd *d, int err)
+{
+  if (d->closing)
+    return;
+  if (err < 0) {
+    fail(d);
+    return;
+  }
   if (!resume_journaled(d))
     begin_restore(d);
 }

@@ -81,6 +81,7 @@ enum final_state {
 enum restore_state {
   RESTORE_NONE,
   RESTORE_CONNECTING, /* credentials */
+  RESTORE_PROBING,    /* the store check: PUT, GET, DELETE a probe */
   RESTORE_RESUMING,   /* the upload a killed spotd left */
   RESTORE_RESTORING,
   RESTORE_COUNTING, /* GET RESTARTS */
@@ -134,6 +135,9 @@ struct final_ckpt {
 struct restore_op {
   enum restore_state state;
   struct spot_store_op *op; /* the restore or the journal resume */
+  struct spot_s3_op *s3op;  /* a probe request */
+  char *probe_key;
+  struct spot_buf probe_body;
 };
 
 struct restarts {
@@ -270,6 +274,11 @@ void final_deadline(struct spotd *d);
 
 /* restore.c */
 int restore_start(struct spotd *d);
+/* The store check ended (0, or negative errno: already logged). */
+void restore_probed(struct spotd *d, int err);
+
+/* probe.c: the store check; restore_probed() follows. */
+void probe_start(struct spotd *d);
 const char *restore_state_name(enum restore_state s);
 
 /* journal.c: the newest complete checkpoint a killed spotd was uploading

@@ -97,10 +97,27 @@ class Checks:
 # against the test S3 server, read the store independently with boto3,
 # make checkpoint-like files, compare folders.
 
+_FAKE_S3 = None
+
+
 def store_env():
     """Skips without a server; returns (endpoint, bucket) and sets the
     variables spotctl and boto3 need. The EC2 metadata lookup is disabled:
-    169.254.169.254 is not loopback and must never be contacted."""
+    169.254.169.254 is not loopback and must never be contacted.
+
+    With SPOT_TEST_FAKE_S3=1 the server is fakes3.FakeS3 in this process
+    (loopback, in memory): the quick loop of the daemon's state-machine
+    tests, which do not need S3 semantics (README "Tests")."""
+    global _FAKE_S3
+    if os.environ.get("SPOT_TEST_FAKE_S3") == "1" and _FAKE_S3 is None:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import fakes3
+        _FAKE_S3 = fakes3.FakeS3("spotd-test")
+        os.environ.pop("AWS_ENDPOINT_URL_S3", None)
+        os.environ.update(SPOT_TEST_S3_ENDPOINT=_FAKE_S3.url,
+                          SPOT_TEST_S3_BUCKET=_FAKE_S3.bucket,
+                          AWS_ACCESS_KEY_ID="fake", AWS_SECRET_ACCESS_KEY="fake",
+                          AWS_REGION="us-east-1")
     endpoint, bucket = need_env("SPOT_TEST_S3_ENDPOINT", "SPOT_TEST_S3_BUCKET")
     os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
     os.environ["AWS_ENDPOINT_URL"] = endpoint

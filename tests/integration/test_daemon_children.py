@@ -130,7 +130,7 @@ def leftover(c, wd):
     try:
         os.makedirs(wd)
         d = sl.Daemon(wd, store, job, env=s3.env(), grace=2,
-                      cmd=["/bin/sh", "-c", "sleep 60 & sleep 0.5; exit 3"])
+                      cmd=["/bin/sh", "-c", "sleep 60 & sleep 2; exit 3"])
         st = sl.wait_state(d, "running", 20)
         pgid = st["trainer"]["pid"] if st else 0
         c.check(pgid > 0 and len(group(pgid)) >= 2, tag + "a shell and its "

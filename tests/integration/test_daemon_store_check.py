@@ -61,7 +61,8 @@ def fake_cases(c, wd):
 
 
 def ceph_case(c, wd):
-    if not os.environ.get("SPOT_TEST_S3_ENDPOINT"):
+    if not os.environ.get("SPOT_TEST_S3_ENDPOINT") or \
+            os.environ.get("SPOT_TEST_FAKE_S3") == "1":
         print("(no Ceph: the real-server case is skipped)")
         return
     sl.daemon_env()

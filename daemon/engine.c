@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -80,6 +81,21 @@ spotd_set_state(struct spotd *d, enum spotd_state s)
   d->state = s;
   spotd_notify(d, "STATUS=%s", spotd_state_name(s));
   return true;
+}
+
+void
+spotd_notify(struct spotd *d, const char *fmt, ...)
+{
+  char msg[512];
+  va_list ap;
+
+  (void)d;
+  if (getenv("NOTIFY_SOCKET") == NULL)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  sd_notify(0, msg);
 }
 
 void

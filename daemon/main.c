@@ -39,23 +39,6 @@ static const struct option extra_opts[] = {
     {"print-config-example", no_argument, NULL, OPT_EXAMPLE},
 };
 
-static struct spotd *the_daemon; /* for sd_notify from anywhere */
-
-void
-spotd_notify(struct spotd *d, const char *fmt, ...)
-{
-  char msg[512];
-  va_list ap;
-
-  (void)d;
-  if (getenv("NOTIFY_SOCKET") == NULL)
-    return;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
-  sd_notify(0, msg);
-}
-
 static void
 usage(FILE *f)
 {
@@ -134,7 +117,6 @@ run_daemon(struct spot_config *cfg, char **argv)
   int r;
 
   memset(&d, 0, sizeof(d));
-  the_daemon = &d;
   d.cfg = cfg;
   d.argv = argv;
   r = uv_loop_init(&loop);

@@ -317,7 +317,7 @@ void control_close(struct spotd *d);
 void control_commit_event(struct spotd *d, const char *name, int err,
                           const char *msg);
 
-/* main.c (or the test's own) */
+/* engine.c: sd_notify when NOTIFY_SOCKET is set */
 void spotd_notify(struct spotd *d, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

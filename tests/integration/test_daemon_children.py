@@ -133,6 +133,9 @@ def leftover(c, wd):
                       cmd=["/bin/sh", "-c", "sleep 60 & sleep 2; exit 3"])
         st = sl.wait_state(d, "running", 20)
         pgid = st["trainer"]["pid"] if st else 0
+        end = time.time() + 2
+        while pgid and len(group(pgid)) < 2 and time.time() < end:
+            time.sleep(0.05)
         c.check(pgid > 0 and len(group(pgid)) >= 2, tag + "a shell and its "
                 "background sleep run")
         t0 = time.time()
@@ -154,8 +157,11 @@ def kill9(c, wd):
                       cmd=["/bin/sh", "-c", "sleep 60 & sleep 60 & wait"])
         st = sl.wait_state(d, "running", 20)
         pgid = st["trainer"]["pid"] if st else 0
-        c.check(pgid > 0 and len(group(pgid)) >= 3, tag + "a shell and two "
-                "sleeps run (%d)" % len(group(pgid) if pgid else []))
+        end = time.time() + 5
+        while pgid and len(group(pgid)) < 3 and time.time() < end:
+            time.sleep(0.05)
+        n = len(group(pgid)) if pgid else 0
+        c.check(n >= 3, tag + "a shell and two sleeps run (%d)" % n)
         d.send(signal.SIGKILL)
         d.wait_exit(10)
         end = time.time() + 5

@@ -44,6 +44,7 @@ static const char *const state_names[] = {
     "init",        "connecting", "restoring", "running", "draining",
     "relaunching", "stopping",   "finishing", "exiting",
 };
+_Static_assert(SPOT_ARRAY_SIZE(state_names) == SPOTD_STATE_LAST, "state_names");
 
 #define B(s) (1u << (s))
 static const unsigned legal[SPOTD_STATE_LAST] = {

@@ -20,6 +20,7 @@
 static const char *const names[] = {
     "idle", "running", "succeeded", "failed", "cancelled",
 };
+_Static_assert(SPOT_ARRAY_SIZE(names) == RELAUNCH_STATE_LAST, "names");
 
 const char *
 relaunch_state_name(enum relaunch_state s)

@@ -25,9 +25,13 @@
 #include "util.h"
 
 static const char *const names[] = {
-    "none",     "connecting", "resuming", "restoring",
-    "counting", "done",       "failed",   "cancelled",
+    [RESTORE_NONE] = "none",           [RESTORE_CONNECTING] = "connecting",
+    [RESTORE_PROBING] = "probing",     [RESTORE_RESUMING] = "resuming",
+    [RESTORE_RESTORING] = "restoring", [RESTORE_COUNTING] = "counting",
+    [RESTORE_DONE] = "done",           [RESTORE_FAILED] = "failed",
+    [RESTORE_CANCELLED] = "cancelled",
 };
+_Static_assert(SPOT_ARRAY_SIZE(names) == RESTORE_STATE_LAST, "names");
 
 #define B(s) (1u << (s))
 static const unsigned legal[RESTORE_STATE_LAST] = {

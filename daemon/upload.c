@@ -32,6 +32,7 @@ static void start_upload(struct spotd *d, const char *name);
 static const char *const final_names[] = {
     "none", "requested", "uploading", "committed", "abandoned",
 };
+_Static_assert(SPOT_ARRAY_SIZE(final_names) == FINAL_STATE_LAST, "final_names");
 
 /* legal[from] is the set of states it may move to. */
 #define B(s) (1u << (s))

@@ -73,8 +73,12 @@ spot_env_init(struct spot_env *e, bool keep_spotd)
       return r;
     }
   }
-  if (e->v == NULL)
-    return env_push(e, NULL) == 0 ? (e->n = 0, 0) : -ENOMEM;
+  if (e->v == NULL) { /* an empty environment: still a NULL-terminated one */
+    e->v = calloc(1, sizeof(char *));
+    if (e->v == NULL)
+      return -ENOMEM;
+    e->cap = 1;
+  }
   return 0;
 }
 
@@ -296,6 +300,8 @@ spot_child_group_alive(pid_t pgid)
 static const char *const state_names[] = {
     "idle", "running", "stopping", "reaping", "exited", "closed",
 };
+_Static_assert(SPOT_ARRAY_SIZE(state_names) == SPOT_CHILD_STATE_LAST,
+               "state_names");
 
 const char *
 spot_child_state_name(enum spot_child_state s)

@@ -396,16 +396,38 @@ exit_cb(uv_process_t *p, int64_t status, int term_signal)
   uv_timer_start(&c->timer, reap_cb, REAP_POLL_MS, REAP_POLL_MS);
 }
 
+/* The shim is this very binary, held open once (O_PATH): exec works even
+ * after the file was replaced on disk (an upgrade), and under valgrind,
+ * whose own binary /proc/self/exe would name at exec time, the open
+ * resolves to the program. */
+static int
+self_exe(char *path, size_t size)
+{
+  static int fd = -1;
+
+  if (fd < 0)
+    fd = open("/proc/self/exe", O_PATH | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  snprintf(path, size, "/proc/self/fd/%d", fd);
+  return 0;
+}
+
 int
 spot_child_spawn(struct spot_child *c, const struct spot_child_options *o)
 {
   uv_process_options_t po;
   uv_stdio_container_t stdio[3];
-  char sig[16], parent[24];
+  char sig[16], parent[24], self_path[64];
   char **args;
   size_t n = 0;
   int r;
 
+  r = self_exe(self_path, sizeof(self_path));
+  if (r < 0) {
+    log_err_errno(r, "cannot start the %s: /proc/self/exe", o->name);
+    return r;
+  }
   while (o->argv[n] != NULL)
     n++;
   args = calloc(n + 5, sizeof(char *));
@@ -427,7 +449,7 @@ spot_child_spawn(struct spot_child *c, const struct spot_child_options *o)
     stdio[i].flags = UV_INHERIT_FD;
     stdio[i].data.fd = i;
   }
-  po.file = "/proc/self/exe";
+  po.file = self_path;
   po.args = args;
   po.env = (char **)o->env;
   po.exit_cb = exit_cb;

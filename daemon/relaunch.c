@@ -70,11 +70,16 @@ exit_cb(struct spot_child *c, void *data)
   set_state(r, st == 0 ? RELAUNCH_SUCCEEDED : RELAUNCH_FAILED);
   if (st == 0)
     log_info("relaunch step succeeded");
-  else
+  else if (d->last_commit[0] != '\0')
     spotd_warn(d,
                "relaunch step failed with status %d (checkpoint %s stays "
                "committed)",
-               st, d->last_commit[0] ? d->last_commit : "none");
+               st, d->last_commit);
+  else
+    spotd_warn(d,
+               "relaunch step failed with status %d (no checkpoint of the "
+               "job is committed)",
+               st);
   spotd_set_state(d, SPOTD_STOPPING);
   spotd_advance(d);
 }

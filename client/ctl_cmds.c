@@ -22,22 +22,23 @@ struct ctl_opts {
   int64_t timeout_ms; /* -1 = none */
 };
 
+/* SPOTD_SOCKET (inside the trainer), else spotd's own default
+ * (spot_default_socket: $RUNTIME_DIRECTORY/spotd.sock, else ./spotd.sock);
+ * outside a service with no ./spotd.sock, the service's socket. */
 static const char *
 default_socket(void)
 {
   const char *s = getenv("SPOTD_SOCKET");
-  static char buf[sizeof(((struct sockaddr_un *)0)->sun_path)];
+  static char *def;
 
   if (s != NULL && s[0] != '\0')
     return s;
-  s = getenv("RUNTIME_DIRECTORY");
-  if (s != NULL && s[0] != '\0') {
-    snprintf(buf, sizeof(buf), "%s/spotd.sock", s);
-    return buf;
-  }
-  if (access("/run/spotd/spotd.sock", F_OK) == 0)
+  if (def == NULL && spot_default_socket(&def) < 0)
+    return SPOT_SOCKET_FALLBACK;
+  if (getenv(SPOT_SOCKET_ENV) == NULL && access(def, F_OK) != 0 &&
+      access("/run/spotd/spotd.sock", F_OK) == 0)
     return "/run/spotd/spotd.sock";
-  return "./spotd.sock";
+  return def;
 }
 
 static int

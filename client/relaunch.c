@@ -59,6 +59,7 @@
 #include <openssl/evp.h>
 
 #include "relaunch_cloud.h"
+#include "child.h"
 #include "spotctl.h"
 #include "util.h"
 
@@ -238,12 +239,6 @@ child_exec(struct relaunch *r, char *const argv[], const char *path, int out_fd)
   struct sigaction sa;
 
   setpgid(0, 0);
-  /* exec: the command does not outlive us (spotd SIGKILLs a relaunch
-   * step that overruns its own limit). scontrol is left to finish: a
-   * release must not die with us when Slurm kills the job. */
-  if (r->backend == BACKEND_EXEC &&
-      (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != r->pid))
-    _exit(127);
   memset(&sa, 0, sizeof(sa));
   sa.sa_handler = SIG_DFL;
   for (size_t i = 0; i < SPOT_ARRAY_SIZE(reset); i++)
@@ -253,6 +248,21 @@ child_exec(struct relaunch *r, char *const argv[], const char *path, int out_fd)
     if (dup2(out_fd, STDOUT_FILENO) < 0 || dup2(out_fd, STDERR_FILENO) < 0)
       _exit(127);
   }
+  if (r->backend == BACKEND_EXEC) {
+    /* lib/child.c, as spotd's children: the command does not outlive us
+     * (spotd SIGKILLs a relaunch step that overruns its own limit), gets
+     * no descriptor above 2 and none of the service manager's
+     * variables. */
+    struct spot_child_exec x = {
+        .parent = r->pid, .pdeath_signal = SIGTERM, .guard = false};
+    struct spot_env env;
+
+    if (spot_env_init(&env, true) < 0)
+      _exit(127);
+    spot_child_exec(argv, env.v, &x);
+  }
+  /* scontrol is left to finish: a release must not die with us when
+   * Slurm kills the job. */
   if (path != NULL)
     execv(path, argv);
   else

@@ -18,8 +18,8 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
-#include "log.h"
 #include "jobfrom.h"
+#include "log.h"
 #include "spot-config.h"
 #include "spotd.h"
 #include "util.h"
@@ -39,23 +39,6 @@ static const struct option extra_opts[] = {
     {"version", no_argument, NULL, OPT_VERSION},
     {"print-config-example", no_argument, NULL, OPT_EXAMPLE},
 };
-
-static struct spotd *the_daemon; /* for sd_notify from anywhere */
-
-void
-spotd_notify(struct spotd *d, const char *fmt, ...)
-{
-  char msg[512];
-  va_list ap;
-
-  (void)d;
-  if (getenv("NOTIFY_SOCKET") == NULL)
-    return;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
-  sd_notify(0, msg);
-}
 
 static void
 usage(FILE *f)
@@ -84,9 +67,15 @@ usage(FILE *f)
     fputs(spot_buf_str(&b), f);
   spot_buf_fini(&b);
   fprintf(f, "\nThe trainer gets SPOTD_CKPT_DIR, SPOTD_RESUME_DIR (after a "
-             "restore),\nSPOTD_JOB, SPOTD_SOCKET and SPOTD_RESTART_COUNT. "
-             "Exit status: the trainer's,\n75 after a handled preemption, 1 "
-             "on spotd's own errors.\n");
+             "restore),\nSPOTD_JOB, SPOTD_SOCKET and SPOTD_RESTART_COUNT; it "
+             "starts with the checkpoint\nsignal ignored, in its own session, "
+             "without spotd's systemd variables.\n"
+             "Exit status: the trainer's; 0 after SIGTERM with the final "
+             "checkpoint committed;\n75 after a handled preemption (a "
+             "committed checkpoint to resume from); 76 after\na notice with "
+             "nothing committed; 128+N after signal N without a final commit;"
+             "\n1 on spotd's own errors or when the last checkpoint could not "
+             "be committed.\n");
 }
 
 static void
@@ -129,7 +118,6 @@ run_daemon(struct spot_config *cfg, char **argv)
   int r;
 
   memset(&d, 0, sizeof(d));
-  the_daemon = &d;
   d.cfg = cfg;
   d.argv = argv;
   r = uv_loop_init(&loop);
@@ -184,8 +172,75 @@ run_daemon(struct spot_config *cfg, char **argv)
     return 70;
   }
   free(d.journal_dir);
+  free(d.ckpt_dir);
+  free(d.restore.probe_key);
   log_info("exit status %d", d.exit_code);
   return d.exit_code < 0 ? 1 : d.exit_code;
+}
+
+static void
+print_example(void)
+{
+  struct spot_buf b;
+
+  spot_buf_init(&b, 1 << 20);
+  spot_config_write_example(&b);
+  fputs(spot_buf_str(&b), stdout);
+  spot_buf_fini(&b);
+}
+
+/* The command line into cfg. Returns -1 to go on, else an exit status. */
+static int
+parse_options(int argc, char **argv, struct spot_config *cfg,
+              const char **config_path, bool *check)
+{
+  struct option opts[SPOT_CONFIG_MAX_KEYS + 8];
+  char err[8192];
+  int c;
+
+  if (spot_config_build_options(opts, SPOT_ARRAY_SIZE(opts), extra_opts,
+                                SPOT_ARRAY_SIZE(extra_opts)) < 0) {
+    fprintf(stderr, "spotd: internal: option table too small\n");
+    return 1;
+  }
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "+c:nh", opts, NULL)) != -1) {
+    const char *key = spot_config_option_key(c);
+
+    if (key != NULL) {
+      if (spot_config_set(cfg, key, optarg, err, sizeof(err)) < 0) {
+        fprintf(stderr, "spotd: %s\n", err);
+        return 2;
+      }
+      continue;
+    }
+    switch (c) {
+    case OPT_CONFIG:
+      *config_path = optarg;
+      break;
+    case OPT_CHECK:
+      *check = true;
+      break;
+    case OPT_HELP:
+      usage(stdout);
+      return 0;
+    case OPT_VERSION:
+      printf("spotd %s\n", SPOT_VERSION);
+      return 0;
+    case OPT_EXAMPLE:
+      print_example();
+      return 0;
+    default:
+      if (optopt != 0 && optopt < 0x100)
+        fprintf(stderr, "spotd: unknown option '-%c'\n", optopt);
+      else
+        fprintf(stderr, "spotd: unknown option or missing value: '%s'\n",
+                argv[optind - 1]);
+      fprintf(stderr, "Try 'spotd --help'.\n");
+      return 2;
+    }
+  }
+  return -1;
 }
 
 /* --job-from: job and store, when not given, from the instance's own
@@ -217,17 +272,73 @@ job_from(struct spot_config *cfg)
   return r;
 }
 
+/* The config file, then validation. -1 to go on, else an exit status. */
+static int
+load_config(struct spot_config *cfg, const char *config_path, int argc,
+            char **argv, bool run, bool check)
+{
+  char err[8192];
+
+  if (config_path != NULL &&
+      spot_config_load_file(cfg, config_path, err, sizeof(err)) < 0) {
+    fprintf(stderr, "%s\n", err);
+    return 2;
+  }
+  if (optind < argc && strcmp(argv[optind - 1], "--") != 0 && !run) {
+    fprintf(stderr,
+            "spotd: unexpected argument '%s' (the training command "
+            "goes after '--' with 'spotd run')\n",
+            argv[optind]);
+    return 2;
+  }
+  if (job_from(cfg) < 0)
+    return 2;
+  if (spot_config_validate(cfg, optind < argc ? 0 : SPOT_CONFIG_NEED_COMMAND,
+                           err, sizeof(err)) < 0) {
+    fprintf(stderr, "%s\n", err);
+    if (optind >= argc && cfg->command == NULL && !check)
+      fprintf(stderr, "spotd: no training command: use 'spotd run [OPTIONS] "
+                      "-- COMMAND' or 'command =' in the config\n");
+    return 2;
+  }
+  if (check) {
+    printf("configuration OK\n");
+    return 0;
+  }
+  return -1;
+}
+
+/* The command after '--', else the config's command. */
+static int
+run_command(struct spot_config *cfg, int argc, char **argv)
+{
+  char err[8192];
+  char **cmd = NULL;
+  int cmdc = 0, status;
+
+  spot_log_set_level(cfg->log_level);
+  if (optind < argc)
+    return run_daemon(cfg, argv + optind);
+  if (spot_config_split_args(cfg->command, &cmd, &cmdc, err, sizeof(err)) < 0) {
+    fprintf(stderr, "spotd: command: %s\n", err);
+    return 2;
+  }
+  status = run_daemon(cfg, cmd);
+  spot_config_free_args(cmd);
+  return status;
+}
+
 int
 main(int argc, char **argv)
 {
-  struct option opts[SPOT_CONFIG_MAX_KEYS + 8];
   struct spot_config *cfg;
   const char *config_path = NULL;
-  char err[8192];
-  char **cmd = NULL;
-  int cmdc = 0, c, r, status;
   bool check = false, run = false;
+  int status;
 
+  /* The exec shim of lib/io/child.c: spotd re-executed to start a child. */
+  if (argc > 1 && strcmp(argv[1], SPOT_CHILD_SHIM_ARG) == 0)
+    spot_child_shim_main(argc, argv);
   spot_log_init("spotd", SPOT_LOG_INFO);
   /* Credentials and IMDS tokens live in this process's memory: no core
    * dump, no ptrace or /proc/PID/mem|environ for other processes of the
@@ -244,109 +355,11 @@ main(int argc, char **argv)
     fprintf(stderr, "spotd: out of memory\n");
     return 1;
   }
-  r = spot_config_build_options(opts, SPOT_ARRAY_SIZE(opts), extra_opts,
-                                SPOT_ARRAY_SIZE(extra_opts));
-  if (r < 0) {
-    fprintf(stderr, "spotd: internal: option table too small\n");
-    spot_config_free(cfg);
-    return 1;
-  }
-  opterr = 0;
-  while ((c = getopt_long(argc, argv, "+c:nh", opts, NULL)) != -1) {
-    const char *key = spot_config_option_key(c);
-
-    if (key != NULL) {
-      r = spot_config_set(cfg, key, optarg, err, sizeof(err));
-      if (r < 0) {
-        fprintf(stderr, "spotd: %s\n", err);
-        spot_config_free(cfg);
-        return 2;
-      }
-      continue;
-    }
-    switch (c) {
-    case OPT_CONFIG:
-      config_path = optarg;
-      break;
-    case OPT_CHECK:
-      check = true;
-      break;
-    case OPT_HELP:
-      usage(stdout);
-      spot_config_free(cfg);
-      return 0;
-    case OPT_VERSION:
-      printf("spotd %s\n", SPOT_VERSION);
-      spot_config_free(cfg);
-      return 0;
-    case OPT_EXAMPLE: {
-      struct spot_buf b;
-      spot_buf_init(&b, 1 << 20);
-      spot_config_write_example(&b);
-      fputs(spot_buf_str(&b), stdout);
-      spot_buf_fini(&b);
-      spot_config_free(cfg);
-      return 0;
-    }
-    default:
-      if (optopt != 0 && optopt < 0x100)
-        fprintf(stderr, "spotd: unknown option '-%c'\n", optopt);
-      else
-        fprintf(stderr, "spotd: unknown option or missing value: '%s'\n",
-                argv[optind - 1]);
-      fprintf(stderr, "Try 'spotd --help'.\n");
-      spot_config_free(cfg);
-      return 2;
-    }
-  }
-  if (config_path != NULL) {
-    r = spot_config_load_file(cfg, config_path, err, sizeof(err));
-    if (r < 0) {
-      fprintf(stderr, "%s\n", err);
-      spot_config_free(cfg);
-      return 2;
-    }
-  }
-  if (optind < argc && strcmp(argv[optind - 1], "--") != 0 && !run) {
-    fprintf(stderr,
-            "spotd: unexpected argument '%s' (the training command "
-            "goes after '--' with 'spotd run')\n",
-            argv[optind]);
-    spot_config_free(cfg);
-    return 2;
-  }
-  if (job_from(cfg) < 0) {
-    spot_config_free(cfg);
-    return 2;
-  }
-  r = spot_config_validate(cfg, optind < argc ? 0 : SPOT_CONFIG_NEED_COMMAND,
-                           err, sizeof(err));
-  if (r < 0) {
-    fprintf(stderr, "%s\n", err);
-    if (optind >= argc && cfg->command == NULL && !check)
-      fprintf(stderr, "spotd: no training command: use 'spotd run [OPTIONS] "
-                      "-- COMMAND' or 'command =' in the config\n");
-    spot_config_free(cfg);
-    return 2;
-  }
-  if (check) {
-    printf("configuration OK\n");
-    spot_config_free(cfg);
-    return 0;
-  }
-  spot_log_set_level(cfg->log_level);
-  if (optind < argc) {
-    status = run_daemon(cfg, argv + optind);
-  } else {
-    r = spot_config_split_args(cfg->command, &cmd, &cmdc, err, sizeof(err));
-    if (r < 0) {
-      fprintf(stderr, "spotd: command: %s\n", err);
-      spot_config_free(cfg);
-      return 2;
-    }
-    status = run_daemon(cfg, cmd);
-    spot_config_free_args(cmd);
-  }
+  status = parse_options(argc, argv, cfg, &config_path, &check);
+  if (status < 0)
+    status = load_config(cfg, config_path, argc, argv, run, check);
+  if (status < 0)
+    status = run_command(cfg, argc, argv);
   spot_config_free(cfg);
   return status;
 }

@@ -1,17 +1,27 @@
 /* spotd internals: one struct spotd owns every libuv handle of the
- * daemon. Files:
+ * daemon. Files (all but main.c build libspotd, so tests can link the
+ * engine in-process):
  *   main.c     arguments, config, signals, sd_notify, the loop
- *   engine.c   the state machine: restore, launch, checkpoint requests,
- *              uploads, notices, relaunch, stop
- *   trainer.c  the training command: spawn in its own session, signal,
- *              SIGTERM then SIGKILL on a timer
+ *   engine.c   the engine's state machine (enum spotd_state): start,
+ *              notices, drain, stop, exit status, close
+ *   upload.c   checkpoint requests, uploads, the final checkpoint
+ *              (enum final_state)
+ *   restore.c  the startup: credentials, journal resume, restore
+ *              (enum restore_state)
+ *   journal.c  the journal scan: an upload a killed spotd left
+ *   restarts.c the store's RESTARTS counter (SPOTD_RESTART_COUNT)
+ *   relaunch.c the relaunch step (enum relaunch_state, its own timer)
+ *   trainer.c  the training command on lib/io/child.c
  *   watch.c    SPOTD_CKPT_DIR with inotify (uv_fs_event): complete
  *              checkpoint folders
  *   control.c  the control socket (JSON lines, SO_PEERCRED)
+ *   status.c   `spotctl status`
  *
  * Handle lifecycle: every handle is embedded in struct spotd (or a struct
  * it owns); spotd_close() closes them all; uv_run() then returns, the
- * loop then ends and main() requires uv_loop_close() == 0. */
+ * loop then ends and main() requires uv_loop_close() == 0. Once closing,
+ * the engine's state only moves to EXITING and every callback that can
+ * still arrive (a cancelled store operation, a timer) does nothing. */
 #ifndef SPOTD_H
 #define SPOTD_H
 
@@ -21,6 +31,7 @@
 #include <uv.h>
 
 #include "aws.h"
+#include "child.h"
 #include "config.h"
 #include "http.h"
 #include "meta.h"
@@ -32,6 +43,16 @@
 #define SPOTD_NAMES_MAX 64 /* checkpoint folders remembered */
 #define SPOTD_WATCH_MAX 64 /* subfolders watched for SPOTD_COMPLETE */
 #define SPOTD_COMPLETE "SPOTD_COMPLETE"
+
+/* Exit statuses (README "Exit status"). */
+#define SPOTD_EXIT_ERROR 1
+/* A preemption handled: the final checkpoint (or, said in the last line,
+ * an earlier one) is committed: resume later (EX_TEMPFAIL). */
+#define SPOTD_EXIT_PREEMPTED 75
+/* A notice came and no checkpoint of the job is committed at all. */
+#define SPOTD_EXIT_NOTHING_SAVED 76
+/* The training command could not be started. */
+#define SPOTD_EXIT_NO_COMMAND 127
 
 enum spotd_state {
   SPOTD_INIT,
@@ -46,17 +67,37 @@ enum spotd_state {
   SPOTD_STATE_LAST,
 };
 
-struct trainer {
-  struct spotd *d;
-  uv_process_t proc;
-  uv_timer_t kill_timer;
-  bool running;
-  bool proc_open; /* proc needs uv_close */
-  bool stop_sent; /* SIGTERM sent */
-  pid_t pid;
-  uint64_t start_ms;
-  int64_t exit_status; /* -1 while running */
-  int term_signal;
+/* The final checkpoint of a drain. */
+enum final_state {
+  FINAL_NONE,      /* no drain, or no trainer to ask */
+  FINAL_REQUESTED, /* the trainer was asked; no complete folder yet */
+  FINAL_UPLOADING, /* complete; uploading (or waiting for a cancel) */
+  FINAL_COMMITTED,
+  FINAL_ABANDONED, /* given up: the last commit stays */
+  FINAL_STATE_LAST,
+};
+
+/* The startup: journal resume, restore, restart count, then launch. */
+enum restore_state {
+  RESTORE_NONE,
+  RESTORE_CONNECTING, /* credentials */
+  RESTORE_PROBING,    /* the store check: PUT, GET, DELETE a probe */
+  RESTORE_RESUMING,   /* the upload a killed spotd left */
+  RESTORE_RESTORING,
+  RESTORE_COUNTING, /* GET RESTARTS */
+  RESTORE_DONE,
+  RESTORE_FAILED,
+  RESTORE_CANCELLED,
+  RESTORE_STATE_LAST,
+};
+
+enum relaunch_state {
+  RELAUNCH_IDLE,
+  RELAUNCH_RUNNING,
+  RELAUNCH_SUCCEEDED,
+  RELAUNCH_FAILED,
+  RELAUNCH_CANCELLED,
+  RELAUNCH_STATE_LAST,
 };
 
 struct watch_sub {
@@ -73,6 +114,47 @@ struct relaunch_attempt {
   bool ok;
 };
 
+/* Uploads: one at a time, the newest waiting one supersedes others. */
+struct upload {
+  struct spot_store_op *op;
+  char name[256];
+  char waiting[256];
+  uint64_t log_ms; /* last progress line, ms into the upload */
+  uint64_t done_bytes, total_bytes;
+  double rate;
+  double last_bps; /* raw bytes/s of the last push */
+  uint64_t last_raw;
+  char failed[256]; /* the newest upload that failed after the last commit */
+};
+
+struct final_ckpt {
+  enum final_state state;
+  char name[256];
+};
+
+struct restore_op {
+  enum restore_state state;
+  struct spot_store_op *op; /* the restore or the journal resume */
+  struct spot_s3_op *s3op;  /* a probe request */
+  char *probe_key;
+  struct spot_buf probe_body;
+};
+
+struct restarts {
+  int64_t count;        /* SPOTD_RESTART_COUNT */
+  bool fetched;         /* count is the store's + 1: record it at launch */
+  struct spot_buf body; /* GET ROOT/RESTARTS */
+  char buf[32];         /* PUT ROOT/RESTARTS: lives until done */
+};
+
+struct relaunch_step {
+  enum relaunch_state state;
+  struct spot_child child;
+  uv_timer_t timer; /* its own time limit */
+  struct relaunch_attempt attempts[SPOT_PROTO_MAX_RELAUNCH];
+  size_t n;
+};
+
 struct ctl_conn;
 
 struct spotd {
@@ -80,7 +162,8 @@ struct spotd {
   struct spot_config *cfg;
   char **argv; /* the training command */
   enum spotd_state state;
-  int exit_code;
+  int exit_code;   /* -1 until decided */
+  int stop_signal; /* the SIGTERM/SIGINT that started a drain */
 
   /* S3 and the store */
   struct spot_http *http;
@@ -97,14 +180,15 @@ struct spotd {
   uint64_t deadline_mono; /* 0 = none */
   int64_t deadline_wall;
   bool drain_sigterm; /* draining because of SIGTERM/SIGINT, no relaunch */
+  uv_timer_t deadline_timer; /* the drain's deadline */
 
   /* the trainer and its checkpoints */
-  struct trainer trainer;
-  int64_t restart_count;
-  struct spot_buf restart_body; /* GET ROOT/RESTARTS */
-  char restart_buf[32];         /* PUT ROOT/RESTARTS: lives until done */
+  struct spot_child trainer;
+  bool trainer_started;
+  struct restore_op restore;
+  struct restarts restarts;
   char resume_dir[4200];
-  char *ckpt_dir;
+  char *ckpt_dir;    /* absolute */
   char *journal_dir; /* CKPT_DIR/.spotd-journal: uploads in progress */
 
   /* checkpoint requests */
@@ -122,29 +206,14 @@ struct spotd {
   size_t nknown;
   uint64_t start_wall_ms;
 
-  /* uploads: one at a time, the newest waiting one supersedes others */
-  struct spot_store_op *upload;
-  char upload_name[256];
-  uint64_t upload_log_ms; /* last progress line, ms into the upload */
-  uint64_t upload_done_bytes, upload_total_bytes;
-  double upload_rate;
-  char waiting[256];
-  bool final_pending; /* the drain's checkpoint is waited for or uploading */
-  char final_name[256];
-  bool final_committed;
-  double last_upload_bps; /* raw bytes/s of the last push */
-  uint64_t last_upload_raw;
+  struct upload up;
+  struct final_ckpt final;
 
   /* last commit */
   char last_commit[256];
   int64_t last_commit_wall;
 
-  /* relaunch */
-  uv_process_t relaunch_proc;
-  bool relaunch_running;
-  uv_timer_t relaunch_timer;
-  struct relaunch_attempt relaunches[SPOT_PROTO_MAX_RELAUNCH];
-  size_t nrelaunch;
+  struct relaunch_step relaunch;
 
   /* warnings for status */
   char warnings[SPOT_PROTO_MAX_WARNINGS][256];
@@ -172,27 +241,73 @@ struct spotd {
 
 /* engine.c */
 int spotd_start(struct spotd *d);
-void spotd_set_state(struct spotd *d, enum spotd_state s);
+/* The only way the engine's state changes: logs it, tells systemd, and
+ * refuses (false, logged) a transition the table does not allow; once
+ * closing only EXITING is allowed. */
+bool spotd_set_state(struct spotd *d, enum spotd_state s);
 const char *spotd_state_name(enum spotd_state s);
 void spotd_warn(struct spotd *d, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void spotd_on_signal(struct spotd *d, int signum);
+/* Something the engine waits on changed: move on if it can. */
+void spotd_advance(struct spotd *d);
+/* The startup is done: start the trainer (or not, after a notice). */
+void spotd_launch(struct spotd *d);
+/* A fatal error: exit status, one line already logged, close. */
+void spotd_fail(struct spotd *d, int exit_code);
+void spotd_trainer_exited(struct spotd *d);
+void spotd_close(struct spotd *d);
+/* Milliseconds to the drain's deadline (UINT64_MAX: none). */
+uint64_t spotd_ms_left(const struct spotd *d);
+json_t *spotd_status_json(struct spotd *d);
+
+/* upload.c: checkpoint requests, uploads, the final checkpoint rule */
 void spotd_request_checkpoint(struct spotd *d, const char *why);
 /* A complete checkpoint folder appeared (watch.c or `spotctl done`).
  * Returns 0, or -EINVAL / -ENOENT with a reason for `done`. */
 int spotd_checkpoint_complete(struct spotd *d, const char *name);
-void spotd_trainer_exited(struct spotd *d);
-void spotd_close(struct spotd *d);
-json_t *spotd_status_json(struct spotd *d);
-/* `checkpoint --wait` waiters are told when a commit lands or fails. */
-void spotd_notify_commit(struct spotd *d, const char *name, int err,
-                         const char *msg);
+bool upload_idle(const struct spotd *d);
+void upload_cancel_all(struct spotd *d);
+const char *final_state_name(enum final_state s);
+/* The drain starts: ask the running trainer for its final checkpoint. */
+void final_begin(struct spotd *d, const char *reason);
+/* The drain must still wait (for the final checkpoint or an upload). */
+bool final_wait(struct spotd *d);
+/* The deadline (or the checkpoint timeout) passed. */
+void final_give_up(struct spotd *d, const char *why);
+void final_deadline(struct spotd *d);
+
+/* restore.c */
+int restore_start(struct spotd *d);
+/* The store check ended (0, or negative errno: already logged). */
+void restore_probed(struct spotd *d, int err);
+
+/* probe.c: the store check; restore_probed() follows. */
+void probe_start(struct spotd *d);
+const char *restore_state_name(enum restore_state s);
+
+/* journal.c: the newest complete checkpoint a killed spotd was uploading
+ * (its journal), into name; false when there is none. */
+bool journal_find(struct spotd *d, char *name, size_t size);
+
+/* restarts.c */
+/* GET RESTARTS, then restore_counted(). */
+void restarts_fetch(struct spotd *d);
+void restore_counted(struct spotd *d);
+/* The trainer started: PUT the count. */
+void restarts_record(struct spotd *d);
+
+/* relaunch.c */
+/* 0 when the step runs (spotd_relaunch_done() follows), <0 otherwise. */
+int relaunch_start(struct spotd *d);
+void relaunch_close(struct spotd *d);
+const char *relaunch_state_name(enum relaunch_state s);
 
 /* trainer.c */
-int trainer_start(struct trainer *t, struct spotd *d);
-int trainer_signal(struct trainer *t, int signum, bool group);
-void trainer_stop(struct trainer *t, uint64_t grace_ms);
-void trainer_close(struct trainer *t);
+int trainer_start(struct spotd *d);
+bool trainer_running(const struct spotd *d);
+int trainer_signal(struct spotd *d, int signum);
+void trainer_stop(struct spotd *d, uint64_t grace_ms);
 
 /* watch.c */
 int watch_start(struct spotd *d);
@@ -207,7 +322,7 @@ void control_close(struct spotd *d);
 void control_commit_event(struct spotd *d, const char *name, int err,
                           const char *msg);
 
-/* main.c */
+/* engine.c: sd_notify when NOTIFY_SOCKET is set */
 void spotd_notify(struct spotd *d, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

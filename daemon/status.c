@@ -34,11 +34,11 @@ spotd_status_json(struct spotd *d)
       st.notice.seconds_left =
           d->deadline_mono > now ? (int64_t)(d->deadline_mono - now) / 1000 : 0;
   }
-  if (d->trainer.running) {
+  if (trainer_running(d)) {
     st.has_trainer = true;
     st.trainer.pid = d->trainer.pid;
     st.trainer.uptime_s = (int64_t)(now - d->trainer.start_ms) / 1000;
-    st.trainer.restart_count = d->restart_count;
+    st.trainer.restart_count = d->restarts.count;
   }
   if (d->last_commit[0] != '\0') {
     st.has_last_commit = true;
@@ -47,17 +47,18 @@ spotd_status_json(struct spotd *d)
     st.last_commit.time = commit_time;
     st.last_commit.age_s = (spot_now_wall_ms() - d->last_commit_wall) / 1000;
   }
-  if (d->upload != NULL && d->upload_name[0] != '\0') {
+  if (d->up.op != NULL && d->up.name[0] != '\0') {
+    const struct upload *u = &d->up;
+
     st.has_upload = true;
-    st.upload.name = d->upload_name;
-    st.upload.bytes_done = d->upload_done_bytes;
-    st.upload.bytes_total = d->upload_total_bytes;
-    st.upload.rate = d->upload_rate;
+    st.upload.name = u->name;
+    st.upload.bytes_done = u->done_bytes;
+    st.upload.bytes_total = u->total_bytes;
+    st.upload.rate = u->rate;
     st.upload.eta_s = -1;
-    if (d->upload_rate > 0 && d->upload_total_bytes >= d->upload_done_bytes)
+    if (u->rate > 0 && u->total_bytes >= u->done_bytes)
       st.upload.eta_s =
-          (int64_t)((double)(d->upload_total_bytes - d->upload_done_bytes) /
-                    d->upload_rate);
+          (int64_t)((double)(u->total_bytes - u->done_bytes) / u->rate);
   }
   for (size_t i = 0;
        i < d->nwarnings && st.n_warnings < SPOT_PROTO_MAX_WARNINGS; i++)
@@ -65,13 +66,15 @@ spotd_status_json(struct spotd *d)
   mw = d->meta != NULL ? spot_meta_warning(d->meta) : NULL;
   if (mw != NULL && st.n_warnings < SPOT_PROTO_MAX_WARNINGS)
     st.warnings[st.n_warnings++] = mw;
-  for (size_t i = 0; i < d->nrelaunch; i++) {
-    spot_rfc3339_format(d->relaunches[i].wall_ms, rtimes[i], sizeof(rtimes[i]));
+  for (size_t i = 0; i < d->relaunch.n; i++) {
+    const struct relaunch_attempt *a = &d->relaunch.attempts[i];
+
+    spot_rfc3339_format(a->wall_ms, rtimes[i], sizeof(rtimes[i]));
     st.relaunch[i].time = rtimes[i];
-    st.relaunch[i].reason = d->relaunches[i].reason;
-    st.relaunch[i].exit_status = d->relaunches[i].exit_status;
-    st.relaunch[i].ok = d->relaunches[i].ok;
+    st.relaunch[i].reason = a->reason;
+    st.relaunch[i].exit_status = a->exit_status;
+    st.relaunch[i].ok = a->ok;
   }
-  st.n_relaunch = d->nrelaunch;
+  st.n_relaunch = d->relaunch.n;
   return spot_proto_status_to_json(&st);
 }

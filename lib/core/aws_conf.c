@@ -27,20 +27,7 @@
 #define TOKEN_MAX 8192
 #define IMDS_JSON_MAX (64 * 1024)
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void
-set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-  va_list ap;
-
-  if (err == NULL || errlen == 0)
-    return;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
+#define set_err spot_set_err
 
 /* A user-supplied, non-secret value shown in a message: at most 40
  * characters, non-printable bytes as '?'. */

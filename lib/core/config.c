@@ -306,11 +306,9 @@ fail(char *err, size_t errlen, const char *fmt, ...)
 {
   va_list ap;
 
-  if (err != NULL && errlen > 0) {
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
+  va_start(ap, fmt);
+  spot_vset_err(err, errlen, fmt, ap);
+  va_end(ap);
   return -EINVAL;
 }
 
@@ -1185,22 +1183,14 @@ default_path(struct spot_config *cfg, const char *key, const char *env,
 {
   size_t idx = key_index(key);
   char **field = (char **)(void *)((char *)cfg + keys[idx].off);
-  const char *dir = getenv(env);
   char *v;
 
   /* Recomputed on each call while it is a default: the environment may
    * have changed since. */
   if (*field != NULL && cfg->origin_[idx] != SPOT_CONFIG_ORIGIN_DEFAULT)
     return 0;
-  if (dir != NULL && *dir != '\0') {
-    size_t n = strcspn(dir, ":");
-    if (asprintf(&v, "%.*s/%s", (int)n, dir, leaf) < 0)
-      return -ENOMEM;
-  } else {
-    v = strdup(fallback);
-    if (v == NULL)
-      return -ENOMEM;
-  }
+  if (spot_default_path(env, leaf, fallback, &v) < 0)
+    return -ENOMEM;
   free(*field);
   *field = v;
   cfg->origin_[idx] = SPOT_CONFIG_ORIGIN_DEFAULT;
@@ -1282,8 +1272,8 @@ spot_config_validate(struct spot_config *cfg, unsigned flags, char *err,
   }
   if (default_path(cfg, "ckpt-dir", "STATE_DIRECTORY", "ckpt", "./spotd-ckpt") <
           0 ||
-      default_path(cfg, "socket", "RUNTIME_DIRECTORY", "spotd.sock",
-                   "./spotd.sock") < 0) {
+      default_path(cfg, "socket", SPOT_SOCKET_ENV, SPOT_SOCKET_LEAF,
+                   SPOT_SOCKET_FALLBACK) < 0) {
     errs_finish(&e);
     return -ENOMEM;
   }

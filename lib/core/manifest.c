@@ -21,20 +21,7 @@
 /* where-strings like "files[999999].frames[9999]" */
 #define WHERE_MAX 64
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void
-set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-  va_list ap;
-
-  if (err && errlen > 0) {
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-}
+#define set_err spot_set_err
 
 /* fail(err, errlen, r, fmt, ...) writes the message and evaluates to r.
  * A macro so that r shows at the call: the static analyzer does not step

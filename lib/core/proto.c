@@ -39,11 +39,9 @@ fail(int r, char *err, size_t errlen, const char *fmt, ...)
 {
   va_list ap;
 
-  if (err != NULL && errlen > 0) {
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
+  va_start(ap, fmt);
+  spot_vset_err(err, errlen, fmt, ap);
+  va_end(ap);
   return r;
 }
 

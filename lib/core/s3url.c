@@ -1,5 +1,6 @@
 /* s3:// URL parsing and job id rules. Pure: no I/O, no globals. */
 #include "s3url.h"
+#include "util.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -8,17 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void __attribute__((format(printf, 3, 4)))
-set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-  va_list ap;
-
-  if (err != NULL && errlen > 0) {
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-}
+#define set_err spot_set_err
 
 /* fail(err, errlen, fmt, ...) writes the message and evaluates to -EINVAL.
  * A macro so that the -EINVAL shows at the call: the static analyzer does

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <ftw.h>
+#include <stdarg.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -336,4 +337,49 @@ void
 spot_rm_tree(const char *path)
 {
   nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+void
+spot_set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+  va_list ap;
+
+  va_start(ap, fmt);
+  spot_vset_err(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+void
+spot_vset_err(char *err, size_t errlen, const char *fmt, va_list ap)
+{
+  if (err != NULL && errlen > 0)
+    vsnprintf(err, errlen, fmt, ap);
+}
+
+int
+spot_default_path(const char *env, const char *leaf, const char *fallback,
+                  char **out)
+{
+  const char *dir = getenv(env);
+  char *v;
+
+  if (dir != NULL && *dir != '\0') {
+    size_t n = strcspn(dir, ":");
+
+    if (asprintf(&v, "%.*s/%s", (int)n, dir, leaf) < 0)
+      return -ENOMEM;
+  } else {
+    v = strdup(fallback);
+    if (v == NULL)
+      return -ENOMEM;
+  }
+  *out = v;
+  return 0;
+}
+
+int
+spot_default_socket(char **out)
+{
+  return spot_default_path(SPOT_SOCKET_ENV, SPOT_SOCKET_LEAF,
+                           SPOT_SOCKET_FALLBACK, out);
 }

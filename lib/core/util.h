@@ -2,6 +2,7 @@
 #ifndef SPOT_UTIL_H
 #define SPOT_UTIL_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
@@ -57,6 +58,23 @@ void spot_rm_tree(const char *path);
  * SPOT_ESCAPE_SIZE(n) fits the escape of n bytes. */
 #define SPOT_ESCAPE_SIZE(n) (4 * (n) + 1)
 const char *spot_escape(const char *src, char *dst, size_t size);
+/* Writes fmt into err (when err is not NULL and errlen > 0): the one
+ * helper behind every "(char *err, size_t errlen)" out-parameter. */
+void spot_set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void spot_vset_err(char *err, size_t errlen, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
+
+/* $ENV/LEAF (the first folder of a colon-separated systemd list such as
+ * RUNTIME_DIRECTORY), else fallback; malloc'd into *out. */
+int spot_default_path(const char *env, const char *leaf, const char *fallback,
+                      char **out);
+/* The control socket's default, the same for spotd and spotctl:
+ * $RUNTIME_DIRECTORY/spotd.sock, else ./spotd.sock. */
+#define SPOT_SOCKET_ENV "RUNTIME_DIRECTORY"
+#define SPOT_SOCKET_LEAF "spotd.sock"
+#define SPOT_SOCKET_FALLBACK "./spotd.sock"
+int spot_default_socket(char **out);
 
 /* Human-readable byte counts ("1.5 GiB") into buf. */
 const char *spot_fmt_bytes(uint64_t n, char *buf, size_t size);

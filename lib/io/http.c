@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 
 #include "log.h"
 #include "util.h"
@@ -303,6 +304,17 @@ spot_http_loop(const struct spot_http *h)
   return h->loop;
 }
 
+/* Every socket curl opens is close-on-exec: no child of spotd or spotctl
+ * inherits a connection (children also close every descriptor above 2,
+ * lib/io/child.c). */
+static curl_socket_t
+open_socket_cb(void *clientp, curlsocktype purpose, struct curl_sockaddr *a)
+{
+  (void)clientp;
+  (void)purpose;
+  return socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+}
+
 int
 spot_http_add(struct spot_http *h, CURL *easy, spot_http_done_cb cb, void *data)
 {
@@ -315,6 +327,9 @@ spot_http_add(struct spot_http *h, CURL *easy, spot_http_done_cb cb, void *data)
     return -EINVAL;
   if (find_xfer(h, easy) != NULL)
     return -EALREADY;
+  if (curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, open_socket_cb) !=
+      CURLE_OK)
+    return -EINVAL;
   x = calloc(1, sizeof(*x));
   if (x == NULL)
     return -ENOMEM;

@@ -97,10 +97,27 @@ class Checks:
 # against the test S3 server, read the store independently with boto3,
 # make checkpoint-like files, compare folders.
 
+_FAKE_S3 = None
+
+
 def store_env():
     """Skips without a server; returns (endpoint, bucket) and sets the
     variables spotctl and boto3 need. The EC2 metadata lookup is disabled:
-    169.254.169.254 is not loopback and must never be contacted."""
+    169.254.169.254 is not loopback and must never be contacted.
+
+    With SPOT_TEST_FAKE_S3=1 the server is fakes3.FakeS3 in this process
+    (loopback, in memory): the quick loop of the daemon's state-machine
+    tests, which do not need S3 semantics (README "Tests")."""
+    global _FAKE_S3
+    if os.environ.get("SPOT_TEST_FAKE_S3") == "1" and _FAKE_S3 is None:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import fakes3
+        _FAKE_S3 = fakes3.FakeS3("spotd-test")
+        os.environ.pop("AWS_ENDPOINT_URL_S3", None)
+        os.environ.update(SPOT_TEST_S3_ENDPOINT=_FAKE_S3.url,
+                          SPOT_TEST_S3_BUCKET=_FAKE_S3.bucket,
+                          AWS_ACCESS_KEY_ID="fake", AWS_SECRET_ACCESS_KEY="fake",
+                          AWS_REGION="us-east-1")
     endpoint, bucket = need_env("SPOT_TEST_S3_ENDPOINT", "SPOT_TEST_S3_BUCKET")
     os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
     os.environ["AWS_ENDPOINT_URL"] = endpoint
@@ -607,3 +624,56 @@ def read_jsonl(path):
             return [_json.loads(l) for l in f if l.strip()]
     except FileNotFoundError:
         return []
+
+
+# --------------------------------------------------------------- fake S3
+# The daemon's state-machine tests run against tests/integration/fakes3.py
+# (in-memory, loopback, seconds) instead of Ceph.
+
+def fake_store(test):
+    """(server, store_url, job, job_key_prefix) on a fresh FakeS3; pass
+    env=server.env() to Daemon and spotctl."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import fakes3
+    server = fakes3.FakeS3()
+    prefix = "itest-fake/%s" % test
+    return server, "s3://%s/%s" % (server.bucket, prefix), "job", prefix + "/job/"
+
+
+def states(d):
+    """The engine's states in the order spotd entered them (its
+    "state A -> B" lines)."""
+    return [l.split(" -> ")[1].strip() for l in d.err.matching(r"state \S+ -> \S+$")]
+
+
+ORDER = ["connecting", "restoring", "running", "draining", "relaunching",
+         "stopping", "finishing", "exiting"]
+
+
+def forward_only(seq):
+    """True when seq (from states()) never goes back in ORDER."""
+    idx = [ORDER.index(s) for s in seq if s in ORDER]
+    return idx == sorted(idx) and len(idx) == len(seq)
+
+
+def wait_state(d, state, timeout=20):
+    """Polls `spotctl status --json` until its state is state: the status
+    dict, or None."""
+    end = _time.time() + timeout
+    while _time.time() < end and d.running():
+        cp = d.spotctl("status", "--json", timeout=10)
+        if cp.returncode == 0:
+            st = _json.loads(cp.stdout)
+            if st.get("state") == state:
+                return st
+        _time.sleep(0.05)
+    return None
+
+
+def pid_gone(pid):
+    """True when pid no longer runs (or is a zombie)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(") ", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True

@@ -119,7 +119,8 @@ def scenario(c, tmp, case, train_args, ref, ref_losses):
         c.check(len(hooks) == 1 and hooks[0].get("SPOTD_CHECKPOINT") == FIRST,
                 tag + "relaunched with the previous checkpoint %s" % FIRST,
                 repr(hooks))
-        want = (r"the trainer did not checkpoint before the deadline"
+        want = (r"the trainer did not complete a final checkpoint before the "
+                r"deadline"
                 if case == "deadline" else
                 r"the trainer exited without a final checkpoint")
         c.check(node.d.err.matching(want), tag + "spotd says: " + want,

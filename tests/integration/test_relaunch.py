@@ -377,7 +377,7 @@ while step < 600:
 
 
 def run_daemon(name, relaunch_cmd, env_extra=None):
-    """spotd with a notice 1 s after start; returns (rc, log, root, ckpt)."""
+    """spotd with a notice 3 s after start; returns (rc, log, root, ckpt)."""
     url, root = spotlib.unique_job("relaunch-" + name)
     store, job = url.rsplit("/", 1)
     work = os.path.join(TMP, "d-" + name)
@@ -385,7 +385,8 @@ def run_daemon(name, relaunch_cmd, env_extra=None):
     trainer = os.path.join(work, "trainer.py")
     with open(trainer, "w") as f:
         f.write(TRAINER)
-    emu = metalib.Emulator("aws", "--notice-after", "1")
+    # (startup includes the store check: a few round trips to Ceph)
+    emu = metalib.Emulator("aws", "--notice-after", "3")
     env = base_env(AWS_ENDPOINT_URL=os.environ["SPOT_TEST_S3_ENDPOINT"],
                    PATH=os.path.dirname(SPOTCTL) + ":" + os.environ["PATH"])
     for k in list(env):
@@ -420,8 +421,8 @@ def test_daemon():
     try:
         c.check(ckpt is not None, "daemon: the final checkpoint is committed", log)
         c.check("not inside a Slurm job" in log and
-                re.search(r"relaunch step failed with status 1 \(the checkpoint "
-                          r"stays committed\)", log) is not None,
+                re.search(r"relaunch step failed with status 1 \(checkpoint "
+                          r"\S+ stays committed\)", log) is not None,
                 "daemon: its log says the relaunch failed, and why", log)
         if ckpt:
             latest = spotlib.s3_get(root + "LATEST").decode().strip()

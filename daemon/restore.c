@@ -1,0 +1,291 @@
+/* The startup, one operation (struct restore_op, enum restore_state):
+ *
+ *   CONNECTING  credentials and the S3 client
+ *   PROBING     the store check (probe.c): write, read, delete under the
+ *               job root, or exit 1 with one line
+ *   RESUMING    a push a killed spotd left (journal.c), finished first so
+ *               the restore brings the newest checkpoint back
+ *   RESTORING   the newest committed checkpoint into CKPT_DIR/NAME
+ *   COUNTING    the store's RESTARTS (restarts.c)
+ *   DONE        then spotd_launch(); or FAILED (exit 1) or CANCELLED
+ *
+ * Once spotd is closing (a signal during the startup), every callback of
+ * this operation only records CANCELLED: the exit status the signal set
+ * stays. */
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "spotd.h"
+#include "util.h"
+
+static const char *const names[] = {
+    [RESTORE_NONE] = "none",           [RESTORE_CONNECTING] = "connecting",
+    [RESTORE_PROBING] = "probing",     [RESTORE_RESUMING] = "resuming",
+    [RESTORE_RESTORING] = "restoring", [RESTORE_COUNTING] = "counting",
+    [RESTORE_DONE] = "done",           [RESTORE_FAILED] = "failed",
+    [RESTORE_CANCELLED] = "cancelled",
+};
+_Static_assert(SPOT_ARRAY_SIZE(names) == RESTORE_STATE_LAST, "names");
+
+#define B(s) (1u << (s))
+static const unsigned legal[RESTORE_STATE_LAST] = {
+    [RESTORE_NONE] = B(RESTORE_CONNECTING),
+    [RESTORE_CONNECTING] = B(RESTORE_PROBING) | B(RESTORE_FAILED),
+    [RESTORE_PROBING] = B(RESTORE_RESUMING) | B(RESTORE_RESTORING) |
+                        B(RESTORE_DONE) | B(RESTORE_FAILED),
+    [RESTORE_RESUMING] = B(RESTORE_RESTORING) | B(RESTORE_DONE),
+    [RESTORE_RESTORING] =
+        B(RESTORE_COUNTING) | B(RESTORE_DONE) | B(RESTORE_FAILED),
+    [RESTORE_COUNTING] = B(RESTORE_DONE),
+};
+
+const char *
+restore_state_name(enum restore_state s)
+{
+  return (unsigned)s < RESTORE_STATE_LAST ? names[s] : "?";
+}
+
+static bool
+set_state(struct spotd *d, enum restore_state s)
+{
+  struct restore_op *o = &d->restore;
+
+  if (o->state == s)
+    return true;
+  /* Closing: whatever was running ends as CANCELLED, from any state. */
+  if (s != RESTORE_CANCELLED && (legal[o->state] & B(s)) == 0) {
+    log_err("internal: startup %s -> %s refused", restore_state_name(o->state),
+            restore_state_name(s));
+    return false;
+  }
+  log_debug("startup %s -> %s", restore_state_name(o->state),
+            restore_state_name(s));
+  o->state = s;
+  return true;
+}
+
+/* A callback of this operation after close: record it, do nothing. */
+static bool
+cancelled(struct spotd *d)
+{
+  d->restore.op = NULL;
+  if (!d->closing)
+    return false;
+  set_state(d, RESTORE_CANCELLED);
+  return true;
+}
+
+static void
+fail(struct spotd *d)
+{
+  set_state(d, RESTORE_FAILED);
+  spotd_fail(d, SPOTD_EXIT_ERROR);
+}
+
+static void
+done(struct spotd *d)
+{
+  set_state(d, RESTORE_DONE);
+  spotd_launch(d);
+}
+
+void
+restore_counted(struct spotd *d)
+{
+  if (d->closing)
+    return;
+  done(d);
+}
+
+/* The restored folder becomes CKPT_DIR/NAME; SPOTD_RESUME_DIR points at
+ * it (multi-node: at its rank-N subfolder), absolute. */
+static int
+place(struct spotd *d, const struct spot_store_result *res)
+{
+  char tmp[4300], dst[4300], mine[4400];
+
+  snprintf(tmp, sizeof(tmp), "%s/.spotd-resume", d->ckpt_dir);
+  snprintf(dst, sizeof(dst), "%s/%s", d->ckpt_dir, res->name);
+  if (access(dst, F_OK) == 0)
+    spot_rm_tree(dst);
+  if (rename(tmp, dst) < 0) {
+    log_err("restore: moving %s to %s: %s", tmp, dst, strerror(errno));
+    return -errno;
+  }
+  log_info("restored checkpoint %s into %s (%" PRIu64 " bytes in %.1f s)",
+           res->name, dst, res->raw_bytes, (double)res->elapsed_ms / 1000.0);
+  if (d->store.nranks > 1) {
+    /* Multi-node: every node restores the whole checkpoint (simple; the
+     * other ranks' files are there too) and its trainer resumes from its
+     * own rank's folder. */
+    snprintf(mine, sizeof(mine), "%s/rank-%u", dst, d->store.rank);
+    if (strlen(mine) < sizeof(d->resume_dir) && access(mine, F_OK) == 0)
+      spot_strlcpy(d->resume_dir, mine, sizeof(d->resume_dir));
+    else
+      log_warn("checkpoint %s holds no files of rank %u: no "
+               "SPOTD_RESUME_DIR",
+               res->name, d->store.rank);
+  } else {
+    spot_strlcpy(d->resume_dir, dst, sizeof(d->resume_dir));
+  }
+  spot_strlcpy(d->last_commit, res->name, sizeof(d->last_commit));
+  d->last_commit_wall = spot_now_wall_ms();
+  watch_mark_known(d, res->name);
+  return 0;
+}
+
+static void
+restore_done_cb(const struct spot_store_result *res, void *data)
+{
+  struct spotd *d = data;
+
+  if (cancelled(d))
+    return;
+  if (res->err == -ENOENT && strstr(res->message, "LATEST") != NULL) {
+    log_info("no committed checkpoint for job %s: starting fresh", d->cfg->job);
+    done(d);
+    return;
+  }
+  if (res->err < 0) {
+    log_err("restore failed: %s", res->message);
+    fail(d);
+    return;
+  }
+  if (place(d, res) < 0) {
+    fail(d);
+    return;
+  }
+  set_state(d, RESTORE_COUNTING);
+  restarts_fetch(d);
+}
+
+static void
+begin_restore(struct spotd *d)
+{
+  char tmp[4300];
+  int r;
+
+  if (!d->cfg->restore) {
+    done(d);
+    return;
+  }
+  set_state(d, RESTORE_RESTORING);
+  spotd_set_state(d, SPOTD_RESTORING);
+  snprintf(tmp, sizeof(tmp), "%s/.spotd-resume", d->ckpt_dir);
+  if (access(tmp, F_OK) == 0)
+    spot_rm_tree(tmp);
+  r = spot_store_restore(d->loop, &d->store, NULL, tmp, NULL, restore_done_cb,
+                         d, &d->restore.op);
+  if (r < 0) {
+    d->restore.op = NULL;
+    log_err_errno(r, "restore");
+    fail(d);
+  }
+}
+
+static void
+resume_done_cb(const struct spot_store_result *res, void *data)
+{
+  struct spotd *d = data;
+
+  if (cancelled(d))
+    return;
+  if (res->err == 0)
+    log_info("resumed and committed checkpoint %s left by the previous spotd "
+             "(%u parts were already stored)",
+             res->name, res->resumed_parts);
+  else
+    spotd_warn(d, "the upload of %s left by the previous spotd failed: %s",
+               res->name, res->message);
+  begin_restore(d);
+}
+
+/* Returns true when a push of a journaled upload was started. */
+static bool
+resume_journaled(struct spotd *d)
+{
+  char name[256], dir[4300];
+  int r;
+
+  if (!journal_find(d, name, sizeof(name)))
+    return false;
+  log_info("the previous spotd was interrupted while uploading %s: resuming "
+           "that upload",
+           name);
+  set_state(d, RESTORE_RESUMING);
+  spotd_set_state(d, SPOTD_RESTORING);
+  watch_mark_known(d, name);
+  snprintf(dir, sizeof(dir), "%s/%s", d->ckpt_dir, name);
+  r = spot_store_push(d->loop, &d->store, dir, name, NULL, resume_done_cb, d,
+                      &d->restore.op);
+  if (r < 0) {
+    d->restore.op = NULL;
+    spotd_warn(d, "cannot resume the upload of %s: %s", name, strerror(-r));
+    return false;
+  }
+  return true;
+}
+
+static void
+aws_ready_cb(int err, const char *msg, void *data)
+{
+  struct spotd *d = data;
+  struct spot_s3_config sc;
+  int r;
+
+  if (cancelled(d))
+    return;
+  if (err < 0) {
+    log_err("%s", msg[0] ? msg : strerror(-err));
+    fail(d);
+    return;
+  }
+  memset(&sc, 0, sizeof(sc));
+  spot_aws_s3_config(d->aws, &sc);
+  r = spot_s3_new(d->http, &sc, &d->s3);
+  if (r < 0) {
+    log_err_errno(r, "S3 client");
+    fail(d);
+    return;
+  }
+  d->store.s3 = d->s3;
+  set_state(d, RESTORE_PROBING);
+  probe_start(d);
+}
+
+void
+restore_probed(struct spotd *d, int err)
+{
+  if (d->closing)
+    return;
+  if (err < 0) {
+    fail(d);
+    return;
+  }
+  if (!resume_journaled(d))
+    begin_restore(d);
+}
+
+int
+restore_start(struct spotd *d)
+{
+  struct spot_aws_options ao;
+  int r;
+
+  memset(&ao, 0, sizeof(ao));
+  ao.endpoint = d->cfg->endpoint;
+  ao.region = d->cfg->region;
+  r = spot_aws_new(d->loop, d->http, &ao, &d->aws);
+  if (r == 0)
+    r = spot_aws_start(d->aws, aws_ready_cb, d);
+  if (r < 0)
+    return log_err_errno(r, "AWS settings");
+  set_state(d, RESTORE_CONNECTING);
+  return 0;
+}

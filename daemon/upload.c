@@ -1,0 +1,413 @@
+/* Checkpoint requests, uploads and the final checkpoint.
+ *
+ * Requests: the checkpoint signal on the interval, on `spotctl checkpoint`,
+ * on a rebalance and on a drain; one at a time; a request not answered
+ * within --ckpt-timeout is dropped with a warning (after a notice the
+ * notice's deadline rules instead).
+ *
+ * Uploads: one push at a time; a checkpoint completed while one runs
+ * waits, and the newest waiting one supersedes older waiting ones.
+ *
+ * The final checkpoint (enum final_state) is the one rule of a drain, all
+ * of it here: NONE -> REQUESTED (the trainer was asked) -> UPLOADING (its
+ * folder is complete) -> COMMITTED, or -> ABANDONED from either (the
+ * trainer exited without it, the upload failed, the deadline or the
+ * checkpoint timeout passed): then the last commit stays. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "manifest.h"
+#include "spotd.h"
+#include "util.h"
+
+static void start_upload(struct spotd *d, const char *name);
+
+/* ------------------------------------------------------- final state */
+
+static const char *const final_names[] = {
+    "none", "requested", "uploading", "committed", "abandoned",
+};
+_Static_assert(SPOT_ARRAY_SIZE(final_names) == FINAL_STATE_LAST, "final_names");
+
+/* legal[from] is the set of states it may move to. */
+#define B(s) (1u << (s))
+static const unsigned final_legal[FINAL_STATE_LAST] = {
+    [FINAL_NONE] = B(FINAL_REQUESTED),
+    [FINAL_REQUESTED] = B(FINAL_UPLOADING) | B(FINAL_ABANDONED),
+    [FINAL_UPLOADING] = B(FINAL_COMMITTED) | B(FINAL_ABANDONED),
+    [FINAL_COMMITTED] = 0,
+    [FINAL_ABANDONED] = 0,
+};
+
+const char *
+final_state_name(enum final_state s)
+{
+  return (unsigned)s < FINAL_STATE_LAST ? final_names[s] : "?";
+}
+
+static bool
+final_set_state(struct spotd *d, enum final_state s)
+{
+  struct final_ckpt *f = &d->final;
+
+  if (f->state == s)
+    return true;
+  if ((final_legal[f->state] & B(s)) == 0) {
+    log_err("internal: final checkpoint %s -> %s refused",
+            final_state_name(f->state), final_state_name(s));
+    return false;
+  }
+  log_info("final checkpoint %s -> %s%s%s", final_state_name(f->state),
+           final_state_name(s), f->name[0] ? " name=" : "", f->name);
+  f->state = s;
+  return true;
+}
+
+bool
+upload_idle(const struct spotd *d)
+{
+  return d->up.op == NULL && d->up.waiting[0] == '\0';
+}
+
+void
+upload_cancel_all(struct spotd *d)
+{
+  d->up.waiting[0] = '\0';
+  if (d->up.op != NULL)
+    spot_store_cancel(d->up.op);
+}
+
+void
+final_give_up(struct spotd *d, const char *why)
+{
+  if (d->final.state != FINAL_REQUESTED && d->final.state != FINAL_UPLOADING)
+    return;
+  spotd_warn(d, "%s: the last committed checkpoint (%s) is kept", why,
+             d->last_commit[0] ? d->last_commit : "none");
+  final_set_state(d, FINAL_ABANDONED);
+  upload_cancel_all(d);
+}
+
+void
+final_deadline(struct spotd *d)
+{
+  switch (d->final.state) {
+  case FINAL_REQUESTED:
+    d->ckpt_requested = false;
+    final_give_up(d, "the trainer did not complete a final checkpoint "
+                     "before the deadline");
+    break;
+  case FINAL_UPLOADING:
+    final_give_up(d, "the final upload could not finish before the deadline");
+    break;
+  default:
+    if (!upload_idle(d)) {
+      log_warn("deadline: cancelling the upload of %s", d->up.name);
+      upload_cancel_all(d);
+    }
+    break;
+  }
+}
+
+void
+final_begin(struct spotd *d, const char *reason)
+{
+  uint64_t left = spotd_ms_left(d);
+
+  if (!trainer_running(d))
+    return; /* nothing to ask: FINAL_NONE */
+  d->final.name[0] = '\0';
+  final_set_state(d, FINAL_REQUESTED);
+  /* A checkpoint signalled moments ago counts as the final one. */
+  if (!d->ckpt_requested)
+    spotd_request_checkpoint(d, reason);
+  /* Deadline-aware: say early when it cannot fit. */
+  if (d->up.last_bps > 0 && left != UINT64_MAX) {
+    double est = (double)d->last_save_ms +
+                 (double)d->up.last_raw / d->up.last_bps * 1000.0;
+    if (est > (double)left)
+      spotd_warn(d,
+                 "the final checkpoint needs about %.1f s but the deadline "
+                 "is in %.1f s: it may not be committed, and then the last "
+                 "committed checkpoint (%s) is kept",
+                 est / 1000.0, (double)left / 1000.0,
+                 d->last_commit[0] ? d->last_commit : "none");
+  }
+}
+
+bool
+final_wait(struct spotd *d)
+{
+  switch (d->final.state) {
+  case FINAL_REQUESTED:
+    if (trainer_running(d) || d->ckpt_requested || !upload_idle(d))
+      return true;
+    final_give_up(d, "the trainer exited without a final checkpoint");
+    return !upload_idle(d);
+  case FINAL_UPLOADING:
+    return true;
+  case FINAL_COMMITTED:
+    return false;
+  default:
+    return !upload_idle(d); /* an older upload is still finishing */
+  }
+}
+
+/* A complete folder while draining: it is the final checkpoint, and goes
+ * first (an older upload is cancelled). Returns true when it was queued. */
+static bool
+final_complete(struct spotd *d, const char *name)
+{
+  if (d->state != SPOTD_DRAINING)
+    return false;
+  if (d->final.state != FINAL_REQUESTED && d->final.state != FINAL_UPLOADING)
+    return false;
+  spot_strlcpy(d->final.name, name, sizeof(d->final.name));
+  final_set_state(d, FINAL_UPLOADING);
+  if (d->up.op != NULL && strcmp(d->up.name, name) != 0) {
+    log_info("cancelling the upload of %s for the final checkpoint %s",
+             d->up.name, name);
+    spot_strlcpy(d->up.waiting, name, sizeof(d->up.waiting));
+    spot_store_cancel(d->up.op);
+    return true;
+  }
+  return false;
+}
+
+/* The push of name ended with err (0: committed). */
+static void
+final_pushed(struct spotd *d, const char *name, int err)
+{
+  if (d->final.state != FINAL_UPLOADING || strcmp(name, d->final.name) != 0)
+    return;
+  if (err == 0)
+    final_set_state(d, FINAL_COMMITTED);
+  else if (err != -ECANCELED)
+    final_give_up(d, "the final checkpoint could not be committed");
+}
+
+/* ----------------------------------------------------------- requests */
+
+static void
+ckpt_timer_cb(uv_timer_t *t)
+{
+  struct spotd *d = spot_container_of(t, struct spotd, ckpt_timer);
+
+  if (d->closing || !d->ckpt_requested)
+    return;
+  /* After a notice the deadline rules (--help): keep waiting. */
+  if (d->state == SPOTD_DRAINING && d->have_notice && !d->drain_sigterm)
+    return;
+  d->ckpt_requested = false;
+  spotd_warn(d,
+             "the trainer did not complete a checkpoint within %.0f s of "
+             "the signal",
+             (double)d->cfg->ckpt_timeout_ms / 1000.0);
+  /* A SIGTERM drain waited on this very request. */
+  if (d->state == SPOTD_DRAINING)
+    final_give_up(d, "no final checkpoint");
+  spotd_advance(d);
+}
+
+void
+spotd_request_checkpoint(struct spotd *d, const char *why)
+{
+  char sig[16];
+  int r;
+
+  if (!trainer_running(d) || d->closing)
+    return;
+  if (d->ckpt_requested) {
+    log_info("checkpoint requested (%s): one is already in progress", why);
+    return;
+  }
+  r = trainer_signal(d, d->cfg->signal);
+  if (r < 0) {
+    spotd_warn(d, "cannot signal the trainer: %s", uv_strerror(r));
+    return;
+  }
+  d->ckpt_requested = true;
+  d->ckpt_signal_mono = spot_now_mono_ms();
+  log_info("checkpoint requested (%s): SIG%s sent to trainer pid=%d (%s)", why,
+           spot_config_signal_name(d->cfg->signal, sig, sizeof(sig)),
+           (int)d->trainer.pid,
+           spot_config_signal_target_name(d->cfg->signal_target));
+  if (d->cfg->ckpt_timeout_ms > 0)
+    uv_timer_start(&d->ckpt_timer, ckpt_timer_cb, d->cfg->ckpt_timeout_ms, 0);
+}
+
+/* ------------------------------------------------------------ uploads */
+
+/* Local copies older than the newest commit are not needed any more. */
+static void
+prune_local(struct spotd *d, const char *keep)
+{
+  for (size_t i = 0; i < d->nknown; i++) {
+    const char *n = d->known[i];
+    char path[4300];
+
+    if (strcmp(n, keep) == 0 || strcmp(n, d->up.waiting) == 0 ||
+        (d->up.op != NULL && strcmp(n, d->up.name) == 0))
+      continue;
+    snprintf(path, sizeof(path), "%s/%s", d->ckpt_dir, n);
+    if (access(path, F_OK) == 0) {
+      log_info("removing local checkpoint %s (committed %s is newer)", n, keep);
+      spot_rm_tree(path);
+    }
+  }
+}
+
+static void
+upload_progress_cb(const struct spot_store_progress *p, void *data)
+{
+  struct spotd *d = data;
+  struct upload *u = &d->up;
+  double secs = (double)p->elapsed_ms / 1000.0;
+
+  u->done_bytes = p->raw_done;
+  u->total_bytes = p->raw_total;
+  u->rate = secs > 0 ? (double)p->raw_done / secs : 0;
+  /* One progress line every 2 s for long uploads. */
+  if (p->phase == SPOT_STORE_PHASE_TRANSFER && p->raw_total > 0 &&
+      p->elapsed_ms >= u->log_ms + 2000) {
+    char done[32], total[32];
+
+    u->log_ms = p->elapsed_ms;
+    log_info("uploading %s: %s / %s (%.0f%%) at %.0f MB/s, ratio %.2f", p->name,
+             spot_fmt_bytes(p->raw_done, done, sizeof(done)),
+             spot_fmt_bytes(p->raw_total, total, sizeof(total)),
+             100.0 * (double)p->raw_done / (double)p->raw_total, u->rate / 1e6,
+             p->stored_done > 0 ? (double)p->raw_done / (double)p->stored_done
+                                : 1.0);
+  }
+}
+
+static void
+committed(struct spotd *d, const char *name,
+          const struct spot_store_result *res)
+{
+  double secs = (double)res->elapsed_ms / 1000.0;
+
+  log_info("committed checkpoint name=%s files=%" PRIu64 " raw=%" PRIu64
+           " stored=%" PRIu64 " ratio=%.2f in %.1f s (%u retries)",
+           name, res->files, res->raw_bytes, res->stored_bytes,
+           res->stored_bytes > 0
+               ? (double)res->raw_bytes / (double)res->stored_bytes
+               : 1.0,
+           secs, res->retries);
+  if (res->warning != NULL && res->warning[0] != '\0')
+    spotd_warn(d, "%s", res->warning);
+  spot_strlcpy(d->last_commit, name, sizeof(d->last_commit));
+  d->last_commit_wall = spot_now_wall_ms();
+  d->up.failed[0] = '\0';
+  if (secs > 0 && res->raw_bytes > 0) {
+    d->up.last_bps = (double)res->raw_bytes / secs;
+    d->up.last_raw = res->raw_bytes;
+  }
+  spotd_notify(d, "STATUS=committed %s", name);
+  prune_local(d, name);
+}
+
+static void
+push_done_cb(const struct spot_store_result *res, void *data)
+{
+  struct spotd *d = data;
+  char name[256];
+
+  d->up.op = NULL;
+  spot_strlcpy(name, d->up.name, sizeof(name));
+  d->up.name[0] = '\0';
+  if (d->closing)
+    return;
+  if (res->err == 0) {
+    committed(d, name, res);
+  } else if (res->err == -ECANCELED) {
+    log_info("upload of %s cancelled", name);
+  } else {
+    spotd_warn(d, "upload of checkpoint %s failed: %s", name, res->message);
+    spot_strlcpy(d->up.failed, name, sizeof(d->up.failed));
+  }
+  control_commit_event(d, name, res->err,
+                       res->err == 0            ? ""
+                       : res->err == -ECANCELED ? "cancelled"
+                                                : res->message);
+  final_pushed(d, name, res->err);
+  if (d->up.waiting[0] != '\0') {
+    char next[256];
+
+    spot_strlcpy(next, d->up.waiting, sizeof(next));
+    d->up.waiting[0] = '\0';
+    start_upload(d, next);
+  }
+  spotd_advance(d);
+}
+
+static void
+start_upload(struct spotd *d, const char *name)
+{
+  struct upload *u = &d->up;
+  char dir[4300];
+  int r;
+
+  snprintf(dir, sizeof(dir), "%s/%s", d->ckpt_dir, name);
+  spot_strlcpy(u->name, name, sizeof(u->name));
+  u->done_bytes = u->total_bytes = 0;
+  u->rate = 0;
+  u->log_ms = 0;
+  /* This spotd is the job's only writer: uploads begun before it started
+   * belong to a dead predecessor and are aborted by the retention step. */
+  d->store.stale_upload_age_ms =
+      (uint64_t)(spot_now_wall_ms() - d->start_wall_ms) + 1000;
+  log_info("uploading checkpoint %s", name);
+  r = spot_store_push(d->loop, &d->store, dir, name, upload_progress_cb,
+                      push_done_cb, d, &u->op);
+  if (r < 0) {
+    u->op = NULL;
+    u->name[0] = '\0';
+    spotd_warn(d, "cannot upload checkpoint %s: %s", name, strerror(-r));
+    spot_strlcpy(u->failed, name, sizeof(u->failed));
+    final_pushed(d, name, r);
+  }
+}
+
+int
+spotd_checkpoint_complete(struct spotd *d, const char *name)
+{
+  char path[4300];
+  struct stat st;
+
+  if (d->closing)
+    return -ECANCELED;
+  if (!spot_ckpt_name_valid(name) || name[0] == '.')
+    return -EINVAL;
+  if (watch_is_known(d, name))
+    return -EALREADY;
+  snprintf(path, sizeof(path), "%s/%s", d->ckpt_dir, name);
+  if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode))
+    return -ENOENT;
+  watch_mark_known(d, name);
+  if (d->ckpt_requested) {
+    d->last_save_ms = spot_now_mono_ms() - d->ckpt_signal_mono;
+    d->ckpt_requested = false;
+    uv_timer_stop(&d->ckpt_timer);
+  }
+  log_info("checkpoint %s is complete%s", name,
+           d->state == SPOTD_DRAINING ? " (final)" : "");
+  if (final_complete(d, name))
+    return 0;
+  if (d->up.op != NULL) {
+    if (d->up.waiting[0] != '\0')
+      log_info("checkpoint %s supersedes %s, which waited for upload", name,
+               d->up.waiting);
+    spot_strlcpy(d->up.waiting, name, sizeof(d->up.waiting));
+  } else {
+    start_upload(d, name);
+  }
+  spotd_advance(d);
+  return 0;
+}

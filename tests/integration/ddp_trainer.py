@@ -1,0 +1,62 @@
+#!/usr/bin/python3
+"""A tiny torch.distributed (gloo, CPU) trainer for the torchrun tests,
+following the trainer contract with no wrapper: each worker sets a flag on
+the checkpoint signal; every step the ranks agree on it with one
+all-reduce, so all save at the same step into SPOTD_CKPT_DIR/step-N
+(rank-R.pt each); after a barrier rank 0 writes SPOTD_COMPLETE.
+
+Each worker appends JSON lines to LOG.rank-R: start (pid), checkpoint."""
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+FLAG = {"on": False}
+
+
+def main():
+    log_base = sys.argv[1]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    log = open("%s.rank-%d" % (log_base, rank), "a", buffering=1)
+
+    def emit(ev, **kw):
+        kw.update(ev=ev, t=time.time())
+        log.write(json.dumps(kw) + "\n")
+
+    signal.signal(signal.SIGUSR1, lambda s, f: FLAG.update(on=True))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    emit("start", pid=os.getpid(), pgid=os.getpgrp())
+    ckpt_dir = os.environ["SPOTD_CKPT_DIR"]
+    step = 0
+    while True:
+        x = torch.randn(8, 16)
+        loss = ddp(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        step += 1
+        flag = torch.tensor([1 if FLAG["on"] else 0])
+        dist.all_reduce(flag)
+        if flag.item() > 0:
+            FLAG["on"] = False
+            path = os.path.join(ckpt_dir, "step-%06d" % step)
+            os.makedirs(path, exist_ok=True)
+            with open(os.path.join(path, "rank-%d.pt" % rank), "wb") as f:
+                torch.save({"model": model.state_dict(), "step": step}, f)
+            dist.barrier()
+            if rank == 0:
+                open(os.path.join(path, "SPOTD_COMPLETE"), "w").close()
+            emit("checkpoint", name=os.path.basename(path), step=step)
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""spotd's children (lib/io/child.c), against the loopback fake S3:
+
+  clean:   the trainer and the relaunch step have only descriptors 0, 1, 2
+           and none of spotd's systemd variables (NOTIFY_SOCKET,
+           WATCHDOG_*, LISTEN_*, INVOCATION_ID); the user's own variables
+           (AWS_REGION, MY_VAR) stay; the trainer starts with the
+           checkpoint signal ignored, so a shell that installs no handler
+           survives it.
+  leftover: the trainer's leader exits and leaves a background process in
+           its group: spotd stops it and exits with the leader's status.
+  kill9:   spotd is SIGKILLed: nothing of the trainer's process group
+           survives (the leader has PR_SET_PDEATHSIG, a guard kills the
+           rest).
+  signal:  a trainer that resets the checkpoint signal to its default dies
+           of it: spotd exits with 128 + SIGUSR1 and names the cause."""
+import os
+import signal
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import spotlib as sl  # noqa: E402
+
+SYSTEMD_VARS = {"NOTIFY_SOCKET": "/nonexistent/notify", "WATCHDOG_USEC": "1000000",
+                "WATCHDOG_PID": "1", "LISTEN_FDS": "1", "LISTEN_PID": "1",
+                "LISTEN_FDNAMES": "x", "INVOCATION_ID": "0123456789abcdef"}
+
+# Records its pid, then lives until stopped. No signal handler of its own.
+RECORDER = "import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\n" \
+           "time.sleep(float(sys.argv[2]))\n"
+
+
+def group(pgid):
+    """Pids (not zombies) whose process group is pgid."""
+    out = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % p) as f:
+                fields = f.read().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            out.append(int(p))
+    return out
+
+
+def wait_pid(path, timeout=20):
+    end = time.time() + timeout
+    while time.time() < end:
+        t = sl.read_text(path)
+        if t.strip():
+            return int(t)
+        time.sleep(0.05)
+    return 0
+
+
+def proc_env(pid):
+    with open("/proc/%d/environ" % pid, "rb") as f:
+        return dict(e.decode().split("=", 1) for e in f.read().split(b"\0") if b"=" in e)
+
+
+def sig_ignored(pid, sig):
+    for line in sl.read_text("/proc/%d/status" % pid).splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & (1 << (sig - 1)))
+    return False
+
+
+def check_clean(c, tag, pid):
+    fds = sorted(os.listdir("/proc/%d/fd" % pid), key=int)
+    c.check(fds == ["0", "1", "2"], tag + "descriptors %s" % fds)
+    env = proc_env(pid)
+    leaked = sorted(k for k in env if k in SYSTEMD_VARS)
+    c.check(not leaked, tag + "no systemd variable (%s)" % leaked)
+    c.check(env.get("MY_VAR") == "kept" and env.get("AWS_REGION") == "us-east-1",
+            tag + "the user's own variables stay")
+    return env
+
+
+def clean(c, wd):
+    tag = "clean: "
+    s3, store, job, _ = sl.fake_store("clean")
+    emu = sl.EmulatorProc("aws")
+    try:
+        os.makedirs(wd)
+        script = os.path.join(wd, "rec.py")
+        with open(script, "w") as f:
+            f.write(RECORDER)
+        tpid, rpid = os.path.join(wd, "trainer.pid"), os.path.join(wd, "relaunch.pid")
+        env = dict(s3.env(), MY_VAR="kept", **SYSTEMD_VARS)
+        d = sl.Daemon(wd, store, job, env=env, provider="aws", metadata_url=emu.url,
+                      grace=2, args=["--relaunch", "%s %s %s 5" % (sl.PY3, script, rpid)],
+                      cmd=["/bin/sh", "-c", "%s %s %s 60" % (sl.PY3, script, tpid)])
+        pid = wait_pid(tpid)
+        c.check(pid > 0, tag + "the trainer runs")
+        if pid:
+            tenv = check_clean(c, tag + "trainer: ", pid)
+            c.check(os.path.isabs(tenv.get("SPOTD_CKPT_DIR", "")),
+                    tag + "trainer: SPOTD_CKPT_DIR is absolute")
+        sh = d.status()["trainer"]["pid"]
+        c.check(sig_ignored(sh, signal.SIGUSR1), tag + "the shell starts with "
+                "SIGUSR1 ignored")
+        cp = d.spotctl("checkpoint")
+        time.sleep(0.5)
+        c.check(cp.returncode == 0 and d.running() and not sl.pid_gone(sh),
+                tag + "a shell with no handler survives the checkpoint signal")
+        emu.control("notice", deadline=6)
+        pid = wait_pid(rpid)
+        c.check(pid > 0, tag + "the relaunch step runs")
+        if pid:
+            renv = check_clean(c, tag + "relaunch step: ", pid)
+            c.check(renv.get("SPOTD_REASON") == "aws-spot-terminate" and
+                    "SPOTD_CKPT_DIR" not in renv,
+                    tag + "relaunch step: its SPOTD_* variables only")
+        rc = d.wait_exit(30)
+        c.check(rc == 76, tag + "nothing committed after the notice: exit 76 (%s)"
+                % rc)
+    finally:
+        emu.stop()
+        sl.kill_started()
+        s3.close()
+
+
+def leftover(c, wd):
+    tag = "leftover: "
+    s3, store, job, _ = sl.fake_store("leftover")
+    try:
+        os.makedirs(wd)
+        d = sl.Daemon(wd, store, job, env=s3.env(), grace=2,
+                      cmd=["/bin/sh", "-c", "sleep 60 & sleep 2; exit 3"])
+        st = sl.wait_state(d, "running", 20)
+        pgid = st["trainer"]["pid"] if st else 0
+        end = time.time() + 2
+        while pgid and len(group(pgid)) < 2 and time.time() < end:
+            time.sleep(0.05)
+        c.check(pgid > 0 and len(group(pgid)) >= 2, tag + "a shell and its "
+                "background sleep run")
+        t0 = time.time()
+        rc = d.wait_exit(20)
+        c.check(rc == 3, tag + "spotd exits with the leader's status (%s) in "
+                "%.1f s" % (rc, time.time() - t0))
+        c.check(pgid > 0 and not group(pgid), tag + "nothing of its group is left")
+    finally:
+        sl.kill_started()
+        s3.close()
+
+
+def kill9(c, wd):
+    tag = "kill9: "
+    s3, store, job, _ = sl.fake_store("kill9")
+    try:
+        os.makedirs(wd)
+        d = sl.Daemon(wd, store, job, env=s3.env(),
+                      cmd=["/bin/sh", "-c", "sleep 60 & sleep 60 & wait"])
+        st = sl.wait_state(d, "running", 20)
+        pgid = st["trainer"]["pid"] if st else 0
+        end = time.time() + 5
+        while pgid and len(group(pgid)) < 3 and time.time() < end:
+            time.sleep(0.05)
+        n = len(group(pgid)) if pgid else 0
+        c.check(n >= 3, tag + "a shell and two sleeps run (%d)" % n)
+        d.send(signal.SIGKILL)
+        d.wait_exit(10)
+        end = time.time() + 5
+        while pgid and group(pgid) and time.time() < end:
+            time.sleep(0.05)
+        c.check(pgid > 0 and not group(pgid), tag + "nothing of the trainer "
+                "survives spotd: %s" % (group(pgid) if pgid else "?"))
+    finally:
+        sl.kill_started()
+        s3.close()
+
+
+def killed_by_signal(c, wd):
+    tag = "signal: "
+    s3, store, job, _ = sl.fake_store("signal")
+    try:
+        os.makedirs(wd)
+        code = "import signal, time\nsignal.signal(signal.SIGUSR1, signal.SIG_DFL)\n" \
+               "time.sleep(60)\n"
+        d = sl.Daemon(wd, store, job, env=s3.env(), cmd=[sl.PY3, "-c", code])
+        c.check(sl.wait_state(d, "running", 20) is not None, tag + "running")
+        time.sleep(0.5)
+        d.spotctl("checkpoint")
+        rc = d.wait_exit(20)
+        c.check(rc == 128 + signal.SIGUSR1, tag + "exit 138 (%s)" % rc)
+        c.check(d.err.matching(r"killed by SIGUSR1, the checkpoint signal"),
+                tag + "one line names the checkpoint signal as the cause")
+    finally:
+        sl.kill_started()
+        s3.close()
+
+
+def main():
+    c = sl.Checks()
+    with tempfile.TemporaryDirectory(prefix="spotd-children-") as wd:
+        clean(c, os.path.join(wd, "clean"))
+        leftover(c, os.path.join(wd, "leftover"))
+        kill9(c, os.path.join(wd, "kill9"))
+        killed_by_signal(c, os.path.join(wd, "signal"))
+    c.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Small truths of the daemon (issue 13.6), against the loopback fake S3:
+
+  restarts: a start that stops at once because a notice is posted (the
+            trainer never launched) does not count in RESTARTS; the next
+            real start does, and the trainer gets that count.
+  resume:   SPOTD_RESUME_DIR (and SPOTD_CKPT_DIR) are absolute even with
+            a relative --ckpt-dir.
+  timeout:  after a notice --ckpt-timeout does not cut the wait: a save
+            slower than it still commits before the deadline (exit 75)."""
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import spotlib as sl  # noqa: E402
+
+
+def restarts_and_resume(c, wd):
+    s3, store, job, prefix = sl.fake_store("restarts")
+    emu = sl.EmulatorProc("aws")
+    cwd = os.getcwd()
+    try:
+        os.makedirs(wd)
+        src = os.path.join(wd, "src")
+        os.makedirs(src)
+        with open(os.path.join(src, "step"), "w") as f:
+            f.write("7\n")
+        cp = sl.spotctl("push", src, store + "/" + job, "--name", "step-000007",
+                        env=s3.env())
+        c.check(cp.returncode == 0, "a checkpoint is committed", cp.stderr)
+        s3.objects[prefix + "RESTARTS"] = (b"2\n", '"x"')
+        # The notice is up before spotd starts; the restore is held long
+        # enough for the poller to see it.
+        emu.control("notice", deadline=60)
+        s3.stall = lambda m, k: 1.5 if m == "GET" and k.endswith(".zst") else 0
+        d = sl.Daemon(os.path.join(wd, "one"), store, job, env=s3.env(),
+                      provider="aws", metadata_url=emu.url)
+        rc = d.wait_exit(30)
+        c.check(rc == 75 and not d.events("start"), "restarts: a notice before "
+                "the launch: exit 75 (%s), no trainer" % rc)
+        got = s3.objects.get(prefix + "RESTARTS", (b"",))[0].decode().strip()
+        c.check(got == "2", "restarts: that start is not counted (RESTARTS %s)"
+                % got)
+        emu.control("cancel", notice=1)
+        s3.stall = lambda m, k: 0
+        os.chdir(wd)
+        d = sl.Daemon(os.path.join(wd, "two"), store, job, env=s3.env(),
+                      args=["--ckpt-dir", "rel-ckpt"],
+                      trainer=["--step-sleep", 0.02])
+        st = d.wait_event("start", 20)
+        env = st["env"] if st else {}
+        c.check(env.get("SPOTD_RESTART_COUNT") == "3", "restarts: the trainer "
+                "gets SPOTD_RESTART_COUNT 3 (%s)" % env.get("SPOTD_RESTART_COUNT"))
+        rd = env.get("SPOTD_RESUME_DIR", "")
+        c.check(os.path.isabs(rd) and rd == os.path.join(wd, "rel-ckpt", "step-000007"),
+                "resume: SPOTD_RESUME_DIR is absolute (%s)" % rd)
+        c.check(os.path.isabs(env.get("SPOTD_CKPT_DIR", "")),
+                "resume: SPOTD_CKPT_DIR is absolute")
+        d.send(15)
+        d.wait_exit(20)
+        got = s3.objects.get(prefix + "RESTARTS", (b"",))[0].decode().strip()
+        c.check(got == "3", "restarts: the real start is counted (RESTARTS %s)" % got)
+    finally:
+        os.chdir(cwd)
+        emu.stop()
+        sl.kill_started()
+        s3.close()
+
+
+def ckpt_timeout(c, wd):
+    s3, store, job, prefix = sl.fake_store("timeout")
+    emu = sl.EmulatorProc("aws")
+    try:
+        d = sl.Daemon(wd, store, job, env=s3.env(), provider="aws",
+                      metadata_url=emu.url, args=["--ckpt-timeout", "1"],
+                      trainer=["--step-sleep", 0.02, "--save-delay", 3])
+        c.check(d.wait_event("step", 20) is not None, "timeout: the trainer runs")
+        emu.control("notice", deadline=20)
+        st = sl.wait_state(d, "draining", 10)
+        time.sleep(2)  # past --ckpt-timeout, before the save ends
+        st = d.status() or {}
+        c.check(st.get("state") == "draining" and
+                not any("did not complete" in w for w in st.get("warnings", [])),
+                "timeout: 2 s after the notice still draining, no timeout (%s)"
+                % st.get("state"), repr(st.get("warnings")))
+        rc = d.wait_exit(30)
+        made = d.events("checkpoint")
+        name = made[0]["name"] if made else "?"
+        latest = s3.objects.get(prefix + "LATEST", (b"",))[0].decode().strip()
+        c.check(rc == 75 and latest == name, "timeout: a 3 s save with "
+                "--ckpt-timeout 1 is committed after a notice (exit %s, LATEST %s)"
+                % (rc, latest))
+    finally:
+        emu.stop()
+        sl.kill_started()
+        s3.close()
+
+
+def main():
+    c = sl.Checks()
+    with tempfile.TemporaryDirectory(prefix="spotd-small-") as wd:
+        restarts_and_resume(c, os.path.join(wd, "restarts"))
+        ckpt_timeout(c, os.path.join(wd, "timeout"))
+    c.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+/* lib/io/child.c in-process: the environment builder, and real children
+ * spawned through the exec shim (this binary re-executed: main() hands
+ * SPOT_CHILD_SHIM_ARG to spot_child_shim_main) on a real libuv loop. */
+#include "cmocka-compat.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "child.h"
+
+static const char *
+env_get(const struct spot_env *e, const char *name)
+{
+  size_t len = strlen(name);
+
+  for (size_t i = 0; i < e->n; i++)
+    if (strncmp(e->v[i], name, len) == 0 && e->v[i][len] == '=')
+      return e->v[i] + len + 1;
+  return NULL;
+}
+
+static void
+test_env(void **state)
+{
+  struct spot_env e;
+
+  (void)state;
+  setenv("NOTIFY_SOCKET", "/run/x", 1);
+  setenv("WATCHDOG_USEC", "1", 1);
+  setenv("LISTEN_FDS", "1", 1);
+  setenv("INVOCATION_ID", "abc", 1);
+  setenv("SPOTD_JOB", "inherited", 1);
+  setenv("MY_VAR", "kept", 1);
+  assert_int_equal(spot_env_init(&e, false), 0);
+  assert_null(env_get(&e, "NOTIFY_SOCKET"));
+  assert_null(env_get(&e, "WATCHDOG_USEC"));
+  assert_null(env_get(&e, "LISTEN_FDS"));
+  assert_null(env_get(&e, "INVOCATION_ID"));
+  assert_null(env_get(&e, "SPOTD_JOB"));
+  assert_string_equal(env_get(&e, "MY_VAR"), "kept");
+  assert_int_equal(spot_env_set(&e, "SPOTD_JOB", "%s-%d", "j", 1), 0);
+  assert_int_equal(spot_env_set(&e, "MY_VAR", "%s", "new"), 0);
+  assert_string_equal(env_get(&e, "SPOTD_JOB"), "j-1");
+  assert_string_equal(env_get(&e, "MY_VAR"), "new");
+  assert_null(e.v[e.n]);
+  spot_env_fini(&e);
+  assert_int_equal(spot_env_init(&e, true), 0);
+  assert_string_equal(env_get(&e, "SPOTD_JOB"), "inherited");
+  assert_null(env_get(&e, "NOTIFY_SOCKET"));
+  spot_env_fini(&e);
+}
+
+struct run {
+  int calls;
+  int status;
+};
+
+static void
+exit_cb(struct spot_child *c, void *data)
+{
+  struct run *r = data;
+
+  r->calls++;
+  r->status = spot_child_status(c);
+}
+
+/* Runs /bin/sh -c script to its end; returns the callback's record. */
+static struct run
+run_sh(const char *script, int ignore, uint64_t grace_ms)
+{
+  char *argv[] = {(char *)"/bin/sh", (char *)"-c", (char *)script, NULL};
+  struct spot_child_options o;
+  struct spot_child c;
+  struct run r = {0, -1};
+  uv_loop_t loop;
+
+  assert_int_equal(uv_loop_init(&loop), 0);
+  assert_int_equal(spot_child_init(&c, &loop), 0);
+  memset(&o, 0, sizeof(o));
+  o.name = "test";
+  o.argv = argv;
+  o.ignore_signal = ignore;
+  o.grace_ms = grace_ms;
+  o.exit_cb = exit_cb;
+  o.data = &r;
+  assert_int_equal(spot_child_spawn(&c, &o), 0);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(c.state, SPOT_CHILD_EXITED);
+  spot_child_close(&c);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&loop), 0);
+  return r;
+}
+
+static void
+test_status_and_signal(void **state)
+{
+  struct run r;
+
+  (void)state;
+  r = run_sh("exit 3", 0, 1000);
+  assert_int_equal(r.calls, 1);
+  assert_int_equal(r.status, 3);
+  /* the checkpoint signal ignored from the start survives exec */
+  r = run_sh("kill -USR1 $$; exit 4", SIGUSR1, 1000);
+  assert_int_equal(r.status, 4);
+  r = run_sh("kill -USR1 $$; exit 4", 0, 1000);
+  assert_int_equal(r.status, 128 + SIGUSR1);
+  /* not found: one line and 127 */
+  r = run_sh("exec /nonexistent/x", 0, 1000);
+  assert_int_equal(r.status, 127);
+}
+
+static void
+test_no_leaked_fds(void **state)
+{
+  char script[128];
+  int p[2];
+  struct run r;
+
+  (void)state;
+  assert_int_equal(pipe(p), 0); /* no O_CLOEXEC: the shim closes it */
+  snprintf(script, sizeof(script),
+           "test -e /proc/self/fd/%d && exit 1; test -e /proc/self/fd/%d "
+           "&& exit 1; exit 0",
+           p[0], p[1]);
+  r = run_sh(script, 0, 1000);
+  assert_int_equal(r.status, 0);
+  close(p[0]);
+  close(p[1]);
+}
+
+/* pid no longer runs (a zombie nobody reaped counts as gone) */
+static bool
+gone(int pid)
+{
+  char path[64], buf[256], *p;
+  ssize_t n;
+  int fd;
+
+  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  fd = open(path, O_RDONLY);
+  if (fd < 0)
+    return true;
+  n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0)
+    return true;
+  buf[n] = '\0';
+  p = strrchr(buf, ')');
+  return p == NULL || p[2] == 'Z' || p[2] == 'X';
+}
+
+static void
+test_group_left_is_stopped(void **state)
+{
+  struct run r;
+  char pidfile[] = "/tmp/test-child-XXXXXX";
+  char script[200], buf[32] = "";
+  int fd = mkstemp(pidfile), pid;
+
+  (void)state;
+  assert_true(fd >= 0);
+  snprintf(script, sizeof(script), "sleep 30 & echo $! > %s; exit 0", pidfile);
+  r = run_sh(script, 0, 300);
+  assert_int_equal(r.calls, 1);
+  assert_int_equal(r.status, 0);
+  assert_true(read(fd, buf, sizeof(buf) - 1) > 0);
+  pid = (int)strtol(buf, NULL, 10);
+  assert_true(pid > 0);
+  assert_true(gone(pid));
+  close(fd);
+  unlink(pidfile);
+}
+
+static void
+test_close_suppresses_callback(void **state)
+{
+  char *argv[] = {(char *)"/bin/sleep", (char *)"30", NULL};
+  struct spot_child_options o;
+  struct spot_child c;
+  struct run r = {0, -1};
+  uv_loop_t loop;
+
+  (void)state;
+  assert_int_equal(uv_loop_init(&loop), 0);
+  assert_int_equal(spot_child_init(&c, &loop), 0);
+  memset(&o, 0, sizeof(o));
+  o.name = "test";
+  o.argv = argv;
+  o.exit_cb = exit_cb;
+  o.data = &r;
+  assert_int_equal(spot_child_spawn(&c, &o), 0);
+  spot_child_close(&c);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(r.calls, 0);
+  assert_int_equal(c.state, SPOT_CHILD_CLOSED);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
+int
+main(int argc, char **argv)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_env),
+      cmocka_unit_test(test_status_and_signal),
+      cmocka_unit_test(test_no_leaked_fds),
+      cmocka_unit_test(test_group_left_is_stopped),
+      cmocka_unit_test(test_close_suppresses_callback),
+  };
+
+  if (argc > 1 && strcmp(argv[1], SPOT_CHILD_SHIM_ARG) == 0)
+    spot_child_shim_main(argc, argv);
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

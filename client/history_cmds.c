@@ -24,11 +24,8 @@
 #define EVENTS_IN_MAX 100000 /* history-event: lines read */
 
 struct hsession {
-  uv_loop_t loop;
-  bool loop_ready, done;
-  struct spot_http *http;
-  struct spot_aws *aws;
-  struct spot_s3 *s3;
+  struct spotctl_s3 c;
+  bool done;
   struct spot_store_config cfg;
   char *bucket, *prefix, *job;
   int err;
@@ -144,20 +141,9 @@ parse_opts(int argc, char **argv, struct hopts *o, const char *usage)
 }
 
 static void
-aws_ready_cb(int err, const char *msg, void *data)
-{
-  struct hsession *s = data;
-
-  s->err = err;
-  if (err < 0)
-    snprintf(s->msg, sizeof(s->msg), "%s", msg);
-  s->done = true;
-}
-
-static void
 run_until_done(struct hsession *s)
 {
-  while (!s->done && uv_run(&s->loop, UV_RUN_ONCE) != 0)
+  while (!s->done && uv_run(&s->c.loop, UV_RUN_ONCE) != 0)
     ;
 }
 
@@ -165,39 +151,21 @@ run_until_done(struct hsession *s)
 static int
 hsession_open(struct hsession *s, const char *url, const struct hopts *o)
 {
-  struct spot_aws_options ao;
-  struct spot_s3_config sc;
+  struct spotctl_s3_options so;
   char err[256];
   int r;
 
   if (spot_s3_url_parse_job(url, &s->bucket, &s->prefix, &s->job, err,
                             sizeof(err)) < 0)
     return spotctl_usage("%s", err);
-  r = uv_loop_init(&s->loop);
-  if (r < 0)
-    return spotctl_fail("event loop: %s", uv_strerror(r));
-  s->loop_ready = true;
-  r = spot_http_new(&s->loop, &s->http);
-  if (r < 0)
-    return spotctl_fail("HTTP client: %s", strerror(-r));
-  memset(&ao, 0, sizeof(ao));
-  ao.endpoint = o->endpoint;
-  ao.region = o->region;
-  ao.profile = o->profile;
-  r = spot_aws_new(&s->loop, s->http, &ao, &s->aws);
-  if (r == 0)
-    r = spot_aws_start(s->aws, aws_ready_cb, s);
-  if (r < 0)
-    return spotctl_fail("AWS settings: %s", strerror(-r));
-  run_until_done(s);
-  if (s->err < 0)
-    return spotctl_fail("%s", s->msg[0] ? s->msg : strerror(-s->err));
-  memset(&sc, 0, sizeof(sc));
-  spot_aws_s3_config(s->aws, &sc);
-  r = spot_s3_new(s->http, &sc, &s->s3);
-  if (r < 0)
-    return spotctl_fail("S3 client: %s", strerror(-r));
-  s->cfg.s3 = s->s3;
+  memset(&so, 0, sizeof(so));
+  so.endpoint = o->endpoint;
+  so.region = o->region;
+  so.profile = o->profile;
+  r = spotctl_s3_open(&s->c, &so);
+  if (r != 0)
+    return r;
+  s->cfg.s3 = s->c.s3;
   s->cfg.bucket = s->bucket;
   s->cfg.prefix = s->prefix;
   s->cfg.job = s->job;
@@ -208,19 +176,7 @@ hsession_open(struct hsession *s, const char *url, const struct hopts *o)
 static void
 hsession_close(struct hsession *s)
 {
-  int r;
-
-  spot_s3_free(s->s3);
-  if (s->aws != NULL)
-    spot_aws_close(s->aws, NULL, NULL);
-  if (s->http != NULL)
-    spot_http_close(s->http, NULL, NULL);
-  if (s->loop_ready) {
-    uv_run(&s->loop, UV_RUN_DEFAULT);
-    r = uv_loop_close(&s->loop);
-    if (r != 0)
-      log_err("internal: event loop not empty at exit: %s", uv_strerror(r));
-  }
+  spotctl_s3_close(&s->c);
   free(s->bucket);
   free(s->prefix);
   free(s->job);
@@ -411,7 +367,7 @@ spotctl_cmd_history(int argc, char **argv)
   if (r == 0) {
     sh.s = &s;
     sh.o = &o;
-    r = spot_history_read(&s.loop, &s.cfg, read_cb, &sh, NULL);
+    r = spot_history_read(&s.c.loop, &s.cfg, read_cb, &sh, NULL);
     if (r < 0) {
       r = spotctl_fail("history: %s", strerror(-r));
     } else {
@@ -545,7 +501,7 @@ spotctl_cmd_history_event(int argc, char **argv)
     memset(&ho, 0, sizeof(ho));
     ho.queue_max = (unsigned)(n > 0 ? n : 1);
     ho.keep = o.keep;
-    r = spot_history_new(&s.loop, &s.cfg, &ho, report_cb, &w, &h);
+    r = spot_history_new(&s.c.loop, &s.cfg, &ho, report_cb, &w, &h);
     for (size_t i = 0; r == 0 && i < n; i++)
       r = spot_history_emit(h, &ev[i]);
     if (h != NULL)

@@ -47,16 +47,9 @@ enum step {
 };
 
 struct lctl {
-  uv_loop_t loop;
-  bool loop_ready;
-  struct spot_http *http;
-  struct spot_aws *aws;
-  struct spot_s3 *s3;
+  struct spotctl_s3 conn;
   struct spot_lease *lease;
   char *bucket, *prefix, *job, *root, *key;
-  bool aws_done;
-  int aws_err;
-  char aws_msg[256];
 
   /* options */
   const char *owner, *latest_name;
@@ -268,24 +261,11 @@ parse_args(int argc, char **argv, struct lctl *c, struct lease_args *a)
   return -1;
 }
 
-static void
-aws_ready_cb(int err, const char *msg, void *data)
-{
-  struct lctl *c = data;
-
-  c->aws_err = err;
-  if (err < 0)
-    snprintf(c->aws_msg, sizeof(c->aws_msg), "%s", msg);
-  c->aws_done = true;
-}
-
 static int
 open_s3(struct lctl *c, const char *url, const struct lease_args *a)
 {
-  struct spot_aws_options ao;
-  struct spot_s3_config sc;
+  struct spotctl_s3_options so;
   char err[256];
-  int r;
 
   if (spot_s3_url_parse_job(url, &c->bucket, &c->prefix, &c->job, err,
                             sizeof(err)) < 0)
@@ -294,32 +274,11 @@ open_s3(struct lctl *c, const char *url, const struct lease_args *a)
           0 ||
       asprintf(&c->key, "%s/%s", c->root, SPOT_LEASE_KEY) < 0)
     return spotctl_fail("out of memory");
-  r = uv_loop_init(&c->loop);
-  if (r < 0)
-    return spotctl_fail("event loop: %s", uv_strerror(r));
-  c->loop_ready = true;
-  r = spot_http_new(&c->loop, &c->http);
-  if (r < 0)
-    return spotctl_fail("HTTP client: %s", strerror(-r));
-  memset(&ao, 0, sizeof(ao));
-  ao.endpoint = a->endpoint;
-  ao.region = a->region;
-  ao.profile = a->profile;
-  r = spot_aws_new(&c->loop, c->http, &ao, &c->aws);
-  if (r == 0)
-    r = spot_aws_start(c->aws, aws_ready_cb, c);
-  if (r < 0)
-    return spotctl_fail("AWS settings: %s", strerror(-r));
-  while (!c->aws_done && uv_run(&c->loop, UV_RUN_ONCE) != 0)
-    ;
-  if (c->aws_err < 0)
-    return spotctl_fail("%s", c->aws_msg);
-  memset(&sc, 0, sizeof(sc));
-  spot_aws_s3_config(c->aws, &sc);
-  r = spot_s3_new(c->http, &sc, &c->s3);
-  if (r < 0)
-    return spotctl_fail("S3 client: %s", strerror(-r));
-  return 0;
+  memset(&so, 0, sizeof(so));
+  so.endpoint = a->endpoint;
+  so.region = a->region;
+  so.profile = a->profile;
+  return spotctl_s3_open(&c->conn, &so);
 }
 
 static void
@@ -504,8 +463,8 @@ set_latest(struct lctl *c)
   }
   o.epoch = c->lease != NULL ? spot_lease_epoch(c->lease) : c->epoch;
   o.seq = c->seq;
-  r = spot_latest_update(c->s3, c->bucket, c->root, c->latest_name, o, c->owner,
-                         latest_cb, c, NULL);
+  r = spot_latest_update(c->conn.s3, c->bucket, c->root, c->latest_name, o,
+                         c->owner, latest_cb, c, NULL);
   if (r < 0)
     stop(c, spotctl_fail("lease: --set-latest %s: %s", c->latest_name,
                          strerror(-r)));
@@ -565,7 +524,7 @@ start(struct lctl *c, struct lease_args *a)
     next(c);
     return 0;
   }
-  a->lc.s3 = c->s3;
+  a->lc.s3 = c->conn.s3;
   a->lc.bucket = c->bucket;
   a->lc.key = c->key;
   a->lc.owner = c->owner;
@@ -573,7 +532,7 @@ start(struct lctl *c, struct lease_args *a)
   a->lc.poll_ms = (uint64_t)a->poll;
   a->lc.grace_ms = a->grace;
   a->lc.wait_timeout_ms = (uint64_t)a->timeout;
-  r = spot_lease_new(&c->loop, &a->lc, lost_cb, c, &c->lease);
+  r = spot_lease_new(&c->conn.loop, &a->lc, lost_cb, c, &c->lease);
   if (r < 0)
     return spotctl_fail("lease: %s", strerror(-r));
   if (c->show)
@@ -592,21 +551,12 @@ static void
 close_all(struct lctl *c)
 {
   spot_lease_free(c->lease);
-  spot_s3_free(c->s3);
   if (c->handles) {
     uv_close((uv_handle_t *)&c->hold_timer, NULL);
     uv_close((uv_handle_t *)&c->sigint, NULL);
     uv_close((uv_handle_t *)&c->sigterm, NULL);
   }
-  if (c->aws != NULL)
-    spot_aws_close(c->aws, NULL, NULL);
-  if (c->http != NULL)
-    spot_http_close(c->http, NULL, NULL);
-  if (c->loop_ready) {
-    uv_run(&c->loop, UV_RUN_DEFAULT);
-    if (uv_loop_close(&c->loop) != 0)
-      log_err("internal: event loop not empty at exit");
-  }
+  spotctl_s3_close(&c->conn);
   free(c->bucket);
   free(c->prefix);
   free(c->job);
@@ -640,15 +590,16 @@ spotctl_cmd_lease(int argc, char **argv)
                          SPOT_LEASE_OWNER_MAX);
   r = open_s3(&c, argv[optind], &a);
   if (r == 0) {
-    uv_timer_init(&c.loop, &c.hold_timer);
-    uv_signal_init(&c.loop, &c.sigint);
-    uv_signal_init(&c.loop, &c.sigterm);
+    uv_timer_init(&c.conn.loop, &c.hold_timer);
+    uv_signal_init(&c.conn.loop, &c.sigint);
+    uv_signal_init(&c.conn.loop, &c.sigterm);
     c.sigint.data = c.sigterm.data = &c;
     c.handles = true;
     uv_signal_start(&c.sigint, signal_cb, SIGINT);
     uv_signal_start(&c.sigterm, signal_cb, SIGTERM);
     r = start(&c, &a);
-    while (r == 0 && c.step != ST_DONE && uv_run(&c.loop, UV_RUN_ONCE) != 0)
+    while (r == 0 && c.step != ST_DONE &&
+           uv_run(&c.conn.loop, UV_RUN_ONCE) != 0)
       ;
     if (r == 0)
       r = c.exit_code;

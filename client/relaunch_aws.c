@@ -269,7 +269,7 @@ imds_get(struct aws_relaunch *a, const char *base, const char *token,
   q.timeout_ms = 2000;
   q.max_reply = 256;
   q.no_proxy = true;
-  r = spot_http_once(a->c.http, &q, &rep);
+  r = spot_http_once(a->c.conn.http, &q, &rep);
   explicit_bzero(hdr, sizeof(hdr));
   if (r == 0 && rep.status != 200)
     r = -ENOENT;
@@ -305,7 +305,7 @@ read_this_pool(struct aws_relaunch *a)
   q.timeout_ms = 2000;
   q.max_reply = sizeof(token) - 1;
   q.no_proxy = true;
-  r = spot_http_once(a->c.http, &q, &rep);
+  r = spot_http_once(a->c.conn.http, &q, &rep);
   if (r == 0 && rep.status == 200)
     spot_strlcpy(token, spot_buf_str(&rep.body), sizeof(token));
   if (rep.body.data != NULL)
@@ -422,7 +422,7 @@ create_fleet(struct aws_relaunch *a, const char *form,
   const char *hdrs[] = {
       "Content-Type: application/x-www-form-urlencoded; charset=utf-8"};
   const struct spot_creds *cr = NULL;
-  struct spot_creds_provider *prov = spot_aws_creds_provider(a->c.aws);
+  struct spot_creds_provider *prov = spot_aws_creds_provider(a->c.conn.aws);
   struct spot_http_req q;
   struct spot_http_reply hr;
   char line[300], snip[128], tokhdr[4200];
@@ -455,7 +455,7 @@ create_fleet(struct aws_relaunch *a, const char *form,
       q.headers = hdrs2;
       q.n_headers = 2;
     }
-    r = spot_http_once(a->c.http, &q, &hr);
+    r = spot_http_once(a->c.conn.http, &q, &hr);
     explicit_bzero(tokhdr, sizeof(tokhdr));
     if (r == 0 &&
         spot_ec2_reply_parse(spot_buf_str(&hr.body), hr.body.len, rep) == 0) {
@@ -616,7 +616,7 @@ out:
 static int
 setup_endpoint(struct aws_relaunch *a)
 {
-  const char *ep = a->ec2_endpoint, *region = spot_aws_region(a->c.aws);
+  const char *ep = a->ec2_endpoint, *region = spot_aws_region(a->c.conn.aws);
   char err[256];
 
   if (ep == NULL)

@@ -107,81 +107,38 @@ budget_ms(const struct cloud *c)
   return left > MIN_TIMEOUT_MS ? (uint64_t)left : MIN_TIMEOUT_MS;
 }
 
-static void
-aws_ready_cb(int err, const char *msg, void *data)
-{
-  struct cloud *c = data;
-
-  c->aws_err = err;
-  if (err < 0)
-    spot_strlcpy(c->aws_msg, msg, sizeof(c->aws_msg));
-  c->aws_done = true;
-}
-
 int
 cloud_open(struct cloud *c, bool with_aws)
 {
-  struct spot_aws_options ao;
-  struct spot_s3_config sc;
-  int r;
+  struct spotctl_s3_options so;
+  char err[600];
 
   c->end_mono = spot_now_mono_ms() + budget_ms(c);
-  r = uv_loop_init(&c->loop);
-  if (r < 0)
-    return spotctl_fail("relaunch: event loop: %s", uv_strerror(r));
-  c->loop_ready = true;
-  r = spot_http_new(&c->loop, &c->http);
-  if (r < 0)
-    return spotctl_fail("relaunch: HTTP client: %s", strerror(-r));
+  if (spotctl_s3_open_loop(&c->conn, err, sizeof(err)) < 0)
+    return spotctl_fail("relaunch: %s", err);
   if (!with_aws)
     return 0;
-  memset(&ao, 0, sizeof(ao));
-  ao.endpoint = c->s3_endpoint;
-  ao.region = c->region;
-  ao.imds_url = c->metadata_url;
-  r = spot_aws_new(&c->loop, c->http, &ao, &c->aws);
-  if (r == 0)
-    r = spot_aws_start(c->aws, aws_ready_cb, c);
-  if (r < 0)
-    return spotctl_fail("relaunch: AWS settings: %s", strerror(-r));
-  while (!c->aws_done && uv_run(&c->loop, UV_RUN_ONCE) != 0)
-    ;
-  if (c->aws_err < 0 && c->aws_optional) {
+  memset(&so, 0, sizeof(so));
+  so.endpoint = c->s3_endpoint;
+  so.region = c->region;
+  so.imds_url = c->metadata_url;
+  so.max_retries = 2;
+  if (spotctl_s3_open_aws(&c->conn, &so, err, sizeof(err)) == 0)
+    return 0;
+  if (c->conn.aws_failed && c->aws_optional) {
     cloud_say("warning: no store credentials (%s): the relaunch record is "
               "not used",
-              c->aws_msg[0] ? c->aws_msg : strerror(-c->aws_err));
+              err);
     c->no_record = true;
     return 0;
   }
-  if (c->aws_err < 0)
-    return spotctl_fail("relaunch: %s",
-                        c->aws_msg[0] ? c->aws_msg : strerror(-c->aws_err));
-  memset(&sc, 0, sizeof(sc));
-  spot_aws_s3_config(c->aws, &sc);
-  sc.max_retries = 2;
-  r = spot_s3_new(c->http, &sc, &c->s3);
-  if (r < 0)
-    return spotctl_fail("relaunch: S3 client: %s", strerror(-r));
-  return 0;
+  return spotctl_fail("relaunch: %s", err);
 }
 
 void
 cloud_close(struct cloud *c)
 {
-  spot_s3_free(c->s3);
-  c->s3 = NULL;
-  if (c->aws != NULL)
-    spot_aws_close(c->aws, NULL, NULL);
-  c->aws = NULL;
-  if (c->http != NULL)
-    spot_http_close(c->http, NULL, NULL);
-  c->http = NULL;
-  if (c->loop_ready) {
-    uv_run(&c->loop, UV_RUN_DEFAULT);
-    if (uv_loop_close(&c->loop) != 0)
-      log_err("internal: event loop not empty at exit");
-    c->loop_ready = false;
-  }
+  spotctl_s3_close(&c->conn);
   free(c->bucket);
   free(c->prefix);
   c->bucket = c->prefix = NULL;
@@ -228,14 +185,15 @@ cloud_record_load(struct cloud *c)
   int r;
 
   memset(&c->rec, 0, sizeof(c->rec));
-  if (c->no_record || c->s3 == NULL)
+  if (c->no_record || c->conn.s3 == NULL)
     return;
   record_key(c, key, sizeof(key));
   memset(&w, 0, sizeof(w));
   spot_buf_init(&body, SPOT_RELAUNCH_RECORD_MAX);
-  r = spot_s3_get(c->s3, c->bucket, key, 0, 0, NULL, &body, s3_cb, &w, NULL);
+  r = spot_s3_get(c->conn.s3, c->bucket, key, 0, 0, NULL, &body, s3_cb, &w,
+                  NULL);
   if (r == 0)
-    while (!w.done && uv_run(&c->loop, UV_RUN_ONCE) != 0)
+    while (!w.done && uv_run(&c->conn.loop, UV_RUN_ONCE) != 0)
       ;
   if (r < 0 || (w.err < 0 && w.err != -ENOENT)) {
     cloud_say("warning: cannot read the relaunch record s3://%s/%s: %s",
@@ -259,17 +217,17 @@ cloud_record_save(struct cloud *c)
   char key[512];
   int r;
 
-  if (c->no_record || c->s3 == NULL)
+  if (c->no_record || c->conn.s3 == NULL)
     return;
   record_key(c, key, sizeof(key));
   memset(&w, 0, sizeof(w));
   spot_buf_init(&body, SPOT_RELAUNCH_RECORD_MAX);
   r = spot_relaunch_record_format(&c->rec, &body);
   if (r == 0)
-    r = spot_s3_put(c->s3, c->bucket, key, body.data, body.len, 0, s3_cb, &w,
-                    NULL);
+    r = spot_s3_put(c->conn.s3, c->bucket, key, body.data, body.len, 0, s3_cb,
+                    &w, NULL);
   if (r == 0)
-    while (!w.done && uv_run(&c->loop, UV_RUN_ONCE) != 0)
+    while (!w.done && uv_run(&c->conn.loop, UV_RUN_ONCE) != 0)
       ;
   if (r < 0 || w.err < 0)
     cloud_say("warning: cannot write the relaunch record s3://%s/%s: %s",

@@ -13,6 +13,7 @@
 #include "ec2.h"
 #include "http.h"
 #include "s3.h"
+#include "spotctl.h"
 
 struct cloud {
   /* the preemption (SPOTD_*) */
@@ -26,15 +27,8 @@ struct cloud {
   bool no_record, dry_run;
   bool aws_optional; /* gcp: no store credentials = no record */
   int64_t timeout_s;
-  /* the engine */
-  uv_loop_t loop;
-  bool loop_ready;
-  struct spot_http *http;
-  struct spot_aws *aws; /* S3 (record) and EC2 credentials */
-  struct spot_s3 *s3;
-  int aws_err;
-  char aws_msg[512];
-  bool aws_done;
+  /* the engine: its aws gives S3 (record) and EC2 credentials */
+  struct spotctl_s3 conn;
   /* the record */
   struct spot_relaunch_record rec;
   bool rec_loaded;

@@ -249,7 +249,7 @@ call(struct gcp_relaunch *g, const char *method, const char *url,
   q.timeout_ms = (long)(left < 20000 ? left + 1 : 20000);
   q.max_reply = SPOT_GCE_REPLY_MAX;
   q.no_proxy = metadata;
-  return spot_http_once(g->c.http, &q, rep);
+  return spot_http_once(g->c.conn.http, &q, rep);
 }
 
 static int

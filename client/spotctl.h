@@ -2,7 +2,13 @@
 #ifndef SPOTCTL_H
 #define SPOTCTL_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <uv.h>
+
+#include "aws.h"
+#include "http.h"
+#include "s3.h"
 
 struct spotctl_cmd {
   const char *name;
@@ -34,6 +40,36 @@ int spotctl_cmd_relaunch(int argc, char **argv);      /* relaunch.c */
 int spotctl_cmd_history(int argc, char **argv);       /* history_cmds.c */
 int spotctl_cmd_history_event(int argc, char **argv); /* history_cmds.c */
 int spotctl_cmd_lease(int argc, char **argv);         /* lease_cmds.c */
+
+/* session.c: a loop, the HTTP client, the AWS chain and an S3 client, for
+ * the commands that talk to S3. Zero the struct first. */
+struct spotctl_s3 {
+  uv_loop_t loop;
+  bool loop_ready;
+  struct spot_http *http;
+  struct spot_aws *aws;
+  struct spot_s3 *s3;
+  bool aws_done, aws_failed; /* aws_failed: the chain found no credentials */
+  int aws_err;
+  char aws_msg[512];
+};
+struct spotctl_s3_options {
+  const char *endpoint, *region, *profile; /* NULL: the AWS conventions */
+  const char *imds_url;                    /* NULL: the default */
+  unsigned max_retries;                    /* 0: the S3 client's default */
+};
+/* Loop and HTTP client. 0 or negative errno with one line in err. */
+int spotctl_s3_open_loop(struct spotctl_s3 *c, char *err, size_t errlen);
+/* Then the AWS chain (run to its end on the loop) and the S3 client. 0 or
+ * negative errno with one line in err (aws_failed tells the chain's
+ * failure apart). */
+int spotctl_s3_open_aws(struct spotctl_s3 *c,
+                        const struct spotctl_s3_options *o, char *err,
+                        size_t errlen);
+/* Both; 0, or the exit status after printing the error. */
+int spotctl_s3_open(struct spotctl_s3 *c, const struct spotctl_s3_options *o);
+/* Frees what is open, runs the loop dry and closes it. Idempotent. */
+void spotctl_s3_close(struct spotctl_s3 *c);
 
 /* history_plot.c: the timeline of a job into a .png or .svg file. Returns
  * 0 or negative errno with one line in err. Each run is drawn as one

@@ -22,10 +22,7 @@
 #include "util.h"
 
 struct session {
-  uv_loop_t loop;
-  struct spot_http *http;
-  struct spot_aws *aws;
-  struct spot_s3 *s3;
+  struct spotctl_s3 c;
   struct spot_store_config cfg;
   char *bucket, *prefix, *job;
   int err;
@@ -34,7 +31,6 @@ struct session {
   bool tty;
   bool quiet;
   bool json;
-  bool loop_ready;
   const char *verb;
   int exit_code;
 };
@@ -212,24 +208,12 @@ parse_opts(int argc, char **argv, struct common_opts *o, const char *usage)
   return -1;
 }
 
-static void
-aws_ready_cb(int err, const char *msg, void *data)
-{
-  struct session *s = data;
-
-  s->err = err;
-  if (err < 0)
-    snprintf(s->msg, sizeof(s->msg), "%s", msg);
-  s->done = true;
-}
-
 /* Loop, HTTP, credentials, S3. Returns 0 or an exit status after printing
  * the error. */
 static int
 session_open(struct session *s, const char *url, const struct common_opts *o)
 {
-  struct spot_aws_options ao;
-  struct spot_s3_config sc;
+  struct spotctl_s3_options so;
   char err[256];
   int r;
 
@@ -239,33 +223,14 @@ session_open(struct session *s, const char *url, const struct common_opts *o)
   if (spot_s3_url_parse_job(url, &s->bucket, &s->prefix, &s->job, err,
                             sizeof(err)) < 0)
     return spotctl_usage("%s", err);
-  r = uv_loop_init(&s->loop);
-  if (r < 0)
-    return spotctl_fail("event loop: %s", uv_strerror(r));
-  s->loop_ready = true;
-  r = spot_http_new(&s->loop, &s->http);
-  if (r < 0)
-    return spotctl_fail("HTTP client: %s", strerror(-r));
-  memset(&ao, 0, sizeof(ao));
-  ao.endpoint = o->endpoint;
-  ao.region = o->region;
-  ao.profile = o->profile;
-  r = spot_aws_new(&s->loop, s->http, &ao, &s->aws);
-  if (r < 0)
-    return spotctl_fail("AWS settings: %s", strerror(-r));
-  r = spot_aws_start(s->aws, aws_ready_cb, s);
-  if (r < 0)
-    return spotctl_fail("AWS settings: %s", strerror(-r));
-  while (!s->done && uv_run(&s->loop, UV_RUN_ONCE) != 0)
-    ;
-  if (s->err < 0)
-    return spotctl_fail("%s", s->msg[0] ? s->msg : strerror(-s->err));
-  memset(&sc, 0, sizeof(sc));
-  spot_aws_s3_config(s->aws, &sc);
-  r = spot_s3_new(s->http, &sc, &s->s3);
-  if (r < 0)
-    return spotctl_fail("S3 client: %s", strerror(-r));
-  s->cfg.s3 = s->s3;
+  memset(&so, 0, sizeof(so));
+  so.endpoint = o->endpoint;
+  so.region = o->region;
+  so.profile = o->profile;
+  r = spotctl_s3_open(&s->c, &so);
+  if (r != 0)
+    return r;
+  s->cfg.s3 = s->c.s3;
   s->cfg.bucket = s->bucket;
   s->cfg.prefix = s->prefix;
   s->cfg.job = s->job;
@@ -284,20 +249,7 @@ session_open(struct session *s, const char *url, const struct common_opts *o)
 static void
 session_close(struct session *s)
 {
-  int r;
-
-  spot_s3_free(s->s3);
-  s->s3 = NULL;
-  if (s->aws != NULL)
-    spot_aws_close(s->aws, NULL, NULL);
-  if (s->http != NULL)
-    spot_http_close(s->http, NULL, NULL);
-  if (s->loop_ready) {
-    uv_run(&s->loop, UV_RUN_DEFAULT);
-    r = uv_loop_close(&s->loop);
-    if (r != 0)
-      log_err("internal: event loop not empty at exit: %s", uv_strerror(r));
-  }
+  spotctl_s3_close(&s->c);
   free(s->bucket);
   free(s->prefix);
   free(s->job);
@@ -367,7 +319,7 @@ store_done_cb(const struct spot_store_result *res, void *data)
 static int
 run_op(struct session *s)
 {
-  while (!s->done && uv_run(&s->loop, UV_RUN_ONCE) != 0)
+  while (!s->done && uv_run(&s->c.loop, UV_RUN_ONCE) != 0)
     ;
   if (!s->done)
     return spotctl_fail("internal: the operation never finished");
@@ -407,7 +359,7 @@ spotctl_cmd_push(int argc, char **argv)
   r = session_open(&s, argv[optind + 1], &o);
   if (r == 0) {
     s.verb = "pushed";
-    r = spot_store_push(&s.loop, &s.cfg, argv[optind], o.name, print_progress,
+    r = spot_store_push(&s.c.loop, &s.cfg, argv[optind], o.name, print_progress,
                         store_done_cb, &s, NULL);
     if (r == -EINVAL)
       r = spotctl_fail(
@@ -447,7 +399,7 @@ spotctl_cmd_restore(int argc, char **argv)
   r = session_open(&s, argv[optind], &o);
   if (r == 0) {
     s.verb = "restored";
-    r = spot_store_restore(&s.loop, &s.cfg, o.name, argv[optind + 1],
+    r = spot_store_restore(&s.c.loop, &s.cfg, o.name, argv[optind + 1],
                            print_progress, store_done_cb, &s, NULL);
     if (r == -EINVAL)
       r = spotctl_usage(
@@ -557,7 +509,7 @@ spotctl_cmd_list(int argc, char **argv)
   memset(&s, 0, sizeof(s));
   r = session_open(&s, argv[optind], &o);
   if (r == 0) {
-    r = spot_store_list(&s.loop, &s.cfg, list_done_cb, &s, NULL);
+    r = spot_store_list(&s.c.loop, &s.cfg, list_done_cb, &s, NULL);
     r = r < 0 ? spotctl_fail("list: %s", strerror(-r)) : run_op(&s);
   }
   session_close(&s);

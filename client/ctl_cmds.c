@@ -91,8 +91,7 @@ parse(int argc, char **argv, struct ctl_opts *o, const char *usage,
              "  -h, --help         this help\n");
       return SPOTCTL_EXIT_OK;
     default:
-      return spotctl_usage("%s: unknown or incomplete option '%s'", argv[0],
-                           argv[optind - 1]);
+      return spotctl_bad_option(argv[0], argv);
     }
   }
   if (o->socket == NULL)

@@ -1,5 +1,6 @@
 /* spotctl: thin client of spotd and the store commands. */
 #include <errno.h>
+#include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +77,15 @@ spotctl_usage(const char *fmt, ...)
   r = vfail(SPOTCTL_EXIT_USAGE, "\nTry 'spotctl --help'.\n", fmt, ap);
   va_end(ap);
   return r;
+}
+
+int
+spotctl_bad_option(const char *cmd, char **argv)
+{
+  if (optopt != 0 && optopt < 256)
+    return spotctl_usage("%s: unknown option '-%c'", cmd, optopt);
+  return spotctl_usage("%s: unknown or incomplete option '%s'", cmd,
+                       argv[optind - 1]);
 }
 
 static void

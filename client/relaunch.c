@@ -909,10 +909,7 @@ parse_args(int argc, char **argv, struct relaunch *r)
       r->state_dir = optarg;
       break;
     default:
-      if (optopt != 0 && optopt < 256)
-        return spotctl_usage("relaunch: unknown option '-%c'", optopt);
-      return spotctl_usage("relaunch: unknown or incomplete option '%s'",
-                           argv[optind - 1]);
+      return spotctl_bad_option("relaunch", argv);
     }
   }
   if (backend == NULL)

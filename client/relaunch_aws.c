@@ -231,8 +231,7 @@ parse_args(int argc, char **argv, struct aws_relaunch *a)
       a->c.dry_run = true;
       break;
     default:
-      return spotctl_usage("relaunch: unknown or incomplete option '%s'",
-                           argv[optind - 1]);
+      return spotctl_bad_option("relaunch", argv);
     }
   }
   if (r != 0)

@@ -29,6 +29,9 @@ enum {
  * SPOTCTL_EXIT_FAIL. */
 int spotctl_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int spotctl_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* For getopt_long's '?': names the unknown option (from optopt or
+ * argv[optind - 1]) after cmd, as a usage error. */
+int spotctl_bad_option(const char *cmd, char **argv);
 int spotctl_cmd_emulate(int argc, char **argv);       /* emulate.c */
 int spotctl_cmd_status(int argc, char **argv);        /* ctl_cmds.c */
 int spotctl_cmd_checkpoint(int argc, char **argv);    /* ctl_cmds.c */

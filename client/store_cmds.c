@@ -199,10 +199,7 @@ parse_opts(int argc, char **argv, struct common_opts *o, const char *usage)
       break;
     case '?':
     default:
-      if (optopt != 0 && optopt < 256)
-        return spotctl_usage("%s: unknown option '-%c'", argv[0], optopt);
-      return spotctl_usage("%s: unknown or incomplete option '%s'", argv[0],
-                           argv[optind - 1]);
+      return spotctl_bad_option(argv[0], argv);
     }
   }
   return -1;

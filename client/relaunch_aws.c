@@ -31,7 +31,6 @@
 
 #define LIST_MAX 16
 #define DEFAULT_ATTEMPTS 3
-#define DEFAULT_FAILED_TTL_S 3600
 #define BACKOFF_BASE_MS 300
 #define BACKOFF_CAP_MS 5000
 #define CALL_TIMEOUT_MS 20000
@@ -43,7 +42,7 @@ struct aws_relaunch {
   char *types[LIST_MAX], *subnets[LIST_MAX], *zones[LIST_MAX];
   size_t n_types, n_subnets, n_zones;
   char *lists[3]; /* strdup'ed option values */
-  int64_t attempts, od_after, failed_ttl_s;
+  int64_t attempts, od_after;
   char endpoint[SPOT_AWS_ENDPOINT_MAX + 1];
   char sigv4[64];
   /* this instance, from IMDS */
@@ -92,22 +91,14 @@ static const char aws_usage[] =
     "Exit status: 0 launched (or already), 1 failed, 2 usage.\n";
 
 enum {
-  OPT_BACKEND = 256,
-  OPT_LT,
+  OPT_LT = CLOUD_OPT_LAST,
   OPT_LT_VERSION,
   OPT_TYPES,
   OPT_SUBNETS,
   OPT_ZONES,
   OPT_ATTEMPTS,
   OPT_OD_AFTER,
-  OPT_FAILED_TTL,
   OPT_EC2_ENDPOINT,
-  OPT_METADATA_URL,
-  OPT_ENDPOINT,
-  OPT_REGION,
-  OPT_NO_RECORD,
-  OPT_TIMEOUT,
-  OPT_DRY_RUN,
 };
 
 /* Splits a comma list in place into out (at most LIST_MAX). */
@@ -133,21 +124,9 @@ split(char *s, char **out, size_t *n, const char *opt)
 }
 
 static int
-parse_num(const char *opt, const char *v, int64_t min, int64_t max,
-          int64_t *out)
-{
-  if (spot_parse_int64(v, min, max, out) < 0)
-    return spotctl_usage("relaunch: %s: expected %" PRId64 " to %" PRId64
-                         ", got '%s'",
-                         opt, min, max, v);
-  return 0;
-}
-
-static int
 parse_args(int argc, char **argv, struct aws_relaunch *a)
 {
   static const struct option opts[] = {
-      {"backend", required_argument, NULL, OPT_BACKEND},
       {"launch-template", required_argument, NULL, OPT_LT},
       {"template-version", required_argument, NULL, OPT_LT_VERSION},
       {"instance-types", required_argument, NULL, OPT_TYPES},
@@ -155,16 +134,8 @@ parse_args(int argc, char **argv, struct aws_relaunch *a)
       {"zones", required_argument, NULL, OPT_ZONES},
       {"attempts", required_argument, NULL, OPT_ATTEMPTS},
       {"on-demand-after", required_argument, NULL, OPT_OD_AFTER},
-      {"failed-ttl", required_argument, NULL, OPT_FAILED_TTL},
       {"ec2-endpoint", required_argument, NULL, OPT_EC2_ENDPOINT},
-      {"metadata-url", required_argument, NULL, OPT_METADATA_URL},
-      {"endpoint", required_argument, NULL, OPT_ENDPOINT},
-      {"region", required_argument, NULL, OPT_REGION},
-      {"no-record", no_argument, NULL, OPT_NO_RECORD},
-      {"timeout", required_argument, NULL, OPT_TIMEOUT},
-      {"dry-run", no_argument, NULL, OPT_DRY_RUN},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0},
+      CLOUD_LONG_OPTIONS,
   };
   int o, r = 0;
 
@@ -175,8 +146,6 @@ parse_args(int argc, char **argv, struct aws_relaunch *a)
     case 'h':
       fputs(aws_usage, stdout);
       return 1;
-    case OPT_BACKEND:
-      break;
     case OPT_LT:
       if (optarg[0] == '\0' || strlen(optarg) > 128)
         return spotctl_usage("relaunch: --launch-template: 1 to 128 "
@@ -201,37 +170,18 @@ parse_args(int argc, char **argv, struct aws_relaunch *a)
       break;
     }
     case OPT_ATTEMPTS:
-      r = parse_num("--attempts", optarg, 1, 20, &a->attempts);
+      r = cloud_parse_num("--attempts", optarg, 1, 20, &a->attempts);
       break;
     case OPT_OD_AFTER:
-      r = parse_num("--on-demand-after", optarg, 0, 20, &a->od_after);
-      break;
-    case OPT_FAILED_TTL:
-      r = parse_num("--failed-ttl", optarg, 0, 30 * 86400, &a->failed_ttl_s);
+      r = cloud_parse_num("--on-demand-after", optarg, 0, 20, &a->od_after);
       break;
     case OPT_EC2_ENDPOINT:
       a->ec2_endpoint = optarg;
       break;
-    case OPT_METADATA_URL:
-      a->c.metadata_url = optarg;
-      break;
-    case OPT_ENDPOINT:
-      a->c.s3_endpoint = optarg;
-      break;
-    case OPT_REGION:
-      a->c.region = optarg;
-      break;
-    case OPT_NO_RECORD:
-      a->c.no_record = true;
-      break;
-    case OPT_TIMEOUT:
-      r = parse_num("--timeout", optarg, 1, 86400, &a->c.timeout_s);
-      break;
-    case OPT_DRY_RUN:
-      a->c.dry_run = true;
-      break;
     default:
-      return spotctl_bad_option("relaunch", argv);
+      r = cloud_option(&a->c, o, optarg);
+      if (r == 1)
+        return spotctl_bad_option("relaunch", argv);
     }
   }
   if (r != 0)
@@ -380,7 +330,7 @@ build_pools(struct aws_relaunch *a)
 static size_t
 usable_pools(struct aws_relaunch *a, bool on_demand, struct spot_ec2_pool *out)
 {
-  int64_t since = spot_now_wall_ms() - a->failed_ttl_s * 1000;
+  int64_t since = spot_now_wall_ms() - a->c.failed_ttl_s * 1000;
   char name[80], rec[80];
   size_t n = 0;
 
@@ -698,7 +648,7 @@ spotctl_relaunch_aws(int argc, char **argv)
   if (a == NULL)
     return spotctl_fail("relaunch: out of memory");
   a->attempts = DEFAULT_ATTEMPTS;
-  a->failed_ttl_s = DEFAULT_FAILED_TTL_S;
+  a->c.failed_ttl_s = CLOUD_DEFAULT_FAILED_TTL_S;
   r = parse_args(argc, argv, a);
   if (r == 1)
     r = SPOTCTL_EXIT_OK;

@@ -3,6 +3,7 @@
 #include "relaunch_cloud.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,6 +106,48 @@ budget_ms(const struct cloud *c)
     return DEFAULT_TIMEOUT_MS;
   left = c->deadline_ms - spot_now_wall_ms() - DEADLINE_MARGIN_MS;
   return left > MIN_TIMEOUT_MS ? (uint64_t)left : MIN_TIMEOUT_MS;
+}
+
+int
+cloud_parse_num(const char *opt, const char *v, int64_t min, int64_t max,
+                int64_t *out)
+{
+  if (spot_parse_int64(v, min, max, out) < 0)
+    return spotctl_usage("relaunch: %s: expected %" PRId64 " to %" PRId64
+                         ", got '%s'",
+                         opt, min, max, v);
+  return 0;
+}
+
+int
+cloud_option(struct cloud *c, int opt, const char *arg)
+{
+  switch (opt) {
+  case CLOUD_OPT_BACKEND:
+    return 0;
+  case CLOUD_OPT_FAILED_TTL:
+    return cloud_parse_num("--failed-ttl", arg, 0, 30 * 86400,
+                           &c->failed_ttl_s);
+  case CLOUD_OPT_METADATA_URL:
+    c->metadata_url = arg;
+    return 0;
+  case CLOUD_OPT_ENDPOINT:
+    c->s3_endpoint = arg;
+    return 0;
+  case CLOUD_OPT_REGION:
+    c->region = arg;
+    return 0;
+  case CLOUD_OPT_NO_RECORD:
+    c->no_record = true;
+    return 0;
+  case CLOUD_OPT_TIMEOUT:
+    return cloud_parse_num("--timeout", arg, 1, 86400, &c->timeout_s);
+  case CLOUD_OPT_DRY_RUN:
+    c->dry_run = true;
+    return 0;
+  default:
+    return 1;
+  }
 }
 
 int

@@ -27,12 +27,47 @@ struct cloud {
   bool no_record, dry_run;
   bool aws_optional; /* gcp: no store credentials = no record */
   int64_t timeout_s;
+  int64_t failed_ttl_s; /* pools/zones that failed this recently: skipped */
   /* the engine: its aws gives S3 (record) and EC2 credentials */
   struct spotctl_s3 conn;
   /* the record */
   struct spot_relaunch_record rec;
   bool rec_loaded;
 };
+
+/* Options every cloud backend takes, after the backend's own (whose ids
+ * start at CLOUD_OPT_LAST). */
+enum {
+  CLOUD_OPT_BACKEND = 256,
+  CLOUD_OPT_FAILED_TTL,
+  CLOUD_OPT_METADATA_URL,
+  CLOUD_OPT_ENDPOINT,
+  CLOUD_OPT_REGION,
+  CLOUD_OPT_NO_RECORD,
+  CLOUD_OPT_TIMEOUT,
+  CLOUD_OPT_DRY_RUN,
+  CLOUD_OPT_LAST,
+};
+#define CLOUD_DEFAULT_FAILED_TTL_S 3600
+#define CLOUD_LONG_OPTIONS                                                     \
+  {"backend", required_argument, NULL, CLOUD_OPT_BACKEND},                     \
+      {"failed-ttl", required_argument, NULL, CLOUD_OPT_FAILED_TTL},           \
+      {"metadata-url", required_argument, NULL, CLOUD_OPT_METADATA_URL},       \
+      {"endpoint", required_argument, NULL, CLOUD_OPT_ENDPOINT},               \
+      {"region", required_argument, NULL, CLOUD_OPT_REGION},                   \
+      {"no-record", no_argument, NULL, CLOUD_OPT_NO_RECORD},                   \
+      {"timeout", required_argument, NULL, CLOUD_OPT_TIMEOUT},                 \
+      {"dry-run", no_argument, NULL, CLOUD_OPT_DRY_RUN},                       \
+      {"help", no_argument, NULL, 'h'},                                        \
+  {                                                                            \
+    NULL, 0, NULL, 0                                                           \
+  }
+/* One of the options above: 0 when taken, 1 when not one of them, else an
+ * exit status (message printed). */
+int cloud_option(struct cloud *c, int opt, const char *arg);
+/* An integer option in [min, max]: 0, or the usage exit status. */
+int cloud_parse_num(const char *opt, const char *v, int64_t min, int64_t max,
+                    int64_t *out);
 
 void cloud_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Reads SPOTD_*; 0 or an exit status (message printed). */

@@ -31,7 +31,6 @@
 #define ZONES_MAX 16
 #define DEFAULT_ENDPOINT "https://compute.googleapis.com"
 #define DEFAULT_METADATA "http://metadata.google.internal"
-#define DEFAULT_FAILED_TTL_S 3600
 #define BACKOFF_BASE_MS 300
 #define BACKOFF_CAP_MS 5000
 #define POLL_MIN_MS 200
@@ -44,7 +43,6 @@ struct gcp_relaunch {
   char *zones[ZONES_MAX];
   size_t n_zones;
   char *zone_list;
-  int64_t failed_ttl_s;
   char endpoint[512], meta[512];
   char project[128], this_zone[64], this_name[128];
   char template_path[400]; /* projects/P/global/instanceTemplates/T */
@@ -85,18 +83,10 @@ static const char gcp_usage[] =
     "Exit status: 0 launched (or already), 1 failed, 2 usage.\n";
 
 enum {
-  OPT_BACKEND = 256,
-  OPT_TEMPLATE,
+  OPT_TEMPLATE = CLOUD_OPT_LAST,
   OPT_ZONES,
   OPT_PROJECT,
-  OPT_FAILED_TTL,
   OPT_COMPUTE,
-  OPT_METADATA_URL,
-  OPT_ENDPOINT,
-  OPT_REGION,
-  OPT_NO_RECORD,
-  OPT_TIMEOUT,
-  OPT_DRY_RUN,
 };
 
 static bool
@@ -142,20 +132,11 @@ static int
 parse_args(int argc, char **argv, struct gcp_relaunch *g)
 {
   static const struct option opts[] = {
-      {"backend", required_argument, NULL, OPT_BACKEND},
       {"instance-template", required_argument, NULL, OPT_TEMPLATE},
       {"zones", required_argument, NULL, OPT_ZONES},
       {"project", required_argument, NULL, OPT_PROJECT},
-      {"failed-ttl", required_argument, NULL, OPT_FAILED_TTL},
       {"compute-endpoint", required_argument, NULL, OPT_COMPUTE},
-      {"metadata-url", required_argument, NULL, OPT_METADATA_URL},
-      {"endpoint", required_argument, NULL, OPT_ENDPOINT},
-      {"region", required_argument, NULL, OPT_REGION},
-      {"no-record", no_argument, NULL, OPT_NO_RECORD},
-      {"timeout", required_argument, NULL, OPT_TIMEOUT},
-      {"dry-run", no_argument, NULL, OPT_DRY_RUN},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0},
+      CLOUD_LONG_OPTIONS,
   };
   int o, r = 0;
 
@@ -166,8 +147,6 @@ parse_args(int argc, char **argv, struct gcp_relaunch *g)
     case 'h':
       fputs(gcp_usage, stdout);
       return 1;
-    case OPT_BACKEND:
-      break;
     case OPT_TEMPLATE:
       g->template = optarg;
       break;
@@ -180,38 +159,13 @@ parse_args(int argc, char **argv, struct gcp_relaunch *g)
                              optarg);
       g->project_opt = optarg;
       break;
-    case OPT_FAILED_TTL:
-      if (spot_parse_int64(optarg, 0, 30 * 86400, &g->failed_ttl_s) < 0)
-        return spotctl_usage("relaunch: --failed-ttl: expected seconds, got "
-                             "'%s'",
-                             optarg);
-      break;
     case OPT_COMPUTE:
       g->endpoint_opt = optarg;
       break;
-    case OPT_METADATA_URL:
-      g->c.metadata_url = optarg;
-      break;
-    case OPT_ENDPOINT:
-      g->c.s3_endpoint = optarg;
-      break;
-    case OPT_REGION:
-      g->c.region = optarg;
-      break;
-    case OPT_NO_RECORD:
-      g->c.no_record = true;
-      break;
-    case OPT_TIMEOUT:
-      if (spot_parse_int64(optarg, 1, 86400, &g->c.timeout_s) < 0)
-        return spotctl_usage("relaunch: --timeout: expected 1 to 86400, got "
-                             "'%s'",
-                             optarg);
-      break;
-    case OPT_DRY_RUN:
-      g->c.dry_run = true;
-      break;
     default:
-      return spotctl_bad_option("relaunch", argv);
+      r = cloud_option(&g->c, o, optarg);
+      if (r == 1)
+        return spotctl_bad_option("relaunch", argv);
     }
   }
   if (r != 0)
@@ -552,7 +506,7 @@ run(struct gcp_relaunch *g)
   if (g->this_zone[0] != '\0')
     spot_relaunch_record_fail(&g->c.rec, g->this_zone, "reclaimed",
                               spot_now_wall_ms());
-  since = spot_now_wall_ms() - g->failed_ttl_s * 1000;
+  since = spot_now_wall_ms() - g->c.failed_ttl_s * 1000;
   r = ZONE_STOCKOUT;
   for (size_t i = 0; r == ZONE_STOCKOUT && i < g->n_zones; i++) {
     const char *z = g->zones[i];
@@ -595,7 +549,7 @@ spotctl_relaunch_gcp(int argc, char **argv)
 
   if (g == NULL)
     return spotctl_fail("relaunch: out of memory");
-  g->failed_ttl_s = DEFAULT_FAILED_TTL_S;
+  g->c.failed_ttl_s = CLOUD_DEFAULT_FAILED_TTL_S;
   g->c.aws_optional = true;
   r = parse_args(argc, argv, g);
   if (r == 1)

@@ -27,7 +27,6 @@ struct hsession {
   struct spotctl_s3 c;
   bool done;
   struct spot_store_config cfg;
-  char *bucket, *prefix, *job;
   int err;
   char msg[512];
 };
@@ -149,23 +148,15 @@ static int
 hsession_open(struct hsession *s, const char *url, const struct hopts *o)
 {
   struct spotctl_s3_options so;
-  char err[256];
   int r;
 
-  if (spot_s3_url_parse_job(url, &s->bucket, &s->prefix, &s->job, err,
-                            sizeof(err)) < 0)
-    return spotctl_usage("%s", err);
   memset(&so, 0, sizeof(so));
   so.endpoint = o->endpoint;
   so.region = o->region;
   so.profile = o->profile;
-  r = spotctl_s3_open(&s->c, &so);
+  r = spotctl_s3_open_job(&s->c, url, &so, &s->cfg);
   if (r != 0)
     return r;
-  s->cfg.s3 = s->c.s3;
-  s->cfg.bucket = s->bucket;
-  s->cfg.prefix = s->prefix;
-  s->cfg.job = s->job;
   s->done = false;
   return 0;
 }
@@ -174,9 +165,6 @@ static void
 hsession_close(struct hsession *s)
 {
   spotctl_s3_close(&s->c);
-  free(s->bucket);
-  free(s->prefix);
-  free(s->job);
 }
 
 const char *
@@ -304,7 +292,7 @@ read_cb(const struct spot_history_read_result *res, void *data)
   }
   sh->exit_code = SPOTCTL_EXIT_OK;
   if (sh->o->json) {
-    if (spot_hist_summary_json(&sum, sh->s->job, res->events, res->n, &json) <
+    if (spot_hist_summary_json(&sum, sh->s->c.job, res->events, res->n, &json) <
         0) {
       sh->exit_code = spotctl_fail("history: out of memory");
     } else {
@@ -312,12 +300,13 @@ read_cb(const struct spot_history_read_result *res, void *data)
       free(json);
     }
   } else if (res->n == 0) {
-    printf("Job %s: no history recorded\n", sh->s->job);
+    printf("Job %s: no history recorded\n", sh->s->c.job);
   } else {
-    print_summary(sh->s->job, &sum);
+    print_summary(sh->s->c.job, &sum);
   }
   if (sh->o->plot != NULL && sh->exit_code == SPOTCTL_EXIT_OK &&
-      spotctl_history_plot(sh->o->plot, sh->s->job, &sum, err, sizeof(err)) < 0)
+      spotctl_history_plot(sh->o->plot, sh->s->c.job, &sum, err, sizeof(err)) <
+          0)
     sh->exit_code = spotctl_fail("history: --plot %s: %s", sh->o->plot, err);
   spot_hist_summary_fini(&sum);
 }

@@ -3,9 +3,12 @@
  * them in order, requiring an empty loop at the end. */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
+#include "s3url.h"
+#include "store.h"
 #include "spotctl.h"
 #include "util.h"
 
@@ -88,6 +91,27 @@ spotctl_s3_open(struct spotctl_s3 *c, const struct spotctl_s3_options *o)
   return 0;
 }
 
+int
+spotctl_s3_open_job(struct spotctl_s3 *c, const char *url,
+                    const struct spotctl_s3_options *o,
+                    struct spot_store_config *cfg)
+{
+  char err[256];
+  int r;
+
+  if (spot_s3_url_parse_job(url, &c->bucket, &c->prefix, &c->job, err,
+                            sizeof(err)) < 0)
+    return spotctl_usage("%s", err);
+  r = spotctl_s3_open(c, o);
+  if (r != 0 || cfg == NULL)
+    return r;
+  cfg->s3 = c->s3;
+  cfg->bucket = c->bucket;
+  cfg->prefix = c->prefix;
+  cfg->job = c->job;
+  return 0;
+}
+
 void
 spotctl_s3_close(struct spotctl_s3 *c)
 {
@@ -108,4 +132,8 @@ spotctl_s3_close(struct spotctl_s3 *c)
       log_err("internal: event loop not empty at exit: %s", uv_strerror(r));
     c->loop_ready = false;
   }
+  free(c->bucket);
+  free(c->prefix);
+  free(c->job);
+  c->bucket = c->prefix = c->job = NULL;
 }

@@ -55,6 +55,7 @@ struct spotctl_s3 {
   bool aws_done, aws_failed; /* aws_failed: the chain found no credentials */
   int aws_err;
   char aws_msg[512];
+  char *bucket, *prefix, *job; /* spotctl_s3_open_job() */
 };
 struct spotctl_s3_options {
   const char *endpoint, *region, *profile; /* NULL: the AWS conventions */
@@ -71,6 +72,13 @@ int spotctl_s3_open_aws(struct spotctl_s3 *c,
                         size_t errlen);
 /* Both; 0, or the exit status after printing the error. */
 int spotctl_s3_open(struct spotctl_s3 *c, const struct spotctl_s3_options *o);
+/* s3://BUCKET/[PREFIX/]JOB into bucket, prefix and job, then both opens;
+ * the store config (when not NULL) gets s3, bucket, prefix and job. 0, or
+ * the exit status after printing the error. */
+struct spot_store_config;
+int spotctl_s3_open_job(struct spotctl_s3 *c, const char *url,
+                        const struct spotctl_s3_options *o,
+                        struct spot_store_config *cfg);
 /* Frees what is open, runs the loop dry and closes it. Idempotent. */
 void spotctl_s3_close(struct spotctl_s3 *c);
 

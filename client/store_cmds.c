@@ -24,7 +24,6 @@
 struct session {
   struct spotctl_s3 c;
   struct spot_store_config cfg;
-  char *bucket, *prefix, *job;
   int err;
   char msg[512];
   bool done;
@@ -211,26 +210,18 @@ static int
 session_open(struct session *s, const char *url, const struct common_opts *o)
 {
   struct spotctl_s3_options so;
-  char err[256];
   int r;
 
   s->tty = isatty(STDOUT_FILENO) == 1;
   s->quiet = o->quiet;
   s->json = o->json;
-  if (spot_s3_url_parse_job(url, &s->bucket, &s->prefix, &s->job, err,
-                            sizeof(err)) < 0)
-    return spotctl_usage("%s", err);
   memset(&so, 0, sizeof(so));
   so.endpoint = o->endpoint;
   so.region = o->region;
   so.profile = o->profile;
-  r = spotctl_s3_open(&s->c, &so);
+  r = spotctl_s3_open_job(&s->c, url, &so, &s->cfg);
   if (r != 0)
     return r;
-  s->cfg.s3 = s->c.s3;
-  s->cfg.bucket = s->bucket;
-  s->cfg.prefix = s->prefix;
-  s->cfg.job = s->job;
   s->cfg.part_size = o->part_size;
   s->cfg.parallel = o->parallel;
   s->cfg.workers = o->workers;
@@ -247,9 +238,6 @@ static void
 session_close(struct session *s)
 {
   spotctl_s3_close(&s->c);
-  free(s->bucket);
-  free(s->prefix);
-  free(s->job);
 }
 
 static void
@@ -442,7 +430,7 @@ list_done_cb(const struct spot_store_list_result *res, void *data)
   }
   s->exit_code = SPOTCTL_EXIT_OK;
   if (s->json) {
-    printf("{\"job\":\"%s\",\"latest\":%s,\"checkpoints\":[", s->job,
+    printf("{\"job\":\"%s\",\"latest\":%s,\"checkpoints\":[", s->c.job,
            json_quoted(res->latest, latest, sizeof(latest)));
     for (size_t i = 0; i < res->n; i++) {
       const struct spot_store_entry *e = &res->entries[i];

@@ -115,29 +115,6 @@ struct child_result {
 
 /* ------------------------------------------------------------ logging */
 
-static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-/* Every attempt and outcome: one line on stderr with a UTC timestamp. */
-static void
-say(const char *fmt, ...)
-{
-  struct timespec ts;
-  struct tm tm;
-  char when[32] = "?";
-  va_list ap;
-
-  clock_gettime(CLOCK_REALTIME, &ts);
-  if (gmtime_r(&ts.tv_sec, &tm) != NULL) {
-    size_t n = strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(when + n, sizeof(when) - n, ".%03ldZ", ts.tv_nsec / 1000000);
-  }
-  fprintf(stderr, "spotctl relaunch %s: ", when);
-  va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  fputc('\n', stderr);
-}
-
 /* The first lines of a command's output as one line: "a; b" (at most
  * size-1 bytes). */
 static const char *
@@ -198,13 +175,14 @@ on_signal(struct relaunch *r, int sig)
     return false;
   if (r->backend == BACKEND_SLURM && sig != SIGINT) {
     if (!r->told_term)
-      say("signal %d ignored: finishing the requeue (Slurm stops the job "
+      relaunch_say(
+          "signal %d ignored: finishing the requeue (Slurm stops the job "
           "once it is accepted)",
           sig);
     r->told_term = true;
     return false;
   }
-  say("signal %d: stopping", sig);
+  relaunch_say("signal %d: stopping", sig);
   return true;
 }
 
@@ -500,7 +478,8 @@ marker_commit(struct relaunch *r, const char *what)
               when, what, r->job, r->ckpt[0] ? r->ckpt : "none", r->reason,
               r->deadline[0] ? r->deadline : "none");
   if (n < 0 || fsync(r->marker_fd) < 0)
-    say("warning: cannot write the marker %s: %s", r->marker, strerror(errno));
+    relaunch_say("warning: cannot write the marker %s: %s", r->marker,
+                 strerror(errno));
 }
 
 static void
@@ -537,8 +516,8 @@ backend_exec(struct relaunch *r, char *what, size_t what_size)
   if (c == NULL)
     return spotctl_fail("relaunch: out of memory");
   for (int64_t i = 1; i <= tries; i++) {
-    say("attempt %" PRId64 "/%" PRId64 ": running '%s' (%.1f s left)", i, tries,
-        line, (double)ms_left(r) / 1000.0);
+    relaunch_say("attempt %" PRId64 "/%" PRId64 ": running '%s' (%.1f s left)",
+                 i, tries, line, (double)ms_left(r) / 1000.0);
     e = run_child(r, r->cmd, NULL, r->end_mono, false, c);
     if (e < 0) {
       free(c);
@@ -546,7 +525,8 @@ backend_exec(struct relaunch *r, char *what, size_t what_size)
                           strerror(-e));
     }
     describe_status(c, st, sizeof(st));
-    say("attempt %" PRId64 "/%" PRId64 ": '%s': %s", i, tries, r->cmd[0], st);
+    relaunch_say("attempt %" PRId64 "/%" PRId64 ": '%s': %s", i, tries,
+                 r->cmd[0], st);
     if (c->status == 0 && !c->timed_out && !c->interrupted) {
       free(c);
       return SPOTCTL_EXIT_OK;
@@ -557,10 +537,10 @@ backend_exec(struct relaunch *r, char *what, size_t what_size)
       uint64_t d = spot_backoff_ms((unsigned)(i - 1), BACKOFF_BASE_MS,
                                    BACKOFF_CAP_MS, spot_random_u32());
       if (d >= ms_left(r)) {
-        say("no time left for another attempt");
+        relaunch_say("no time left for another attempt");
         break;
       }
-      say("retrying in %.1f s", (double)d / 1000.0);
+      relaunch_say("retrying in %.1f s", (double)d / 1000.0);
       if (!pause_ms(r, d))
         break;
     }
@@ -631,28 +611,29 @@ scontrol(struct relaunch *r, char *const args[], bool accept_pending,
     uint64_t left = ms_left(r), limit, d;
 
     if (left == 0) {
-      say("'%s': no time left", line);
+      relaunch_say("'%s': no time left", line);
       return -1;
     }
     limit = spot_now_mono_ms() +
             (left < SCONTROL_CALL_MS ? left : SCONTROL_CALL_MS);
-    say("attempt %" PRId64 "/%" PRId64 ": %s", i, tries, line);
+    relaunch_say("attempt %" PRId64 "/%" PRId64 ": %s", i, tries, line);
     e = run_child(r, argv, r->scontrol, limit, true, c);
     if (e < 0) {
-      say("'%s': cannot run: %s", line, strerror(-e));
+      relaunch_say("'%s': cannot run: %s", line, strerror(-e));
       return -1;
     }
     if (c->status == 0 && !c->timed_out && !c->interrupted) {
-      say("attempt %" PRId64 "/%" PRId64 ": %s: ok", i, tries, line);
+      relaunch_say("attempt %" PRId64 "/%" PRId64 ": %s: ok", i, tries, line);
       return CALL_OK;
     }
     describe_status(c, st, sizeof(st));
     one_line(c->out, msg, sizeof(msg));
-    say("attempt %" PRId64 "/%" PRId64 ": %s: %s: %s", i, tries, line, st, msg);
+    relaunch_say("attempt %" PRId64 "/%" PRId64 ": %s: %s: %s", i, tries, line,
+                 st, msg);
     if (c->interrupted)
       return -1;
     if (accept_pending && slurm_already_pending(c->out)) {
-      say("job %s is pending already: requeued before", r->slurm_job);
+      relaunch_say("job %s is pending already: requeued before", r->slurm_job);
       return CALL_PENDING;
     }
     if (!c->timed_out && !slurm_transient(c->out)) {
@@ -664,10 +645,10 @@ scontrol(struct relaunch *r, char *const args[], bool accept_pending,
     d = spot_backoff_ms((unsigned)(i - 1), BACKOFF_BASE_MS, BACKOFF_CAP_MS,
                         spot_random_u32());
     if (d >= ms_left(r)) {
-      say("no time left for another attempt");
+      relaunch_say("no time left for another attempt");
       break;
     }
-    say("Slurm is busy: retrying in %.1f s", (double)d / 1000.0);
+    relaunch_say("Slurm is busy: retrying in %.1f s", (double)d / 1000.0);
     if (!pause_ms(r, d))
       return -1;
   }
@@ -724,7 +705,8 @@ backend_slurm(struct relaunch *r, char *what, size_t what_size)
 
     snprintf(what, what_size, "scontrol requeue %s", r->slurm_job);
     if (scontrol(r, req, true, c) >= 0) {
-      say("job %s requeued: Slurm runs it again, and its spotd restores "
+      relaunch_say(
+          "job %s requeued: Slurm runs it again, and its spotd restores "
           "checkpoint %s",
           r->slurm_job, r->ckpt[0] ? r->ckpt : "(none)");
       rc = SPOTCTL_EXIT_OK;
@@ -750,29 +732,31 @@ backend_slurm(struct relaunch *r, char *what, size_t what_size)
     if (scontrol(r, show, false, c) == CALL_OK) {
       e = merge_exclude(c->out, r->node, list, sizeof(list));
       if (e < 0)
-        say("warning: the excluded node list is too long: not excluding "
+        relaunch_say(
+            "warning: the excluded node list is too long: not excluding "
             "%s",
             r->node);
     }
     if (e == 0 && list[0] == '\0') {
-      say("node %s is excluded already", r->node);
+      relaunch_say("node %s is excluded already", r->node);
     } else if (e == 0) {
       char *upd[] = {(char *)"update", upd_job, upd_exc, NULL};
 
       snprintf(upd_exc, sizeof(upd_exc), "ExcNodeList=%s", list);
       if (scontrol(r, upd, false, c) == CALL_OK)
-        say("job %s will not run on %s again", r->slurm_job, r->node);
+        relaunch_say("job %s will not run on %s again", r->slurm_job, r->node);
       else
-        say("warning: job %s may come back on %s", r->slurm_job, r->node);
+        relaunch_say("warning: job %s may come back on %s", r->slurm_job,
+                     r->node);
     }
   }
   {
     char *rel[] = {(char *)"release", jobarg, NULL};
 
     if (scontrol(r, rel, false, c) == CALL_OK) {
-      say("job %s requeued and released: Slurm runs it again, and its "
-          "spotd restores checkpoint %s",
-          r->slurm_job, r->ckpt[0] ? r->ckpt : "(none)");
+      relaunch_say("job %s requeued and released: Slurm runs it again, and its "
+                   "spotd restores checkpoint %s",
+                   r->slurm_job, r->ckpt[0] ? r->ckpt : "(none)");
       rc = SPOTCTL_EXIT_OK;
     } else {
       spotctl_fail("relaunch: job %s is requeued but held: release it with "
@@ -1070,7 +1054,8 @@ spotctl_cmd_relaunch(int argc, char **argv)
   if (rc != 0)
     return rc;
   if (r.ckpt[0] == '\0')
-    say("warning: SPOTD_CHECKPOINT is empty: no committed checkpoint, the "
+    relaunch_say(
+        "warning: SPOTD_CHECKPOINT is empty: no committed checkpoint, the "
         "job restarts from its newest one in the store, if any");
   mr = marker_path(&r);
   if (r.dry_run)
@@ -1089,7 +1074,8 @@ spotctl_cmd_relaunch(int argc, char **argv)
   sigaddset(&r.blocked, SIGHUP);
   sigprocmask(SIG_BLOCK, &r.blocked, &r.old_mask);
   r.end_mono = spot_now_mono_ms() + budget_ms(&r);
-  say("%s backend: job %s, checkpoint %s, reason %s, deadline %s, %.1f s "
+  relaunch_say(
+      "%s backend: job %s, checkpoint %s, reason %s, deadline %s, %.1f s "
       "budget",
       backend_names[r.backend], r.job, r.ckpt[0] ? r.ckpt : "(none)", r.reason,
       r.deadline[0] ? r.deadline : "(none)", (double)ms_left(&r) / 1000.0);
@@ -1097,7 +1083,8 @@ spotctl_cmd_relaunch(int argc, char **argv)
   if (mr == 0)
     mr = marker_open(&r, done, sizeof(done));
   if (mr == 1) {
-    say("nothing to do: this preemption was relaunched already (%s)", done);
+    relaunch_say("nothing to do: this preemption was relaunched already (%s)",
+                 done);
     return SPOTCTL_EXIT_OK;
   }
   if (mr == -EBUSY || mr == -EINTR) {
@@ -1106,11 +1093,11 @@ spotctl_cmd_relaunch(int argc, char **argv)
                         r.marker);
   }
   if (mr < 0)
-    say("warning: no idempotency marker (%s%s%s): a second call would "
-        "relaunch again",
-        r.marker[0] ? r.marker : "state folder",
-        mr == -EPERM ? ": not a private folder of ours: " : ": ",
-        strerror(-mr));
+    relaunch_say("warning: no idempotency marker (%s%s%s): a second call would "
+                 "relaunch again",
+                 r.marker[0] ? r.marker : "state folder",
+                 mr == -EPERM ? ": not a private folder of ours: " : ": ",
+                 strerror(-mr));
 
   if (r.backend == BACKEND_EXEC)
     rc = backend_exec(&r, what, sizeof(what));
@@ -1118,7 +1105,7 @@ spotctl_cmd_relaunch(int argc, char **argv)
     rc = backend_slurm(&r, what, sizeof(what));
   if (rc == SPOTCTL_EXIT_OK) {
     marker_commit(&r, what);
-    say("relaunch done (%s)", what);
+    relaunch_say("relaunch done (%s)", what);
   }
   marker_close(&r);
   return rc;

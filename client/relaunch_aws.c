@@ -266,9 +266,9 @@ read_this_pool(struct aws_relaunch *a)
       imds_get(a, base, token, "placement/availability-zone", a->reclaimed.az,
                sizeof(a->reclaimed.az)) < 0) {
     memset(&a->reclaimed, 0, sizeof(a->reclaimed));
-    cloud_say("warning: instance metadata (%s) did not give this instance's "
-              "type and zone: the reclaimed pool cannot be skipped",
-              base);
+    relaunch_say("warning: instance metadata (%s) did not give this instance's "
+                 "type and zone: the reclaimed pool cannot be skipped",
+                 base);
   } else {
     (void)imds_get(a, base, token, "instance-id", a->instance_id,
                    sizeof(a->instance_id));
@@ -298,9 +298,9 @@ build_pools(struct aws_relaunch *a)
   size_t nz = a->n_subnets > 0 ? a->n_subnets : a->n_zones > 0 ? a->n_zones : 1;
 
   if (a->n_types == 0 && a->n_subnets == 0 && a->n_zones == 0) {
-    cloud_say("warning: no --instance-types, --subnets or --zones: the "
-              "launch template alone, which may land in the pool just "
-              "reclaimed");
+    relaunch_say("warning: no --instance-types, --subnets or --zones: the "
+                 "launch template alone, which may land in the pool just "
+                 "reclaimed");
     return; /* no override at all */
   }
   /* types first: the user's order of types is the priority order, each
@@ -434,7 +434,7 @@ create_fleet(struct aws_relaunch *a, const char *form,
       return spotctl_fail("relaunch: EC2 CreateFleet did not get through "
                           "in time (last: %s)",
                           line);
-    cloud_say("EC2 CreateFleet: %s: retrying in %" PRIu64 " ms", line, wait);
+    relaunch_say("EC2 CreateFleet: %s: retrying in %" PRIu64 " ms", line, wait);
     usleep((useconds_t)(wait * 1000));
   }
 }
@@ -517,8 +517,8 @@ attempt(struct aws_relaunch *a, unsigned n, bool on_demand)
     spot_buf_fini(&form);
     return spotctl_fail("relaunch: out of memory");
   }
-  cloud_say("EC2 CreateFleet (%s, %zu pools, ClientToken %s)",
-            on_demand ? "on-demand" : "spot", q.n_pools, token);
+  relaunch_say("EC2 CreateFleet (%s, %zu pools, ClientToken %s)",
+               on_demand ? "on-demand" : "spot", q.n_pools, token);
   r = create_fleet(a, spot_buf_str(&form), rep);
   spot_buf_fini(&form);
   if (r != 0)
@@ -536,9 +536,9 @@ attempt(struct aws_relaunch *a, unsigned n, bool on_demand)
       r = fail_reply(a, e->code, e->message);
       goto out;
     }
-    cloud_say("pool %s: %s (%s)", name, e->code,
-              k == SPOT_EC2_CLASS_CAPACITY ? "no capacity, skipped from now"
-                                           : "failed, skipped from now");
+    relaunch_say("pool %s: %s (%s)", name, e->code,
+                 k == SPOT_EC2_CLASS_CAPACITY ? "no capacity, skipped from now"
+                                              : "failed, skipped from now");
     if (!on_demand)
       spot_relaunch_record_fail(&a->c.rec, name, e->code, spot_now_wall_ms());
   }
@@ -546,9 +546,9 @@ attempt(struct aws_relaunch *a, unsigned n, bool on_demand)
     struct spot_ec2_item *it = &rep->instances[0];
 
     pool_key(a, &it->pool, name, sizeof(name));
-    cloud_say("launched %s in pool %s (%s) by fleet %s in %.1f s",
-              it->instance_id, name, it->lifecycle[0] ? it->lifecycle : "?",
-              rep->fleet_id, (double)(spot_now_mono_ms() - t0) / 1000.0);
+    relaunch_say("launched %s in pool %s (%s) by fleet %s in %.1f s",
+                 it->instance_id, name, it->lifecycle[0] ? it->lifecycle : "?",
+                 rep->fleet_id, (double)(spot_now_mono_ms() - t0) / 1000.0);
     if (cloud_key(&a->c, key, sizeof(key)) == 0)
       spot_relaunch_record_done(&a->c.rec, key, it->instance_id, name,
                                 spot_now_wall_ms());
@@ -596,19 +596,19 @@ run(struct aws_relaunch *a)
   if ((r = setup_endpoint(a)) != 0)
     return r;
   read_this_pool(a);
-  cloud_say("aws backend: job %s, checkpoint %s, reason %s; this instance "
-            "%s in pool %s; %.1f s budget",
-            a->c.job, a->c.ckpt[0] ? a->c.ckpt : "(none)", a->c.reason,
-            a->instance_id[0] ? a->instance_id : "?",
-            spot_ec2_pool_name(&a->reclaimed, rec, sizeof(rec)),
-            (double)cloud_ms_left(&a->c) / 1000.0);
+  relaunch_say("aws backend: job %s, checkpoint %s, reason %s; this instance "
+               "%s in pool %s; %.1f s budget",
+               a->c.job, a->c.ckpt[0] ? a->c.ckpt : "(none)", a->c.reason,
+               a->instance_id[0] ? a->instance_id : "?",
+               spot_ec2_pool_name(&a->reclaimed, rec, sizeof(rec)),
+               (double)cloud_ms_left(&a->c) / 1000.0);
   if (!a->c.dry_run)
     cloud_record_load(&a->c);
   if (cloud_key(&a->c, key, sizeof(key)) == 0 &&
       (d = spot_relaunch_record_find(&a->c.rec, key)) != NULL) {
-    cloud_say("nothing to do: this preemption was relaunched already as %s "
-              "in pool %s",
-              d->instance, d->pool);
+    relaunch_say("nothing to do: this preemption was relaunched already as %s "
+                 "in pool %s",
+                 d->instance, d->pool);
     return 0;
   }
   if (a->reclaimed.type[0] != '\0')
@@ -625,8 +625,8 @@ run(struct aws_relaunch *a)
       return r < 0 ? 0 : r;
   }
   if (r < 0 && a->od_after > 0) {
-    cloud_say("no spot capacity after %u attempts: trying on-demand",
-              a->spot_failures);
+    relaunch_say("no spot capacity after %u attempts: trying on-demand",
+                 a->spot_failures);
     r = attempt(a, OD_ATTEMPT, true);
   }
   cloud_record_save(&a->c);

@@ -21,7 +21,7 @@
 #define RECORD_NAME "relaunch.json"
 
 void
-cloud_say(const char *fmt, ...)
+relaunch_say(const char *fmt, ...)
 {
   struct timespec ts;
   struct tm tm;
@@ -169,9 +169,9 @@ cloud_open(struct cloud *c, bool with_aws)
   if (spotctl_s3_open_aws(&c->conn, &so, err, sizeof(err)) == 0)
     return 0;
   if (c->conn.aws_failed && c->aws_optional) {
-    cloud_say("warning: no store credentials (%s): the relaunch record is "
-              "not used",
-              err);
+    relaunch_say("warning: no store credentials (%s): the relaunch record is "
+                 "not used",
+                 err);
     c->no_record = true;
     return 0;
   }
@@ -239,14 +239,14 @@ cloud_record_load(struct cloud *c)
     while (!w.done && uv_run(&c->conn.loop, UV_RUN_ONCE) != 0)
       ;
   if (r < 0 || (w.err < 0 && w.err != -ENOENT)) {
-    cloud_say("warning: cannot read the relaunch record s3://%s/%s: %s",
-              c->bucket, key, r < 0 ? strerror(-r) : w.msg);
+    relaunch_say("warning: cannot read the relaunch record s3://%s/%s: %s",
+                 c->bucket, key, r < 0 ? strerror(-r) : w.msg);
   } else if (w.err == 0 &&
              spot_relaunch_record_parse(body.data != NULL ? body.data : "",
                                         body.len, &c->rec) < 0) {
-    cloud_say("warning: the relaunch record s3://%s/%s is not valid JSON: "
-              "starting a new one",
-              c->bucket, key);
+    relaunch_say("warning: the relaunch record s3://%s/%s is not valid JSON: "
+                 "starting a new one",
+                 c->bucket, key);
   }
   c->rec_loaded = r == 0 && (w.err == 0 || w.err == -ENOENT);
   spot_buf_fini(&body);
@@ -273,8 +273,8 @@ cloud_record_save(struct cloud *c)
     while (!w.done && uv_run(&c->conn.loop, UV_RUN_ONCE) != 0)
       ;
   if (r < 0 || w.err < 0)
-    cloud_say("warning: cannot write the relaunch record s3://%s/%s: %s",
-              c->bucket, key, r < 0 ? strerror(-r) : w.msg);
+    relaunch_say("warning: cannot write the relaunch record s3://%s/%s: %s",
+                 c->bucket, key, r < 0 ? strerror(-r) : w.msg);
   spot_buf_fini(&body);
 }
 

@@ -69,7 +69,9 @@ int cloud_option(struct cloud *c, int opt, const char *arg);
 int cloud_parse_num(const char *opt, const char *v, int64_t min, int64_t max,
                     int64_t *out);
 
-void cloud_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Every attempt and outcome of every backend: one line on stderr with a
+ * UTC timestamp. */
+void relaunch_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Reads SPOTD_*; 0 or an exit status (message printed). */
 int cloud_read_env(struct cloud *c);
 /* Loop + HTTP; with_aws: credentials and S3 for the record. 0 or an exit

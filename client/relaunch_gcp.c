@@ -254,8 +254,8 @@ metadata(struct gcp_relaunch *g)
     spot_strlcpy(g->this_zone, slash != NULL ? slash + 1 : zone,
                  sizeof(g->this_zone));
   } else {
-    cloud_say("warning: the metadata server did not give this VM's zone: "
-              "the reclaimed zone cannot be skipped");
+    relaunch_say("warning: the metadata server did not give this VM's zone: "
+                 "the reclaimed zone cannot be skipped");
   }
   (void)meta_get(g, "instance/name", g->this_name, sizeof(g->this_name));
   return 0;
@@ -333,7 +333,7 @@ api(struct gcp_relaunch *g, const char *method, const char *url,
     if (cloud_ms_left(&g->c) < wait + 1000)
       return spotctl_fail("relaunch: GCE did not answer in time (last: %s)",
                           line);
-    cloud_say("GCE %s: %s: retrying in %" PRIu64 " ms", method, line, wait);
+    relaunch_say("GCE %s: %s: retrying in %" PRIu64 " ms", method, line, wait);
     usleep((useconds_t)(wait * 1000));
   }
 }
@@ -417,7 +417,7 @@ insert(struct gcp_relaunch *g, const char *zone, const char *body)
     printf("would POST %s\n%s\n", url, body);
     return 0;
   }
-  cloud_say("GCE insert %s in %s (SPOT, requestId %s)", g->name, zone, rid);
+  relaunch_say("GCE insert %s in %s (SPOT, requestId %s)", g->name, zone, rid);
   r = api(g, "POST", url, body, &op, &status, false, NULL);
   if (r != 0)
     return r;
@@ -425,7 +425,7 @@ insert(struct gcp_relaunch *g, const char *zone, const char *body)
     enum spot_gce_class k = spot_gce_classify(&op);
 
     if (k == SPOT_GCE_CLASS_EXISTS) {
-      cloud_say("%s exists already in %s: relaunched before", g->name, zone);
+      relaunch_say("%s exists already in %s: relaunched before", g->name, zone);
       return 0;
     }
     if (k != SPOT_GCE_CLASS_CAPACITY)
@@ -436,7 +436,7 @@ insert(struct gcp_relaunch *g, const char *zone, const char *body)
   if (op.code[0] != '\0') {
     if (spot_gce_classify(&op) != SPOT_GCE_CLASS_CAPACITY)
       return fail_op(g, &op, status);
-    cloud_say("zone %s: %s (no capacity, skipped from now)", zone, op.code);
+    relaunch_say("zone %s: %s (no capacity, skipped from now)", zone, op.code);
     spot_relaunch_record_fail(&g->c.rec, zone, op.code, spot_now_wall_ms());
     return ZONE_STOCKOUT;
   }
@@ -476,20 +476,20 @@ run(struct gcp_relaunch *g)
   set_endpoints(g);
   if ((r = metadata(g)) != 0)
     return r;
-  cloud_say("gcp backend: job %s, checkpoint %s, reason %s; this VM %s in "
-            "%s; %.1f s budget",
-            g->c.job, g->c.ckpt[0] ? g->c.ckpt : "(none)", g->c.reason,
-            g->this_name[0] ? g->this_name : "?",
-            g->this_zone[0] ? g->this_zone : "?",
-            (double)cloud_ms_left(&g->c) / 1000.0);
+  relaunch_say("gcp backend: job %s, checkpoint %s, reason %s; this VM %s in "
+               "%s; %.1f s budget",
+               g->c.job, g->c.ckpt[0] ? g->c.ckpt : "(none)", g->c.reason,
+               g->this_name[0] ? g->this_name : "?",
+               g->this_zone[0] ? g->this_zone : "?",
+               (double)cloud_ms_left(&g->c) / 1000.0);
   if (!g->c.dry_run)
     cloud_record_load(&g->c);
   if (cloud_key(&g->c, key, sizeof(key)) < 0)
     return spotctl_fail("relaunch: cannot derive the key");
   if ((d = spot_relaunch_record_find(&g->c.rec, key)) != NULL) {
-    cloud_say("nothing to do: this preemption was relaunched already as %s "
-              "in %s",
-              d->instance, d->pool);
+    relaunch_say("nothing to do: this preemption was relaunched already as %s "
+                 "in %s",
+                 d->instance, d->pool);
     return 0;
   }
   if ((r = load_template(g)) != 0)
@@ -513,15 +513,15 @@ run(struct gcp_relaunch *g)
 
     if (strcmp(z, g->this_zone) == 0 ||
         spot_relaunch_record_failed(&g->c.rec, z, since)) {
-      cloud_say("zone %s skipped (%s)", z,
-                strcmp(z, g->this_zone) == 0 ? "reclaimed"
-                                             : "stocked out lately");
+      relaunch_say("zone %s skipped (%s)", z,
+                   strcmp(z, g->this_zone) == 0 ? "reclaimed"
+                                                : "stocked out lately");
       continue;
     }
     tried++;
     r = insert(g, z, spot_buf_str(&body));
     if (r == 0 && !g->c.dry_run) {
-      cloud_say("launched %s in %s (SPOT)", g->name, z);
+      relaunch_say("launched %s in %s (SPOT)", g->name, z);
       spot_relaunch_record_done(&g->c.rec, key, g->name, z, spot_now_wall_ms());
       printf("%s\n", g->name);
     }

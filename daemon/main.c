@@ -137,6 +137,7 @@ run_daemon(struct spot_config *cfg, char **argv)
     return 1;
   }
   d.loop = &loop;
+  jlog_start(&d);
   /* A control client gone before its answer (a trainer killed mid
    * request) must be a write error, not SIGPIPE. libuv resets the
    * disposition in every child it spawns. */
@@ -184,12 +185,14 @@ run_daemon(struct spot_config *cfg, char **argv)
   r = uv_loop_close(&loop);
   if (r != 0) {
     log_err("internal: event loop not empty at exit: %s", uv_strerror(r));
+    jlog_stop();
     return 70;
   }
   free(d.journal_dir);
   free(d.ckpt_dir);
   free(d.restore.probe_key);
   log_info("exit status %d", d.exit_code);
+  jlog_stop();
   return d.exit_code < 0 ? 1 : d.exit_code;
 }
 

@@ -341,6 +341,11 @@ void hist_step(struct spotd *d, int64_t step);
 void hist_end(struct spotd *d);
 int spotd_metrics_text(struct spotd *d, struct spot_buf *out);
 
+/* jlog.c: under journald, log lines with SPOTD_JOB, SPOTD_CHECKPOINT and
+ * SPOTD_REASON fields (a log sink; jlog_stop() before d goes away). */
+void jlog_start(struct spotd *d);
+void jlog_stop(void);
+
 /* engine.c: sd_notify when NOTIFY_SOCKET is set */
 void spotd_notify(struct spotd *d, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

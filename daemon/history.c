@@ -59,6 +59,7 @@ struct spotd_hist {
   int64_t commit_step;
   int64_t notice_wall; /* 0 none */
   unsigned warned;
+  unsigned emitted; /* events handed to the writer */
 };
 
 static bool
@@ -105,6 +106,16 @@ metrics_timer_cb(uv_timer_t *t)
 
   if (!h->d->closing)
     metrics_flush(h);
+}
+
+/* A change worth seeing: rewrite the file on the next loop iteration, not
+ * now (a notice's drain starts first; the write fsyncs). */
+static void
+flush_soon(struct spotd_hist *h)
+{
+  if (h->d->cfg->metrics_file != NULL)
+    uv_timer_start(&h->timer, metrics_timer_cb, 0,
+                   h->d->cfg->metrics_interval_ms);
 }
 
 void
@@ -164,6 +175,7 @@ emit(struct spotd *d, struct spot_hist_event *ev)
 {
   int r = spot_history_emit(d->hist->w, ev);
 
+  d->hist->emitted++;
   if (r < 0)
     log_warn_errno(r, "job history: %s event dropped",
                    spot_hist_type_name(ev->type));
@@ -325,7 +337,7 @@ hist_pushed(struct spotd *d, const char *name,
   ev.stored_bytes = res->stored_bytes;
   ev.committed = res->err == 0;
   emit(d, &ev);
-  metrics_flush(h);
+  flush_soon(h);
 }
 
 void
@@ -344,7 +356,7 @@ hist_notice(struct spotd *d, const struct spot_notice *n)
     ev.deadline_ms = n->deadline_wall_ms != 0 ? n->deadline_wall_ms : -1;
     emit(d, &ev);
   }
-  metrics_flush(d->hist);
+  flush_soon(d->hist);
 }
 
 void
@@ -484,9 +496,12 @@ hist_end(struct spotd *d)
 
   if (h == NULL || d->closing)
     return;
-  if (d->trainer_started)
+  /* A run is a trainer started, or a startup that saw something (a
+   * restore, a notice); a spotd that failed at its store check is none. */
+  if (d->trainer_started || h->emitted > 0) {
     run_start(d); /* when launched before the writer existed */
-  run_end(d);
+    run_end(d);
+  }
   metrics_flush(h);
   d->hist = NULL;
   uv_close((uv_handle_t *)&h->timer, timer_closed_cb);

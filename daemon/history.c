@@ -15,6 +15,7 @@
  *   hist_notice()     NOTICE
  *   hist_relaunched() RELAUNCH
  *   hist_step()       the trainer's step (control socket "step")
+ *   hist_lease()      LEASE (for the lease wiring to call)
  *   hist_end()        RUN_END, the last metrics file, then the writer is
  *                     closed within HIST_CLOSE_MS; the metrics timer too.
  *
@@ -403,6 +404,18 @@ hist_relaunched(struct spotd *d, bool ok)
   SPOT_HIST_SET(&ev, backend, backend);
   SPOT_HIST_SET(&ev, result, ok ? "ok" : "failed");
   SPOT_HIST_SET(&ev, reason, d->reason);
+  emit(d, &ev);
+}
+
+void
+hist_lease(struct spotd *d, const char *action, int64_t epoch)
+{
+  struct spot_hist_event ev;
+
+  if (!event(d, &ev, SPOT_HIST_LEASE))
+    return;
+  SPOT_HIST_SET(&ev, action, action);
+  ev.epoch = epoch;
   emit(d, &ev);
 }
 

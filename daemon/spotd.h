@@ -338,6 +338,8 @@ void hist_notice(struct spotd *d, const struct spot_notice *n);
 void hist_meta_error(struct spotd *d);
 void hist_relaunched(struct spotd *d, bool ok);
 void hist_step(struct spotd *d, int64_t step);
+/* A lease change: action "acquired", "renewed", "lost" or "released". */
+void hist_lease(struct spotd *d, const char *action, int64_t epoch);
 void hist_end(struct spotd *d);
 int spotd_metrics_text(struct spotd *d, struct spot_buf *out);
 

@@ -402,3 +402,35 @@ spotctl_cmd_done(int argc, char **argv)
   json_decref(root);
   return r;
 }
+
+static const char metrics_usage[] =
+    "Usage: spotctl metrics\n\n"
+    "Prints the running spotd's metrics in the Prometheus text format\n"
+    "(checkpoints by reason and outcome, save and upload durations, bytes\n"
+    "uploaded, last commit time, work at risk, notices, relaunches, ...).\n"
+    "spotd's --metrics-file writes the same text for node_exporter.\n";
+
+int
+spotctl_cmd_metrics(int argc, char **argv)
+{
+  struct ctl_opts o;
+  struct spot_buf req;
+  struct spot_proto_msg msg;
+  json_t *root = NULL;
+  int r;
+
+  memset(&msg, 0, sizeof(msg));
+  r = parse_no_args(argc, argv, &o, metrics_usage, false);
+  if (r >= 0)
+    return r;
+  if (o.timeout_ms < 0)
+    o.timeout_ms = 10000;
+  spot_buf_init(&req, 4096);
+  spot_proto_encode_request(&req, 1, SPOT_PROTO_CMD_METRICS, NULL);
+  r = request(&o, &req, &root, &msg);
+  if (r != 0)
+    return r;
+  fputs(jstr(msg.result, "text"), stdout);
+  json_decref(root);
+  return r;
+}

@@ -28,6 +28,8 @@ static const struct spotctl_cmd commands[] = {
      spotctl_cmd_checkpoint},
     {"done", "DIR", "tell spotd a checkpoint folder is complete",
      spotctl_cmd_done},
+    {"metrics", "", "the running spotd's metrics (Prometheus text)",
+     spotctl_cmd_metrics},
     {"help", "[COMMAND]", "show help", cmd_help},
     {"emulate", "--provider aws|gcp|azure [...]",
      "local metadata service emulator", spotctl_cmd_emulate},

@@ -36,6 +36,7 @@ int spotctl_cmd_emulate(int argc, char **argv);       /* emulate.c */
 int spotctl_cmd_status(int argc, char **argv);        /* ctl_cmds.c */
 int spotctl_cmd_checkpoint(int argc, char **argv);    /* ctl_cmds.c */
 int spotctl_cmd_done(int argc, char **argv);          /* ctl_cmds.c */
+int spotctl_cmd_metrics(int argc, char **argv);       /* ctl_cmds.c */
 int spotctl_cmd_push(int argc, char **argv);          /* store_cmds.c */
 int spotctl_cmd_list(int argc, char **argv);          /* store_cmds.c */
 int spotctl_cmd_restore(int argc, char **argv);       /* store_cmds.c */

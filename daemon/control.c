@@ -124,6 +124,27 @@ conn_send(struct ctl_conn *c, const struct spot_buf *b)
   }
 }
 
+/* The metrics text, as one JSON string ({"text": ...}). */
+static void
+control_metrics(struct ctl_conn *c, uint64_t id, struct spot_buf *out)
+{
+  struct spot_buf text;
+  json_t *res;
+
+  spot_buf_init(&text, SPOT_PROTO_MAX_LINE / 2);
+  if (spotd_metrics_text(c->d, &text) < 0) {
+    spot_proto_encode_error(out, id, "metrics are not available");
+  } else {
+    res = json_pack("{s:s}", "text", spot_buf_str(&text));
+    if (res == NULL)
+      spot_proto_encode_error(out, id, "out of memory");
+    else
+      spot_proto_encode_ok(out, id, res);
+    json_decref(res);
+  }
+  spot_buf_fini(&text);
+}
+
 static int
 msg_cb(const struct spot_proto_msg *m, void *data)
 {
@@ -210,6 +231,13 @@ msg_cb(const struct spot_proto_msg *m, void *data)
     json_decref(res);
     break;
   }
+  case SPOT_PROTO_CMD_STEP:
+    hist_step(d, m->u.step.step);
+    spot_proto_encode_ok(&out, m->id, NULL);
+    break;
+  case SPOT_PROTO_CMD_METRICS:
+    control_metrics(c, m->id, &out);
+    break;
   default:
     spot_proto_encode_error(&out, m->id, "unknown command '%s'",
                             m->cmd_name != NULL ? m->cmd_name : "");

@@ -232,6 +232,7 @@ notice_cb(struct spot_meta *m, const struct spot_notice *n, void *data)
     spot_rfc3339_format(n->deadline_wall_ms, when, sizeof(when));
   log_notice("interruption notice: %s (%s) deadline %s id=%s", n->reason,
              spot_notice_kind_name(n->kind), when, n->id);
+  hist_notice(d, n);
   if (n->kind == SPOT_NOTICE_REBALANCE) {
     /* Advisory: checkpoint early, keep training. */
     if (d->state == SPOTD_RUNNING)
@@ -253,9 +254,10 @@ meta_status_cb(struct spot_meta *m, void *data)
 {
   const char *w = spot_meta_warning(m);
 
-  (void)data;
-  if (w != NULL)
+  if (w != NULL) {
     log_warn("metadata: %s", w);
+    hist_meta_error(data);
+  }
 }
 
 static void
@@ -420,6 +422,7 @@ spotd_launch(struct spotd *d)
     return;
   }
   restarts_record(d);
+  hist_launched(d);
   if (watch_start(d) < 0)
     spotd_warn(d,
                "cannot watch %s: checkpoints are only seen through "
@@ -548,6 +551,7 @@ spotd_start(struct spotd *d)
   if (r < 0)
     return r;
   store_config(d);
+  hist_init(d);
   r = control_start(d);
   if (r < 0)
     return r;
@@ -579,6 +583,7 @@ spotd_close(struct spotd *d)
 {
   if (d->closing)
     return;
+  hist_end(d);
   d->closing = true;
   spotd_set_state(d, SPOTD_EXITING);
   spotd_notify(d, "STOPPING=1");

@@ -110,6 +110,17 @@ close_walk_cb(uv_handle_t *h, void *arg)
   }
 }
 
+static void
+ignore_sigpipe(void)
+{
+  struct sigaction sa;
+
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = SIG_IGN;
+  sigemptyset(&sa.sa_mask);
+  (void)sigaction(SIGPIPE, &sa, NULL);
+}
+
 static int
 run_daemon(struct spot_config *cfg, char **argv)
 {
@@ -126,6 +137,11 @@ run_daemon(struct spot_config *cfg, char **argv)
     return 1;
   }
   d.loop = &loop;
+  jlog_start(&d);
+  /* A control client gone before its answer (a trainer killed mid
+   * request) must be a write error, not SIGPIPE. libuv resets the
+   * disposition in every child it spawns. */
+  ignore_sigpipe();
   uv_signal_init(&loop, &d.sigterm);
   uv_signal_init(&loop, &d.sigint);
   uv_signal_init(&loop, &d.sighup);
@@ -169,12 +185,14 @@ run_daemon(struct spot_config *cfg, char **argv)
   r = uv_loop_close(&loop);
   if (r != 0) {
     log_err("internal: event loop not empty at exit: %s", uv_strerror(r));
+    jlog_stop();
     return 70;
   }
   free(d.journal_dir);
   free(d.ckpt_dir);
   free(d.restore.probe_key);
   log_info("exit status %d", d.exit_code);
+  jlog_stop();
   return d.exit_code < 0 ? 1 : d.exit_code;
 }
 

@@ -54,6 +54,7 @@ record(struct spotd *d, int status, bool ok)
   spot_strlcpy(a->reason, d->reason, sizeof(a->reason));
   a->exit_status = status;
   a->ok = ok;
+  hist_relaunched(d, ok);
 }
 
 static void

@@ -137,6 +137,7 @@ place(struct spotd *d, const struct spot_store_result *res)
   spot_strlcpy(d->last_commit, res->name, sizeof(d->last_commit));
   d->last_commit_wall = spot_now_wall_ms();
   watch_mark_known(d, res->name);
+  hist_restored(d, res);
   return 0;
 }
 
@@ -255,6 +256,7 @@ aws_ready_cb(int err, const char *msg, void *data)
     return;
   }
   d->store.s3 = d->s3;
+  hist_open(d);
   set_state(d, RESTORE_PROBING);
   probe_start(d);
 }

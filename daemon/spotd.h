@@ -236,6 +236,8 @@ struct spotd {
   uint64_t watchdog_usec;
   unsigned signals_seen;
 
+  struct spotd_hist *hist; /* history.c: job history and metrics */
+
   bool closing;
 };
 
@@ -321,6 +323,30 @@ int control_start(struct spotd *d);
 void control_close(struct spotd *d);
 void control_commit_event(struct spotd *d, const char *name, int err,
                           const char *msg);
+
+/* history.c: the job history and the metrics (no-ops without them) */
+struct spotd_hist;
+void hist_init(struct spotd *d);
+void hist_open(struct spotd *d);
+void hist_launched(struct spotd *d);
+void hist_restored(struct spotd *d, const struct spot_store_result *res);
+void hist_requested(struct spotd *d, const char *why);
+void hist_complete(struct spotd *d, const char *name);
+void hist_pushed(struct spotd *d, const char *name,
+                 const struct spot_store_result *res);
+void hist_notice(struct spotd *d, const struct spot_notice *n);
+void hist_meta_error(struct spotd *d);
+void hist_relaunched(struct spotd *d, bool ok);
+void hist_step(struct spotd *d, int64_t step);
+/* A lease change: action "acquired", "renewed", "lost" or "released". */
+void hist_lease(struct spotd *d, const char *action, int64_t epoch);
+void hist_end(struct spotd *d);
+int spotd_metrics_text(struct spotd *d, struct spot_buf *out);
+
+/* jlog.c: under journald, log lines with SPOTD_JOB, SPOTD_CHECKPOINT and
+ * SPOTD_REASON fields (a log sink; jlog_stop() before d goes away). */
+void jlog_start(struct spotd *d);
+void jlog_stop(void);
 
 /* engine.c: sd_notify when NOTIFY_SOCKET is set */
 void spotd_notify(struct spotd *d, const char *fmt, ...)

@@ -233,6 +233,7 @@ spotd_request_checkpoint(struct spotd *d, const char *why)
   }
   d->ckpt_requested = true;
   d->ckpt_signal_mono = spot_now_mono_ms();
+  hist_requested(d, why);
   log_info("checkpoint requested (%s): SIG%s sent to trainer pid=%d (%s)", why,
            spot_config_signal_name(d->cfg->signal, sig, sizeof(sig)),
            (int)d->trainer.pid,
@@ -324,6 +325,7 @@ push_done_cb(const struct spot_store_result *res, void *data)
   d->up.name[0] = '\0';
   if (d->closing)
     return;
+  hist_pushed(d, name, res);
   if (res->err == 0) {
     committed(d, name, res);
   } else if (res->err == -ECANCELED) {
@@ -391,6 +393,7 @@ spotd_checkpoint_complete(struct spotd *d, const char *name)
   if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode))
     return -ENOENT;
   watch_mark_known(d, name);
+  hist_complete(d, name);
   if (d->ckpt_requested) {
     d->last_save_ms = spot_now_mono_ms() - d->ckpt_signal_mono;
     d->ckpt_requested = false;

@@ -420,7 +420,7 @@ class Demo:
         say("\nThe store (spotctl list %s/%s):" % (self.store, JOB))
         say(ls.stdout.rstrip())
 
-        problems = []
+        problems = self.history(lost)
         if int(done.group(1)) != steps:
             problems.append("the run ended at step %s, not %d"
                             % (done.group(1), steps))
@@ -439,6 +439,34 @@ class Demo:
             raise Failed("; ".join(problems))
         say("\nThe run was preempted once and finished on another machine "
             "with no\ncompleted step lost. Logs: %s" % self.work)
+
+    def history(self, lost):
+        """`spotctl history` of the job (what spotd recorded in the store)
+        and its timeline picture; the problems found in it."""
+        url = "%s/%s" % (self.store, JOB)
+        png = os.path.join(self.work, "timeline.png")
+        say("\nThe job's history (spotctl history %s --plot %s):" % (url, png))
+        cp = subprocess.run([self.a.spotctl, "history", url, "--plot", png],
+                            capture_output=True, text=True, env=self.env,
+                            timeout=60)
+        say((cp.stdout + cp.stderr).rstrip())
+        js = subprocess.run([self.a.spotctl, "history", url, "--json"],
+                            capture_output=True, text=True, env=self.env,
+                            timeout=60)
+        try:
+            s = json.loads(js.stdout)["summary"]
+        except (ValueError, KeyError):
+            return ["spotctl history --json failed: %s" % js.stderr.strip()]
+        problems = []
+        if s.get("runs") != 2 or s.get("preemptions") != 1:
+            problems.append("the history shows %s runs, %s preemptions, not "
+                            "2 and 1" % (s.get("runs"), s.get("preemptions")))
+        if s.get("lost_steps") != lost:
+            problems.append("the history says %s steps lost, the demo "
+                            "measured %d" % (s.get("lost_steps"), lost))
+        if cp.returncode != 0 or not os.path.exists(png):
+            problems.append("spotctl history --plot failed")
+        return problems
 
     # --- cleanup
     def stop_all(self):

@@ -246,6 +246,7 @@ def main():
         loss.backward()
         optimizer.step()
         step += 1
+        spotd.report_step(step)  # the job history counts lost steps
         if step % args.log_every == 0:
             log("step %d loss %.6f" % (step, loss.item()))
 

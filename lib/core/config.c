@@ -226,6 +226,13 @@ static const struct key_def keys[] = {
      "spotd's own user and group."},
     {"log-level", T_ENUM, OFF(log_level), NULL, "info", NULL, NULL, 0, 0,
      log_vals, NULL, 0, "Most verbose level logged."},
+    {"metrics-file", T_STRING, OFF(metrics_file), "PATH", NULL, "none",
+     "/var/lib/prometheus/node-exporter/spotd.prom", 0, 0, NULL, NULL, 0,
+     "Prometheus text file (node_exporter's textfile collector) spotd "
+     "rewrites atomically every metrics-interval and at exit."},
+    {"metrics-interval", T_DURATION, OFF(metrics_interval_ms), "SEC", "15",
+     NULL, NULL, 100, MS(3600), NULL, NULL, 0,
+     "How often the metrics file is rewritten."},
 };
 
 #define N_KEYS (sizeof(keys) / sizeof(keys[0]))

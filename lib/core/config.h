@@ -124,6 +124,8 @@ struct spot_config {
   char *socket;
   char *socket_group; /* group allowed on the socket besides root and our own */
   int log_level;      /* SPOT_LOG_ERR .. SPOT_LOG_DEBUG */
+  char *metrics_file; /* NULL: none */
+  uint64_t metrics_interval_ms; /* metrics file rewrite period */
 
   /* Set by spot_config_validate() from store: */
   char *bucket;

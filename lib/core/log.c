@@ -133,3 +133,86 @@ spot_log_errno(int level, int err, const char *fmt, ...)
   errno = saved;
   return err;
 }
+
+/* ------------------------------------------------------------ fields */
+
+/* Copies the word at p (up to a space, ')', ',' or the end; a trailing
+ * ':' or '.' dropped) into out. */
+static void
+copy_word(const char *p, char *out, size_t size)
+{
+  size_t n = strcspn(p, " ),;\t");
+
+  while (n > 0 && (p[n - 1] == ':' || p[n - 1] == '.'))
+    n--;
+  if (n >= size)
+    n = size - 1;
+  memcpy(out, p, n);
+  out[n] = '\0';
+}
+
+/* The value of a " key=" token (or one at the start of the line). */
+static bool
+token(const char *line, const char *key, char *out, size_t size)
+{
+  size_t klen = strlen(key);
+
+  for (const char *p = strstr(line, key); p != NULL; p = strstr(p + 1, key))
+    if ((p == line || p[-1] == ' ' || p[-1] == '(') && p[klen] == '=') {
+      copy_word(p + klen + 1, out, size);
+      return out[0] != '\0';
+    }
+  return false;
+}
+
+static bool
+is_verb(const char *w)
+{
+  static const char *const verbs[] = {
+      "requested", "is", "of", "folder", "signal", "could", "needs",
+      "name",      "in", "to", "from",   "left",   "the",   "with",
+  };
+
+  for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
+    if (strcmp(w, verbs[i]) == 0)
+      return true;
+  return false;
+}
+
+bool
+spot_log_fields(const char *line, struct spot_log_fields *f)
+{
+  const char *p;
+
+  f->checkpoint[0] = f->reason[0] = '\0';
+  if (!token(line, "name", f->checkpoint, sizeof(f->checkpoint)) &&
+      !token(line, "checkpoint", f->checkpoint, sizeof(f->checkpoint))) {
+    for (p = strstr(line, "checkpoint "); p != NULL;
+         p = strstr(p + 1, "checkpoint ")) {
+      copy_word(p + strlen("checkpoint "), f->checkpoint,
+                sizeof(f->checkpoint));
+      if (f->checkpoint[0] != '\0' && !is_verb(f->checkpoint) &&
+          strspn(f->checkpoint,
+                 "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopq"
+                 "rstuvwxyz0123456789._-") == strlen(f->checkpoint))
+        break;
+      f->checkpoint[0] = '\0';
+    }
+  }
+  if (!token(line, "reason", f->reason, sizeof(f->reason))) {
+    if ((p = strstr(line, "checkpoint requested (")) != NULL) {
+      size_t n;
+
+      p += strlen("checkpoint requested (");
+      n = strcspn(p, ")");
+      if (n >= sizeof(f->reason))
+        n = sizeof(f->reason) - 1;
+      memcpy(f->reason, p, n);
+      f->reason[n] = '\0';
+    } else if ((p = strstr(line, "interruption notice: ")) != NULL) {
+      copy_word(p + strlen("interruption notice: "), f->reason,
+                sizeof(f->reason));
+    }
+  }
+  return f->checkpoint[0] != '\0' || f->reason[0] != '\0';
+}

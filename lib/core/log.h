@@ -5,6 +5,7 @@
 #define SPOT_LOG_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 
 enum spot_log_level {
   SPOT_LOG_ERR = 3,
@@ -24,6 +25,22 @@ int spot_log_get_level(void);
  * stderr. The callback gets the formatted line without a newline. */
 typedef void (*spot_log_sink_fn)(int level, const char *line, void *data);
 void spot_log_set_sink(spot_log_sink_fn fn, void *data);
+
+/* Structured fields of one log line, for journald (the daemon's sink
+ * sends them with sd_journal_send so `journalctl SPOTD_CHECKPOINT=NAME`
+ * finds the line). Pure: read from the line's text only.
+ *   checkpoint  a "name=X" or "checkpoint=X" token, else the word after
+ *               "checkpoint " when it is a checkpoint name (not a verb:
+ *               "checkpoint requested" names none)
+ *   reason      a "reason=X" token, else "(X)" right after "checkpoint
+ *               requested ", else the reason after "interruption notice: "
+ * Empty strings when absent. Returns true when any field was found. */
+#define SPOT_LOG_FIELD_MAX 128
+struct spot_log_fields {
+  char checkpoint[SPOT_LOG_FIELD_MAX + 1];
+  char reason[SPOT_LOG_FIELD_MAX + 1];
+};
+bool spot_log_fields(const char *line, struct spot_log_fields *out);
 
 /* All of these preserve errno. */
 void spot_log(int level, const char *fmt, ...)

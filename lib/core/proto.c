@@ -15,6 +15,8 @@ static const char *const cmd_names[SPOT_PROTO_CMD_LAST] = {
     [SPOT_PROTO_CMD_STATUS] = "status",
     [SPOT_PROTO_CMD_CHECKPOINT] = "checkpoint",
     [SPOT_PROTO_CMD_DONE] = "done",
+    [SPOT_PROTO_CMD_STEP] = "step",
+    [SPOT_PROTO_CMD_METRICS] = "metrics",
 };
 
 const char *
@@ -82,6 +84,14 @@ decode_args(struct spot_proto_msg *msg)
       msg->args_error = "done: 'dir' must be a non-empty string";
     else
       msg->u.done.dir = json_string_value(v);
+    break;
+  case SPOT_PROTO_CMD_STEP:
+    v = json_object_get(msg->args, "step");
+    if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+        (uint64_t)json_integer_value(v) >= SPOT_PROTO_MAX_ID)
+      msg->args_error = "step: 'step' must be an integer in [0, 2^53)";
+    else
+      msg->u.step.step = (int64_t)json_integer_value(v);
     break;
   default:
     break;
@@ -402,6 +412,22 @@ spot_proto_encode_done(struct spot_buf *out, uint64_t id, const char *dir)
   if (args == NULL)
     return -EINVAL; /* not UTF-8 */
   r = spot_proto_encode_request(out, id, SPOT_PROTO_CMD_DONE, args);
+  json_decref(args);
+  return r;
+}
+
+int
+spot_proto_encode_step(struct spot_buf *out, uint64_t id, int64_t step)
+{
+  json_t *args;
+  int r;
+
+  if (step < 0 || (uint64_t)step >= SPOT_PROTO_MAX_ID)
+    return -EINVAL;
+  args = json_pack("{s:I}", "step", (json_int_t)step);
+  if (args == NULL)
+    return -ENOMEM;
+  r = spot_proto_encode_request(out, id, SPOT_PROTO_CMD_STEP, args);
   json_decref(args);
   return r;
 }

@@ -29,6 +29,12 @@
  *   done        {"dir":"PATH"} -> {"name":"NAME"}: the trainer (or an
  *                  operator) says PATH, a subdirectory of SPOTD_CKPT_DIR,
  *                  is a complete checkpoint; same as creating SPOTD_COMPLETE
+ *   step        {"step":N} -> {}: the trainer's current step (an integer
+ *                  in [0, 2^53)), recorded in the job history (lost steps)
+ *   metrics     {}  -> {"text":"..."}: the daemon's metrics in the
+ *                  Prometheus text format (lib/core/metrics.h)
+ * (step and metrics were added within version 1: an older daemon answers
+ * ok:false "unknown command".)
  *
  * Status object (result of "status"). Times are RFC 3339 UTC strings,
  * durations integer seconds, sizes integer bytes. Objects that do not
@@ -72,6 +78,8 @@ enum spot_proto_cmd {
   SPOT_PROTO_CMD_STATUS,
   SPOT_PROTO_CMD_CHECKPOINT,
   SPOT_PROTO_CMD_DONE,
+  SPOT_PROTO_CMD_STEP,
+  SPOT_PROTO_CMD_METRICS,
   SPOT_PROTO_CMD_LAST, /* also what an unknown command decodes to */
 };
 
@@ -104,6 +112,9 @@ struct spot_proto_msg {
     struct {
       const char *dir;
     } done;
+    struct {
+      int64_t step;
+    } step;
   } u;
   /* SPOT_PROTO_RESPONSE */
   bool ok;
@@ -161,6 +172,7 @@ int spot_proto_encode_request(struct spot_buf *out, uint64_t id,
                               enum spot_proto_cmd cmd, json_t *args);
 int spot_proto_encode_checkpoint(struct spot_buf *out, uint64_t id, bool wait);
 int spot_proto_encode_done(struct spot_buf *out, uint64_t id, const char *dir);
+int spot_proto_encode_step(struct spot_buf *out, uint64_t id, int64_t step);
 int spot_proto_encode_ok(struct spot_buf *out, uint64_t id, json_t *result);
 int spot_proto_encode_error(struct spot_buf *out, uint64_t id, const char *fmt,
                             ...) __attribute__((format(printf, 3, 4)));

@@ -35,7 +35,9 @@ What it does for you:
   model and optimizer; any rank may also write files of its own (say
   rng-rank{K}.pt) into ck.path.
 - resume_dir(), rank(), restart_count(), done(dir) (what `spotctl done`
-  does: mark a folder complete and tell spotd).
+  does: mark a folder complete and tell spotd), report_step(n) (the
+  trainer's step, for `spotctl history`'s lost steps; call it after each
+  optimizer step, it sends at most ten requests a second).
 
 Without spotd (a plain local run) everything works the same: checkpoints
 go to ./checkpoints (or $SPOTD_CKPT_DIR if you set it), resume_dir() is
@@ -48,11 +50,13 @@ import signal
 import socket
 import sys
 import threading
+import time
 
 __all__ = [
     "CheckpointAbandoned", "Checkpoint", "MARKER", "checkpoint",
     "checkpoint_requested", "ckpt_root", "done", "install", "local_rank",
-    "rank", "request", "restart_count", "resume_dir", "under_spotd",
+    "rank", "report_step", "request", "restart_count", "resume_dir",
+    "under_spotd",
     "world_size",
 ]
 
@@ -242,7 +246,15 @@ def _notify(path, timeout=5.0):
     if os.environ.get("SPOTD_CKPT_DIR") and \
             os.path.dirname(path) == ckpt_root():
         arg = os.path.basename(path)
-    req = json.dumps({"v": 1, "id": 1, "cmd": "done", "args": {"dir": arg}})
+    return _call("done", {"dir": arg}, timeout)
+
+
+def _call(cmd, args, timeout):
+    """One request on $SPOTD_SOCKET; spotd's answer, or None."""
+    sock_path = os.environ.get("SPOTD_SOCKET")
+    if not sock_path:
+        return None
+    req = json.dumps({"v": 1, "id": 1, "cmd": cmd, "args": args})
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(timeout)
@@ -288,6 +300,30 @@ def done(path, strict=True):
             raise RuntimeError(msg)
         print("spotd: warning: " + msg, file=sys.stderr, flush=True)
     return os.path.basename(path)
+
+
+# ------------------------------------------------------------------ step
+
+_step_sent = [None, 0.0]  # last step sent, when (time.monotonic())
+STEP_MIN_INTERVAL = 0.1  # seconds between two step reports
+
+
+def report_step(step, force=False):
+    """Tells spotd the trainer's current step (a completed optimizer step),
+    for the job history: `spotctl history` then counts the steps each
+    preemption lost. Cheap: at most one request per STEP_MIN_INTERVAL
+    (force=True sends anyway); without spotd, or when spotd does not
+    answer within 1 s, nothing happens. Returns True when sent."""
+    step = int(step)
+    if step < 0 or not os.environ.get("SPOTD_SOCKET"):
+        return False
+    now = time.monotonic()
+    if not force and _step_sent[0] is not None and \
+            now - _step_sent[1] < STEP_MIN_INTERVAL:
+        return False
+    _step_sent[0], _step_sent[1] = step, now
+    ans = _call("step", {"step": step}, 1.0)
+    return ans is not None and bool(ans.get("ok"))
 
 
 # ------------------------------------------------------------ checkpoint
@@ -339,6 +375,7 @@ class Checkpoint:
         if name is None and step is None:
             raise ValueError("checkpoint(): give a name or a step")
         self.base = name if name is not None else "step-%06d" % step
+        self.step = step
         if not self.base or "/" in self.base or self.base.startswith("."):
             raise ValueError("bad checkpoint name: %r" % self.base)
         self.root = os.path.abspath(root) if root else ckpt_root()
@@ -361,6 +398,8 @@ class Checkpoint:
 
     def __enter__(self):
         dist = self._dist
+        if self.step is not None and (dist is None or dist.get_rank() == 0):
+            report_step(self.step, force=True)  # the state this one holds
         if dist is None or dist.get_world_size() == 1:
             self.path = _new_folder(self.root, self.base)
         else:

@@ -22,6 +22,7 @@ taken at the notice (no step lost beyond the one in flight) and every step
 own output, sacct needs slurmdbd); the checkpoint is committed in the store;
 the relaunch was logged. Skips (77) only when Slurm is not installed and
 cannot be, or without the S3 server."""
+import json
 import os
 import re
 import shutil
@@ -40,6 +41,7 @@ NOTICE_AT = 12    # the notice is published once run 0 has done this many
 
 TRAINER = r'''
 import os, signal, sys, time
+import spotd  # python/spotd: report_step() for the job history
 total = int(os.environ["FAKE_TOTAL"])
 step_s = float(os.environ["FAKE_STEP_S"])
 log_path = os.environ["FAKE_LOG"]
@@ -65,6 +67,7 @@ log("start run %s at %d resume %s" % (run, step, resume or "-"))
 while step < total:
     time.sleep(step_s)
     step += 1
+    spotd.report_step(step, force=True)
     log("step %d run %s" % (step, run))
     if want:  # the safe point: between steps
         want = False
@@ -152,6 +155,7 @@ def main():
             "FAKE_EMU": emu.url, "FAKE_WORK": work, "FAKE_LOG": steps,
             "FAKE_TOTAL": str(TOTAL), "FAKE_STEP_S": str(STEP_S),
             "AWS_ENDPOINT_URL": endpoint,
+            "PYTHONPATH": spotlib.srcdir_path("python"),
         }
         cp = spotlib.run(["sbatch", "--parsable", "--requeue",
                           "--open-mode=append", "-o", out, "-J", "spotd-itest",
@@ -253,6 +257,26 @@ def main():
         c.check(re.search(r"relaunch: running 'spotctl relaunch --backend slurm",
                           joblog) is not None, "spotd ran the relaunch step")
         c.check("Traceback" not in joblog, "no trainer crash in the job output")
+        # The job's history as spotd recorded it: 2 runs, 1 preemption,
+        # and the steps lost as measured here (done before the signal and
+        # not in the checkpoint).
+        cp = spotlib.run([spotctl, "history", url, "--json"], timeout=60)
+        try:
+            s = json.loads(cp.stdout)["summary"]
+        except (ValueError, KeyError):
+            s = {}
+        lost = max(0, sig[0] - ckpt[0]) if sig and ckpt else -1
+        c.check(s.get("runs") == 2 and s.get("preemptions") == 1 and
+                s.get("commits") == len(ckpt) and s.get("relaunches") == 1,
+                "spotctl history: 2 runs, 1 preemption, %d commit(s), 1 "
+                "relaunch" % len(ckpt), cp.stdout[:600] + cp.stderr)
+        c.check(s.get("lost_steps") == lost,
+                "spotctl history: %s steps lost, as measured here (%d)" %
+                (s.get("lost_steps"), lost), repr(s))
+        cp = spotlib.run([spotctl, "history", url], timeout=60)
+        print(cp.stdout)
+        c.check(re.search(r"2 runs, 1 preemption", cp.stdout) is not None,
+                "the history table's headline", cp.stdout + cp.stderr)
         # The second run restored and exited 0 (the batch step's status).
         cp = spotlib.run(["scontrol", "show", "job", "-o", jobid], timeout=20)
         c.check(" ExitCode=0:0" in cp.stdout, "the second run exited 0",

@@ -50,6 +50,8 @@ systemctl show -p Result -p ExecMainStatus -p ActiveState spotd.service \
   > $o/stopped 2>&1
 journalctl -u spotd.service -o json --no-pager > $o/journal.json 2>&1
 journalctl -u spotd.service --no-pager > $o/journal.txt 2>&1
+journalctl SPOTD_JOB=$(cat /opt/spotd/job) -o json --no-pager \
+  > $o/journal_job.json 2>&1
 getent passwd spotd > $o/passwd 2>&1
 echo done > $o/done
 systemctl poweroff
@@ -133,6 +135,9 @@ def main():
             check_sh = os.path.join(wd, "check.sh")
             with open(check_sh, "w") as f:
                 f.write(CHECK_SCRIPT)
+            job_file = os.path.join(wd, "job")
+            with open(job_file, "w") as f:
+                f.write(job)
             check_unit = os.path.join(wd, "spotd-check.service")
             with open(check_unit, "w") as f:
                 f.write(CHECK_UNIT)
@@ -141,6 +146,7 @@ def main():
                 (sl.spotctl_exe(), "/opt/spotd/bin/spotctl"),
                 (sl.FAKE_TRAINER, "/opt/spotd/fake_trainer.py"),
                 (check_sh, "/opt/spotd/check.sh"),
+                (job_file, "/opt/spotd/job"),
                 (unit, "/etc/systemd/system/spotd.service"),
                 (dropin, "/etc/systemd/system/spotd.service.d/test.conf"),
                 (check_unit, "/etc/systemd/system/spotd-check.service"),
@@ -245,6 +251,29 @@ def main():
                     not any(m.startswith("<") for m in prio),
                     "journal: <N> prefixes parsed (info 6, notice 5)",
                     repr(list(prio.items())[:6]))
+            byjob = []
+            for line in read(os.path.join(out, "journal_job.json")).splitlines():
+                try:
+                    byjob.append(json.loads(line))
+                except ValueError:
+                    pass
+            # spotd's own lines come through the native protocol; the
+            # trainer's output shares spotd's stream (and its identifier).
+            native = [e for e in mine if e.get("_TRANSPORT") == "journal"]
+            c.check(len(byjob) > 5 and len(byjob) == len(native) and
+                    all(e.get("SPOTD_JOB") == job for e in byjob),
+                    "journalctl SPOTD_JOB=%s finds spotd's %d lines" %
+                    (job, len(byjob)), "%d of %d: %r" % (
+                        len(byjob), len(native),
+                        [e.get("MESSAGE") for e in mine
+                         if e not in native][:4]))
+            com = [e for e in byjob if str(e.get("MESSAGE", "")).startswith(
+                "committed checkpoint name=%s " % name)]
+            c.check(com and com[0].get("SPOTD_CHECKPOINT") == name and
+                    com[0].get("SPOTD_REASON") == "sigterm",
+                    "the commit line carries SPOTD_CHECKPOINT=%s and "
+                    "SPOTD_REASON=sigterm" % name,
+                    repr(com[:1]))
             secret = os.environ["AWS_SECRET_ACCESS_KEY"]
             c.check(mine and not any(secret in json.dumps(e) for e in mine),
                     "the journal never shows the secret key")

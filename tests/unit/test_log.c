@@ -92,6 +92,39 @@ test_stderr_format(void **state)
   assert_string_equal(b, "<4>journal 2\n");
 }
 
+static void
+expect_fields(const char *line, const char *ckpt, const char *reason)
+{
+  struct spot_log_fields f;
+
+  assert_int_equal(spot_log_fields(line, &f), ckpt[0] || reason[0]);
+  assert_string_equal(f.checkpoint, ckpt);
+  assert_string_equal(f.reason, reason);
+}
+
+static void
+test_fields(void **state)
+{
+  (void)state;
+  expect_fields("committed checkpoint name=step-000015 files=3 raw=10",
+                "step-000015", "");
+  expect_fields("uploading checkpoint step-000015", "step-000015", "");
+  expect_fields("checkpoint step-1 is complete (final)", "step-1", "");
+  expect_fields("checkpoint requested (aws-spot-terminate): SIGUSR1 sent", "",
+                "aws-spot-terminate");
+  expect_fields("checkpoint requested (spotctl checkpoint): SIGUSR1 sent", "",
+                "spotctl checkpoint");
+  expect_fields("the final checkpoint needs about 3.0 s", "", "");
+  expect_fields("preempted: the final checkpoint step-9 is committed; the "
+                "job resumes from it",
+                "step-9", "");
+  expect_fields("interruption notice: gcp-preempted (terminate) deadline x", "",
+                "gcp-preempted");
+  expect_fields("relaunch: running 'x' (checkpoint=a.b, reason=manual)", "a.b",
+                "manual");
+  expect_fields("state running -> draining", "", "");
+}
+
 int
 main(void)
 {
@@ -99,6 +132,7 @@ main(void)
       cmocka_unit_test(test_levels_and_errno),
       cmocka_unit_test(test_newlines_folded),
       cmocka_unit_test(test_stderr_format),
+      cmocka_unit_test(test_fields),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -260,6 +260,45 @@ test_unknown_cmd_and_bad_args(void **state)
 }
 
 static void
+test_step(void **state)
+{
+  static const char text[] =
+      "{\"v\":1,\"id\":1,\"cmd\":\"step\",\"args\":{\"step\":1200}}\n"
+      "{\"v\":1,\"id\":2,\"cmd\":\"step\",\"args\":{\"step\":-1}}\n"
+      "{\"v\":1,\"id\":3,\"cmd\":\"step\",\"args\":{\"step\":\"7\"}}\n"
+      "{\"v\":1,\"id\":4,\"cmd\":\"step\"}\n"
+      "{\"v\":1,\"id\":5,\"cmd\":\"metrics\"}\n";
+  struct spot_proto_reader r;
+  struct spot_proto_msg m;
+  struct spot_buf out;
+  struct seen s = {0};
+  json_t *root;
+  char err[128];
+
+  spot_proto_reader_init(&r, SPOT_PROTO_REQUEST);
+  assert_int_equal(spot_proto_feed(&r, text, strlen(text), record_cb, &s), 0);
+  assert_int_equal(s.n, 5);
+  assert_int_equal(s.cmds[0], SPOT_PROTO_CMD_STEP);
+  assert_null(s.args_error[0]);
+  for (int i = 1; i < 4; i++)
+    assert_non_null(strstr(s.args_error[i], "'step'"));
+  assert_int_equal(s.cmds[4], SPOT_PROTO_CMD_METRICS);
+  assert_null(s.args_error[4]);
+  spot_proto_reader_fini(&r);
+
+  spot_buf_init(&out, 1024);
+  assert_int_equal(spot_proto_encode_step(&out, 9, -1), -EINVAL);
+  assert_int_equal(spot_proto_encode_step(&out, 9, 42), 0);
+  assert_int_equal(spot_proto_decode(out.data, out.len - 1, SPOT_PROTO_REQUEST,
+                                     &root, &m, err, sizeof(err)),
+                   0);
+  assert_int_equal(m.cmd, SPOT_PROTO_CMD_STEP);
+  assert_int_equal(m.u.step.step, 42);
+  json_decref(root);
+  spot_buf_fini(&out);
+}
+
+static void
 test_callback_stops(void **state)
 {
   static const char text[] = "{\"v\":1,\"id\":1,\"cmd\":\"status\"}\n"
@@ -501,6 +540,7 @@ main(void)
       cmocka_unit_test(test_oversized_line),
       cmocka_unit_test(test_bad_messages),
       cmocka_unit_test(test_unknown_cmd_and_bad_args),
+      cmocka_unit_test(test_step),
       cmocka_unit_test(test_callback_stops),
       cmocka_unit_test(test_responses),
       cmocka_unit_test(test_decode_one),

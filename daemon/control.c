@@ -145,105 +145,145 @@ control_metrics(struct ctl_conn *c, uint64_t id, struct spot_buf *out)
   spot_buf_fini(&text);
 }
 
+/* One function per command, in a table indexed by the command. Each writes
+ * its answer into out and returns 0, or 1 when it answers later (then out
+ * is not sent). */
+typedef int (*cmd_fn)(struct ctl_conn *c, const struct spot_proto_msg *m,
+                      struct spot_buf *out);
+
+static void
+send_json(struct spot_buf *out, uint64_t id, json_t *res)
+{
+  if (res == NULL)
+    spot_proto_encode_error(out, id, "out of memory");
+  else
+    spot_proto_encode_ok(out, id, res);
+  json_decref(res);
+}
+
+static int
+cmd_hello(struct ctl_conn *c, const struct spot_proto_msg *m,
+          struct spot_buf *out)
+{
+  send_json(out, m->id,
+            json_pack("{s:s, s:i, s:s, s:I}", "version", SPOT_VERSION, "proto",
+                      SPOT_PROTO_VERSION, "job", c->d->cfg->job, "pid",
+                      (json_int_t)getpid()));
+  return 0;
+}
+
+static int
+cmd_status(struct ctl_conn *c, const struct spot_proto_msg *m,
+           struct spot_buf *out)
+{
+  send_json(out, m->id, spotd_status_json(c->d));
+  return 0;
+}
+
+static int
+cmd_checkpoint(struct ctl_conn *c, const struct spot_proto_msg *m,
+               struct spot_buf *out)
+{
+  struct spotd *d = c->d;
+
+  if (d->state != SPOTD_RUNNING) {
+    spot_proto_encode_error(out, m->id, "cannot checkpoint now: %s",
+                            spotd_state_name(d->state));
+    return 0;
+  }
+  log_info("control: checkpoint requested by pid=%d uid=%d", (int)c->pid,
+           (int)c->uid);
+  spotd_request_checkpoint(d, "spotctl checkpoint");
+  if (m->u.checkpoint.wait) {
+    c->waiting = true;
+    c->wait_id = m->id;
+    uv_timer_stop(&c->idle); /* a wait may take long */
+    return 1;
+  }
+  send_json(out, m->id, json_pack("{s:b}", "requested", 1));
+  return 0;
+}
+
+/* DIR must be a direct subfolder of SPOTD_CKPT_DIR (or a bare name). */
+static int
+cmd_done(struct ctl_conn *c, const struct spot_proto_msg *m,
+         struct spot_buf *out)
+{
+  struct spotd *d = c->d;
+  const char *dir = m->u.done.dir;
+  const char *name = strrchr(dir, '/');
+  char ckpt_prefix[4200];
+  size_t plen;
+  int r;
+
+  snprintf(ckpt_prefix, sizeof(ckpt_prefix), "%s/", d->ckpt_dir);
+  plen = strlen(ckpt_prefix);
+  if (name == NULL) {
+    name = dir;
+  } else if (strncmp(dir, ckpt_prefix, plen) == 0 &&
+             strchr(dir + plen, '/') == NULL) {
+    name = dir + plen;
+  } else {
+    spot_proto_encode_error(out, m->id, "%s is not a folder directly under %s",
+                            dir, d->ckpt_dir);
+    return 0;
+  }
+  r = spotd_checkpoint_complete(d, name);
+  if (r < 0)
+    spot_proto_encode_error(out, m->id, "%s: %s", dir,
+                            r == -ENOENT     ? "no such checkpoint folder"
+                            : r == -EALREADY ? "already handled"
+                                             : "not a valid checkpoint "
+                                               "folder name");
+  else
+    send_json(out, m->id, json_pack("{s:s}", "name", name));
+  return 0;
+}
+
+static int
+cmd_step(struct ctl_conn *c, const struct spot_proto_msg *m,
+         struct spot_buf *out)
+{
+  hist_step(c->d, m->u.step.step);
+  spot_proto_encode_ok(out, m->id, NULL);
+  return 0;
+}
+
+static int
+cmd_metrics(struct ctl_conn *c, const struct spot_proto_msg *m,
+            struct spot_buf *out)
+{
+  control_metrics(c, m->id, out);
+  return 0;
+}
+
+static const cmd_fn commands[SPOT_PROTO_CMD_LAST] = {
+    [SPOT_PROTO_CMD_HELLO] = cmd_hello,
+    [SPOT_PROTO_CMD_STATUS] = cmd_status,
+    [SPOT_PROTO_CMD_CHECKPOINT] = cmd_checkpoint,
+    [SPOT_PROTO_CMD_DONE] = cmd_done,
+    [SPOT_PROTO_CMD_STEP] = cmd_step,
+    [SPOT_PROTO_CMD_METRICS] = cmd_metrics,
+};
+
 static int
 msg_cb(const struct spot_proto_msg *m, void *data)
 {
   struct ctl_conn *c = data;
-  struct spotd *d = c->d;
   struct spot_buf out;
-  json_t *res;
-  int r;
 
   spot_buf_init(&out, SPOT_PROTO_MAX_LINE + 1);
   /* A whole line arrived: the next one has CTL_LINE_MS again. */
   uv_timer_start(&c->idle, idle_cb, CTL_LINE_MS, 0);
-  if (m->args_error != NULL) {
+  if (m->args_error != NULL)
     spot_proto_encode_error(&out, m->id, "%s", m->args_error);
-    goto send;
-  }
-  switch (m->cmd) {
-  case SPOT_PROTO_CMD_HELLO:
-    res = json_pack("{s:s, s:i, s:s, s:I}", "version", SPOT_VERSION, "proto",
-                    SPOT_PROTO_VERSION, "job", d->cfg->job, "pid",
-                    (json_int_t)getpid());
-    spot_proto_encode_ok(&out, m->id, res);
-    json_decref(res);
-    break;
-  case SPOT_PROTO_CMD_STATUS:
-    res = spotd_status_json(d);
-    if (res == NULL)
-      spot_proto_encode_error(&out, m->id, "out of memory");
-    else
-      spot_proto_encode_ok(&out, m->id, res);
-    json_decref(res);
-    break;
-  case SPOT_PROTO_CMD_CHECKPOINT:
-    if (d->state != SPOTD_RUNNING) {
-      spot_proto_encode_error(&out, m->id, "cannot checkpoint now: %s",
-                              spotd_state_name(d->state));
-      break;
-    }
-    log_info("control: checkpoint requested by pid=%d uid=%d", (int)c->pid,
-             (int)c->uid);
-    spotd_request_checkpoint(d, "spotctl checkpoint");
-    if (m->u.checkpoint.wait) {
-      c->waiting = true;
-      c->wait_id = m->id;
-      uv_timer_stop(&c->idle); /* a wait may take long */
-      spot_buf_fini(&out);
-      return 0;
-    }
-    res = json_pack("{s:b}", "requested", 1);
-    spot_proto_encode_ok(&out, m->id, res);
-    json_decref(res);
-    break;
-  case SPOT_PROTO_CMD_DONE: {
-    const char *dir = m->u.done.dir;
-    const char *name = strrchr(dir, '/');
-    char ckpt_prefix[4200];
-    size_t plen;
-
-    /* DIR must be a direct subfolder of SPOTD_CKPT_DIR (or a bare name). */
-    snprintf(ckpt_prefix, sizeof(ckpt_prefix), "%s/", d->ckpt_dir);
-    plen = strlen(ckpt_prefix);
-    if (name == NULL)
-      name = dir;
-    else if (strncmp(dir, ckpt_prefix, plen) == 0 &&
-             strchr(dir + plen, '/') == NULL)
-      name = dir + plen;
-    else {
-      spot_proto_encode_error(&out, m->id,
-                              "%s is not a folder directly under %s", dir,
-                              d->ckpt_dir);
-      break;
-    }
-    r = spotd_checkpoint_complete(d, name);
-    if (r < 0) {
-      spot_proto_encode_error(&out, m->id, "%s: %s", dir,
-                              r == -ENOENT ? "no such checkpoint folder"
-                              : r == -EALREADY
-                                  ? "already handled"
-                                  : "not a valid checkpoint folder name");
-      break;
-    }
-    res = json_pack("{s:s}", "name", name);
-    spot_proto_encode_ok(&out, m->id, res);
-    json_decref(res);
-    break;
-  }
-  case SPOT_PROTO_CMD_STEP:
-    hist_step(d, m->u.step.step);
-    spot_proto_encode_ok(&out, m->id, NULL);
-    break;
-  case SPOT_PROTO_CMD_METRICS:
-    control_metrics(c, m->id, &out);
-    break;
-  default:
+  else if ((unsigned)m->cmd >= SPOT_PROTO_CMD_LAST || commands[m->cmd] == NULL)
     spot_proto_encode_error(&out, m->id, "unknown command '%s'",
                             m->cmd_name != NULL ? m->cmd_name : "");
-    break;
+  else if (commands[m->cmd](c, m, &out) != 0) {
+    spot_buf_fini(&out); /* answered later */
+    return 0;
   }
-send:
   conn_send(c, &out);
   spot_buf_fini(&out);
   return 0;

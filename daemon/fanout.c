@@ -11,7 +11,9 @@
  *   relaunch once before its relaunch step a rank PUTs
  *                 ROOT/relaunched/RUN/CHECKPOINT/REASON with
  *                 If-None-Match: *; only the rank whose PUT created it
- *                 runs the step, the others say who did.
+ *                 runs the step, the others say so. Ranks > 0 PUT 2 s
+ *                 later (a quarter of the time left at most): rank 0,
+ *                 which moves LATEST after the commit, normally wins.
  *   peer loss     a trainer that fails while running is checked against
  *                 the job's notice first: a peer's preemption ends this
  *                 rank like its own (exit 75 once a checkpoint of the job
@@ -33,6 +35,7 @@
 #include "util.h"
 
 #define FANOUT_POLL_MAX_MS 1000
+#define CLAIM_DELAY_MS 2000 /* ranks > 0: rank 0 relaunches first */
 
 static const char *const names[] = {
     "idle", "waiting", "polling", "seen", "closed",
@@ -379,15 +382,14 @@ claim_cb(const struct spot_s3_result *res, void *data)
   }
 }
 
-int
-fanout_claim_relaunch(struct spotd *d)
+/* PUT the marker; 0 when it is in flight (claim_cb() follows). */
+static int
+claim_put(struct spotd *d)
 {
   struct fanout *f = &d->fan;
   char *key;
   int r = -ENOMEM;
 
-  if (!enabled(d) || f->claim_state != FANOUT_CLAIM_NONE)
-    return 1;
   snprintf(f->claim_mine, sizeof(f->claim_mine), "rank=%u\npid=%ld\n",
            d->store.rank, (long)getpid());
   key = claim_key(d);
@@ -398,9 +400,42 @@ fanout_claim_relaunch(struct spotd *d)
   free(key);
   if (r < 0) {
     f->claim_op = NULL;
-    return 1; /* cannot ask: run the step */
+    return r;
   }
   f->claim_state = FANOUT_CLAIM_ASKING;
+  return 0;
+}
+
+static void
+claim_timer_cb(uv_timer_t *t)
+{
+  struct spotd *d = spot_container_of(t, struct spotd, fan.claim_timer);
+
+  if (d->closing || d->fan.claim_state != FANOUT_CLAIM_WAITING)
+    return;
+  if (claim_put(d) < 0)
+    claimed(d, true); /* cannot ask: run the step */
+}
+
+int
+fanout_claim_relaunch(struct spotd *d)
+{
+  struct fanout *f = &d->fan;
+  uint64_t delay = CLAIM_DELAY_MS, left = spotd_ms_left(d);
+
+  if (!enabled(d) || f->claim_state != FANOUT_CLAIM_NONE)
+    return 1;
+  if (d->store.rank == 0)
+    return claim_put(d) < 0 ? 1 : 0;
+  /* Rank 0 moves LATEST after the commit the others wait for: let it
+   * relaunch first, so a requeue does not stop it mid-way; claim after a
+   * delay in case rank 0 is gone. */
+  if (left != UINT64_MAX && left / 4 < delay)
+    delay = left / 4;
+  f->claim_state = FANOUT_CLAIM_WAITING;
+  log_info("relaunch: rank %u leaves the relaunch step to rank 0 for %.1f s",
+           d->store.rank, (double)delay / 1000.0);
+  uv_timer_start(&f->claim_timer, claim_timer_cb, delay, 0);
   return 0;
 }
 
@@ -410,6 +445,7 @@ void
 fanout_init(struct spotd *d)
 {
   uv_timer_init(d->loop, &d->fan.timer);
+  uv_timer_init(d->loop, &d->fan.claim_timer);
   spot_buf_init(&d->fan.body, 1024);
   spot_buf_init(&d->fan.claim_body, 1024);
 }
@@ -429,6 +465,11 @@ fanout_close(struct spotd *d)
   if (f->timer.loop != NULL && !uv_is_closing((uv_handle_t *)&f->timer)) {
     uv_timer_stop(&f->timer);
     uv_close((uv_handle_t *)&f->timer, NULL);
+  }
+  if (f->claim_timer.loop != NULL &&
+      !uv_is_closing((uv_handle_t *)&f->claim_timer)) {
+    uv_timer_stop(&f->claim_timer);
+    uv_close((uv_handle_t *)&f->claim_timer, NULL);
   }
 }
 

@@ -167,6 +167,7 @@ enum fanout_state {
 
 enum fanout_claim {
   FANOUT_CLAIM_NONE,
+  FANOUT_CLAIM_WAITING, /* rank > 0: rank 0 goes first */
   FANOUT_CLAIM_ASKING,  /* PUT If-None-Match: * of the relaunch marker */
   FANOUT_CLAIM_READING, /* a retried PUT said 412: is it ours? */
   FANOUT_CLAIM_WON,
@@ -175,8 +176,9 @@ enum fanout_claim {
 
 struct fanout {
   enum fanout_state state;
-  uv_timer_t timer; /* the poll */
-  char run[80];     /* this run's id */
+  uv_timer_t timer;       /* the poll */
+  uv_timer_t claim_timer; /* rank > 0: the relaunch claim's delay */
+  char run[80];           /* this run's id */
   struct spot_s3_op *get_op, *put_op, *claim_op;
   struct spot_buf body;       /* GET notices/RUN */
   struct spot_buf claim_body; /* GET relaunched/... */

@@ -141,21 +141,21 @@ place(struct spotd *d, const struct spot_store_result *res)
   log_info("restored checkpoint %s into %s (%" PRIu64 " bytes in %.1f s)",
            res->name, dst, res->raw_bytes, (double)res->elapsed_ms / 1000.0);
   restored_record(d, res);
-  if (d->store.nranks > 1 && res->ckpt_nranks != d->store.nranks) {
-    /* --reshard: every rank's folder is here; the trainer reshards. */
-    spot_strlcpy(d->resume_dir, dst, sizeof(d->resume_dir));
-  } else if (d->store.nranks > 1) {
-    /* Multi-node: this node restored its own rank-K/ folder (and the
-     * files shared by all ranks); its trainer resumes from rank-K/. */
+  /* One node, or --reshard (every rank's folder is here; the trainer
+   * reshards): the whole folder. Multi-node: this node restored its own
+   * rank-K/ folder (and the files shared by all ranks); its trainer
+   * resumes from rank-K/. */
+  spot_strlcpy(d->resume_dir, dst, sizeof(d->resume_dir));
+  if (d->store.nranks > 1 && res->ckpt_nranks == d->store.nranks) {
     snprintf(mine, sizeof(mine), "%s/rank-%u", dst, d->store.rank);
-    if (strlen(mine) < sizeof(d->resume_dir) && access(mine, F_OK) == 0)
+    if (strlen(mine) < sizeof(d->resume_dir) && access(mine, F_OK) == 0) {
       spot_strlcpy(d->resume_dir, mine, sizeof(d->resume_dir));
-    else
+    } else {
       log_warn("checkpoint %s holds no files of rank %u: no "
                "SPOTD_RESUME_DIR",
                res->name, d->store.rank);
-  } else {
-    spot_strlcpy(d->resume_dir, dst, sizeof(d->resume_dir));
+      d->resume_dir[0] = '\0';
+    }
   }
   spot_strlcpy(d->last_commit, res->name, sizeof(d->last_commit));
   d->last_commit_wall = spot_now_wall_ms();

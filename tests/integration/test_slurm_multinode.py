@@ -15,10 +15,9 @@ Checks: the other two spotd drain on the job-wide notice (fan-out latency
 printed); the three ranks commit one checkpoint; the job is requeued
 exactly once (one relaunch step ran, the others skipped it); it comes back
 on 3 nodes where each rank restores only its rank-K/ files (bytes printed);
-the final checkpoint of every rank holds the reference job's files, its
-RNG state and step byte-identical, its model and optimizer equal within
-1e-4 (byte-identity is reported: with three ranks the weights differ in
-their last bits, see docs/slurm.md). Skips (77) without root, Slurm, torch or the S3 server."""
+the final checkpoint of every rank is byte-identical to the reference
+job's (train_ddp.py's warm-up pass makes DDP sum gradients in the same
+order in a fresh and a resumed run, which shows with 3 ranks). Skips (77) without root, Slurm, torch or the S3 server."""
 import filecmp
 import os
 import re
@@ -243,15 +242,10 @@ def main():
             c.check(a and sorted(a) == sorted(b),
                     "rank %d: the final checkpoint has the reference's %d "
                     "files" % (k, len(a)), repr((sorted(a), sorted(b))))
-            c.check(not [f for f in diff if f.startswith(("rng-", "trainer"))],
-                    "rank %d: its RNG state and step are byte-identical to "
-                    "the uninterrupted run's" % k, repr(diff))
-            gap = max_gap([(a[f], b[f]) for f in diff])
-            c.check(gap is not None and gap < 1e-4,
-                    "rank %d: model and optimizer equal the uninterrupted "
-                    "run's within %.1e (byte-identical: %s)" %
-                    (k, gap if gap is not None else -1,
-                     "yes" if not diff else "no, %s differ" % diff))
+            c.check(a and not diff, "rank %d: the final checkpoint is "
+                    "byte-identical to the uninterrupted run's" % k,
+                    "differ: %r, largest tensor gap %r" %
+                    (diff, max_gap([(a[f], b[f]) for f in diff])))
     finally:
         for e in emus:
             e.stop()

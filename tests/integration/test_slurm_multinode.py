@@ -232,6 +232,12 @@ def main():
                                                        "ckpt"))
                     if x.startswith("step-")]
             c.check(dirs, "node %d has local checkpoints" % k)
+        restored = re.findall(r"restored checkpoint (step-\d+) into", text)
+        commits = sl.committed(prefix)
+        c.check(len(set(restored)) == 1 and sorted(commits) == sorted(
+            [restored[0], "step-%06d" % STEPS]),
+            "one checkpoint committed for the preemption (%s), restored by "
+            "all three, then the final one: %r" % (restored[:1], commits))
         end = wait_for(outs["ref"], r"^batch end run=0", 60)
         c.check(end, "the reference job ends")
         for k in range(3):

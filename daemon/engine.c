@@ -416,6 +416,7 @@ spotd_launch(struct spotd *d)
 {
   if (d->closing)
     return;
+  fanout_start(d); /* multi-node: publishes a notice seen until now */
   if (d->have_notice) {
     /* The machine is going away: starting the trainer would only cost
      * the time left. Relaunch elsewhere and leave. */
@@ -439,7 +440,6 @@ spotd_launch(struct spotd *d)
     uv_timer_start(&d->interval_timer, interval_cb, d->cfg->interval_ms,
                    d->cfg->interval_ms);
   spotd_set_state(d, SPOTD_RUNNING);
-  fanout_start(d);
   spotd_notify(d, "READY=1\nSTATUS=running, trainer pid %d",
                (int)d->trainer.pid);
 }

@@ -16,7 +16,9 @@ printed); the three ranks commit one checkpoint; the job is requeued
 exactly once (one relaunch step ran, the others skipped it); it comes back
 on 3 nodes where each rank restores only its rank-K/ files (bytes printed);
 the final checkpoint of every rank is byte-identical to the reference
-job's (train_ddp.py's warm-up pass makes DDP sum gradients in the same
+job's. Then nodes 2 and 3 get notices in the same second in a third job:
+still one commit for the preemption and one requeue. (train_ddp.py's
+warm-up pass makes DDP sum gradients in the same
 order in a fresh and a resumed run, which shows with 3 ranks). Skips (77) without root, Slurm, torch or the S3 server."""
 import filecmp
 import os
@@ -132,6 +134,42 @@ def wait_for(path, pattern, timeout, count=1):
             return found
         time.sleep(0.2)
     return re.findall(pattern, sl.read_text(path), re.M)
+
+
+def two_notices(c, env, work, emus, store, prefix, job):
+    """Nodes 2 and 3 get notices in the same second: still one commit for
+    the preemption and one requeue."""
+    out = os.path.join(work, "two.out")
+    e = dict(env, SPOTD_TEST_JOB=job,
+             SPOT_TEST_EMUS=" ".join(x.url for x in emus))
+    cp = sl.run(["sbatch", "--parsable", "-N3", "--ntasks-per-node=1",
+                 "--requeue", "--open-mode=append", "-o", out, "-J",
+                 "spotd-two", os.path.join(work, "batch.sh")], timeout=30,
+                env=e)
+    if not c.check(cp.returncode == 0, "two notices: sbatch", cp.stderr):
+        return
+    c.check(wait_for(out, r"^step (\d+) loss", 90),
+            "two notices: the job trains on 3 nodes")
+    emus[1].control("notice", deadline=60)
+    emus[2].control("notice", deadline=60)
+    wait_for(out, r"relaunch: this rank \(\d\) runs", 90)
+    for x in emus[1:]:
+        x.control("cancel", notice=1)
+    c.check(wait_for(out, r"^batch end run=1", 150),
+            "two notices: the requeued run ends")
+    text = sl.read_text(out)
+    runs = re.findall(r"^batch run=(\d)", text, re.M)
+    c.check(runs == ["0", "1"], "two notices: requeued exactly once (%s)" %
+            runs)
+    won = re.findall(r"relaunch: this rank \((\d)\) runs the job's "
+                     r"relaunch step", text)
+    c.check(len(won) == 1, "two notices: one relaunch step ran (%s)" % won)
+    restored = re.findall(r"restored checkpoint (step-\d+) into", text)
+    commits = sl.committed(prefix)
+    c.check(len(restored) == 3 and len(set(restored)) == 1 and
+            sorted(commits) == sorted([restored[0], "step-%06d" % STEPS]),
+            "two notices: one commit for the preemption, restored by the 3 "
+            "ranks (%s), then the final one: %r" % (restored[:1], commits))
 
 
 def main():
@@ -252,6 +290,8 @@ def main():
                     "byte-identical to the uninterrupted run's" % k,
                     "differ: %r, largest tensor gap %r" %
                     (diff, max_gap([(a[f], b[f]) for f in diff])))
+        two_notices(c, env, work, emus, store, prefix.rstrip("/") + "-two/",
+                    job + "-two")
     finally:
         for e in emus:
             e.stop()
@@ -259,7 +299,7 @@ def main():
             cp = sl.run(["bash", sl.srcdir_path("tests", "slurm.sh"), "stop",
                          sdir], timeout=90)
             c.check(cp.returncode == 0, "tests/slurm.sh stop", cp.stderr[-2000:])
-        for name in ("pre", "ref"):
+        for name in ("pre", "ref", "two"):
             p = os.path.join(work, name + ".out")
             if os.path.exists(p):
                 print("---- %s job output (tail)\n%s" %
@@ -268,6 +308,7 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
         sl.s3_cleanup(prefix)
         sl.s3_cleanup(ref_prefix)
+        sl.s3_cleanup(prefix.rstrip("/") + "-two/")
         print("elapsed %.1f s" % (time.time() - t0))
     c.finish()
 

@@ -239,6 +239,8 @@ notice_cb(struct spot_meta *m, const struct spot_notice *n, void *data)
       spotd_request_checkpoint(d, n->reason);
     return;
   }
+  if (m != NULL)
+    fanout_publish(d, n);
   if (d->state == SPOTD_DRAINING && d->have_notice)
     return; /* already acting on one */
   d->have_notice = true;
@@ -247,6 +249,12 @@ notice_cb(struct spot_meta *m, const struct spot_notice *n, void *data)
     start_drain(d, n->reason, n->deadline_mono_ms, n->deadline_wall_ms);
   else if (d->state == SPOTD_CONNECTING || d->state == SPOTD_RESTORING)
     log_warn("notice before the trainer started: it will not be started");
+}
+
+void
+spotd_job_notice(struct spotd *d, const struct spot_notice *n)
+{
+  notice_cb(NULL, n, d);
 }
 
 static void
@@ -351,6 +359,8 @@ spotd_trainer_exited(struct spotd *d)
   /* A checkpoint completed just before the exit may not have been seen. */
   watch_scan(d);
   if (d->state == SPOTD_RUNNING) {
+    if (d->exit_code != 0 && fanout_exit_check(d))
+      return; /* a peer's preemption, or spotd_trainer_exited() again */
     if (d->exit_code != 0)
       spotd_warn(d, "the trainer failed (status %d): not relaunching",
                  d->exit_code);
@@ -408,6 +418,7 @@ spotd_launch(struct spotd *d)
 {
   if (d->closing)
     return;
+  fanout_start(d); /* multi-node: publishes a notice seen until now */
   if (d->have_notice) {
     /* The machine is going away: starting the trainer would only cost
      * the time left. Relaunch elsewhere and leave. */
@@ -498,6 +509,7 @@ store_config(struct spotd *d)
   d->store.rank = (unsigned)c->rank;
   d->store.nranks = (unsigned)c->nranks;
   d->store.rank_wait_ms = c->rank_wait_ms;
+  d->store.reshard = c->reshard;
   snprintf(d->store_url, sizeof(d->store_url), "s3://%s/%s%s%s", c->bucket,
            c->prefix, c->prefix[0] ? "/" : "", c->job);
 }
@@ -547,6 +559,7 @@ spotd_start(struct spotd *d)
   uv_timer_init(d->loop, &d->relaunch.timer);
   spot_child_init(&d->trainer, d->loop);
   spot_child_init(&d->relaunch.child, d->loop);
+  fanout_init(d);
   r = folders(d);
   if (r < 0)
     return r;
@@ -593,6 +606,7 @@ spotd_close(struct spotd *d)
   if (d->restore.s3op != NULL)
     spot_s3_cancel(d->restore.s3op);
   relaunch_close(d);
+  fanout_close(d);
   spot_child_close(&d->trainer);
   watch_close(d);
   control_close(d);

@@ -159,6 +159,9 @@ relaunch_start(struct spotd *d)
   char **argv = NULL, err[256];
   int argc, r;
 
+  /* Multi-node: only the rank that writes the job's marker runs it. */
+  if (d->fan.claim_state == FANOUT_CLAIM_NONE && fanout_claim_relaunch(d) == 0)
+    return 0;
   r = spot_config_split_args(d->cfg->relaunch, &argv, &argc, err, sizeof(err));
   if (r < 0)
     spotd_warn(d, "relaunch: %s", err);

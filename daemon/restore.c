@@ -103,6 +103,26 @@ restore_counted(struct spotd *d)
   done(d);
 }
 
+/* What this rank downloaded, for the log and `spotctl status`. */
+static void
+restored_record(struct spotd *d, const struct spot_store_result *res)
+{
+  struct restored *r = &d->restored;
+
+  r->files = res->files;
+  r->raw_bytes = res->raw_bytes;
+  r->stored_bytes = res->stored_bytes;
+  r->ckpt_raw_bytes = res->ckpt_raw_bytes;
+  r->ckpt_stored_bytes = res->ckpt_stored_bytes;
+  r->done = true;
+  if (d->store.nranks > 1)
+    log_info("rank %u restored %" PRIu64 " files: %" PRIu64
+             " bytes downloaded (%" PRIu64 " raw) of the checkpoint's %" PRIu64
+             " (%" PRIu64 " raw)",
+             d->store.rank, res->files, res->stored_bytes, res->raw_bytes,
+             res->ckpt_stored_bytes, res->ckpt_raw_bytes);
+}
+
 /* The restored folder becomes CKPT_DIR/NAME; SPOTD_RESUME_DIR points at
  * it (multi-node: at its rank-N subfolder), absolute. */
 static int
@@ -120,19 +140,22 @@ place(struct spotd *d, const struct spot_store_result *res)
   }
   log_info("restored checkpoint %s into %s (%" PRIu64 " bytes in %.1f s)",
            res->name, dst, res->raw_bytes, (double)res->elapsed_ms / 1000.0);
-  if (d->store.nranks > 1) {
-    /* Multi-node: every node restores the whole checkpoint (simple; the
-     * other ranks' files are there too) and its trainer resumes from its
-     * own rank's folder. */
+  restored_record(d, res);
+  /* One node, or --reshard (every rank's folder is here; the trainer
+   * reshards): the whole folder. Multi-node: this node restored its own
+   * rank-K/ folder (and the files shared by all ranks); its trainer
+   * resumes from rank-K/. */
+  spot_strlcpy(d->resume_dir, dst, sizeof(d->resume_dir));
+  if (d->store.nranks > 1 && res->ckpt_nranks == d->store.nranks) {
     snprintf(mine, sizeof(mine), "%s/rank-%u", dst, d->store.rank);
-    if (strlen(mine) < sizeof(d->resume_dir) && access(mine, F_OK) == 0)
+    if (strlen(mine) < sizeof(d->resume_dir) && access(mine, F_OK) == 0) {
       spot_strlcpy(d->resume_dir, mine, sizeof(d->resume_dir));
-    else
+    } else {
       log_warn("checkpoint %s holds no files of rank %u: no "
                "SPOTD_RESUME_DIR",
                res->name, d->store.rank);
-  } else {
-    spot_strlcpy(d->resume_dir, dst, sizeof(d->resume_dir));
+      d->resume_dir[0] = '\0';
+    }
   }
   spot_strlcpy(d->last_commit, res->name, sizeof(d->last_commit));
   d->last_commit_wall = spot_now_wall_ms();

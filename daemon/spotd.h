@@ -155,6 +155,53 @@ struct relaunch_step {
   size_t n;
 };
 
+/* fanout.c: a multi-node job's notice, relaunch and peer loss. */
+enum fanout_state {
+  FANOUT_IDLE,    /* single node, or not started */
+  FANOUT_WAITING, /* between two GETs of the job-wide notice */
+  FANOUT_POLLING, /* a GET in flight */
+  FANOUT_SEEN,    /* the job-wide notice is there: draining on it */
+  FANOUT_CLOSED,
+  FANOUT_STATE_LAST,
+};
+
+enum fanout_claim {
+  FANOUT_CLAIM_NONE,
+  FANOUT_CLAIM_WAITING, /* rank > 0: rank 0 goes first */
+  FANOUT_CLAIM_ASKING,  /* PUT If-None-Match: * of the relaunch marker */
+  FANOUT_CLAIM_READING, /* a retried PUT said 412: is it ours? */
+  FANOUT_CLAIM_WON,
+  FANOUT_CLAIM_LOST,
+};
+
+struct fanout {
+  enum fanout_state state;
+  uv_timer_t timer;       /* the poll */
+  uv_timer_t claim_timer; /* rank > 0: the relaunch claim's delay */
+  char run[80];           /* this run's id */
+  struct spot_s3_op *get_op, *put_op, *claim_op;
+  struct spot_buf body;       /* GET notices/RUN */
+  struct spot_buf claim_body; /* GET relaunched/... */
+  char put_body[192];         /* PUT notices/RUN: lives until done */
+  char claim_mine[64];        /* PUT relaunched/...: lives until done */
+  struct spot_notice notice;  /* this node's own notice, to publish */
+  int64_t notice_wall_ms;
+  bool pending;      /* a notice of this node to publish */
+  bool published;    /* its PUT was sent */
+  bool warned;       /* a failed GET was reported once */
+  bool exit_check;   /* the trainer failed: the GET decides */
+  bool exit_checked; /* ... and it did: no notice */
+  bool peer_lost;    /* the trainer failed after a peer's notice */
+  enum fanout_claim claim_state;
+};
+
+/* restore.c: what this rank downloaded (multi-node: only its files). */
+struct restored {
+  uint64_t files, raw_bytes, stored_bytes;    /* downloaded by this rank */
+  uint64_t ckpt_raw_bytes, ckpt_stored_bytes; /* the whole checkpoint */
+  bool done;
+};
+
 struct ctl_conn;
 
 struct spotd {
@@ -214,6 +261,8 @@ struct spotd {
   int64_t last_commit_wall;
 
   struct relaunch_step relaunch;
+  struct fanout fan;
+  struct restored restored;
 
   /* warnings for status */
   char warnings[SPOT_PROTO_MAX_WARNINGS][256];
@@ -258,6 +307,8 @@ void spotd_launch(struct spotd *d);
 /* A fatal error: exit status, one line already logged, close. */
 void spotd_fail(struct spotd *d, int exit_code);
 void spotd_trainer_exited(struct spotd *d);
+/* A notice of the job from another rank (fanout.c): as the node's own. */
+void spotd_job_notice(struct spotd *d, const struct spot_notice *n);
 void spotd_close(struct spotd *d);
 /* Milliseconds to the drain's deadline (UINT64_MAX: none). */
 uint64_t spotd_ms_left(const struct spotd *d);
@@ -298,6 +349,22 @@ void restarts_fetch(struct spotd *d);
 void restore_counted(struct spotd *d);
 /* The trainer started: PUT the count. */
 void restarts_record(struct spotd *d);
+
+/* fanout.c (multi-node, nranks > 1; no-ops on one node) */
+void fanout_init(struct spotd *d);
+void fanout_close(struct spotd *d);
+void fanout_fini(struct spotd *d); /* after the loop ended */
+/* The trainer runs: poll the job-wide notice, publish a pending one. */
+void fanout_start(struct spotd *d);
+/* This node's metadata showed notice n: tell the other ranks. */
+void fanout_publish(struct spotd *d, const struct spot_notice *n);
+/* The trainer failed while running: true when a GET of the job-wide
+ * notice decides first (then spotd_job_notice() or, when there is none,
+ * spotd_trainer_exited() again follows). */
+bool fanout_exit_check(struct spotd *d);
+/* 0: the relaunch marker's PUT runs and relaunch_start() or STOPPING
+ * follows; 1: no claim needed (one node), go on. */
+int fanout_claim_relaunch(struct spotd *d);
 
 /* relaunch.c */
 /* 0 when the step runs (spotd_relaunch_done() follows), <0 otherwise. */

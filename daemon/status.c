@@ -6,6 +6,32 @@
 #include "spotd.h"
 #include "util.h"
 
+/* Multi-node: "ranks": {rank, nranks, run, restored: {files, bytes,
+ * raw_bytes, checkpoint_bytes, checkpoint_raw_bytes}} (bytes are stored,
+ * i.e. downloaded, bytes). */
+static json_t *
+restored_json(struct spotd *d, json_t *j)
+{
+  const struct restored *r = &d->restored;
+  json_t *ranks;
+
+  if (j == NULL || d->store.nranks <= 1)
+    return j;
+  ranks = json_pack("{s:i, s:i, s:s}", "rank", (int)d->store.rank, "nranks",
+                    (int)d->store.nranks, "run", d->fan.run);
+  if (ranks != NULL && r->done)
+    json_object_set_new(
+        ranks, "restored",
+        json_pack("{s:I, s:I, s:I, s:I, s:I}", "files", (json_int_t)r->files,
+                  "bytes", (json_int_t)r->stored_bytes, "raw_bytes",
+                  (json_int_t)r->raw_bytes, "checkpoint_bytes",
+                  (json_int_t)r->ckpt_stored_bytes, "checkpoint_raw_bytes",
+                  (json_int_t)r->ckpt_raw_bytes));
+  if (ranks != NULL)
+    json_object_set_new(j, "ranks", ranks);
+  return j;
+}
+
 json_t *
 spotd_status_json(struct spotd *d)
 {
@@ -76,5 +102,5 @@ spotd_status_json(struct spotd *d)
     st.relaunch[i].ok = a->ok;
   }
   st.n_relaunch = d->relaunch.n;
-  return spot_proto_status_to_json(&st);
+  return restored_json(d, spot_proto_status_to_json(&st));
 }

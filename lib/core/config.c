@@ -217,6 +217,17 @@ static const struct key_def keys[] = {
      MS(86400), NULL, NULL, 0,
      "Multi-node jobs: how long rank 0 waits for the other ranks' parts, "
      "and the others for rank 0's commit."},
+    {"run-id", T_STRING, OFF(run_id), "ID", NULL,
+     "$SLURM_JOB_ID.$SLURM_RESTART_COUNT, else the RESTARTS count", "42.1", 0,
+     0, NULL, NULL, 0,
+     "Multi-node jobs: names this run of the job (the same on every rank) "
+     "for the job-wide notice and the relaunch-once marker; a requeued run "
+     "needs a new one."},
+    {"reshard", T_BOOL, OFF(reshard), NULL, "false", NULL, NULL, 0, 0, NULL,
+     NULL, 0,
+     "Multi-node jobs: when the newest commit was made by another number of "
+     "ranks, restore every rank's files into each node instead of refusing "
+     "to start."},
     {"socket", T_STRING, OFF(socket), "PATH", NULL,
      "$RUNTIME_DIRECTORY/spotd.sock or ./spotd.sock", "/run/spotd/spotd.sock",
      0, 0, NULL, NULL, 0, "Control socket (spotctl), mode 0660."},

@@ -120,6 +120,8 @@ struct spot_config {
   int64_t rank;
   int64_t nranks;
   uint64_t rank_wait_ms;
+  char *run_id; /* multi-node: this run's id (NULL = from Slurm) */
+  bool reshard; /* multi-node: restore every rank's files on a mismatch */
   /* the daemon */
   char *socket;
   char *socket_group; /* group allowed on the socket besides root and our own */

@@ -73,6 +73,12 @@ struct spot_store_config {
    * exists. Either wait is bounded by rank_wait_ms (0 = 60 s). */
   unsigned rank, nranks;
   uint64_t rank_wait_ms;
+  /* restore, multi-node: nranks > 0 (spotd) checks the commit's rank
+   * count (its ranks/ markers; none = 1) against nranks and refuses
+   * another one (-EXDEV) unless reshard; with nranks > 1 rank K restores
+   * only rank-K/ and the files outside every rank-J/ folder. reshard
+   * restores everything. spotctl leaves nranks 0: everything. */
+  bool reshard;
   /* Minimum progress per transfer (one part or frame): a transfer not
    * done within SPOT_STORE_TRANSFER_GRACE_MS + its bytes / min_rate fails
    * the op with a line saying so, even if the server trickles just above
@@ -124,6 +130,12 @@ struct spot_store_result {
   unsigned aborted;       /* push: stale multipart uploads aborted */
   unsigned resumed_parts; /* push: parts a resumed push found stored */
   const char *warning; /* push: retention trouble (commit still fine), or "" */
+  /* restore: the whole checkpoint's bytes and the rank count that
+   * committed it (cfg nranks > 0); files, raw_bytes and stored_bytes above
+   * are what this rank restored (multi-node: its rank-K/ and shared
+   * files). */
+  uint64_t ckpt_raw_bytes, ckpt_stored_bytes;
+  unsigned ckpt_nranks;
 };
 
 struct spot_store_entry {

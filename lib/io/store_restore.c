@@ -34,6 +34,7 @@
 enum restore_state {
   R_LATEST,
   R_MANIFEST,
+  R_RANKS,
   R_PREPARE,
   R_XFER,
   R_FINISH,
@@ -42,7 +43,8 @@ enum restore_state {
 };
 
 static const char *const restore_state_names[] = {
-    "latest", "manifest", "prepare", "transfer", "finish", "cleanup", "done",
+    "latest",   "manifest", "ranks",   "prepare",
+    "transfer", "finish",   "cleanup", "done",
 };
 
 /* A slot (store_internal.h) holds one frame: s->part is its index in
@@ -67,6 +69,14 @@ struct restore_op {
   size_t next_file, next_frame;
   unsigned active_fetch;
   struct spot_s3_op *s3op;
+
+  /* multi-node (cfg nranks > 0: spotd): the committing job's rank count,
+   * from the markers ranks/rank-K.json; the files of other ranks are
+   * moved past m->nfiles (nfiles_all counts them all). */
+  unsigned ckpt_nranks;
+  char *token;
+  size_t nfiles_all;
+  uint64_t ckpt_raw, ckpt_stored;
 };
 
 static void advance(struct restore_op *op);
@@ -97,7 +107,10 @@ op_free(struct spot__store_op *b)
   struct restore_op *op = (struct restore_op *)(void *)b;
 
   spot__store_pipe_fini(&op->pipe);
+  if (op->m != NULL && op->nfiles_all > op->m->nfiles)
+    op->m->nfiles = op->nfiles_all;
   spot_manifest_free(op->m);
+  free(op->token);
   spot_buf_fini(&op->body);
   free(op->dir);
   free(op->tmp);
@@ -113,6 +126,9 @@ finish(struct restore_op *op)
   res.files = op->m != NULL ? op->m->nfiles : 0;
   res.raw_bytes = op->m != NULL ? op->m->total_raw : 0;
   res.stored_bytes = op->m != NULL ? op->m->total_stored : 0;
+  res.ckpt_raw_bytes = op->m != NULL ? op->ckpt_raw : 0;
+  res.ckpt_stored_bytes = op->m != NULL ? op->ckpt_stored : 0;
+  res.ckpt_nranks = op->ckpt_nranks;
   spot__store_finish(&op->b, &res);
 }
 
@@ -700,12 +716,143 @@ got_latest(struct restore_op *op)
     fail_msg(op, r, "reading the manifest: %s", strerror(-r));
 }
 
-/* Manifest read: validate it, then make the files on the pool. */
+/* ------------------------------------------------------------ ranks */
+
+static void list_ranks(struct restore_op *op);
+
+static void
+ranks_cb(const struct spot_s3_result *res, void *data)
+{
+  struct restore_op *op = data;
+
+  spot__store_s3_done(&op->b, &op->s3op, res);
+  free(op->token);
+  op->token = NULL;
+  if (res->err < 0) {
+    spot__store_fail_s3(&op->b, "listing the rank markers", res);
+    advance(op);
+    return;
+  }
+  for (size_t i = 0; i < res->n_objects; i++) {
+    const char *b = strrchr(res->objects[i].key, '/');
+    unsigned k;
+    char tail;
+
+    if (b != NULL && sscanf(b, "/rank-%u.jso%c", &k, &tail) == 2 &&
+        tail == 'n' && k < 1024 && k + 1 > op->ckpt_nranks)
+      op->ckpt_nranks = k + 1;
+  }
+  if (res->next_token != NULL) {
+    op->token = strdup(res->next_token);
+    if (op->token == NULL)
+      fail_msg(op, -ENOMEM, "out of memory");
+    else
+      list_ranks(op);
+  }
+  advance(op);
+}
+
+static void
+list_ranks(struct restore_op *op)
+{
+  char *key = spot__store_key(&op->b.cfg.c, op->b.name, "ranks/");
+  int r = -ENOMEM;
+
+  if (key != NULL)
+    r = spot_s3_list(op->b.cfg.c.s3, op->b.cfg.bucket, key, NULL, op->token, 0,
+                     ranks_cb, op, &op->s3op);
+  free(key);
+  if (r < 0)
+    fail_msg(op, r, "listing the rank markers: %s", strerror(-r));
+  else
+    op->b.active_s3++;
+}
+
+/* Whether path is "rank-K/..." of a rank other than mine. */
+static bool
+other_rank(const char *path, unsigned mine)
+{
+  unsigned k;
+  int n = 0;
+
+  if (strncmp(path, "rank-", 5) != 0 || path[5] < '0' || path[5] > '9')
+    return false;
+  if (sscanf(path, "rank-%u/%n", &k, &n) != 1 || n == 0)
+    return false;
+  return k != mine;
+}
+
+/* The markers are listed: refuse another rank count (unless resharding),
+ * else keep this rank's files and the shared ones. */
+static void
+got_ranks(struct restore_op *op)
+{
+  const struct spot_store_config *c = &op->b.cfg.c;
+  struct spot_manifest *m = op->m;
+  struct spot_manifest_file tmp;
+  size_t kept = 0;
+
+  if (op->ckpt_nranks == 0)
+    op->ckpt_nranks = 1; /* a single-node commit */
+  if (op->ckpt_nranks != c->nranks && !c->reshard) {
+    fail_msg(op, -EXDEV,
+             "checkpoint %s was committed by %u ranks and this job runs %u "
+             "(--nranks): not restoring it; start the job on %u nodes, or "
+             "give --reshard to restore every rank's files on each node",
+             op->b.name, op->ckpt_nranks, c->nranks, op->ckpt_nranks);
+    return;
+  }
+  if (op->ckpt_nranks != c->nranks)
+    log_warn("checkpoint %s was committed by %u ranks, this job runs %u: "
+             "--reshard restores every rank's files on this node",
+             op->b.name, op->ckpt_nranks, c->nranks);
+  if (c->nranks <= 1 || op->ckpt_nranks != c->nranks)
+    return;
+  /* Stable partition: this rank's and shared files first. */
+  op->nfiles_all = m->nfiles;
+  for (size_t i = 0; i < m->nfiles; i++) {
+    if (other_rank(m->files[i].path, c->rank))
+      continue;
+    tmp = m->files[i];
+    memmove(&m->files[kept + 1], &m->files[kept],
+            (i - kept) * sizeof(m->files[0]));
+    m->files[kept++] = tmp;
+  }
+  m->nfiles = kept;
+  m->total_raw = m->total_stored = 0;
+  m->total_frames = 0;
+  for (size_t i = 0; i < kept; i++) {
+    m->total_raw += m->files[i].size;
+    m->total_stored += m->files[i].stored;
+    m->total_frames += m->files[i].nframes;
+  }
+}
+
+/* Manifest read and validated: make the files on the pool. */
+static void
+prepare(struct restore_op *op)
+{
+  uint64_t part_max;
+  int r;
+
+  op->b.raw_total = op->m->total_raw;
+  part_max = spot_manifest_max_frame_raw(op->m);
+  r = spot__store_pipe_init(&op->pipe, &op->b,
+                            part_max > 0 ? (size_t)part_max : 1);
+  if (r < 0) {
+    fail_msg(op, r, "%s", strerror(-r));
+    return;
+  }
+  set_state(op, R_PREPARE);
+  if ((r = spot__store_queue(&op->b, prepare_work_cb)) < 0)
+    fail_msg(op, r, "queueing work: %s", uv_strerror(r));
+}
+
+/* Manifest read: validate it; multi-node, list the rank markers. */
 static void
 got_manifest(struct restore_op *op)
 {
   char err[256];
-  uint64_t part_max;
   int r;
 
   r = spot_manifest_parse(spot_buf_str(&op->body), op->body.len, &op->m, err,
@@ -721,17 +868,14 @@ got_manifest(struct restore_op *op)
     return;
   }
   spot_buf_fini(&op->body);
-  op->b.raw_total = op->m->total_raw;
-  part_max = spot_manifest_max_frame_raw(op->m);
-  r = spot__store_pipe_init(&op->pipe, &op->b,
-                            part_max > 0 ? (size_t)part_max : 1);
-  if (r < 0) {
-    fail_msg(op, r, "%s", strerror(-r));
+  op->ckpt_raw = op->m->total_raw;
+  op->ckpt_stored = op->m->total_stored;
+  if (op->b.cfg.c.nranks == 0) {
+    prepare(op);
     return;
   }
-  set_state(op, R_PREPARE);
-  if ((r = spot__store_queue(&op->b, prepare_work_cb)) < 0)
-    fail_msg(op, r, "queueing work: %s", uv_strerror(r));
+  set_state(op, R_RANKS);
+  list_ranks(op);
 }
 
 static void
@@ -762,6 +906,13 @@ advance(struct restore_op *op)
       break;
     case R_MANIFEST:
       got_manifest(op);
+      break;
+    case R_RANKS:
+      if (op->token != NULL)
+        return; /* the next page is being listed */
+      got_ranks(op);
+      if (op->b.err == 0)
+        prepare(op);
       break;
     case R_PREPARE:
       set_state(op, R_XFER);

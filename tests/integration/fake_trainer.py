@@ -80,6 +80,38 @@ def env_int(name, default):
     return int(v) if v not in (None, "") else default
 
 
+PEER = {"seen": None}
+
+
+def peer_gone(spec):
+    """Whether the event log LOG (spec LOG:EVENT[:SEC]) held EVENT SEC
+    seconds ago."""
+    parts = spec.split(":")
+    delay = float(parts[2]) if len(parts) > 2 else 0.0
+    if PEER["seen"] is None:
+        try:
+            with open(parts[0]) as f:
+                if any(json.loads(x).get("ev") == parts[1]
+                       for x in f if x.strip()):
+                    PEER["seen"] = time.time()
+        except (OSError, ValueError):
+            pass
+    return PEER["seen"] is not None and time.time() >= PEER["seen"] + delay
+
+
+def sleep_watching(a, step):
+    """A step's sleep; with --die-with, exit 1 as soon as the peer is gone."""
+    end = time.time() + a.step_sleep
+    while a.die_with:
+        if peer_gone(a.die_with):
+            emit("crash", status=1, step=step, why="peer")
+            sys.exit(1)
+        if time.time() >= end or STATE["term"]:
+            return
+        time.sleep(0.02)
+    time.sleep(a.step_sleep)
+
+
 def main():
     global LOG
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -103,6 +135,10 @@ def main():
     ap.add_argument("--every", type=int, default=0,
                     help="checkpoint on its own every N steps")
     ap.add_argument("--max-steps", type=int, default=100000)
+    ap.add_argument("--die-with", default=None, metavar="LOG:EVENT[:SEC]",
+                    help="exit 1 (a lost peer, as gloo) SEC seconds after "
+                    "the event log LOG of another trainer holds EVENT "
+                    "(checked every 20 ms, also during a step's sleep)")
     a = ap.parse_args()
 
     if a.log:
@@ -134,7 +170,7 @@ def main():
 
     last_ckpt = step
     while step < a.max_steps:
-        time.sleep(a.step_sleep)
+        sleep_watching(a, step)
         if STATE["term"]:
             emit("term", step=step)
             emit("exit", status=143)

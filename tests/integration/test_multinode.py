@@ -12,7 +12,22 @@ checkpoint folders and sockets), each supervising fake_trainer.py.
    SPOTD_RANK and SPOTD_NRANKS.
 3. Rank 0 alone (rank 1 never shows up): its push fails after --rank-wait
    and nothing is committed.
+4. nranks mismatch: a restart with --nranks 3 is refused with a clear
+   line; --nranks 1 --reshard restores every rank's files.
+5. A notice on rank 0 only (its own metadata emulator): rank 1 sees the
+   job-wide notice within the poll interval + 1 s with the same deadline,
+   both checkpoint and commit one checkpoint, the relaunch step runs once
+   for the job; rank 1's trainer then dies on the lost peer and its spotd
+   still exits 75.
+6. Notices on both ranks in the same second: one commit, one relaunch.
+7. Rank 1's trainer dies on the lost peer before its spotd saw the
+   job-wide notice: it exits 75, not 1.
+8. Fan-out latency over more notices (median and max printed).
+Step 2 also checks that each rank restored only its own rank-K/ files and
+reports the bytes it downloaded (log line and `spotctl status --json`).
 Also: a rank not below nranks is refused at start."""
+import re
+import statistics
 import hashlib
 import json
 import os
@@ -32,11 +47,45 @@ def sha(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def start(wd, store, job, rank, trainer, extra=()):
+def start(wd, store, job, rank, trainer, extra=(), emu=None, **kw):
+    if emu is not None:
+        kw.update(provider="aws", metadata_url=emu.url)
     return sl.Daemon(os.path.join(wd, "node%d" % rank), store, job,
                      trainer=trainer,
                      args=["--rank", rank, "--nranks", 2] + list(extra),
-                     env={"AWS_EC2_METADATA_DISABLED": "true"})
+                     env={"AWS_EC2_METADATA_DISABLED": "true"}, **kw)
+
+
+LAT = []  # fan-out latencies (s): rank 0's notice -> rank 1 drains on it
+
+
+def fanout_latency(d0, d1, timeout=10):
+    """Seconds from rank 0's notice line to rank 1's job-wide notice."""
+    l1 = d1.wait_log(r"job-wide notice from rank 0", timeout)
+    t0 = d0.err.time_of(r"interruption notice: aws-spot-terminate")
+    t1 = d1.err.time_of(r"job-wide notice from rank 0")
+    if l1 is None or t0 is None or t1 is None:
+        return None
+    LAT.append(t1 - t0)
+    return t1 - t0
+
+
+def deadline_of(d):
+    line = d.wait_log(r"interruption notice: \S+ \(terminate\) deadline", 10)
+    m = re.search(r"deadline (\S+)", line or "")
+    return m.group(1) if m else None
+
+
+def same_step(d0, d1, timeout=30):
+    """Waits until both trainers logged the same step; True then."""
+    end = time.time() + timeout
+    while time.time() < end:
+        a = [e["step"] for e in d0.events("step")]
+        b = [e["step"] for e in d1.events("step")]
+        if a and b and a[-1] == b[-1]:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def checkpoint_wait(d):
@@ -115,9 +164,13 @@ def main():
                           open(os.path.join(src, "step")).read())
 
             # 2: both restart and resume from their own rank's folder
-            trainer2 = ["--step-sleep", 0.1, "--exit-at", 2]
+            trainer2 = ["--step-sleep", 1.0, "--exit-at", 2]
             r0 = start(wd, store, job, 0, trainer2)
             r1 = start(wd, store, job, 1, trainer2)
+            status = {}
+            for r, d in ((0, r0), (1, r1)):
+                if d.wait_event("start", 30) is not None:
+                    status[r] = d.status()
             c.check(r0.wait_exit(60) == 0 and r1.wait_exit(60) == 0,
                     "restart: both spotd exit 0")
             for r, d in ((0, r0), (1, r1)):
@@ -133,6 +186,43 @@ def main():
                        open(os.path.join(want_dir, "step")).read())
                 c.check(got == own[r],
                         "restart: rank %d's folder holds its own files" % r)
+                c.check(sorted(os.listdir(os.path.join(d.ckpt_dir, name)))
+                        == ["rank-%d" % r],
+                        "restart: rank %d restored only rank-%d/" % (r, r),
+                        repr(os.listdir(os.path.join(d.ckpt_dir, name))))
+                line = d.wait_log(r"rank %d restored \d+ files" % r, 5)
+                m = re.search(r"files: (\d+) bytes downloaded .* of the "
+                              r"checkpoint's (\d+)", line or "")
+                got_b, all_b = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+                c.check(m is not None and 0 < got_b < all_b,
+                        "restart: rank %d downloaded %d of the checkpoint's %d "
+                        "bytes" % (r, got_b, all_b), line)
+                st = status.get(r) or {}
+                rb = (st.get("ranks") or {}).get("restored") or {}
+                c.check(rb.get("bytes") == got_b and
+                        rb.get("checkpoint_bytes") == all_b,
+                        "restart: rank %d's status reports the same bytes" % r,
+                        repr(st.get("ranks")))
+
+            # 4: another rank count is refused; --reshard takes everything
+            bad = sl.Daemon(os.path.join(wd, "three"), store, job,
+                            trainer=trainer2, args=["--rank", 0, "--nranks", 3],
+                            env={"AWS_EC2_METADATA_DISABLED": "true"})
+            rc = bad.wait_exit(60)
+            line = bad.wait_log(r"committed by 2 ranks and this job runs 3", 5)
+            c.check(rc == 1 and line is not None and "--reshard" in line,
+                    "nranks 3 after a 2-rank commit: refused, exit 1 (%s)" % rc,
+                    line)
+            lst = os.path.join(wd, "reshard.txt")
+            rs = sl.Daemon(os.path.join(wd, "reshard"), store, job,
+                           cmd=["/bin/sh", "-c",
+                                'ls "$SPOTD_RESUME_DIR" > %s' % lst],
+                           args=["--nranks", 1, "--reshard"],
+                           env={"AWS_EC2_METADATA_DISABLED": "true"})
+            c.check(rs.wait_exit(60) == 0, "--nranks 1 --reshard starts")
+            c.check(sl.read_text(lst).split() == ["rank-0", "rank-1"],
+                    "--reshard: SPOTD_RESUME_DIR holds every rank's folder",
+                    sl.read_text(lst))
 
             # 3: rank 1 never shows up: rank 0 gives up, nothing committed
             lone = start(wd, store, job, 0,
@@ -160,7 +250,119 @@ def main():
             c.check(ck + "step-000002/ranks/rank-0.json" in keys and
                     ck + "step-000002/ranks/rank-1.json" not in keys,
                     "alone: only rank 0's marker", repr(keys))
+            preemptions(c, wd, store, job, prefix)
+    if LAT:
+        print("fan-out latency over %d notices: median %.3f s, max %.3f s" %
+              (len(LAT), statistics.median(LAT), max(LAT)))
     return c.finish()
+
+
+def preempt_pair(wd, store, job, run, tr0, tr1, extra=()):
+    """Two ranks, each with its own metadata emulator and one shared
+    relaunch hook."""
+    hook, hook_out = sl.relaunch_hook(wd)
+    emus = [sl.EmulatorProc("aws"), sl.EmulatorProc("aws")]
+    args = ["--run-id", run, "--relaunch", hook] + list(extra)
+    ds = [start(wd, store, job, 0, tr0, args, emu=emus[0]),
+          start(wd, store, job, 1, tr1, args, emu=emus[1])]
+    return ds, emus, hook_out
+
+
+def hook_runs(path, run_ckpt):
+    return [h for h in sl.read_jsonl(path)
+            if h.get("SPOTD_CHECKPOINT") == run_ckpt]
+
+
+def preemptions(c, wd, store, job, prefix):
+    slow = ["--step-sleep", 4.0]
+    # 5: a notice on rank 0 only
+    log0 = os.path.join(wd, "node0", "trainer.log")
+    before = sl.committed(prefix)
+    (d0, d1), emus, hook_out = preempt_pair(
+        wd, store, job, "run-a", slow,
+        slow + ["--die-with", log0 + ":signal:1.5"])
+    ok = d0.wait_event("start", 30) and d1.wait_event("start", 30)
+    c.check(ok and same_step(d0, d1), "fan-out: both trainers run in step")
+    emus[0].control("notice", deadline=40)
+    lat = fanout_latency(d0, d1)
+    c.check(lat is not None and lat < 0.5 + 1.0,
+            "fan-out: rank 1 drains %.3f s after rank 0's notice "
+            "(poll 0.5 s + 1 s)" % (lat or -1))
+    dl0, dl1 = deadline_of(d0), deadline_of(d1)
+    c.check(dl0 is not None and dl0 == dl1,
+            "fan-out: rank 1 drains with rank 0's deadline %s" % dl0, dl1)
+    rc0, rc1 = d0.wait_exit(90), d1.wait_exit(90)
+    c.check(rc0 == 75, "fan-out: rank 0 exits 75 (%s)" % rc0)
+    c.check(rc1 == 75, "fan-out: rank 1 exits 75 (%s) although its trainer "
+            "died on the lost peer" % rc1)
+    died = [e for e in d1.events("crash") if e.get("why") == "peer"]
+    c.check(len(died) == 1, "fan-out: rank 1's trainer died on the peer",
+            repr(d1.events()[-3:]))
+    new = [n for n in sl.committed(prefix) if n not in before]
+    c.check(len(new) == 1, "fan-out: one new commit %s" % new)
+    runs = sl.read_jsonl(hook_out)
+    c.check(len(runs) == 1 and new and
+            runs[0].get("SPOTD_CHECKPOINT") == new[0],
+            "fan-out: the relaunch step ran once for the job", repr(runs))
+    skipped = [d for d in (d0, d1)
+               if d.err.matching(r"another rank already ran the job's "
+                                 r"relaunch step")]
+    c.check(len(skipped) == 1, "fan-out: the other rank says it skipped it")
+    for e in emus:
+        e.stop()
+
+    # 6: notices on both ranks in the same second
+    os.unlink(hook_out)
+    before = sl.committed(prefix)
+    (d0, d1), emus, hook_out = preempt_pair(wd, store, job, "run-b", slow,
+                                            slow)
+    ok = d0.wait_event("start", 30) and d1.wait_event("start", 30)
+    c.check(ok and same_step(d0, d1), "two notices: both trainers in step")
+    emus[0].control("notice", deadline=40)
+    emus[1].control("notice", deadline=40)
+    rc0, rc1 = d0.wait_exit(90), d1.wait_exit(90)
+    c.check(rc0 == 75 and rc1 == 75, "two notices: both exit 75 (%s, %s)" %
+            (rc0, rc1))
+    new = [n for n in sl.committed(prefix) if n not in before]
+    c.check(len(new) == 1, "two notices: one new commit %s" % new)
+    runs = sl.read_jsonl(hook_out)
+    c.check(len(runs) == 1, "two notices: the relaunch step ran once",
+            repr(runs))
+    for e in emus:
+        e.stop()
+
+    # 7: rank 1's trainer dies on the lost peer before its spotd drains
+    os.unlink(hook_out)
+    fast = ["--step-sleep", 0.05]
+    (d0, d1), emus, hook_out = preempt_pair(
+        wd, store, job, "run-c", fast, fast + ["--die-with", log0 + ":signal"],
+        extra=["--rank-wait", 3])
+    ok = d0.wait_event("start", 30) and d1.wait_event("start", 30)
+    c.check(ok, "peer loss: both trainers started")
+    emus[0].control("notice", deadline=40)
+    rc0, rc1 = d0.wait_exit(90), d1.wait_exit(90)
+    c.check(rc1 == 75, "peer loss: rank 1 exits 75, not 1 (%s)" % rc1)
+    path = ("exit check" if d1.err.matching(r"checking for a peer's notice")
+            else "poll")
+    print("peer loss: rank 1 learnt of the notice by its %s" % path)
+    fanout_latency(d0, d1, 1)
+    for e in emus:
+        e.stop()
+
+    # 8: more fan-out latencies
+    for i in range(8):
+        (d0, d1), emus, _ = preempt_pair(wd, store, job, "lat-%d" % i, fast,
+                                         fast, extra=["--rank-wait", 1])
+        if d0.wait_event("start", 30) and d1.wait_event("start", 30):
+            emus[0].control("notice", deadline=30)
+            fanout_latency(d0, d1)
+        d0.wait_exit(60)
+        d1.wait_exit(60)
+        for e in emus:
+            e.stop()
+    c.check(len(LAT) >= 9 and max(LAT) < 1.5,
+            "fan-out latency over %d notices: max %.3f s < 1.5 s" %
+            (len(LAT), max(LAT) if LAT else -1), repr(LAT))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@
 
 #include <sys/types.h>
 
+#include "latest.h"
 #include "manifest.h"
 #include "store_internal.h"
 #include "store_journal.h"
@@ -169,9 +170,13 @@ struct push_op {
   struct spot__store_pipe pipe;
   unsigned active_xfers;
 
+  /* this attempt's key folder (store_journal.h), "" for the old layout
+   * when resuming an older journal */
+  char attempt[SPOT__STORE_ATTEMPT_LEN + 1];
   struct spot_manifest *manifest;
   char *manifest_json;
   struct spot_s3_op *s3op; /* the one sequential op (check, commit, ...) */
+  struct spot_latest_op *latest_op; /* a fenced LATEST update */
   struct spot_buf body;
 
   /* throughput figures for the raw/compress choice */

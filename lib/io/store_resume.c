@@ -39,11 +39,24 @@ set_state(struct push_op *op, enum resume_state s)
 int
 spot__resume_init(struct push_op *op)
 {
+  struct spot__journal *j = NULL;
+
   if (op->b.cfg.journal_dir == NULL)
     return 0;
   op->resume.journal_path =
       spot__journal_path(op->b.cfg.journal_dir, op->b.cfg.job, op->b.name);
-  return op->resume.journal_path != NULL ? 0 : -ENOMEM;
+  if (op->resume.journal_path == NULL)
+    return -ENOMEM;
+  /* A journaled push resumes its uploads under its attempt's keys (or
+   * the old layout's, for a journal written before attempts). */
+  if (spot__journal_load(op->resume.journal_path, &j) == 0) {
+    if (j->attempt != NULL)
+      spot_strlcpy(op->attempt, j->attempt, sizeof(op->attempt));
+    else
+      op->attempt[0] = '\0';
+    spot__journal_free(j);
+  }
+  return 0;
 }
 
 void
@@ -118,6 +131,7 @@ spot__resume_save(struct push_op *op, bool force)
   memset(&j, 0, sizeof(j));
   j.job = op->b.cfg.job;
   j.name = op->b.name;
+  j.attempt = op->attempt;
   j.part_size = op->b.cfg.c.part_size;
   j.files = calloc(op->nfiles + 1, sizeof(*j.files));
   if (j.files == NULL)
@@ -338,7 +352,9 @@ journal_step(struct push_op *op)
     log_info("push name=%s: %s changed since the journal: aborting its "
              "old upload",
              op->b.name, jf->path);
-    snprintf(rel, sizeof(rel), "%s.zst", jf->path);
+    snprintf(rel, sizeof(rel), "%s%s%s.zst",
+             rs->journal->attempt ? rs->journal->attempt : "",
+             rs->journal->attempt ? "/" : "", jf->path);
     key = spot__store_key(&cfg->c, op->b.name, rel);
     r = key == NULL
             ? -ENOMEM
@@ -356,12 +372,16 @@ journal_step(struct push_op *op)
 static int
 orphans_list(struct push_op *op)
 {
-  char rel[32] = "", *key;
+  char rel[64] = "", *key;
   int r = -ENOMEM;
 
-  /* Another rank's live uploads of this name are not orphans. */
+  /* Another rank's or another attempt's live uploads of this name are not
+   * orphans (retention aborts theirs once older than the stale bound). */
   if (op->b.cfg.c.nranks > 1)
-    snprintf(rel, sizeof(rel), "rank-%u/", op->b.cfg.c.rank);
+    snprintf(rel, sizeof(rel), "rank-%u/%s%s", op->b.cfg.c.rank, op->attempt,
+             op->attempt[0] ? "/" : "");
+  else
+    snprintf(rel, sizeof(rel), "%s%s", op->attempt, op->attempt[0] ? "/" : "");
   key = spot__store_key(&op->b.cfg.c, op->b.name, rel);
   if (key != NULL)
     r = spot_s3_list_uploads(op->b.cfg.c.s3, op->b.cfg.bucket, key, orphans_cb,

@@ -13,6 +13,7 @@ spotd_status_json(struct spotd *d)
   char deadline[32] = "", commit_time[32] = "";
   char rtimes[SPOT_PROTO_MAX_RELAUNCH][32];
   const char *mw;
+  json_t *j;
   uint64_t now = spot_now_mono_ms();
 
   memset(&st, 0, sizeof(st));
@@ -76,5 +77,10 @@ spotd_status_json(struct spotd *d)
     st.relaunch[i].ok = a->ok;
   }
   st.n_relaunch = d->relaunch.n;
-  return spot_proto_status_to_json(&st);
+  j = spot_proto_status_to_json(&st);
+  if (j != NULL)
+    lease_status(d, j);
+  if (j != NULL && d->restored[0] != '\0')
+    json_object_set_new(j, "restored", json_string(d->restored));
+  return j;
 }

@@ -191,6 +191,25 @@ is_ours(const struct push_op *op, const char *upload_id)
   return false;
 }
 
+/* An upload under this attempt's folder (a push of ours that lost it), or
+ * older than the stale bound: never another live attempt's (issue 12). */
+static bool
+orphan_of_ours_or_stale(const struct push_op *op,
+                        const struct spot_s3_upload_info *u)
+{
+  uint64_t bound = op->b.cfg.c.stale_upload_age_ms;
+  int64_t init;
+  const char *a;
+
+  if (op->attempt[0] != '\0' && (a = strstr(u->key, op->attempt)) != NULL &&
+      a[strlen(op->attempt)] == '/')
+    return true;
+  if (op->attempt[0] == '\0')
+    return true; /* an older journal's layout: as before */
+  return spot_rfc3339_parse(u->initiated, &init) == 0 &&
+         spot_now_wall_ms() - init >= (int64_t)bound;
+}
+
 /* Keeps the listed uploads no file of ours owns. */
 static void
 got_orphans(struct push_op *op, const struct spot_s3_result *res)
@@ -204,7 +223,8 @@ got_orphans(struct push_op *op, const struct spot_s3_result *res)
   for (size_t i = 0;
        rs->orphan_keys != NULL && rs->orphan_ids != NULL && i < res->n_uploads;
        i++) {
-    if (is_ours(op, res->uploads[i].upload_id))
+    if (is_ours(op, res->uploads[i].upload_id) ||
+        !orphan_of_ours_or_stale(op, &res->uploads[i]))
       continue;
     rs->orphan_keys[rs->norphans] = strdup(res->uploads[i].key);
     rs->orphan_ids[rs->norphans] = strdup(res->uploads[i].upload_id);
@@ -375,13 +395,10 @@ orphans_list(struct push_op *op)
   char rel[64] = "", *key;
   int r = -ENOMEM;
 
-  /* Another rank's or another attempt's live uploads of this name are not
-   * orphans (retention aborts theirs once older than the stale bound). */
+  /* Another rank's live uploads of this name are not orphans; another
+   * attempt's are only once older than the stale bound (got_orphans). */
   if (op->b.cfg.c.nranks > 1)
-    snprintf(rel, sizeof(rel), "rank-%u/%s%s", op->b.cfg.c.rank, op->attempt,
-             op->attempt[0] ? "/" : "");
-  else
-    snprintf(rel, sizeof(rel), "%s%s", op->attempt, op->attempt[0] ? "/" : "");
+    snprintf(rel, sizeof(rel), "rank-%u/", op->b.cfg.c.rank);
   key = spot__store_key(&op->b.cfg.c, op->b.name, rel);
   if (key != NULL)
     r = spot_s3_list_uploads(op->b.cfg.c.s3, op->b.cfg.bucket, key, orphans_cb,

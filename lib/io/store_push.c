@@ -634,6 +634,47 @@ abort_cb(const struct spot_s3_result *res, void *data)
   abort_next(op);
 }
 
+static void del_own_next(struct push_op *op);
+
+static void
+del_own_cb(const struct spot_s3_result *res, void *data)
+{
+  struct push_op *op = data;
+
+  spot__store_s3_done(&op->b, &op->s3op, res);
+  if (res->err < 0)
+    log_warn("push name=%s: deleting this attempt's objects failed (they "
+             "stay, unreferenced)",
+             op->b.name);
+  del_own_next(op);
+}
+
+/* The next batch of this attempt's completed objects; then finish. They
+ * live under the attempt's own folder: no other writer uses those keys. */
+static void
+del_own_next(struct push_op *op)
+{
+  size_t n = 0;
+
+  while (op->del_own && op->del_idx < op->nfiles &&
+         n < SPOT_ARRAY_SIZE(op->del_keys)) {
+    const struct pfile *f = &op->files[op->del_idx++];
+
+    if (f->state == FILE_DONE && f->key != NULL)
+      op->del_keys[n++] = f->key;
+  }
+  if (n > 0 &&
+      spot_s3_delete_objects(op->b.cfg.c.s3, op->b.cfg.bucket, op->del_keys, n,
+                             del_own_cb, op, &op->s3op) == 0) {
+    op->b.active_s3++;
+    return;
+  }
+  if (n > 0)
+    del_own_next(op);
+  else
+    finish(op);
+}
+
 static void
 abort_next(struct push_op *op)
 {
@@ -648,7 +689,8 @@ abort_next(struct push_op *op)
       return;
     }
   }
-  finish(op);
+  op->del_idx = 0;
+  del_own_next(op);
 }
 
 /* ---------------------------------------------------- the state machine */
@@ -669,6 +711,11 @@ stop(struct push_op *op)
   case PUSH_VERIFY:
   case PUSH_COMMIT:
   case PUSH_COMMIT_CHECK:
+    /* A commit that failed otherwise than 412 may have been written. */
+    op->del_own =
+        op->attempt[0] != '\0' &&
+        ((op->state != PUSH_COMMIT && op->state != PUSH_COMMIT_CHECK) ||
+         op->b.err == -EEXIST);
     spot__push_set_state(op, PUSH_ABORT);
     abort_next(op);
     return;

@@ -173,6 +173,11 @@ struct push_op {
   /* this attempt's key folder (store_journal.h), "" for the old layout
    * when resuming an older journal */
   char attempt[SPOT__STORE_ATTEMPT_LEN + 1];
+  /* after a failure: delete this attempt's completed objects (only when
+   * nothing of ours can be committed: before the commit, or it said 412) */
+  bool del_own;
+  size_t del_idx;
+  const char *del_keys[1000];
   struct spot_manifest *manifest;
   char *manifest_json;
   struct spot_s3_op *s3op; /* the one sequential op (check, commit, ...) */

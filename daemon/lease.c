@@ -237,11 +237,33 @@ lease_releasing(struct spotd *d)
   return true;
 }
 
+static void
+close_released_cb(const struct spot_lease_info *i, void *data)
+{
+  if (i->err == 0)
+    log_info("released the job lease (epoch %" PRIu64 ") at exit", i->epoch);
+  spot_lease_free(data);
+}
+
+/* Closing. A lease still held (an exit that did not pass through the
+ * release above: a second signal, an error) is released on the way out,
+ * so the next node need not wait for it to expire; the loop runs until
+ * that request ends, then the lease is freed. A lost lease is not ours
+ * to release. */
 void
 lease_close(struct spotd *d)
 {
-  spot_lease_free(d->jl.lease);
+  struct spot_lease *l = d->jl.lease;
+
   d->jl.lease = NULL;
+  if (l == NULL)
+    return;
+  if (d->jl.state == JOB_LEASE_HELD && spot_lease_held(l) &&
+      spot_lease_release(l, close_released_cb, l) == 0) {
+    set_state(d, JOB_LEASE_RELEASING);
+    return;
+  }
+  spot_lease_free(l);
 }
 
 /* The "lease" member of the status object. */

@@ -247,6 +247,29 @@ print_status(const struct spot_proto_status *st)
     printf("warning:      %s\n", E(st->warnings[i]));
 }
 
+/* The optional "lease" and "restored" members (lib spotd's status). */
+static void
+print_lease(json_t *res)
+{
+  char esc[SPOT_ESCAPE_SIZE(512)];
+  json_t *l = json_object_get(res, "lease");
+  const char *state = json_string_value(json_object_get(l, "state"));
+  const char *holder = json_string_value(json_object_get(l, "holder"));
+  const char *until = json_string_value(json_object_get(l, "expires"));
+  const char *restored = json_string_value(json_object_get(res, "restored"));
+
+  if (restored != NULL)
+    printf("restored:     %s\n", E(restored));
+  if (state == NULL)
+    return;
+  if (strcmp(state, "waiting") == 0 && holder != NULL)
+    printf("lease:        waiting: held by %s until %s\n", E(holder),
+           until != NULL ? until : "?");
+  else
+    printf("lease:        %s (epoch %" PRId64 ")\n", state,
+           (int64_t)json_integer_value(json_object_get(l, "epoch")));
+}
+
 #undef E
 
 /* parse() for a command that takes no operands. */
@@ -322,6 +345,8 @@ spotctl_cmd_status(int argc, char **argv)
       r = spotctl_fail("bad status from spotd: %s", err);
     else
       print_status(&st);
+    if (r == 0)
+      print_lease(msg.result);
   }
   json_decref(root);
   return r;

@@ -330,13 +330,13 @@ spotd_advance(struct spotd *d)
       stop_trainer(d);
       return;
     }
-    if (!upload_idle(d))
+    if (!upload_idle(d) || lease_releasing(d))
       return;
     decide_exit(d);
     spotd_close(d);
     return;
   case SPOTD_FINISHING:
-    if (!upload_idle(d))
+    if (!upload_idle(d) || lease_releasing(d))
       return;
     decide_exit(d);
     spotd_close(d);
@@ -351,6 +351,10 @@ spotd_trainer_exited(struct spotd *d)
 {
   if (d->closing)
     return;
+  if (d->jl.state == JOB_LEASE_LOST) {
+    spotd_fail(d, SPOTD_EXIT_LEASE_LOST);
+    return;
+  }
   if (d->exit_code < 0 && d->state == SPOTD_RUNNING)
     d->exit_code = spot_child_status(&d->trainer);
   uv_timer_stop(&d->interval_timer);
@@ -607,6 +611,7 @@ spotd_close(struct spotd *d)
     spot_s3_cancel(d->restore.s3op);
   relaunch_close(d);
   fanout_close(d);
+  lease_close(d);
   spot_child_close(&d->trainer);
   watch_close(d);
   control_close(d);

@@ -3,6 +3,8 @@
  *   CONNECTING  credentials and the S3 client
  *   PROBING     the store check (probe.c): write, read, delete under the
  *               job root, or exit 1 with one line
+ *   LEASING     the job lease (lease.c): wait while another node holds
+ *               it, then take it (rank 0 only in a multi-node job)
  *   RESUMING    a push a killed spotd left (journal.c), finished first so
  *               the restore brings the newest checkpoint back
  *   RESTORING   the newest committed checkpoint into CKPT_DIR/NAME
@@ -25,11 +27,11 @@
 #include "util.h"
 
 static const char *const names[] = {
-    [RESTORE_NONE] = "none",           [RESTORE_CONNECTING] = "connecting",
-    [RESTORE_PROBING] = "probing",     [RESTORE_RESUMING] = "resuming",
-    [RESTORE_RESTORING] = "restoring", [RESTORE_COUNTING] = "counting",
-    [RESTORE_DONE] = "done",           [RESTORE_FAILED] = "failed",
-    [RESTORE_CANCELLED] = "cancelled",
+    [RESTORE_NONE] = "none",         [RESTORE_CONNECTING] = "connecting",
+    [RESTORE_PROBING] = "probing",   [RESTORE_LEASING] = "leasing",
+    [RESTORE_RESUMING] = "resuming", [RESTORE_RESTORING] = "restoring",
+    [RESTORE_COUNTING] = "counting", [RESTORE_DONE] = "done",
+    [RESTORE_FAILED] = "failed",     [RESTORE_CANCELLED] = "cancelled",
 };
 _Static_assert(SPOT_ARRAY_SIZE(names) == RESTORE_STATE_LAST, "names");
 
@@ -37,7 +39,10 @@ _Static_assert(SPOT_ARRAY_SIZE(names) == RESTORE_STATE_LAST, "names");
 static const unsigned legal[RESTORE_STATE_LAST] = {
     [RESTORE_NONE] = B(RESTORE_CONNECTING),
     [RESTORE_CONNECTING] = B(RESTORE_PROBING) | B(RESTORE_FAILED),
-    [RESTORE_PROBING] = B(RESTORE_RESUMING) | B(RESTORE_RESTORING) |
+    [RESTORE_PROBING] = B(RESTORE_LEASING) | B(RESTORE_RESUMING) |
+                        B(RESTORE_RESTORING) | B(RESTORE_DONE) |
+                        B(RESTORE_FAILED),
+    [RESTORE_LEASING] = B(RESTORE_RESUMING) | B(RESTORE_RESTORING) |
                         B(RESTORE_DONE) | B(RESTORE_FAILED),
     [RESTORE_RESUMING] = B(RESTORE_RESTORING) | B(RESTORE_DONE),
     [RESTORE_RESTORING] =
@@ -158,10 +163,21 @@ place(struct spotd *d, const struct spot_store_result *res)
     }
   }
   spot_strlcpy(d->last_commit, res->name, sizeof(d->last_commit));
+  spot_strlcpy(d->restored_name, res->name, sizeof(d->restored_name));
+  if (d->fb.nbad > 0)
+    log_warn("restored checkpoint %s instead of the newest, which failed "
+             "verification (see above)",
+             res->name);
   d->last_commit_wall = spot_now_wall_ms();
   watch_mark_known(d, res->name);
   hist_restored(d, res);
   return 0;
+}
+
+void
+restore_failed(struct spotd *d)
+{
+  fail(d);
 }
 
 static void
@@ -171,12 +187,21 @@ restore_done_cb(const struct spot_store_result *res, void *data)
 
   if (cancelled(d))
     return;
-  if (res->err == -ENOENT && strstr(res->message, "LATEST") != NULL) {
+  restore_finished(d, res);
+}
+
+void
+restore_finished(struct spotd *d, const struct spot_store_result *res)
+{
+  if (res->err == -ENOENT && strstr(res->message, "LATEST") != NULL &&
+      d->fb.nbad == 0) {
     log_info("no committed checkpoint for job %s: starting fresh", d->cfg->job);
     done(d);
     return;
   }
   if (res->err < 0) {
+    if (fallback_next(d, res))
+      return;
     log_err("restore failed: %s", res->message);
     fail(d);
     return;
@@ -237,7 +262,7 @@ resume_journaled(struct spotd *d)
   char name[256], dir[4300];
   int r;
 
-  if (!journal_find(d, name, sizeof(name)))
+  if (!journal_find(d, name, sizeof(name)) || !lease_may_commit(d))
     return false;
   log_info("the previous spotd was interrupted while uploading %s: resuming "
            "that upload",
@@ -293,6 +318,17 @@ restore_probed(struct spotd *d, int err)
     fail(d);
     return;
   }
+  set_state(d, RESTORE_LEASING);
+  if (lease_begin(d) == 0)
+    return; /* restore_leased() follows */
+  restore_leased(d);
+}
+
+void
+restore_leased(struct spotd *d)
+{
+  if (d->closing)
+    return;
   if (!resume_journaled(d))
     begin_restore(d);
 }

@@ -34,6 +34,7 @@
 #include "child.h"
 #include "config.h"
 #include "http.h"
+#include "lease.h"
 #include "meta.h"
 #include "notice.h"
 #include "proto.h"
@@ -51,6 +52,9 @@
 #define SPOTD_EXIT_PREEMPTED 75
 /* A notice came and no checkpoint of the job is committed at all. */
 #define SPOTD_EXIT_NOTHING_SAVED 76
+/* The job lease was lost while running (another node took it over):
+ * nothing more was committed, the trainer was stopped (README). */
+#define SPOTD_EXIT_LEASE_LOST 73
 /* The training command could not be started. */
 #define SPOTD_EXIT_NO_COMMAND 127
 
@@ -82,6 +86,7 @@ enum restore_state {
   RESTORE_NONE,
   RESTORE_CONNECTING, /* credentials */
   RESTORE_PROBING,    /* the store check: PUT, GET, DELETE a probe */
+  RESTORE_LEASING,    /* the job lease (lease.c): wait for it, take it */
   RESTORE_RESUMING,   /* the upload a killed spotd left */
   RESTORE_RESTORING,
   RESTORE_COUNTING, /* GET RESTARTS */
@@ -202,6 +207,42 @@ struct restored {
   bool done;
 };
 
+/* The job lease (lease.c). */
+enum job_lease_state {
+  JOB_LEASE_NONE,
+  JOB_LEASE_SKIPPED, /* a multi-node rank other than 0 */
+  JOB_LEASE_ACQUIRING,
+  JOB_LEASE_WAITING, /* another node holds it */
+  JOB_LEASE_HELD,
+  JOB_LEASE_RELEASING,
+  JOB_LEASE_RELEASED,
+  JOB_LEASE_LOST,
+  JOB_LEASE_FAILED,
+  JOB_LEASE_STATE_LAST,
+};
+
+struct job_lease {
+  enum job_lease_state state;
+  struct spot_lease *lease;
+  char owner[SPOT_LEASE_OWNER_MAX + 1];
+  char instance_id[64];                  /* "" when the metadata did not say */
+  char holder[SPOT_LEASE_OWNER_MAX + 1]; /* last seen holder */
+  uint64_t holder_epoch;
+  int64_t holder_expires_ms;
+  uint64_t seq; /* commits in this epoch (LATEST's order) */
+};
+
+/* Restore fallback (fallback.c): checkpoints that failed verification
+ * and the committed ones still to try, newest first. */
+#define SPOTD_FALLBACK_MAX 16
+struct fallback {
+  bool listed;
+  char bad[SPOTD_FALLBACK_MAX][256];
+  size_t nbad;
+  char cands[SPOTD_FALLBACK_MAX][256];
+  size_t ncands, next;
+};
+
 struct ctl_conn;
 
 struct spotd {
@@ -259,10 +300,15 @@ struct spotd {
   /* last commit */
   char last_commit[256];
   int64_t last_commit_wall;
+  /* the checkpoint restored at startup ("" none) */
+  char restored_name[256];
 
   struct relaunch_step relaunch;
   struct fanout fan;
   struct restored restored;
+
+  struct job_lease jl;
+  struct fallback fb;
 
   /* warnings for status */
   char warnings[SPOT_PROTO_MAX_WARNINGS][256];
@@ -334,6 +380,28 @@ void final_deadline(struct spotd *d);
 int restore_start(struct spotd *d);
 /* The store check ended (0, or negative errno: already logged). */
 void restore_probed(struct spotd *d, int err);
+
+/* The job lease is held (or skipped): journal resume, restore. */
+void restore_leased(struct spotd *d);
+
+/* A restore (the newest, or a fallback's) ended. */
+void restore_finished(struct spotd *d, const struct spot_store_result *res);
+void restore_failed(struct spotd *d);
+/* fallback.c: the restore failed: true when an older checkpoint is being
+ * tried (restore_finished() follows), false to fail. */
+bool fallback_next(struct spotd *d, const struct spot_store_result *res);
+
+/* lease.c */
+/* 0: acquiring, restore_leased() follows (or spotd fails); 1: this node
+ * takes no lease (a rank other than 0). */
+int lease_begin(struct spotd *d);
+/* Before a push: whether this node may commit; sets the commit's order. */
+bool lease_may_commit(struct spotd *d);
+/* At the end: true while the release runs (spotd_advance() follows). */
+bool lease_releasing(struct spotd *d);
+void lease_close(struct spotd *d);
+void lease_status(struct spotd *d, json_t *st);
+const char *job_lease_state_name(enum job_lease_state s);
 
 /* probe.c: the store check; restore_probed() follows. */
 void probe_start(struct spotd *d);

@@ -39,6 +39,7 @@ spotd_status_json(struct spotd *d)
   char deadline[32] = "", commit_time[32] = "";
   char rtimes[SPOT_PROTO_MAX_RELAUNCH][32];
   const char *mw;
+  json_t *j;
   uint64_t now = spot_now_mono_ms();
 
   memset(&st, 0, sizeof(st));
@@ -102,5 +103,10 @@ spotd_status_json(struct spotd *d)
     st.relaunch[i].ok = a->ok;
   }
   st.n_relaunch = d->relaunch.n;
-  return restored_json(d, spot_proto_status_to_json(&st));
+  j = restored_json(d, spot_proto_status_to_json(&st));
+  if (j != NULL)
+    lease_status(d, j);
+  if (j != NULL && d->restored_name[0] != '\0')
+    json_object_set_new(j, "restored", json_string(d->restored_name));
+  return j;
 }

@@ -361,10 +361,22 @@ start_upload(struct spotd *d, const char *name)
   u->done_bytes = u->total_bytes = 0;
   u->rate = 0;
   u->log_ms = 0;
-  /* This spotd is the job's only writer: uploads begun before it started
-   * belong to a dead predecessor and are aborted by the retention step. */
+  /* This spotd holds the job lease, so it is the job's only writer:
+   * uploads begun before it started belong to a dead or fenced
+   * predecessor and are aborted by the retention step. The ranks of a
+   * multi-node job upload at once: the store's default bound. */
   d->store.stale_upload_age_ms =
-      (uint64_t)(spot_now_wall_ms() - d->start_wall_ms) + 1000;
+      d->cfg->nranks > 1
+          ? 0
+          : (uint64_t)(spot_now_wall_ms() - d->start_wall_ms) + 1000;
+  if (!lease_may_commit(d)) {
+    u->name[0] = '\0';
+    spotd_warn(d, "not uploading checkpoint %s: the job lease is not held",
+               name);
+    spot_strlcpy(u->failed, name, sizeof(u->failed));
+    final_pushed(d, name, -ESTALE);
+    return;
+  }
   log_info("uploading checkpoint %s", name);
   r = spot_store_push(d->loop, &d->store, dir, name, upload_progress_cb,
                       push_done_cb, d, &u->op);

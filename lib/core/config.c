@@ -102,6 +102,7 @@ static int check_url(const char *v, char *err, size_t errlen);
 static int check_args(const char *v, char *err, size_t errlen);
 static int check_region(const char *v, char *err, size_t errlen);
 static int check_group(const char *v, char *err, size_t errlen);
+static int check_lease_wait(const char *v, char *err, size_t errlen);
 
 #define OFF(f) offsetof(struct spot_config, f)
 #define MS(s) ((int64_t)(s)*1000)
@@ -228,6 +229,19 @@ static const struct key_def keys[] = {
      "Multi-node jobs: when the newest commit was made by another number of "
      "ranks, restore every rank's files into each node instead of refusing "
      "to start."},
+    {"lease-ttl", T_DURATION, OFF(lease_ttl_ms), "SEC", "60", NULL, NULL, MS(3),
+     MS(3600), NULL, NULL, 0,
+     "The job lease's lifetime: spotd renews it every third of this while "
+     "it runs; a node that died without releasing it is taken over this "
+     "long after its last renewal."},
+    {"lease-wait", T_STRING, OFF(lease_wait), "SEC|forever", NULL, "forever",
+     "forever", 0, 0, NULL, check_lease_wait, 0,
+     "How long to wait for the job lease another node holds before giving "
+     "up (exit 1); `spotctl status` names the holder meanwhile."},
+    {"no-lease-wait", T_BOOL, OFF(no_lease_wait), NULL, "false", NULL, NULL, 0,
+     0, NULL, NULL, 0,
+     "Refuse at once (exit 1, naming the holder and its expiry) when "
+     "another node holds the job lease."},
     {"socket", T_STRING, OFF(socket), "PATH", NULL,
      "$RUNTIME_DIRECTORY/spotd.sock or ./spotd.sock", "/run/spotd/spotd.sock",
      0, 0, NULL, NULL, 0, "Control socket (spotctl), mode 0660."},
@@ -1333,6 +1347,33 @@ spot_config_option_key(int val)
   if (val < SPOT_CONFIG_OPT_BASE || val >= SPOT_CONFIG_OPT_BASE + (int)N_KEYS)
     return NULL;
   return keys[val - SPOT_CONFIG_OPT_BASE].key;
+}
+
+static int
+check_lease_wait(const char *v, char *err, size_t errlen)
+{
+  uint64_t ms;
+
+  if (strcmp(v, "forever") == 0)
+    return 0;
+  if (parse_duration(v, &ms) < 0 || ms == 0 || ms > (uint64_t)MS(30 * 86400))
+    return fail(err, errlen,
+                "'%.64s' is not 'forever' nor a duration between 1ms and "
+                "30d",
+                v);
+  return 0;
+}
+
+int
+spot_config_lease_wait(const struct spot_config *cfg, uint64_t *ms)
+{
+  uint64_t v = 0;
+
+  if (cfg->lease_wait != NULL && strcmp(cfg->lease_wait, "forever") != 0 &&
+      parse_duration(cfg->lease_wait, &v) < 0)
+    return -EINVAL;
+  *ms = v;
+  return 0;
 }
 
 /* ---- help, example, effective config --------------------------------- */

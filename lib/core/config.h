@@ -122,6 +122,10 @@ struct spot_config {
   uint64_t rank_wait_ms;
   char *run_id; /* multi-node: this run's id (NULL = from Slurm) */
   bool reshard; /* multi-node: restore every rank's files on a mismatch */
+  /* the job lease (lib/io/lease.h; rank 0 only when nranks > 1) */
+  uint64_t lease_ttl_ms;
+  char *lease_wait;   /* "forever" or a duration: spot_config_lease_wait() */
+  bool no_lease_wait; /* refuse at once when another node holds it */
   /* the daemon */
   char *socket;
   char *socket_group; /* group allowed on the socket besides root and our own */
@@ -138,6 +142,9 @@ struct spot_config {
   unsigned char origin_[SPOT_CONFIG_MAX_KEYS];
   int line_[SPOT_CONFIG_MAX_KEYS];
 };
+
+/* lease-wait in milliseconds: 0 = forever (the default). 0 or -EINVAL. */
+int spot_config_lease_wait(const struct spot_config *cfg, uint64_t *ms);
 
 /* A config holding the defaults, or NULL when out of memory. */
 struct spot_config *spot_config_new(void);

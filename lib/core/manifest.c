@@ -665,11 +665,15 @@ spot_manifest_to_json(struct spot_manifest *m, char **out, char *err,
   if (r == 0)
     r = put_str(&b, m->job);
   if (r == 0)
+    r = spot_buf_printf(&b, ",\"created\":\"%s\"", created);
+  if (r == 0 && m->epoch > 0)
+    r = spot_buf_printf(&b, ",\"epoch\":%" PRIu64, m->epoch);
+  if (r == 0)
     r = spot_buf_printf(&b,
-                        ",\"created\":\"%s\",\"totals\":{\"files\":%zu,"
+                        ",\"totals\":{\"files\":%zu,"
                         "\"raw_bytes\":%" PRIu64 ",\"stored_bytes\":%" PRIu64
                         "},\"files\":[",
-                        created, m->nfiles, m->total_raw, m->total_stored);
+                        m->nfiles, m->total_raw, m->total_stored);
   for (size_t i = 0; r == 0 && i < m->nfiles; i++)
     r = put_file(&b, &m->files[i], i == 0);
   if (r == 0)
@@ -1099,8 +1103,9 @@ split_files(struct parse *ps, const char *json, size_t len, size_t *outlen,
 static int
 parse_header(struct parse *ps, json_t *root, struct spot_manifest *m)
 {
-  static const char *const root_keys[] = {"format",  "version", "name",  "job",
-                                          "created", "totals",  "files", NULL};
+  static const char *const root_keys[] = {"format", "version", "name",
+                                          "job",    "created", "epoch",
+                                          "totals", "files",   NULL};
   const char *s;
   size_t len;
   int64_t v;
@@ -1148,6 +1153,13 @@ parse_header(struct parse *ps, json_t *root, struct spot_manifest *m)
       m->created_ms < 0 || m->created_ms > CREATED_MAX_MS)
     return fail(ps->err, ps->errlen, -EBADMSG,
                 "created: not an RFC 3339 time in 1970..9999");
+  /* optional: the writer's lease epoch (0 = none, older writers) */
+  if (json_object_get(root, "epoch") != NULL) {
+    r = get_int(ps, root, "", "epoch", 0, INT64_MAX, &v);
+    if (r < 0)
+      return r;
+    m->epoch = (uint64_t)v;
+  }
   return 0;
 }
 

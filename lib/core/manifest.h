@@ -9,7 +9,7 @@
  *
  *   { "format": "spotd-checkpoint", "version": 1,
  *     "name": "step-1200", "job": "llama-7b",
- *     "created": "2026-12-02T10:13:50Z",
+ *     "created": "2026-12-02T10:13:50Z", "epoch": 3,
  *     "totals": { "files": 2, "raw_bytes": 8388613, "stored_bytes": 6944102 },
  *     "files": [
  *       { "path": "model/weights.bin", "size": 8388613, "mode": 420,
@@ -23,6 +23,9 @@
  *                       "crc32c": 1205127438 } ] },
  *       { "path": "model/EMPTY", "size": 0, "mode": 420, "mtime_ns": 0,
  *         "filter": "none", "frames": [] } ] }
+ *
+ * "epoch" (optional, >= 0; absent = 0) is the job lease epoch of the
+ * spotd that committed it (lib/io/lease.h); older manifests lack it.
  *
  * Per file: "path" relative to the checkpoint folder; "mode" the permission
  * bits (<= 07777; restore drops setuid/setgid/sticky, store.h);
@@ -105,6 +108,7 @@ struct spot_manifest {
   char *name;
   char *job;
   int64_t created_ms; /* 1970..9999, serialized with second precision */
+  uint64_t epoch;     /* optional "epoch": the writer's lease epoch, 0 none */
   uint64_t total_raw;
   uint64_t total_stored;
   struct spot_manifest_file *files; /* nfiles entries, in insertion order */

@@ -127,6 +127,13 @@ spot__store_cfg_copy(struct spot__store_cfg *dst,
       return -ENOMEM;
     }
   }
+  if (src->lease_owner != NULL) {
+    dst->lease_owner = strdup(src->lease_owner);
+    if (dst->lease_owner == NULL) {
+      spot__store_cfg_fini(dst);
+      return -ENOMEM;
+    }
+  }
   if (dst->bucket == NULL || dst->prefix == NULL || dst->job == NULL) {
     spot__store_cfg_fini(dst);
     return -ENOMEM;
@@ -135,6 +142,7 @@ spot__store_cfg_copy(struct spot__store_cfg *dst,
   dst->c.prefix = dst->prefix;
   dst->c.job = dst->job;
   dst->c.journal_dir = dst->journal_dir;
+  dst->c.lease_owner = dst->lease_owner;
   if (dst->c.part_size == 0)
     dst->c.part_size = SPOT_STORE_PART_DEFAULT;
   if (dst->c.parallel == 0)
@@ -164,6 +172,8 @@ spot__store_cfg_fini(struct spot__store_cfg *c)
   free(c->prefix);
   free(c->job);
   free(c->journal_dir);
+  free(c->lease_owner);
+  c->lease_owner = NULL;
   c->bucket = c->prefix = c->job = c->journal_dir = NULL;
 }
 

@@ -93,6 +93,15 @@ struct spot_store_config {
    * failing on a symlink that is not a relative link inside the folder
    * (spotctl push --follow-symlinks). */
   bool follow_symlinks;
+  /* push: how the commit moves LATEST. lease_owner NULL (spotctl push): a
+   * plain PUT, as before. Else (spotd) only through spot_latest_update()
+   * (latest.h): a compare-and-swap that only moves LATEST forward, with
+   * order (lease_epoch, lease_seq), refused unless ROOT/LEASE is held by
+   * lease_owner at lease_epoch; a refusal fails the push with -ESTALE
+   * ("LATEST not moved") although its manifest is written. The manifest
+   * records lease_epoch ("epoch"). */
+  const char *lease_owner;
+  uint64_t lease_epoch, lease_seq;
 };
 
 #define SPOT_STORE_MIN_RATE_DEFAULT ((uint64_t)64 << 10)

@@ -14,7 +14,7 @@
 /* A config with its strings copied and defaults filled in. */
 struct spot__store_cfg {
   struct spot_store_config c;
-  char *bucket, *prefix, *job, *journal_dir;
+  char *bucket, *prefix, *job, *journal_dir, *lease_owner;
 };
 
 int spot__store_cfg_copy(struct spot__store_cfg *dst,

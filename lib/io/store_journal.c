@@ -16,6 +16,7 @@
  * file must still have the size, mtime and inode it had. */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,25 @@ spot__journal_path(const char *dir, const char *job, const char *name)
 }
 
 void
+spot__store_attempt_new(char out[SPOT__STORE_ATTEMPT_LEN + 1])
+{
+  uint64_t v = ((uint64_t)spot_random_u32() << 32) | spot_random_u32();
+
+  snprintf(out, SPOT__STORE_ATTEMPT_LEN + 1, "attempt-%016" PRIx64, v);
+}
+
+bool
+spot__store_attempt_valid(const char *a)
+{
+  if (strlen(a) != SPOT__STORE_ATTEMPT_LEN || strncmp(a, "attempt-", 8) != 0)
+    return false;
+  for (size_t i = 8; i < SPOT__STORE_ATTEMPT_LEN; i++)
+    if (!((a[i] >= '0' && a[i] <= '9') || (a[i] >= 'a' && a[i] <= 'f')))
+      return false;
+  return true;
+}
+
+void
 spot__journal_free(struct spot__journal *j)
 {
   if (j == NULL)
@@ -52,6 +72,7 @@ spot__journal_free(struct spot__journal *j)
   free(j->files);
   free(j->job);
   free(j->name);
+  free(j->attempt);
   free(j);
 }
 
@@ -103,7 +124,12 @@ spot__journal_save(const char *path, const struct spot__journal *j)
                    (json_int_t)j->part_size, "files", files);
   if (root == NULL)
     return -ENOMEM;
-  text = json_dumps(root, JSON_COMPACT);
+  if (j->attempt != NULL && j->attempt[0] != '\0' &&
+      json_object_set_new(root, "attempt", json_string(j->attempt)) < 0) {
+    json_decref(root);
+    root = NULL;
+  }
+  text = root != NULL ? json_dumps(root, JSON_COMPACT) : NULL;
   json_decref(root);
   if (text == NULL || asprintf(&tmp, "%s.tmp", path) < 0) {
     free(text);
@@ -218,6 +244,11 @@ spot__journal_load(const char *path, struct spot__journal **out)
   }
   j->job = strdup(job);
   j->name = strdup(name);
+  {
+    const char *a = json_string_value(json_object_get(root, "attempt"));
+    if (a != NULL && spot__store_attempt_valid(a))
+      j->attempt = strdup(a);
+  }
   j->files = calloc(json_array_size(files) + 1, sizeof(*j->files));
   if (j->job == NULL || j->name == NULL || j->files == NULL ||
       get_u64(root, "part_size", &j->part_size) < 0)

@@ -3,6 +3,7 @@
 #ifndef SPOT_STORE_JOURNAL_H
 #define SPOT_STORE_JOURNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,10 +26,18 @@ struct spot__journal_file {
 
 struct spot__journal {
   char *job, *name;
+  char *attempt; /* the push attempt's key folder; NULL: none (older) */
   uint64_t part_size;
   struct spot__journal_file *files;
   size_t nfiles;
 };
+
+/* A push attempt's id: "attempt-" and 16 lowercase hex digits, the folder
+ * of its data objects under checkpoints/NAME/ (store.h), so no two
+ * attempts ever write the same key. */
+#define SPOT__STORE_ATTEMPT_LEN 24
+void spot__store_attempt_new(char out[SPOT__STORE_ATTEMPT_LEN + 1]);
+bool spot__store_attempt_valid(const char *a);
 
 /* DIR/JOB--NAME.json, malloc'd; NULL on ENOMEM or when dir is NULL. */
 char *spot__journal_path(const char *dir, const char *job, const char *name);

@@ -550,16 +550,60 @@ latest_cb(const struct spot_s3_result *res, void *data)
   spot__push_advance(op);
 }
 
+static void
+fenced_cb(const struct spot_latest_result *res, void *data)
+{
+  struct push_op *op = data;
+
+  op->b.active_s3--;
+  op->latest_op = NULL;
+  if (res->err == -ESTALE)
+    fail_msg(op, -ESTALE,
+             "checkpoint %s: manifest written, LATEST not moved: %s",
+             op->b.name, res->message);
+  else if (res->err < 0 && res->err != -ECANCELED)
+    snprintf(op->warning, sizeof(op->warning),
+             "committed, but updating LATEST failed: %s", res->message);
+  else if (res->err == -ECANCELED)
+    spot__store_fail(&op->b, -ECANCELED);
+  spot__push_advance(op);
+}
+
+/* LATEST through the fenced, forward-only compare-and-swap (latest.h). */
+static int
+put_latest_fenced(struct push_op *op)
+{
+  const struct spot_store_config *c = &op->b.cfg.c;
+  struct spot_latest_order order = {c->lease_epoch, c->lease_seq};
+  char root[1200];
+  int r;
+
+  snprintf(root, sizeof(root), "%s%s%s", c->prefix, c->prefix[0] ? "/" : "",
+           c->job);
+  r = spot_latest_update(c->s3, op->b.cfg.bucket, root, op->b.name, order,
+                         c->lease_owner, fenced_cb, op, &op->latest_op);
+  if (r < 0) {
+    snprintf(op->warning, sizeof(op->warning),
+             "committed, but updating LATEST failed: %s", strerror(-r));
+    return 1;
+  }
+  op->b.active_s3++;
+  return 0;
+}
+
 /* 0, or 1 when LATEST could not even be asked (a warning). */
 static int
 put_latest(struct push_op *op)
 {
-  char *key = spot__store_key(&op->b.cfg.c, NULL, "LATEST");
+  char *key;
   int r = -ENOMEM;
 
   log_debug("committed checkpoint name=%s job=%s files=%zu", op->b.name,
             op->b.cfg.job, op->nfiles);
   spot__push_set_state(op, PUSH_LATEST);
+  if (op->b.cfg.c.lease_owner != NULL)
+    return put_latest_fenced(op);
+  key = spot__store_key(&op->b.cfg.c, NULL, "LATEST");
   if (key != NULL)
     r = spot_s3_put(op->b.cfg.c.s3, op->b.cfg.bucket, key, op->b.name,
                     strlen(op->b.name), 0, latest_cb, op, &op->s3op);
@@ -590,6 +634,47 @@ abort_cb(const struct spot_s3_result *res, void *data)
   abort_next(op);
 }
 
+static void del_own_next(struct push_op *op);
+
+static void
+del_own_cb(const struct spot_s3_result *res, void *data)
+{
+  struct push_op *op = data;
+
+  spot__store_s3_done(&op->b, &op->s3op, res);
+  if (res->err < 0)
+    log_warn("push name=%s: deleting this attempt's objects failed (they "
+             "stay, unreferenced)",
+             op->b.name);
+  del_own_next(op);
+}
+
+/* The next batch of this attempt's completed objects; then finish. They
+ * live under the attempt's own folder: no other writer uses those keys. */
+static void
+del_own_next(struct push_op *op)
+{
+  size_t n = 0;
+
+  while (op->del_own && op->del_idx < op->nfiles &&
+         n < SPOT_ARRAY_SIZE(op->del_keys)) {
+    const struct pfile *f = &op->files[op->del_idx++];
+
+    if (f->state == FILE_DONE && f->key != NULL)
+      op->del_keys[n++] = f->key;
+  }
+  if (n > 0 &&
+      spot_s3_delete_objects(op->b.cfg.c.s3, op->b.cfg.bucket, op->del_keys, n,
+                             del_own_cb, op, &op->s3op) == 0) {
+    op->b.active_s3++;
+    return;
+  }
+  if (n > 0)
+    del_own_next(op);
+  else
+    finish(op);
+}
+
 static void
 abort_next(struct push_op *op)
 {
@@ -604,7 +689,8 @@ abort_next(struct push_op *op)
       return;
     }
   }
-  finish(op);
+  op->del_idx = 0;
+  del_own_next(op);
 }
 
 /* ---------------------------------------------------- the state machine */
@@ -625,6 +711,11 @@ stop(struct push_op *op)
   case PUSH_VERIFY:
   case PUSH_COMMIT:
   case PUSH_COMMIT_CHECK:
+    /* A commit that failed otherwise than 412 may have been written. */
+    op->del_own =
+        op->attempt[0] != '\0' &&
+        ((op->state != PUSH_COMMIT && op->state != PUSH_COMMIT_CHECK) ||
+         op->b.err == -EEXIST);
     spot__push_set_state(op, PUSH_ABORT);
     abort_next(op);
     return;
@@ -755,6 +846,8 @@ cancel(struct spot__store_op *b)
    * that cleanup must run, not be cancelled too. */
   if (op->s3op != NULL && op->state != PUSH_ABORT)
     spot_s3_cancel(op->s3op);
+  if (op->latest_op != NULL)
+    spot_latest_cancel(op->latest_op);
   spot__ranks_cancel(op);
 }
 
@@ -808,6 +901,7 @@ spot_store_push(uv_loop_t *loop, const struct spot_store_config *cfg,
   op->b.pipe = &op->pipe;
   spot_buf_init(&op->body, SPOT__STORE_MANIFEST_CAP);
   r = set_dir_and_name(op, dir, name);
+  spot__store_attempt_new(op->attempt);
   if (r == 0)
     r = spot__resume_init(op);
   if (r == 0)

@@ -16,6 +16,7 @@
 
 #include <sys/types.h>
 
+#include "latest.h"
 #include "manifest.h"
 #include "store_internal.h"
 #include "store_journal.h"
@@ -169,9 +170,18 @@ struct push_op {
   struct spot__store_pipe pipe;
   unsigned active_xfers;
 
+  /* this attempt's key folder (store_journal.h), "" for the old layout
+   * when resuming an older journal */
+  char attempt[SPOT__STORE_ATTEMPT_LEN + 1];
+  /* after a failure: delete this attempt's completed objects (only when
+   * nothing of ours can be committed: before the commit, or it said 412) */
+  bool del_own;
+  size_t del_idx;
+  const char *del_keys[1000];
   struct spot_manifest *manifest;
   char *manifest_json;
   struct spot_s3_op *s3op; /* the one sequential op (check, commit, ...) */
+  struct spot_latest_op *latest_op; /* a fenced LATEST update */
   struct spot_buf body;
 
   /* throughput figures for the raw/compress choice */

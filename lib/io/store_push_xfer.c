@@ -408,7 +408,7 @@ spot__push_xfer_cancel(struct push_op *op)
 static int
 add_to_manifest(struct push_op *op, struct pfile *f)
 {
-  char key_rel[4224], path[4200];
+  char key_rel[4300], path[4200];
   int r;
 
   if (op->b.cfg.c.nranks > 1)
@@ -426,7 +426,14 @@ add_to_manifest(struct push_op *op, struct pfile *f)
     return r;
   }
   if (f->size > 0) {
-    snprintf(key_rel, sizeof(key_rel), "%s.zst", path);
+    /* Under this attempt's folder (rank-K/ first for a rank's files). */
+    if (op->attempt[0] != '\0' && op->b.cfg.c.nranks > 1)
+      snprintf(key_rel, sizeof(key_rel), "rank-%u/%s/%s.zst", op->b.cfg.c.rank,
+               op->attempt, f->rel);
+    else if (op->attempt[0] != '\0')
+      snprintf(key_rel, sizeof(key_rel), "%s/%s.zst", op->attempt, path);
+    else
+      snprintf(key_rel, sizeof(key_rel), "%s.zst", path);
     f->key = spot__store_key(&op->b.cfg.c, op->b.name, key_rel);
     if (f->key == NULL)
       return -ENOMEM;
@@ -459,6 +466,7 @@ spot__push_xfer_setup(struct push_op *op)
              op->b.cfg.job);
     return r;
   }
+  op->manifest->epoch = op->b.cfg.c.lease_epoch;
   for (size_t i = 0; i < op->nfiles; i++)
     if ((r = add_to_manifest(op, &op->files[i])) < 0)
       return r;

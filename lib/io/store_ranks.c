@@ -266,6 +266,7 @@ got_markers(struct push_op *op, const struct spot_s3_result *res)
     stop(op);
     return;
   }
+  rk->merged->epoch = op->b.cfg.c.lease_epoch;
   rk->idx = 0;
   set_state(op, RANKS_READ);
   step(op);

@@ -39,11 +39,24 @@ set_state(struct push_op *op, enum resume_state s)
 int
 spot__resume_init(struct push_op *op)
 {
+  struct spot__journal *j = NULL;
+
   if (op->b.cfg.journal_dir == NULL)
     return 0;
   op->resume.journal_path =
       spot__journal_path(op->b.cfg.journal_dir, op->b.cfg.job, op->b.name);
-  return op->resume.journal_path != NULL ? 0 : -ENOMEM;
+  if (op->resume.journal_path == NULL)
+    return -ENOMEM;
+  /* A journaled push resumes its uploads under its attempt's keys (or
+   * the old layout's, for a journal written before attempts). */
+  if (spot__journal_load(op->resume.journal_path, &j) == 0) {
+    if (j->attempt != NULL)
+      spot_strlcpy(op->attempt, j->attempt, sizeof(op->attempt));
+    else
+      op->attempt[0] = '\0';
+    spot__journal_free(j);
+  }
+  return 0;
 }
 
 void
@@ -118,6 +131,7 @@ spot__resume_save(struct push_op *op, bool force)
   memset(&j, 0, sizeof(j));
   j.job = op->b.cfg.job;
   j.name = op->b.name;
+  j.attempt = op->attempt;
   j.part_size = op->b.cfg.c.part_size;
   j.files = calloc(op->nfiles + 1, sizeof(*j.files));
   if (j.files == NULL)
@@ -177,6 +191,25 @@ is_ours(const struct push_op *op, const char *upload_id)
   return false;
 }
 
+/* An upload under this attempt's folder (a push of ours that lost it), or
+ * older than the stale bound: never another live attempt's (issue 12). */
+static bool
+orphan_of_ours_or_stale(const struct push_op *op,
+                        const struct spot_s3_upload_info *u)
+{
+  uint64_t bound = op->b.cfg.c.stale_upload_age_ms;
+  int64_t init;
+  const char *a;
+
+  if (op->attempt[0] != '\0' && (a = strstr(u->key, op->attempt)) != NULL &&
+      a[strlen(op->attempt)] == '/')
+    return true;
+  if (op->attempt[0] == '\0')
+    return true; /* an older journal's layout: as before */
+  return spot_rfc3339_parse(u->initiated, &init) == 0 &&
+         spot_now_wall_ms() - init >= (int64_t)bound;
+}
+
 /* Keeps the listed uploads no file of ours owns. */
 static void
 got_orphans(struct push_op *op, const struct spot_s3_result *res)
@@ -190,7 +223,8 @@ got_orphans(struct push_op *op, const struct spot_s3_result *res)
   for (size_t i = 0;
        rs->orphan_keys != NULL && rs->orphan_ids != NULL && i < res->n_uploads;
        i++) {
-    if (is_ours(op, res->uploads[i].upload_id))
+    if (is_ours(op, res->uploads[i].upload_id) ||
+        !orphan_of_ours_or_stale(op, &res->uploads[i]))
       continue;
     rs->orphan_keys[rs->norphans] = strdup(res->uploads[i].key);
     rs->orphan_ids[rs->norphans] = strdup(res->uploads[i].upload_id);
@@ -338,7 +372,9 @@ journal_step(struct push_op *op)
     log_info("push name=%s: %s changed since the journal: aborting its "
              "old upload",
              op->b.name, jf->path);
-    snprintf(rel, sizeof(rel), "%s.zst", jf->path);
+    snprintf(rel, sizeof(rel), "%s%s%s.zst",
+             rs->journal->attempt ? rs->journal->attempt : "",
+             rs->journal->attempt ? "/" : "", jf->path);
     key = spot__store_key(&cfg->c, op->b.name, rel);
     r = key == NULL
             ? -ENOMEM
@@ -356,10 +392,11 @@ journal_step(struct push_op *op)
 static int
 orphans_list(struct push_op *op)
 {
-  char rel[32] = "", *key;
+  char rel[64] = "", *key;
   int r = -ENOMEM;
 
-  /* Another rank's live uploads of this name are not orphans. */
+  /* Another rank's live uploads of this name are not orphans; another
+   * attempt's are only once older than the stale bound (got_orphans). */
   if (op->b.cfg.c.nranks > 1)
     snprintf(rel, sizeof(rel), "rank-%u/", op->b.cfg.c.rank);
   key = spot__store_key(&op->b.cfg.c, op->b.name, rel);

@@ -165,6 +165,17 @@ def s3_get(key):
                            Key=key)["Body"].read()
 
 
+def manifest_key(root, name, rel):
+    """The object key of file rel of committed checkpoint name (root ends
+    with '/'): the manifest names it (a per-attempt folder, store.h)."""
+    import json
+    m = json.loads(s3_get(root + "checkpoints/%s/MANIFEST.json" % name))
+    for f in m["files"]:
+        if f["path"] == rel:
+            return root + "checkpoints/%s/%s" % (name, f["key"])
+    raise KeyError(rel)
+
+
 def s3_put(key, data):
     s3().put_object(Bucket=os.environ["SPOT_TEST_S3_BUCKET"], Key=key, Body=data)
 

@@ -153,7 +153,11 @@ def main():
                     "rank-1/step"]
             c.check(paths == want, "MANIFEST.json lists both ranks' files",
                     repr(paths))
-            c.check(fkeys == [p + ".zst" for p in want] and
+            # rank-K/<attempt>/<path>.zst (store.h: per-attempt keys)
+            c.check(len(fkeys) == len(want) and
+                    all(k.startswith(p.split("/")[0] + "/attempt-") and
+                        k.endswith("/" + p.split("/", 1)[1] + ".zst")
+                        for k, p in zip(fkeys, want)) and
                     all(ck + name + "/" + k in keys for k in fkeys),
                     "each file's object is under its rank's folder",
                     repr(fkeys))

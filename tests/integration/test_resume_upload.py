@@ -116,9 +116,16 @@ with tempfile.TemporaryDirectory(prefix="spotd-resume-") as tmp:
         cp, sent = rerun(px, url, src, journal)
         c.check(cp.returncode == 0, "the push without a journal commits")
         c.check(sent == NPARTS, "without a journal every part is sent (%d)" % sent)
-        c.check(px.stats()["requests"].get("abort", 0) >= 1,
-                "the orphaned upload was aborted")
-        c.check(spotlib.s3_uploads(root) == [], "no multipart upload is left")
+        # Without its journal the killed push is another attempt: its upload
+        # may belong to a live writer (issue 12), so it is left until it is
+        # older than the stale bound (retention, 1 hour for spotctl push).
+        c.check(px.stats()["requests"].get("abort", 0) == 0,
+                "another attempt's young upload was not aborted")
+        c.check([u[0] for u in spotlib.s3_uploads(root)] == [u[0] for u in old],
+                "only the killed attempt's upload is left")
+        for k, uid, _ in spotlib.s3_uploads(root):
+            spotlib.s3().abort_multipart_upload(
+                Bucket=os.environ["SPOT_TEST_S3_BUCKET"], Key=k, UploadId=uid)
         spotlib.check_restore(c, url, src, os.path.join(tmp, "restored-2"),
                               "the checkpoint restores identical")
 

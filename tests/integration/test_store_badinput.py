@@ -99,7 +99,7 @@ try:
         c.check(cp.returncode == 0, "links inside: the push succeeds", cp.stdout + cp.stderr)
         keys = spotlib.s3_keys(root + "checkpoints/links/")
         c.check(keys == [root + "checkpoints/links/MANIFEST.json",
-                         root + "checkpoints/links/sub/data.bin.zst"],
+                         spotlib.manifest_key(root, "links", "sub/data.bin")],
                 "links inside: one object, the links are manifest entries",
                 "\n".join(keys))
         import json
@@ -210,8 +210,8 @@ try:
         m = spotlib.s3_get(root + "checkpoints/planted/MANIFEST.json").decode()
         spotlib.s3_put(root + "checkpoints/.spotd-resume/MANIFEST.json",
                        m.replace('"planted"', '".spotd-resume"'))
-        spotlib.s3_put(root + "checkpoints/.spotd-resume/f.zst",
-                       spotlib.s3_get(root + "checkpoints/planted/f.zst"))
+        pk = spotlib.manifest_key(root, "planted", "f")
+        spotlib.s3_put(pk.replace("/planted/", "/.spotd-resume/"), spotlib.s3_get(pk))
         spotlib.s3_put(root + "LATEST", b".spotd-resume\n")
         dst = os.path.join(tmp, "dot-dst")
         cp = spotlib.spotctl("restore", url, dst)

@@ -32,7 +32,7 @@ try:
 
         for rel, frame, why in (("model/w.fp32", 1, "compressed frame"),
                                 ("rng.bin", 2, "raw frame")):
-            key = root + "checkpoints/ckpt/" + rel + ".zst"
+            key = root + "checkpoints/ckpt/" + byp[rel]["key"]
             good = spotlib.s3_get(key)
             fr = byp[rel]["frames"][frame]
             # the middle of the frame's zstd block data, away from headers
@@ -57,7 +57,7 @@ try:
         # an existing empty target folder stays as it was on failure too
         dst = os.path.join(tmp, "keep-me")
         os.mkdir(dst)
-        key = root + "checkpoints/ckpt/meta.json.zst"
+        key = root + "checkpoints/ckpt/" + byp["meta.json"]["key"]
         good = spotlib.s3_get(key)
         spotlib.s3_put(key, good[:-3])  # truncated
         cp = spotlib.spotctl("restore", url, dst)

@@ -98,16 +98,16 @@ try:
 
         # objects: one per non-empty file; single PUT vs multipart
         keys = spotlib.s3_keys(root + "checkpoints/step-100/")
-        want_keys = sorted([root + "checkpoints/step-100/" + r + ".zst"
+        want_keys = sorted([root + "checkpoints/step-100/" + byp[r]["key"]
                             for r, (_, s, _) in files.items() if s > 0] +
                            [root + "checkpoints/step-100/MANIFEST.json"])
         c.check(keys == want_keys, "one object per non-empty file + the manifest",
                 "\n".join(keys))
         b = os.environ["SPOT_TEST_S3_BUCKET"]
         etag1 = spotlib.s3().head_object(
-            Bucket=b, Key=root + "checkpoints/step-100/one-part.fp32.zst")["ETag"]
+            Bucket=b, Key=spotlib.manifest_key(root, "step-100", "one-part.fp32"))["ETag"]
         etagn = spotlib.s3().head_object(
-            Bucket=b, Key=root + "checkpoints/step-100/model/weights.fp32.zst")["ETag"]
+            Bucket=b, Key=spotlib.manifest_key(root, "step-100", "model/weights.fp32"))["ETag"]
         c.check("-" not in etag1, "a one-part file is a single PUT", etag1)
         c.check(etagn.strip('"').endswith("-4"), "a 4-part file is a 4-part multipart upload",
                 etagn)
@@ -121,7 +121,7 @@ try:
 
         # independent zstd -d of unfiltered objects (compressed text, raw random)
         for rel in ("log.txt", "random.bin"):
-            obj = spotlib.s3_get(root + "checkpoints/step-100/" + rel + ".zst")
+            obj = spotlib.s3_get(spotlib.manifest_key(root, "step-100", rel))
             z = subprocess.run(["zstd", "-d", "-c", "-q"], input=obj, capture_output=True)
             with open(os.path.join(src, rel), "rb") as f:
                 want = f.read()

@@ -1,0 +1,125 @@
+/* Restore fallback (issue 12 item 2): when the newest commit fails
+ * verification at restore (a checksum mismatch, a missing or undecodable
+ * object, an unreadable manifest), spotd says so loudly, lists the job's
+ * committed checkpoints and restores the newest one that verifies. The
+ * status shows a warning naming the bad checkpoint and "restored" names
+ * the one restored. Runs inside the startup's RESTORING state
+ * (restore.c): every operation lives in d->restore.op, so closing cancels
+ * it. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "spotd.h"
+#include "util.h"
+
+static void try_next(struct spotd *d);
+
+static bool
+is_bad(const struct spotd *d, const char *name)
+{
+  for (size_t i = 0; i < d->fb.nbad; i++)
+    if (strcmp(d->fb.bad[i], name) == 0)
+      return true;
+  return false;
+}
+
+static void
+mark_bad(struct spotd *d, const char *name)
+{
+  if (name != NULL && name[0] != '\0' && !is_bad(d, name) &&
+      d->fb.nbad < SPOTD_FALLBACK_MAX)
+    spot_strlcpy(d->fb.bad[d->fb.nbad++], name, sizeof(d->fb.bad[0]));
+}
+
+static void
+fallback_done_cb(const struct spot_store_result *res, void *data)
+{
+  struct spotd *d = data;
+
+  d->restore.op = NULL;
+  if (d->closing)
+    return;
+  restore_finished(d, res);
+}
+
+static void
+try_next(struct spotd *d)
+{
+  char tmp[4300];
+  int r;
+
+  while (d->fb.next < d->fb.ncands) {
+    const char *name = d->fb.cands[d->fb.next++];
+
+    if (is_bad(d, name))
+      continue;
+    log_notice("restore: trying the older checkpoint %s", name);
+    snprintf(tmp, sizeof(tmp), "%s/.spotd-resume", d->ckpt_dir);
+    if (access(tmp, F_OK) == 0)
+      spot_rm_tree(tmp);
+    r = spot_store_restore(d->loop, &d->store, name, tmp, NULL,
+                           fallback_done_cb, d, &d->restore.op);
+    if (r == 0)
+      return;
+    d->restore.op = NULL;
+    mark_bad(d, name);
+  }
+  log_err("restore: no committed checkpoint of job %s verifies; not "
+          "starting from scratch over a damaged store (fix or delete the "
+          "damaged checkpoints)",
+          d->cfg->job);
+  restore_failed(d);
+}
+
+static void
+list_cb(const struct spot_store_list_result *res, void *data)
+{
+  struct spotd *d = data;
+
+  d->restore.op = NULL;
+  if (d->closing)
+    return;
+  if (res->err < 0) {
+    log_err("restore: listing the job's checkpoints: %s", res->message);
+    restore_failed(d);
+    return;
+  }
+  d->fb.ncands = 0;
+  for (size_t i = 0; i < res->n && d->fb.ncands < SPOTD_FALLBACK_MAX; i++)
+    if (res->entries[i].committed && res->entries[i].problem == NULL)
+      spot_strlcpy(d->fb.cands[d->fb.ncands++], res->entries[i].name,
+                   sizeof(d->fb.cands[0]));
+  d->fb.next = 0;
+  try_next(d);
+}
+
+bool
+fallback_next(struct spotd *d, const struct spot_store_result *res)
+{
+  const char *name = res->name != NULL && res->name[0] ? res->name : "LATEST";
+  int r;
+
+  if (res->err == -ECANCELED || d->closing)
+    return false;
+  mark_bad(d, name);
+  log_err("restore: checkpoint %s fails verification: %s", name, res->message);
+  spotd_warn(d,
+             "checkpoint %s fails verification (%s): restoring an older "
+             "one",
+             name, res->message);
+  if (d->fb.listed) {
+    try_next(d);
+    return true;
+  }
+  d->fb.listed = true;
+  r = spot_store_list(d->loop, &d->store, list_cb, d, &d->restore.op);
+  if (r < 0) {
+    d->restore.op = NULL;
+    return false;
+  }
+  return true;
+}

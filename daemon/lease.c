@@ -1,0 +1,294 @@
+/* The job lease around the engine (lib/io/lease.h), one operation (struct
+ * job_lease, enum job_lease_state):
+ *
+ *   NONE       not taken yet (or never: --nranks > 1 on a rank other than
+ *              0 -> SKIPPED)
+ *   ACQUIRING  reading ROOT/LEASE; WAITING while another node holds it
+ *              (status and a log line name the holder and its expiry), or
+ *              FAILED at once with --no-lease-wait
+ *   HELD       renewing every ttl / 3 while spotd runs; every commit
+ *              carries its epoch (store.h lease_owner/lease_epoch)
+ *   RELEASING  after the final commit, once the trainer is gone: a waiting
+ *              node proceeds at its next poll -> RELEASED
+ *   LOST       a renewal found another writer, or could not renew in time:
+ *              uploads stop, LATEST never moves, the trainer is stopped
+ *              (SIGTERM) and spotd exits SPOTD_EXIT_LEASE_LOST
+ *
+ * Taken after the store check and before the journal resume and the
+ * restore (restore.c), so a node never restores while another runs the
+ * job's trainer. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "spotd.h"
+#include "util.h"
+
+static const char *const names[] = {
+    [JOB_LEASE_NONE] = "none",           [JOB_LEASE_SKIPPED] = "skipped",
+    [JOB_LEASE_ACQUIRING] = "acquiring", [JOB_LEASE_WAITING] = "waiting",
+    [JOB_LEASE_HELD] = "held",           [JOB_LEASE_RELEASING] = "releasing",
+    [JOB_LEASE_RELEASED] = "released",   [JOB_LEASE_LOST] = "lost",
+    [JOB_LEASE_FAILED] = "failed",
+};
+_Static_assert(SPOT_ARRAY_SIZE(names) == JOB_LEASE_STATE_LAST, "names");
+
+const char *
+job_lease_state_name(enum job_lease_state s)
+{
+  return (unsigned)s < JOB_LEASE_STATE_LAST ? names[s] : "?";
+}
+
+static void
+set_state(struct spotd *d, enum job_lease_state s)
+{
+  if (d->jl.state == s)
+    return;
+  log_debug("lease %s -> %s", job_lease_state_name(d->jl.state),
+            job_lease_state_name(s));
+  d->jl.state = s;
+}
+
+/* instance id / boot id / host:pid: unique per process, readable. */
+static void
+make_owner(struct spotd *d)
+{
+  char boot[64] = "", host[128] = "";
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+
+  if (f != NULL) {
+    if (fgets(boot, sizeof(boot), f) == NULL)
+      boot[0] = '\0';
+    fclose(f);
+  }
+  boot[strcspn(boot, "\n")] = '\0';
+  if (gethostname(host, sizeof(host) - 1) < 0)
+    spot_strlcpy(host, "unknown", sizeof(host));
+  host[sizeof(host) - 1] = '\0';
+  snprintf(d->jl.owner, sizeof(d->jl.owner), "%s%s%s/%s:%ld", d->jl.instance_id,
+           d->jl.instance_id[0] ? "/" : "", boot[0] ? boot : "no-boot-id", host,
+           (long)getpid());
+}
+
+static void
+holder_from(struct spotd *d, const struct spot_lease_info *i)
+{
+  spot_strlcpy(d->jl.holder, i->owner != NULL ? i->owner : "",
+               sizeof(d->jl.holder));
+  d->jl.holder_epoch = i->epoch;
+  d->jl.holder_expires_ms = i->expires_ms;
+}
+
+static void
+lost_cb(const struct spot_lease_info *i, void *data)
+{
+  struct spotd *d = data;
+
+  if (d->closing)
+    return;
+  set_state(d, JOB_LEASE_LOST);
+  spotd_warn(d,
+             "the job lease (epoch %" PRIu64 ") is lost: %s; stopping the "
+             "trainer, no further commit",
+             spot_lease_epoch(d->jl.lease),
+             i->message && i->message[0] ? i->message : strerror(-i->err));
+  upload_cancel_all(d);
+  d->exit_code = SPOTD_EXIT_LEASE_LOST;
+  if (trainer_running(d))
+    trainer_stop(d, d->cfg->grace_ms);
+  else
+    spotd_fail(d, SPOTD_EXIT_LEASE_LOST);
+}
+
+static void
+wait_cb(const struct spot_lease_info *i, void *data)
+{
+  struct spotd *d = data;
+  char until[32] = "";
+
+  if (d->closing)
+    return;
+  set_state(d, JOB_LEASE_WAITING);
+  holder_from(d, i);
+  spot_rfc3339_format(i->expires_ms, until, sizeof(until));
+  log_notice("waiting for the job lease of %s: held by %s (epoch %" PRIu64
+             ") until %s unless renewed or released",
+             d->cfg->job, i->owner, i->epoch, until);
+  spotd_notify(d, "STATUS=waiting for the job lease held by %s", i->owner);
+}
+
+static void
+acquired_cb(const struct spot_lease_info *i, void *data)
+{
+  struct spotd *d = data;
+  char until[32] = "";
+
+  if (d->closing)
+    return;
+  if (i->err < 0) {
+    set_state(d, JOB_LEASE_FAILED);
+    if (i->err == -EBUSY) {
+      spot_rfc3339_format(i->expires_ms, until, sizeof(until));
+      log_err("job %s is running elsewhere: its lease is held by %s (epoch "
+              "%" PRIu64 ") until %s (--no-lease-wait)",
+              d->cfg->job, i->owner, i->epoch, until);
+    } else {
+      log_err("job lease: %s",
+              i->message && i->message[0] ? i->message : strerror(-i->err));
+    }
+    spotd_fail(d, SPOTD_EXIT_ERROR);
+    return;
+  }
+  set_state(d, JOB_LEASE_HELD);
+  holder_from(d, i);
+  d->store.lease_owner = d->jl.owner;
+  d->store.lease_epoch = i->epoch;
+  log_info("took the job lease of %s: owner=%s epoch=%" PRIu64
+           " (waited %.1f s)",
+           d->cfg->job, d->jl.owner, i->epoch, (double)i->waited_ms / 1000.0);
+  restore_leased(d);
+}
+
+/* 0: acquiring (restore_leased() follows); 1: no lease for this node. */
+int
+lease_begin(struct spotd *d)
+{
+  struct spot_lease_config lc;
+  uint64_t wait_ms = 0;
+  char key[1200];
+  int r;
+
+  if (d->cfg->nranks > 1 && d->cfg->rank != 0) {
+    set_state(d, JOB_LEASE_SKIPPED);
+    return 1;
+  }
+  make_owner(d);
+  snprintf(key, sizeof(key), "%s%s%s/%s", d->cfg->prefix,
+           d->cfg->prefix[0] ? "/" : "", d->cfg->job, SPOT_LEASE_KEY);
+  if (spot_config_lease_wait(d->cfg, &wait_ms) < 0)
+    wait_ms = 0;
+  memset(&lc, 0, sizeof(lc));
+  lc.s3 = d->s3;
+  lc.bucket = d->cfg->bucket;
+  lc.key = key;
+  lc.owner = d->jl.owner;
+  lc.ttl_ms = d->cfg->lease_ttl_ms;
+  lc.no_wait = d->cfg->no_lease_wait;
+  lc.wait_timeout_ms = wait_ms;
+  r = spot_lease_new(d->loop, &lc, lost_cb, d, &d->jl.lease);
+  if (r == 0)
+    r = spot_lease_acquire(d->jl.lease, wait_cb, acquired_cb, d);
+  if (r < 0) {
+    log_err_errno(r, "job lease");
+    set_state(d, JOB_LEASE_FAILED);
+    spotd_fail(d, SPOTD_EXIT_ERROR);
+    return 0;
+  }
+  set_state(d, JOB_LEASE_ACQUIRING);
+  return 0;
+}
+
+bool
+lease_may_commit(struct spotd *d)
+{
+  if (d->jl.state == JOB_LEASE_SKIPPED)
+    return true;
+  if (d->jl.state != JOB_LEASE_HELD || !spot_lease_held(d->jl.lease))
+    return false;
+  d->store.lease_seq = ++d->jl.seq;
+  return true;
+}
+
+static void
+released_cb(const struct spot_lease_info *i, void *data)
+{
+  struct spotd *d = data;
+
+  if (i->err == -ECANCELED)
+    return;
+  if (i->err < 0)
+    log_warn("releasing the job lease: %s (it expires in %.0f s)",
+             i->message && i->message[0] ? i->message : strerror(-i->err),
+             (double)d->cfg->lease_ttl_ms / 1000.0);
+  else
+    log_info("released the job lease of %s (epoch %" PRIu64 ")", d->cfg->job,
+             i->epoch);
+  set_state(d, JOB_LEASE_RELEASED);
+  spotd_advance(d);
+}
+
+/* At the end (trainer gone, uploads idle): true while the release runs
+ * (spotd_advance() follows its end). */
+bool
+lease_releasing(struct spotd *d)
+{
+  if (d->jl.state == JOB_LEASE_RELEASING)
+    return true;
+  if (d->jl.state != JOB_LEASE_HELD || d->jl.lease == NULL)
+    return false;
+  if (spot_lease_release(d->jl.lease, released_cb, d) < 0) {
+    set_state(d, JOB_LEASE_RELEASED);
+    return false;
+  }
+  set_state(d, JOB_LEASE_RELEASING);
+  return true;
+}
+
+static void
+close_released_cb(const struct spot_lease_info *i, void *data)
+{
+  if (i->err == 0)
+    log_info("released the job lease (epoch %" PRIu64 ") at exit", i->epoch);
+  spot_lease_free(data);
+}
+
+/* Closing. A lease still held (an exit that did not pass through the
+ * release above: a second signal, an error) is released on the way out,
+ * so the next node need not wait for it to expire; the loop runs until
+ * that request ends, then the lease is freed. A lost lease is not ours
+ * to release. */
+void
+lease_close(struct spotd *d)
+{
+  struct spot_lease *l = d->jl.lease;
+
+  d->jl.lease = NULL;
+  if (l == NULL)
+    return;
+  if (d->jl.state == JOB_LEASE_HELD && spot_lease_held(l) &&
+      spot_lease_release(l, close_released_cb, l) == 0) {
+    set_state(d, JOB_LEASE_RELEASING);
+    return;
+  }
+  spot_lease_free(l);
+}
+
+/* The "lease" member of the status object. */
+void
+lease_status(struct spotd *d, json_t *st)
+{
+  char until[32] = "";
+  json_t *o;
+
+  if (d->jl.state == JOB_LEASE_NONE)
+    return;
+  o = json_object();
+  if (o == NULL)
+    return;
+  json_object_set_new(o, "state",
+                      json_string(job_lease_state_name(d->jl.state)));
+  if (d->jl.holder[0] != '\0') {
+    json_object_set_new(o, "holder", json_string(d->jl.holder));
+    json_object_set_new(o, "epoch",
+                        json_integer((json_int_t)d->jl.holder_epoch));
+    if (d->jl.holder_expires_ms > 0 &&
+        spot_rfc3339_format(d->jl.holder_expires_ms, until, sizeof(until)) == 0)
+      json_object_set_new(o, "expires", json_string(until));
+  }
+  if (d->jl.owner[0] != '\0')
+    json_object_set_new(o, "owner", json_string(d->jl.owner));
+  json_object_set_new(st, "lease", o);
+}

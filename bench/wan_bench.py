@@ -415,7 +415,7 @@ def main():
     SPOTCTL = os.path.join(os.path.abspath(build), "client", "spotctl")
     if not os.access(SPOTCTL, os.X_OK):
         sys.exit("no %s: build first" % SPOTCTL)
-    os.makedirs(WORK, exist_ok=True)
+    os.makedirs(os.path.join(WORK, "restore"), exist_ok=True)
     os.makedirs(OUT, exist_ok=True)
     b = Bench()
     data = make_data()

@@ -28,7 +28,7 @@ Environment (defaults in brackets):
   WAN_QUICK      1: one round, small sizes (64 MiB, 256 MiB, 500, 20) [0]
   WAN_RUNS       rounds [3, quick 1]
   WAN_FP32_MB WAN_BIG_MB WAN_SMALL_N WAN_MED_N   case sizes [1024 4096 5000 200]
-  WAN_CASES      fp32,big,small,med       WAN_TOOLS   spot,spot16,aws,crt
+  WAN_CASES      fp32,small,med,big       WAN_TOOLS   spot,spot16,aws,crt
   WAN_TARGETS    discard,ceph             WAN_VARIANTS wan,lossy
   WAN_LOSSY_CASES  cases run in the lossy variant [fp32]
   WAN_RATE WAN_RTT WAN_LOSS WAN_STALL_MS   proxy model [60 20 0.01 200]
@@ -37,6 +37,7 @@ Environment (defaults in brackets):
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -62,7 +63,7 @@ SIZES = {
     "small_n": int(env("WAN_SMALL_N", "500" if QUICK else "5000")),
     "med_n": int(env("WAN_MED_N", "20" if QUICK else "200")),
 }
-CASES = env("WAN_CASES", "fp32,big,small,med").split(",")
+CASES = env("WAN_CASES", "fp32,small,med,big").split(",")
 TOOLS = env("WAN_TOOLS", "spot,spot16,aws,crt").split(",")
 TARGETS = env("WAN_TARGETS", "discard,ceph").split(",")
 VARIANTS = env("WAN_VARIANTS", "wan,lossy").split(",")
@@ -257,15 +258,26 @@ def command(tool, op, case_dir, url, dest, endpoint, run):
             src, dst]
 
 
+CHILD = [None]  # the measured process, killed if we are stopped
+
+
+def on_term(*_):
+    if CHILD[0] is not None:
+        CHILD[0].kill()
+    raise SystemExit("wan_bench: stopped")
+
+
 def measure(argv, envv, log_path):
     """Runs argv; returns (ok, wall_s, cpu_s, maxrss_kib)."""
     with open(log_path, "wb") as lf:
         t0 = time.monotonic()
         p = subprocess.Popen(argv, env=envv, stdout=lf, stderr=subprocess.STDOUT)
+        CHILD[0] = p
         killer = threading.Timer(TIMEOUT, p.kill)
         killer.start()
         _, status, ru = os.wait4(p.pid, 0)
         killer.cancel()
+        CHILD[0] = None
         wall = time.monotonic() - t0
         p.returncode = os.waitstatus_to_exitcode(status)
     return (p.returncode == 0, wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss)
@@ -317,10 +329,10 @@ class Bench:
 
     def one(self, rec, argv, envv, px, ceph):
         logp = os.path.join(WORK, "last.log")
-        pc0, sc0 = proc_cpu(px.pid), ceph.cpu() if ceph else 0.0
+        pc0, sc0 = proc_cpu(px.pid) if px else 0.0, ceph.cpu() if ceph else 0.0
         ok, wall, cpu, rss = measure(argv, envv, logp)
-        rec.update(ok=ok, wall_s=round(wall, 3), cpu_s=round(cpu, 3),
-                   rss_kib=rss, proxy_cpu_s=round(proc_cpu(px.pid) - pc0, 3),
+        rec.update(ok=ok, wall_s=round(wall, 3), cpu_s=round(cpu, 3), rss_kib=rss,
+                   proxy_cpu_s=round(proc_cpu(px.pid) - pc0, 3) if px else 0.0,
                    server_cpu_s=round(ceph.cpu() - sc0, 3) if ceph else None)
         if not ok:
             rec["error"] = tail(logp)
@@ -353,6 +365,8 @@ class Bench:
             bucket = ceph.env["SPOT_TEST_S3_BUCKET"]
             base = dict(os.environ, **ceph.env)
         try:
+            if target == "discard" and "spot" in TOOLS and "fp32" in CASES:
+                self.direct(data["fp32"], up_port, base)
             for variant in VARIANTS:
                 px, port = self.proxy(up_port, variant)
                 try:
@@ -362,6 +376,33 @@ class Bench:
                     stop(px)
         finally:
             stop(sink)
+
+    def direct(self, case_dir, port, base):
+        """The pipeline's own ceiling: spotctl push straight to the sink."""
+        size, files = tree_size(case_dir)
+        for run in range(1, RUNS + 1):
+            rec = {"target": "discard", "variant": "direct", "case": "fp32",
+                   "tool": "spot", "op": "push", "run": run, "bytes": size,
+                   "files": files}
+            argv = command("spot", "push", case_dir, "s3://discard/wan/direct", "",
+                           "http://127.0.0.1:%d" % port, run)
+            self.one(rec, argv, base, None, None)
+        # the same through the proxy with no cap and no delay: what the
+        # proxy itself costs the fastest client
+        px, pport = start_printing_port([PY, os.path.join(HERE, "wanproxy.py"),
+                                         "127.0.0.1:%d" % port, "--rate", "0",
+                                         "--rtt", "0", "--setup-rtts", "0"])
+        try:
+            for run in range(1, RUNS + 1):
+                for tool in ("spot", "spot16"):
+                    rec = {"target": "discard", "variant": "noshape", "case": "fp32",
+                           "tool": tool, "op": "push", "run": run, "bytes": size,
+                           "files": files}
+                    argv = command(tool, "push", case_dir, "s3://discard/wan/noshape",
+                                   "", "http://127.0.0.1:%d" % pport, run)
+                    self.one(rec, argv, base, px, None)
+        finally:
+            stop(px)
 
     def variant(self, target, variant, data, ceph, bucket, base, px, port):
         endpoint = "http://127.0.0.1:%d" % port
@@ -417,6 +458,7 @@ def main():
         sys.exit("no %s: build first" % SPOTCTL)
     os.makedirs(os.path.join(WORK, "restore"), exist_ok=True)
     os.makedirs(OUT, exist_ok=True)
+    signal.signal(signal.SIGTERM, on_term)
     b = Bench()
     data = make_data()
     b.ceiling()
@@ -432,8 +474,8 @@ def main():
         b.results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         b.save()
         shutil.rmtree(os.path.join(WORK, "restore"), ignore_errors=True)
-    subprocess.run([PY, os.path.join(HERE, "wan_report.py"), b.json_path,
-                    os.path.join(OUT, "wan.md"), os.path.join(OUT, "wan.png")])
+        subprocess.run([PY, os.path.join(HERE, "wan_report.py"), b.json_path,
+                        os.path.join(OUT, "wan.md"), os.path.join(OUT, "wan.png")])
 
 
 if __name__ == "__main__":

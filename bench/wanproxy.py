@@ -49,6 +49,7 @@ import time
 
 CHUNK = 256 * 1024
 LOSS_UNIT = 64 * 1024
+BATCH_S = 0.002
 
 
 class Pipe:
@@ -85,6 +86,10 @@ class Pipe:
                 n = os.splice(self.src.fileno(), self.wfd, CHUNK)
                 if n == 0:
                     break
+                if n < CHUNK // 2:
+                    # let a stream gather before the next read: fewer,
+                    # larger splices (at most BATCH_S later, on top of RTT/2)
+                    time.sleep(BATCH_S)
                 self.p.count(n)
                 with self.cv:
                     self.q.append((time.monotonic(), n))

@@ -218,17 +218,22 @@ def picture(res, m, png):
                       key=lambda k: (CASES.index(k[0]), k[1] != "push"))
         w = 0.8 / len(TOOLS)
         for i, t in enumerate(TOOLS):
-            ys = [m.get((target, variant) + k + (t,), {}).get("mbs", 0) for k in keys]
-            ax.bar([j + i * w for j in range(len(keys))], ys, w, label=LABEL[t],
-                   color=colors[t])
+            ys = [ratio(m, (target, variant) + k, "aws", t) or 0 for k in keys]
+            xs = [j + i * w for j in range(len(keys))]
+            ax.bar(xs, ys, w, label=LABEL[t], color=colors[t])
+            for x, y, k in zip(xs, ys, keys):
+                s = m.get((target, variant) + k + (t,), {})
+                if "wall_s" in s:
+                    ax.text(x, y, "%.1fs" % s["wall_s"], ha="center", va="bottom",
+                            fontsize=6)
+        ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xticks([j + 0.4 - w / 2 for j in range(len(keys))])
         ax.set_xticklabels(["%s\n%s" % (case_label(res, c), op) for c, op in keys],
                            fontsize=8)
-        ax.set_ylabel("MB/s (raw bytes)")
+        ax.set_ylabel("speed vs aws s3 cp (x)")
         ax.set_title("%s, %s (%.0f MB/s per connection, %.0f ms RTT)" % (
             target, variant, res["model"]["rate_mbs"], res["model"]["rtt_ms"]),
             fontsize=10)
-        ax.set_yscale("log")
         ax.grid(axis="y", alpha=0.3)
     axes[0, 0].legend(fontsize=8, ncol=4)
     fig.tight_layout()

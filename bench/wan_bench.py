@@ -429,7 +429,7 @@ class Bench:
                     dest = os.path.join(WORK, "restore", tool)
                     for op in ops:
                         shutil.rmtree(dest, ignore_errors=True)
-                        if op == "restore" and tool.startswith("aws"):
+                        if op == "restore" and tool in ("aws", "crt"):
                             os.makedirs(dest)
                         rec = {"target": target, "variant": variant, "case": case,
                                "tool": tool, "op": op, "run": run,

@@ -12,7 +12,9 @@
 # sizes, for development): WAN_QUICK=1. Every knob (sizes, cases, tools,
 # targets, rounds, the proxy's model) is listed in bench/wan_bench.py.
 # Writes bench/results/wan.json (after every run), wan.md and wan.png.
-# A full run (3 rounds) takes about 45 minutes on 2 cores.
+# A full run (3 rounds) takes over an hour on 2 cores; a reduced one, e.g.
+#   WAN_RUNS=1 WAN_BIG_MB=2048 WAN_SMALL_N=1000 bench/wan_bench.sh
+# about 12 minutes.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 BUILD=${1:-$HERE/../build}

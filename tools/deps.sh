@@ -1,6 +1,6 @@
 #!/bin/bash
 # Installs the Debian 12 packages spotd needs. Only what is missing, so a
-# second run costs a second. Usage: tools/deps.sh [build|test|demo]...
+# second run costs a second. Usage: tools/deps.sh [build|test|demo|bench]...
 set -euo pipefail
 
 build_pkgs=(meson ninja-build pkg-config gcc libc6-dev libuv1-dev
@@ -14,6 +14,8 @@ test_pkgs=(valgrind clang clang-tidy cppcheck libclang-rt-14-dev
   python3-torch slurm-wlm munge systemd-container awscli iproute2
   python3-prometheus-client python3-pil)
 demo_pkgs=(python3-torch)
+# bench/: the pictures and the peers (aws s3 cp, its CRT client) it measures.
+bench_pkgs=(python3-matplotlib python3-numpy awscli)
 
 want=()
 for what in "${@:-build}"; do
@@ -22,6 +24,7 @@ for what in "${@:-build}"; do
   s3) want+=("${s3_pkgs[@]}") ;;
   test) want+=("${build_pkgs[@]}" "${s3_pkgs[@]}" "${test_pkgs[@]}") ;;
   demo) want+=("${build_pkgs[@]}" "${s3_pkgs[@]}" "${demo_pkgs[@]}") ;;
+  bench) want+=("${build_pkgs[@]}" "${s3_pkgs[@]}" "${bench_pkgs[@]}") ;;
   *) echo "deps.sh: unknown set '$what'" >&2; exit 2 ;;
   esac
 done

@@ -305,6 +305,29 @@ request(const struct ctl_opts *o, struct spot_buf *req, json_t **root,
   return r;
 }
 
+/* A command with no arguments but the common ones: parses them, sends cmd
+ * and waits for the answer. -1 with *root and msg set, else the exit
+ * status (printed). */
+static int
+simple_request(int argc, char **argv, const char *usage,
+               enum spot_proto_cmd cmd, struct ctl_opts *o, json_t **root,
+               struct spot_proto_msg *msg)
+{
+  struct spot_buf req;
+  int r;
+
+  memset(msg, 0, sizeof(*msg));
+  r = parse_no_args(argc, argv, o, usage, false);
+  if (r >= 0)
+    return r;
+  if (o->timeout_ms < 0)
+    o->timeout_ms = 10000;
+  spot_buf_init(&req, 4096);
+  spot_proto_encode_request(&req, 1, cmd, NULL);
+  r = request(o, &req, root, msg);
+  return r != 0 ? r : -1;
+}
+
 static const char status_usage[] =
     "Usage: spotctl status [--json]\n\n"
     "Shows what a running spotd is doing: state, notice and time left, the\n"
@@ -316,22 +339,15 @@ int
 spotctl_cmd_status(int argc, char **argv)
 {
   struct ctl_opts o;
-  struct spot_buf req;
   struct spot_proto_msg msg;
   json_t *root = NULL;
   int r;
 
-  memset(&msg, 0, sizeof(msg));
-  r = parse_no_args(argc, argv, &o, status_usage, false);
+  r = simple_request(argc, argv, status_usage, SPOT_PROTO_CMD_STATUS, &o, &root,
+                     &msg);
   if (r >= 0)
     return r;
-  if (o.timeout_ms < 0)
-    o.timeout_ms = 10000;
-  spot_buf_init(&req, 4096);
-  spot_proto_encode_request(&req, 1, SPOT_PROTO_CMD_STATUS, NULL);
-  r = request(&o, &req, &root, &msg);
-  if (r != 0)
-    return r;
+  r = 0;
   if (o.json) {
     char *s = json_dumps(msg.result, JSON_COMPACT);
     if (s != NULL)
@@ -439,23 +455,15 @@ int
 spotctl_cmd_metrics(int argc, char **argv)
 {
   struct ctl_opts o;
-  struct spot_buf req;
   struct spot_proto_msg msg;
   json_t *root = NULL;
   int r;
 
-  memset(&msg, 0, sizeof(msg));
-  r = parse_no_args(argc, argv, &o, metrics_usage, false);
+  r = simple_request(argc, argv, metrics_usage, SPOT_PROTO_CMD_METRICS, &o,
+                     &root, &msg);
   if (r >= 0)
-    return r;
-  if (o.timeout_ms < 0)
-    o.timeout_ms = 10000;
-  spot_buf_init(&req, 4096);
-  spot_proto_encode_request(&req, 1, SPOT_PROTO_CMD_METRICS, NULL);
-  r = request(&o, &req, &root, &msg);
-  if (r != 0)
     return r;
   fputs(jstr(msg.result, "text"), stdout);
   json_decref(root);
-  return r;
+  return 0;
 }

@@ -926,29 +926,11 @@ parse_args(int argc, char **argv, struct relaunch *r)
 static int
 read_env(struct relaunch *r)
 {
-  static const char *const names[] = {"SPOTD_JOB", "SPOTD_STORE",
-                                      "SPOTD_CHECKPOINT", "SPOTD_REASON",
-                                      "SPOTD_DEADLINE"};
-  const char **vals[] = {&r->job, &r->store, &r->ckpt, &r->reason,
-                         &r->deadline};
+  int rc = relaunch_read_env(&r->job, &r->store, &r->ckpt, &r->reason,
+                             &r->deadline, &r->deadline_ms);
 
-  for (size_t i = 0; i < SPOT_ARRAY_SIZE(names); i++) {
-    const char *v = getenv(names[i]);
-    bool may_be_empty = i == 2 || i == 4;
-
-    if (v == NULL || (!may_be_empty && v[0] == '\0'))
-      return spotctl_fail("relaunch: %s is %s (spotd sets SPOTD_JOB, "
-                          "SPOTD_STORE, SPOTD_CHECKPOINT, SPOTD_REASON and "
-                          "SPOTD_DEADLINE for its relaunch step; set them "
-                          "to run it by hand)",
-                          names[i], v == NULL ? "not set" : "empty");
-    *vals[i] = v;
-  }
-  if (r->deadline[0] != '\0' &&
-      spot_rfc3339_parse(r->deadline, &r->deadline_ms) < 0)
-    return spotctl_fail("relaunch: SPOTD_DEADLINE '%s' is not an RFC 3339 "
-                        "time",
-                        r->deadline);
+  if (rc != 0)
+    return rc;
   if (r->backend == BACKEND_SLURM) {
     int64_t id;
 

@@ -41,15 +41,14 @@ relaunch_say(const char *fmt, ...)
 }
 
 int
-cloud_read_env(struct cloud *c)
+relaunch_read_env(const char **job, const char **store, const char **ckpt,
+                  const char **reason, const char **deadline,
+                  int64_t *deadline_ms)
 {
   static const char *const names[] = {"SPOTD_JOB", "SPOTD_STORE",
                                       "SPOTD_CHECKPOINT", "SPOTD_REASON",
                                       "SPOTD_DEADLINE"};
-  const char **vals[] = {&c->job, &c->store_url, &c->ckpt, &c->reason,
-                         &c->deadline};
-  char err[256], *job = NULL;
-  size_t plen;
+  const char **vals[] = {job, store, ckpt, reason, deadline};
 
   for (size_t i = 0; i < SPOT_ARRAY_SIZE(names); i++) {
     const char *v = getenv(names[i]);
@@ -63,11 +62,24 @@ cloud_read_env(struct cloud *c)
                           names[i], v == NULL ? "not set" : "empty");
     *vals[i] = v;
   }
-  if (c->deadline[0] != '\0' &&
-      spot_rfc3339_parse(c->deadline, &c->deadline_ms) < 0)
+  if ((*deadline)[0] != '\0' && spot_rfc3339_parse(*deadline, deadline_ms) < 0)
     return spotctl_fail("relaunch: SPOTD_DEADLINE '%s' is not an RFC 3339 "
                         "time",
-                        c->deadline);
+                        *deadline);
+  return 0;
+}
+
+int
+cloud_read_env(struct cloud *c)
+{
+  char err[256], *job = NULL;
+  size_t plen;
+  int r;
+
+  r = relaunch_read_env(&c->job, &c->store_url, &c->ckpt, &c->reason,
+                        &c->deadline, &c->deadline_ms);
+  if (r != 0)
+    return r;
   if (spot_s3_url_parse_job(c->store_url, &c->bucket, &c->prefix, &job, err,
                             sizeof(err)) < 0)
     return spotctl_fail("relaunch: SPOTD_STORE: %s", err);

@@ -72,6 +72,12 @@ int cloud_parse_num(const char *opt, const char *v, int64_t min, int64_t max,
 /* Every attempt and outcome of every backend: one line on stderr with a
  * UTC timestamp. */
 void relaunch_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The variables spotd passes its relaunch step. SPOTD_CHECKPOINT and
+ * SPOTD_DEADLINE may be empty (no committed checkpoint, no deadline) but
+ * must be set. 0 or an exit status (message printed). */
+int relaunch_read_env(const char **job, const char **store, const char **ckpt,
+                      const char **reason, const char **deadline,
+                      int64_t *deadline_ms);
 /* Reads SPOTD_*; 0 or an exit status (message printed). */
 int cloud_read_env(struct cloud *c);
 /* Loop + HTTP; with_aws: credentials and S3 for the record. 0 or an exit

@@ -5,7 +5,12 @@ with the signal ignored and signals the whole process group.
   notice: on an emulated AWS notice both workers checkpoint at the same
           step, the commit lands in the store (Ceph), spotd exits 75 and
           no worker survives.
-  kill9:  spotd is SIGKILLed: neither torchrun nor a worker survives."""
+  kill9:  spotd is SIGKILLed: neither the launcher (here `python3 -m
+          torch.distributed.run`, torchrun's module form) nor a worker
+          survives.
+  script: `spotd run -- bash run.sh` where run.sh starts the trainer as a
+          child (no exec): bash keeps the ignored signal, the trainer gets
+          it, the checkpoint commits and spotd exits 75."""
 import os
 import signal
 import sys
@@ -18,8 +23,10 @@ import spotlib as sl  # noqa: E402
 DDP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ddp_trainer.py")
 
 
-def torchrun(wd):
-    return ["/usr/bin/torchrun", "--standalone", "--nproc_per_node", "2",
+def torchrun(wd, module=False):
+    launcher = ([sl.PY3, "-m", "torch.distributed.run"] if module
+                else ["/usr/bin/torchrun"])
+    return launcher + ["--standalone", "--nproc_per_node", "2",
             "--redirects", "1", "--tee", "1", "--log_dir", os.path.join(wd, "tlogs"),
             DDP, os.path.join(wd, "ddp.log")]
 
@@ -93,14 +100,48 @@ def kill9(c, wd):
     store, job, prefix = sl.daemon_job("torchrun-kill")
     with sl.cleaned_up(prefix):
         os.makedirs(wd)
-        d = sl.Daemon(wd, store, job, cmd=torchrun(wd))
+        d = sl.Daemon(wd, store, job, cmd=torchrun(wd, module=True))
         workers = wait_workers(wd)
-        c.check(workers is not None, tag + "torchrun started two workers")
+        c.check(workers is not None, tag + "torch.distributed.run started two "
+                "workers")
         if workers is None:
             return
         d.send(signal.SIGKILL)
         d.wait_exit(10)
         c.check(gone(workers), tag + "neither torchrun nor a worker survives")
+
+
+def script(c, wd):
+    tag = "script: "
+    store, job, prefix = sl.daemon_job("torchrun-script")
+    emu = sl.EmulatorProc("aws")
+    with sl.cleaned_up(prefix, emu.stop):
+        os.makedirs(wd)
+        tlog = os.path.join(wd, "trainer.log")
+        run_sh = os.path.join(wd, "run.sh")
+        with open(run_sh, "w") as f:
+            f.write("#!/bin/bash\n%s %s --log %s --step-sleep 0.05\n"
+                    "echo run.sh: trainer exited $?\n"
+                    % (sl.PY3, sl.FAKE_TRAINER, tlog))
+        d = sl.Daemon(wd, store, job, provider="aws", metadata_url=emu.url,
+                      grace=5, cmd=["bash", run_sh])
+        started = sl.trainer_events(tlog, "start")
+        end = time.time() + 30
+        while not started and time.time() < end:
+            time.sleep(0.1)
+            started = sl.trainer_events(tlog, "start")
+        c.check(bool(started), tag + "bash started the trainer")
+        if not started:
+            return
+        emu.control("notice", deadline=40)
+        rc = d.wait_exit(45)
+        c.check(rc == 75, tag + "spotd exits 75 (%s)" % rc)
+        made = sl.trainer_events(tlog, "checkpoint")
+        c.check(len(made) >= 1 and sl.latest(prefix) == made[-1]["name"],
+                tag + "the trainer under bash checkpointed and it committed: "
+                "%s" % [m["name"] for m in made])
+        c.check(gone(started, 5) if "pgid" in started[0] else True,
+                tag + "nothing of the script survives")
 
 
 def main():
@@ -111,6 +152,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="spotd-torchrun-") as wd:
         notice(c, os.path.join(wd, "notice"))
         kill9(c, os.path.join(wd, "kill9"))
+        script(c, os.path.join(wd, "script"))
     c.finish()
 
 

@@ -50,6 +50,11 @@ set_state(struct spotd *d, enum job_lease_state s)
   log_debug("lease %s -> %s", job_lease_state_name(d->jl.state),
             job_lease_state_name(s));
   d->jl.state = s;
+  /* The job history records what another node would want to know. */
+  if (s == JOB_LEASE_HELD || s == JOB_LEASE_RELEASED || s == JOB_LEASE_LOST)
+    hist_lease(d, job_lease_state_name(s),
+               d->jl.lease != NULL ? (int64_t)spot_lease_epoch(d->jl.lease)
+                                   : 0);
 }
 
 /* instance id / boot id / host:pid: unique per process, readable. */

@@ -188,6 +188,12 @@ def main():
         c.check(steps == [e["step"] for e in made],
                 "history: each checkpoint carries the step it saved %s" %
                 steps, repr([e["step"] for e in made]))
+        leases = [(e.get("action"), e.get("epoch")) for e in evs
+                  if e.get("type") == "lease"]
+        c.check(leases == [("held", 1), ("released", 1), ("held", 2),
+                           ("released", 2)],
+                "history: each node held the lease, then released it, the "
+                "second with the next epoch %s" % leases)
         runs = j.get("runs", [])
         c.check([r.get("outcome") for r in runs] == ["preempted", "exited"] and
                 runs[1].get("restored") == made[2]["name"] and

@@ -35,7 +35,11 @@
 #include "util.h"
 
 #define FANOUT_POLL_MAX_MS 1000
-#define CLAIM_DELAY_MS 2000 /* ranks > 0: rank 0 relaunches first */
+/* Ranks > 0 leave the relaunch to rank 0 this long: a quarter of the time
+ * left before the deadline (at most CLAIM_DELAY_MAX_MS), else
+ * CLAIM_DELAY_MS. */
+#define CLAIM_DELAY_MS 2000
+#define CLAIM_DELAY_MAX_MS 30000
 
 static const char *const names[] = {
     "idle", "waiting", "polling", "seen", "closed",
@@ -321,8 +325,10 @@ claim_key(struct spotd *d)
 {
   char rel[512];
 
-  snprintf(rel, sizeof(rel), "relaunched/%s/%s/%s", run_id(d),
-           d->last_commit[0] ? d->last_commit : "none",
+  /* Per (run, reason), not per checkpoint: a rank whose trainer died on
+   * the lost peer may not know the job's newest commit yet, and the
+   * marker must be one for the whole job. */
+  snprintf(rel, sizeof(rel), "relaunched/%s/%s", run_id(d),
            d->reason[0] ? d->reason : "none");
   return spot__store_key(&d->store, NULL, rel);
 }
@@ -430,8 +436,8 @@ fanout_claim_relaunch(struct spotd *d)
   /* Rank 0 moves LATEST after the commit the others wait for: let it
    * relaunch first, so a requeue does not stop it mid-way; claim after a
    * delay in case rank 0 is gone. */
-  if (left != UINT64_MAX && left / 4 < delay)
-    delay = left / 4;
+  if (left != UINT64_MAX)
+    delay = left / 4 < CLAIM_DELAY_MAX_MS ? left / 4 : CLAIM_DELAY_MAX_MS;
   f->claim_state = FANOUT_CLAIM_WAITING;
   log_info("relaunch: rank %u leaves the relaunch step to rank 0 for %.1f s",
            d->store.rank, (double)delay / 1000.0);

@@ -13,7 +13,8 @@ garbage-collected after every round so its 32 GiB OSD never fills).
 Cases: fp32 (1 GiB fp32 weights + Adam m + v, as bench/store_bench.sh
 makes them), big (a 4 GiB checkpoint of the same kind), small (5000 files
 of 4 KiB) and med (200 files of 1 MiB). Tools: spotctl push/restore with
-defaults (spot) and with --parallel 16 (spot16), /usr/bin/aws s3 cp
+defaults (spot: adaptive transfers in flight within the default --memory)
+and, on request, with a fixed --parallel 16 (spot16), /usr/bin/aws s3 cp
 (--recursive), and aws with its CRT transfer client (crt; needs the proxy
 on 127.0.0.1:80, as the CRT ignores the port of --endpoint-url; skipped
 when port 80 is taken). Each round runs every tool once, in turn, on the
@@ -28,7 +29,7 @@ Environment (defaults in brackets):
   WAN_QUICK      1: one round, small sizes (64 MiB, 256 MiB, 500, 20) [0]
   WAN_RUNS       rounds [3, quick 1]
   WAN_FP32_MB WAN_BIG_MB WAN_SMALL_N WAN_MED_N   case sizes [1024 4096 5000 200]
-  WAN_CASES      fp32,small,med,big       WAN_TOOLS   spot,spot16,aws,crt
+  WAN_CASES      fp32,small,med,big       WAN_TOOLS   spot,aws,crt (+spot16)
   WAN_TARGETS    discard,ceph             WAN_VARIANTS wan,lossy
   WAN_LOSSY_CASES  cases run in the lossy variant [fp32]
   WAN_RATE WAN_RTT WAN_LOSS WAN_STALL_MS   proxy model [60 20 0.01 200]
@@ -64,7 +65,7 @@ SIZES = {
     "med_n": int(env("WAN_MED_N", "20" if QUICK else "200")),
 }
 CASES = env("WAN_CASES", "fp32,small,med,big").split(",")
-TOOLS = env("WAN_TOOLS", "spot,spot16,aws,crt").split(",")
+TOOLS = env("WAN_TOOLS", "spot,aws,crt").split(",")
 TARGETS = env("WAN_TARGETS", "discard,ceph").split(",")
 VARIANTS = env("WAN_VARIANTS", "wan,lossy").split(",")
 LOSSY_CASES = env("WAN_LOSSY_CASES", "fp32").split(",")
@@ -394,7 +395,7 @@ class Bench:
                                          "--rtt", "0", "--setup-rtts", "0"])
         try:
             for run in range(1, RUNS + 1):
-                for tool in ("spot", "spot16"):
+                for tool in [t for t in TOOLS if t.startswith("spot")]:
                     rec = {"target": "discard", "variant": "noshape", "case": "fp32",
                            "tool": tool, "op": "push", "run": run, "bytes": size,
                            "files": files}
@@ -450,6 +451,17 @@ class Bench:
                     self.wipe(base, ceph)
 
 
+def memory_budget():
+    """spotctl's default --memory in bytes, from its --help, or None."""
+    import re
+    out = subprocess.run([SPOTCTL, "push", "--help"], capture_output=True,
+                         text=True).stdout
+    m = re.search(r"--memory SIZE.*default (\d+)([KMG])", out)
+    if not m:
+        return None
+    return int(m.group(1)) << {"K": 10, "M": 20, "G": 30}[m.group(2)]
+
+
 def main():
     global SPOTCTL
     build = sys.argv[1] if len(sys.argv) > 1 else os.path.join(SRC, "build")
@@ -460,6 +472,7 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     signal.signal(signal.SIGTERM, on_term)
     b = Bench()
+    b.results["memory_budget"] = memory_budget()
     data = make_data()
     b.ceiling()
     ceph = None

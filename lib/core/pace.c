@@ -1,0 +1,217 @@
+/* The concurrency controller of push and restore (pace.h). */
+#include "pace.h"
+
+#include <string.h>
+
+const char *
+spot_pace_state_name(enum spot_pace_state s)
+{
+  static const char *const names[] = {
+      [SPOT_PACE_GROW] = "grow",
+      [SPOT_PACE_HOLD] = "hold",
+  };
+
+  return (unsigned)s < SPOT_PACE_STATE_LAST ? names[s] : "?";
+}
+
+unsigned
+spot_pace_for_rate(uint64_t target_bps, double conn_bps, unsigned max)
+{
+  double k;
+
+  if (max == 0)
+    max = 1;
+  if (target_bps == 0 || !(conn_bps > 0))
+    return max;
+  k = (double)target_bps / conn_bps;
+  if (k >= (double)max)
+    return max;
+  if (k <= 1)
+    return 1;
+  return (unsigned)k + ((double)(unsigned)k < k); /* rounded up */
+}
+
+void
+spot_pace_init(struct spot_pace *p, const struct spot_pace_config *c)
+{
+  memset(p, 0, sizeof(*p));
+  p->c = *c;
+  if (p->c.max == 0)
+    p->c.max = 1;
+  if (p->c.min == 0)
+    p->c.min = SPOT_PACE_MIN;
+  if (p->c.min > p->c.max)
+    p->c.min = p->c.max;
+  if (p->c.start == 0)
+    p->c.start = SPOT_PACE_START;
+  if (p->c.start > p->c.max)
+    p->c.start = p->c.max;
+  if (p->c.start < p->c.min)
+    p->c.start = p->c.min;
+  if (p->c.window_ms == 0)
+    p->c.window_ms = SPOT_PACE_WINDOW_MS;
+  p->limit = p->prev_limit = p->c.start;
+  p->state = p->c.fixed ? SPOT_PACE_HOLD : SPOT_PACE_GROW;
+  p->why = "start";
+}
+
+static void
+window_reset(struct spot_pace *p, const struct spot_pace_sample *s)
+{
+  p->w_start_ms = s->now_ms;
+  p->w_bytes = s->bytes;
+  p->w_done = s->done;
+  p->w_busy_ms = s->busy_ms;
+  p->w_inflight_ms = 0;
+  p->w_full_ms = 0;
+  p->last_ms = s->now_ms;
+  p->w_inflight_last = s->inflight;
+}
+
+static bool
+set_limit(struct spot_pace *p, unsigned n, const char *why)
+{
+  if (n > p->c.max)
+    n = p->c.max;
+  if (n < p->c.min)
+    n = p->c.min;
+  if (n == p->limit)
+    return false;
+  p->prev_limit = p->limit;
+  p->limit = n;
+  p->why = why;
+  p->held = 0;
+  /* The transfers finishing next began before the change: let one
+   * transfer's time pass before the next window. */
+  p->settle_until_ms = p->last_ms + p->xfer_ms;
+  return true;
+}
+
+/* +50 %, at least +4. */
+static unsigned
+grow_step(unsigned n)
+{
+  unsigned a = n + 4, b = n + n / 2;
+
+  return a > b ? a : b;
+}
+
+/* A window closed: est is the rate estimate, conn_bps the per-transfer
+ * rate, rate the bytes finished per second, saturated whether the limit
+ * was in flight at least half of the time. */
+static bool
+window_end(struct spot_pace *p, double est, double conn_bps, double rate,
+           bool saturated)
+{
+  const struct spot_pace_config *c = &p->c;
+  unsigned n;
+
+  /* The estimate, not the rate: windows of bursty completions make the
+   * rate jumpy, and it lags a change. */
+  p->rate_bps = rate;
+  if (c->target_bps > 0 && est >= (double)c->target_bps)
+    p->target_reached = true;
+  else if (c->target_bps > 0 && est < 0.8 * (double)c->target_bps)
+    p->target_reached = false;
+  if (p->state == SPOT_PACE_HOLD) {
+    p->held++;
+    if (p->held < SPOT_PACE_PROBE || !saturated || p->target_reached ||
+        p->limit >= c->max)
+      return false;
+    p->state = SPOT_PACE_GROW;
+    p->est_bps = est;
+    return set_limit(p, grow_step(p->limit), "probing");
+  }
+  if (p->target_reached) {
+    p->state = SPOT_PACE_HOLD;
+    p->held = 0;
+    return false;
+  }
+  if (!saturated) {
+    p->est_bps = 0; /* short of parts: measure again once it is not */
+    return false;
+  }
+  if (p->est_bps > 0 && est < p->est_bps * 1.10) {
+    p->state = SPOT_PACE_HOLD;
+    p->est_bps = est;
+    /* The last step did not pay: give its connections back. */
+    return set_limit(p, p->prev_limit < p->limit ? p->prev_limit : p->limit,
+                     "plateau");
+  }
+  n = grow_step(p->limit);
+  if (c->target_bps > 0) {
+    unsigned k = spot_pace_for_rate(c->target_bps, conn_bps, c->max);
+    if (k > n)
+      n = k;
+  }
+  p->est_bps = est;
+  if (!set_limit(p, n,
+                 c->target_bps > 0 ? "growing to the target" : "growing")) {
+    p->state = SPOT_PACE_HOLD; /* at the budget's limit */
+    p->held = 0;
+    return false;
+  }
+  return true;
+}
+
+bool
+spot_pace_sample(struct spot_pace *p, const struct spot_pace_sample *s)
+{
+  uint64_t elapsed, dt, d_done, d_bytes, d_busy, need;
+  double avg, conn_bps;
+  bool saturated;
+
+  if (p->c.fixed)
+    return false;
+  if (!p->started) {
+    p->started = true;
+    p->throttled = s->throttled;
+    window_reset(p, s);
+    return false;
+  }
+  if (s->now_ms > p->last_ms) {
+    dt = s->now_ms - p->last_ms;
+    p->w_inflight_ms += (double)dt * p->w_inflight_last;
+    if (p->w_inflight_last >= p->limit)
+      p->w_full_ms += dt;
+    p->last_ms = s->now_ms;
+  }
+  p->w_inflight_last = s->inflight;
+  if (s->throttled > p->throttled) {
+    p->throttled = s->throttled;
+    /* Throttles answered in the window a cut began were mostly asked for
+     * before it: one cut per window. */
+    if (!p->cut_window) {
+      bool changed = set_limit(p, p->limit / 2, "throttled");
+
+      p->state = SPOT_PACE_HOLD;
+      p->held = 0;
+      p->est_bps = 0;
+      p->cut_window = true;
+      window_reset(p, s);
+      return changed;
+    }
+  }
+  if (s->now_ms < p->settle_until_ms) {
+    window_reset(p, s);
+    return false;
+  }
+  elapsed = s->now_ms - p->w_start_ms;
+  d_done = s->done - p->w_done;
+  need = p->limit / 4 < 2 ? 2 : p->limit / 4;
+  if (elapsed < p->c.window_ms ||
+      (d_done < need && elapsed < SPOT_PACE_WINDOW_MAX_MS))
+    return false;
+  d_bytes = s->bytes - p->w_bytes;
+  d_busy = s->busy_ms - p->w_busy_ms;
+  avg = p->w_inflight_ms / (double)elapsed;
+  saturated = p->w_full_ms * 2 >= elapsed;
+  p->cut_window = false;
+  window_reset(p, s);
+  if (d_done == 0 || d_bytes == 0)
+    return false; /* nothing finished in 5 s: no figure */
+  p->xfer_ms = d_busy / d_done;
+  conn_bps = (double)d_bytes * 1000.0 / (double)(d_busy > 0 ? d_busy : 1);
+  return window_end(p, avg * conn_bps, conn_bps,
+                    (double)d_bytes * 1000.0 / (double)elapsed, saturated);
+}

@@ -3,10 +3,10 @@
  *
  * It starts at `start`, measures each window (at least window_ms and a
  * few finished transfers), and
- *   - grows (+50 %, at least +4) while the estimated aggregate rate gains
- *     at least 10 % per step and the transfers are the bottleneck (the
- *     pipe keeps `limit` in flight: a pipe short of parts, CPU-bound, is
- *     not helped by more connections);
+ *   - grows (+50 %, at least +4; x2 when the last step gained 30 % or
+ *     more) while the estimated aggregate rate gains at least 10 % per step and
+ * the transfers are the bottleneck (the pipe keeps `limit` in flight: a pipe
+ * short of parts, CPU-bound, is not helped by more connections);
  *   - goes back to the previous limit and holds when a step gained less
  *     (a plateau), probing one step up again every SPOT_PACE_PROBE
  *     windows;
@@ -76,7 +76,6 @@ struct spot_pace {
   uint64_t throttled; /* the last count seen */
   uint64_t last_ms;   /* the previous sample, for the average in flight */
   double w_inflight_ms;
-  uint64_t w_full_ms; /* time with limit in flight */
   unsigned w_inflight_last;
   uint64_t xfer_ms;         /* a transfer's mean duration, last window */
   uint64_t settle_until_ms; /* no window before this (after a change) */

@@ -664,14 +664,14 @@ spot__store_pipe_take(struct spot__store_pipe *p, struct spot__store_slot **out)
   return 0;
 }
 
-void
+bool
 spot__store_pace(struct spot__store_op *b, unsigned inflight)
 {
   struct spot_pace_sample s;
   unsigned old = spot_pace_limit(&b->pace);
 
   if (b->pipe == NULL || b->pipe->slots == NULL)
-    return;
+    return false;
   s.now_ms = spot_now_mono_ms();
   s.bytes = b->xfer_bytes;
   s.done = b->xfer_done;
@@ -679,11 +679,12 @@ spot__store_pace(struct spot__store_op *b, unsigned inflight)
   s.throttled = spot_s3_throttled(b->cfg.c.s3);
   s.inflight = inflight;
   if (!spot_pace_sample(&b->pace, &s))
-    return;
+    return false;
   b->pipe->cap = b->pipe->ncoders + spot_pace_limit(&b->pace);
   log_debug("%s name=%s parallel %u -> %u (%s; %.0f MB/s)", b->kind->name,
             b->name != NULL ? b->name : "?", old, spot_pace_limit(&b->pace),
             b->pace.why, b->pace.rate_bps / 1e6);
+  return true;
 }
 
 void

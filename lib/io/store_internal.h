@@ -108,9 +108,10 @@ struct spot__store_op {
   uint64_t xfer_bytes, xfer_done, xfer_busy_ms;
 };
 
-/* Feeds the op's controller (inflight: transfers in flight now), logs a
- * change at debug and moves the pipe's slot cap with it. */
-void spot__store_pace(struct spot__store_op *b, unsigned inflight);
+/* Feeds the op's controller (inflight: transfers in flight now, once the
+ * pump has sent what it can), logs a change at debug and moves the pipe's
+ * slot cap with it. Returns whether the limit changed. */
+bool spot__store_pace(struct spot__store_op *b, unsigned inflight);
 
 /* The op fails with -ETIMEDOUT and a line naming what (an option) unless
  * it finishes within ms. */

@@ -381,9 +381,12 @@ void
 spot__push_pump(struct push_op *op)
 {
   if (op->state == PUSH_XFER && op->b.err == 0) {
-    spot__store_pace(&op->b, op->active_xfers);
     start_sends(op);
     start_encodes(op);
+    if (spot__store_pace(&op->b, op->active_xfers)) {
+      start_sends(op);
+      start_encodes(op);
+    }
     start_completes(op);
   }
   if (!spot__store_busy(&op->b))

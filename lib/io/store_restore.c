@@ -638,9 +638,10 @@ static void
 pump(struct restore_op *op)
 {
   if (op->b.err == 0 && op->state == R_XFER) {
-    spot__store_pace(&op->b, op->active_fetch);
     start_decodes(op);
     start_fetches(op);
+    if (spot__store_pace(&op->b, op->active_fetch))
+      start_fetches(op);
   }
   if (!spot__store_busy(&op->b))
     advance(op);

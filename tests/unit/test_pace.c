@@ -134,7 +134,7 @@ test_plateau(void **state)
   assert_true(spot_pace_limit(&p) <= 27);
 }
 
-/* Throttling above 12 in flight: halves, and stays below 12 + a step. */
+/* Throttling above 12 in flight: halves, and stays within a step of 12. */
 static void
 test_backoff_on_throttling(void **state)
 {
@@ -148,9 +148,10 @@ test_backoff_on_throttling(void **state)
   spot_pace_init(&p, &c);
   sim_run(&m, &p, 2000);
   assert_true(m.cuts >= 1);
-  assert_true(m.max_seen <= 18);
+  assert_true(m.max_seen <= 24); /* one step past 12 at most */
   before = m.cuts;
   sim_run(&m, &p, 20000);
+  assert_true(m.max_seen <= 24);
   assert_true(spot_pace_limit(&p) <= 18);
   assert_true(spot_pace_limit(&p) >= 2);
   /* Probes find the throttle again now and then, no more. */

@@ -38,7 +38,9 @@ spot_pace_init(struct spot_pace *p, const struct spot_pace_config *c)
   p->c = *c;
   if (p->c.max == 0)
     p->c.max = 1;
-  if (p->c.min == 0)
+  if (p->c.fixed)
+    p->c.min = 1; /* a fixed count is what it is, 1 included */
+  else if (p->c.min == 0)
     p->c.min = SPOT_PACE_MIN;
   if (p->c.min > p->c.max)
     p->c.min = p->c.max;

@@ -236,6 +236,9 @@ test_fixed_and_limits(void **state)
   sim_run(&m, &p, 5000);
   assert_int_equal(spot_pace_limit(&p), 5);
   assert_int_equal(m.changes, 0);
+  c.start = 1; /* --parallel 1: below the adaptive floor */
+  spot_pace_init(&p, &c);
+  assert_int_equal(spot_pace_limit(&p), 1);
   /* the start is capped by the budget, min by max */
   memset(&c, 0, sizeof(c));
   c.max = 1;

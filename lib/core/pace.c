@@ -128,10 +128,8 @@ window_end(struct spot_pace *p, double est, double conn_bps, double rate,
     p->held = 0;
     return false;
   }
-  if (!saturated) {
-    p->est_bps = 0; /* short of parts: measure again once it is not */
-    return false;
-  }
+  if (!saturated)
+    return false; /* short of parts: no figure of this limit's worth */
   if (p->est_bps > 0 && est < p->est_bps * 1.10) {
     p->state = SPOT_PACE_HOLD;
     p->est_bps = est;
@@ -162,7 +160,7 @@ bool
 spot_pace_sample(struct spot_pace *p, const struct spot_pace_sample *s)
 {
   uint64_t elapsed, dt, d_done, d_bytes, d_busy, need;
-  double avg, conn_bps;
+  double avg, conn_bps, est, rate;
   bool saturated;
 
   if (p->c.fixed)
@@ -200,7 +198,7 @@ spot_pace_sample(struct spot_pace *p, const struct spot_pace_sample *s)
   }
   elapsed = s->now_ms - p->w_start_ms;
   d_done = s->done - p->w_done;
-  need = p->limit / 4 < 2 ? 2 : p->limit / 4;
+  need = p->limit / 2 < 2 ? 2 : p->limit / 2;
   if (elapsed < p->c.window_ms ||
       (d_done < need && elapsed < SPOT_PACE_WINDOW_MAX_MS))
     return false;
@@ -216,6 +214,10 @@ spot_pace_sample(struct spot_pace *p, const struct spot_pace_sample *s)
     return false; /* nothing finished in 5 s: no figure */
   p->xfer_ms = d_busy / d_done;
   conn_bps = (double)d_bytes * 1000.0 / (double)(d_busy > 0 ? d_busy : 1);
-  return window_end(p, avg * conn_bps, conn_bps,
-                    (double)d_bytes * 1000.0 / (double)elapsed, saturated);
+  rate = (double)d_bytes * 1000.0 / (double)elapsed;
+  /* Little's law alone overrates a busy server: the transfers that finish
+   * in a short window are its quick ones. The rate measured keeps it
+   * honest (it can only lag, which stops growth early, never late). */
+  est = avg * conn_bps;
+  return window_end(p, est < rate ? est : rate, conn_bps, rate, saturated);
 }

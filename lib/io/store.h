@@ -47,9 +47,10 @@
  * smallest default; with 8 MiB parts and 8 workers it still fits ~100
  * parts in flight, ~6 GB/s at 60 MB/s per connection. */
 #define SPOT_STORE_MEMORY_DEFAULT ((uint64_t)1 << 30)
-/* Where spotd's uploads start (spot_store_config.parallel_start): on a
- * notice at once near what the WAN benchmark found best, periodic ones
- * gently so training is not disturbed; both grow only while it pays. */
+/* Where spotd's transfers start (spot_store_config.parallel_start): the
+ * upload after a notice and the restore the trainer waits for at once
+ * near what the WAN benchmark found best, periodic uploads gently so
+ * training is not disturbed; all grow only while it pays. */
 #define SPOT_STORE_PARALLEL_URGENT 32
 #define SPOT_STORE_PARALLEL_GENTLE 4
 /* The trainer's "this folder is complete" marker (DESIGN.md): a file of

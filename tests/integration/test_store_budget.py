@@ -2,7 +2,7 @@
 """Concurrency that follows the network, within a memory budget (issue
 15.1), against the real Ceph RGW:
 
-1. Through bench/wanproxy.py (each connection capped at 15 MB/s, 20 ms
+1. Through bench/wanproxy.py (each connection capped at 8 MB/s, 20 ms
    RTT: the connections, not the CPU, are what limits) `spotctl push` and
    `spotctl restore` of 320 MiB with `--memory 128M --part-size 5M` and
    adaptive concurrency: the data round-trips, the debug log shows the
@@ -118,7 +118,7 @@ try:
 
         # 1. adaptive, through a WAN whose connections are the limit
         host, port = endpoint.split("//", 1)[1].rsplit(":", 1)
-        wan = wanproxy.WanProxy(host, int(port), rate_mbs=15.0, rtt_ms=20.0,
+        wan = wanproxy.WanProxy(host, int(port), rate_mbs=8.0, rtt_ms=20.0,
                                 setup_rtts=1).start()
         wurl = "http://127.0.0.1:%d" % wan.port
         try:

@@ -263,7 +263,15 @@ void
 spot__store_slot_sent(struct spot__store_slot *s, uint64_t bytes)
 {
   uint64_t rate = s->op->cfg.c.min_rate;
+  unsigned n = spot_pace_limit(&s->op->pace);
 
+  /* The floor is per transfer up to SPOT_PACE_START in flight; beyond,
+   * they share it: many transfers on a slow link each go slowly, which is
+   * not a server trickling (spotd starts at 32 after a notice). */
+  if (n > SPOT_PACE_START)
+    rate = rate * SPOT_PACE_START / n;
+  if (rate == 0)
+    rate = 1;
   s->work_err = 0;
   s->sent_bytes = bytes;
   s->sent_ms = spot_now_mono_ms();

@@ -111,7 +111,8 @@ struct spot_store_config {
    * done within SPOT_STORE_TRANSFER_GRACE_MS + its bytes / min_rate fails
    * the op with a line saying so, even if the server trickles just above
    * libcurl's low-speed limit. 0 = $SPOT_STORE_MIN_RATE (a test knob),
-   * else SPOT_STORE_MIN_RATE_DEFAULT. In bytes per second. */
+   * else SPOT_STORE_MIN_RATE_DEFAULT. In bytes per second, per transfer
+   * up to 8 in flight; more share 8 times it. */
   uint64_t min_rate;
   /* restore: fail with a clear line when the whole restore (LATEST,
    * manifest, every frame, fsync, rename) is not done within this; 0 = no

@@ -97,18 +97,28 @@ grow_step(unsigned n)
   return a > b ? a : b;
 }
 
-/* A window closed: est is the rate estimate, conn_bps the per-transfer
- * rate, rate the bytes finished per second, saturated whether the limit
- * was in flight at least half of the time. */
+/* Whether x gained at least f over base (no base yet: yes). */
 static bool
-window_end(struct spot_pace *p, double est, double conn_bps, double rate,
+gained(double x, double base, double f)
+{
+  return base <= 0 || x >= base * f;
+}
+
+/* A window closed: little is Little's law's rate estimate, rate the
+ * bytes finished per second, conn_bps the per-transfer rate, saturated
+ * whether the limit was nearly always in flight. A step pays only when
+ * both figures say so: Little's law overrates a busy server (the
+ * transfers that finish in a short window are its quick ones), the rate
+ * can lag a change (which only stops growth early, never late). */
+static bool
+window_end(struct spot_pace *p, double little, double conn_bps, double rate,
            bool saturated)
 {
   const struct spot_pace_config *c = &p->c;
+  double est = little < rate ? little : rate;
+  bool pays, full;
   unsigned n;
 
-  /* The estimate, not the rate: windows of bursty completions make the
-   * rate jumpy, and it lags a change. */
   p->rate_bps = rate;
   if (c->target_bps > 0 && est >= (double)c->target_bps)
     p->target_reached = true;
@@ -120,7 +130,8 @@ window_end(struct spot_pace *p, double est, double conn_bps, double rate,
         p->limit >= c->max)
       return false;
     p->state = SPOT_PACE_GROW;
-    p->est_bps = est;
+    p->est_bps = little;
+    p->base_rate_bps = rate;
     return set_limit(p, grow_step(p->limit), "probing");
   }
   if (p->target_reached) {
@@ -130,23 +141,26 @@ window_end(struct spot_pace *p, double est, double conn_bps, double rate,
   }
   if (!saturated)
     return false; /* short of parts: no figure of this limit's worth */
-  if (p->est_bps > 0 && est < p->est_bps * 1.10) {
+  pays =
+      gained(little, p->est_bps, 1.10) && gained(rate, p->base_rate_bps, 1.10);
+  /* A step that paid almost in full (+30 % for +50 %): the connections
+   * are what limits, double. */
+  full = p->est_bps > 0 && gained(little, p->est_bps, 1.3) &&
+         gained(rate, p->base_rate_bps, 1.3);
+  p->est_bps = little;
+  p->base_rate_bps = rate;
+  if (!pays) {
     p->state = SPOT_PACE_HOLD;
-    p->est_bps = est;
     /* The last step did not pay: give its connections back. */
     return set_limit(p, p->prev_limit < p->limit ? p->prev_limit : p->limit,
                      "plateau");
   }
-  /* A step that paid almost in full (+30 % for +50 %): the connections
-   * are what limits, double. */
-  n = p->est_bps > 0 && est >= p->est_bps * 1.3 ? 2 * p->limit
-                                                : grow_step(p->limit);
+  n = full ? 2 * p->limit : grow_step(p->limit);
   if (c->target_bps > 0) {
     unsigned k = spot_pace_for_rate(c->target_bps, conn_bps, c->max);
     if (k > n)
       n = k;
   }
-  p->est_bps = est;
   if (!set_limit(p, n,
                  c->target_bps > 0 ? "growing to the target" : "growing")) {
     p->state = SPOT_PACE_HOLD; /* at the budget's limit */
@@ -160,7 +174,7 @@ bool
 spot_pace_sample(struct spot_pace *p, const struct spot_pace_sample *s)
 {
   uint64_t elapsed, dt, d_done, d_bytes, d_busy, need;
-  double avg, conn_bps, est, rate;
+  double avg, conn_bps, rate;
   bool saturated;
 
   if (p->c.fixed)
@@ -187,6 +201,7 @@ spot_pace_sample(struct spot_pace *p, const struct spot_pace_sample *s)
       p->state = SPOT_PACE_HOLD;
       p->held = 0;
       p->est_bps = 0;
+      p->base_rate_bps = 0;
       p->cut_window = true;
       window_reset(p, s);
       return changed;
@@ -215,9 +230,5 @@ spot_pace_sample(struct spot_pace *p, const struct spot_pace_sample *s)
   p->xfer_ms = d_busy / d_done;
   conn_bps = (double)d_bytes * 1000.0 / (double)(d_busy > 0 ? d_busy : 1);
   rate = (double)d_bytes * 1000.0 / (double)elapsed;
-  /* Little's law alone overrates a busy server: the transfers that finish
-   * in a short window are its quick ones. The rate measured keeps it
-   * honest (it can only lag, which stops growth early, never late). */
-  est = avg * conn_bps;
-  return window_end(p, est < rate ? est : rate, conn_bps, rate, saturated);
+  return window_end(p, avg * conn_bps, conn_bps, rate, saturated);
 }

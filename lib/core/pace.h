@@ -4,9 +4,10 @@
  * It starts at `start`, measures each window (at least window_ms and a
  * few finished transfers), and
  *   - grows (+50 %, at least +4; x2 when the last step gained 30 % or
- *     more) while the estimated aggregate rate gains at least 10 % per step and
- * the transfers are the bottleneck (the pipe keeps `limit` in flight: a pipe
- * short of parts, CPU-bound, is not helped by more connections);
+ *     more) while the aggregate rate gains at least 10 % per step, both
+ *     as measured and as estimated (below), and the transfers are the
+ *     bottleneck (nearly always `limit` in flight: a pipe short of parts,
+ *     CPU-bound, is not helped by more connections);
  *   - goes back to the previous limit and holds when a step gained less
  *     (a plateau), probing one step up again every SPOT_PACE_PROBE
  *     windows;
@@ -17,13 +18,14 @@
  *     growing once the target is reached;
  *   - never goes above max (what the memory budget fits) nor below min.
  *
- * The rate estimate is Little's law: the average number in flight times
- * the per-transfer rate (bytes of the transfers finished in the window
- * over the time they took): the connections just added count at once,
- * with the rate their peers get, where bytes finished per second would lag
- * a change by a transfer or more. After a change the next window starts
- * one mean transfer time later, so that the transfers it measures ran
- * under the new limit. */
+ * The estimate is Little's law: the average number in flight times the
+ * per-transfer rate (bytes of the transfers finished in the window over
+ * the time they took): the connections just added count at once, with
+ * the rate their peers get, where bytes finished per second lag a change.
+ * It overrates a busy server (the transfers finishing in a short window
+ * are its quick ones), hence both figures. After a change the next window
+ * starts one mean transfer time later, so that the transfers it measures
+ * ran under the new limit. */
 #ifndef SPOT_PACE_H
 #define SPOT_PACE_H
 
@@ -79,7 +81,8 @@ struct spot_pace {
   unsigned w_inflight_last;
   uint64_t xfer_ms;         /* a transfer's mean duration, last window */
   uint64_t settle_until_ms; /* no window before this (after a change) */
-  double est_bps;           /* the previous window's estimate (0: none yet) */
+  double est_bps;           /* the baseline window's Little's law estimate */
+  double base_rate_bps;     /* and its measured rate (0: no baseline yet) */
   double rate_bps;          /* the last window's bytes per second, measured */
 };
 

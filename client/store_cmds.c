@@ -38,6 +38,7 @@ struct common_opts {
   const char *endpoint, *region, *profile, *name, *journal;
   uint64_t part_size;
   unsigned parallel, workers, keep;
+  uint64_t memory, target_rate;
   uint64_t restore_timeout_ms;
   enum spot_store_compress compress;
   bool quiet, json, follow_symlinks;
@@ -56,6 +57,8 @@ enum {
   OPT_JOURNAL,
   OPT_RESTORE_TIMEOUT,
   OPT_FOLLOW_SYMLINKS,
+  OPT_MEMORY,
+  OPT_TARGET_RATE,
 };
 
 static const struct option long_opts[] = {
@@ -74,6 +77,8 @@ static const struct option long_opts[] = {
     {"journal", required_argument, NULL, OPT_JOURNAL},
     {"restore-timeout", required_argument, NULL, OPT_RESTORE_TIMEOUT},
     {"follow-symlinks", no_argument, NULL, OPT_FOLLOW_SYMLINKS},
+    {"memory", required_argument, NULL, OPT_MEMORY},
+    {"target-rate", required_argument, NULL, OPT_TARGET_RATE},
     {NULL, 0, NULL, 0},
 };
 
@@ -82,7 +87,12 @@ static const char common_help[] =
     "                     $AWS_ENDPOINT_URL, else AWS's regional endpoint)\n"
     "  --region REGION    S3 region (default: $AWS_REGION, the profile, IMDS)\n"
     "  --profile NAME     profile of ~/.aws/credentials and ~/.aws/config\n"
-    "  --parallel N       transfers in flight (default 4)\n"
+    "  --parallel N       exactly N transfers in flight (default: adaptive,\n"
+    "                     from 8, more while the throughput grows, fewer\n"
+    "                     on 503 SlowDown, within --memory)\n"
+    "  --memory SIZE      budget of part buffers (K, M, G; default 1G)\n"
+    "  --target-rate RATE bytes/s to reach (K, M, G: 500M = 500 MiB/s);\n"
+    "                     no more transfers once reached\n"
     "  --workers N        compressing threads (default: the cores)\n"
     "  -q, --quiet        no summary line\n"
     "  -h, --help         this help\n"
@@ -121,6 +131,18 @@ parse_number_opt(int c, const char *v, struct common_opts *o)
     return 0;
   case OPT_PARALLEL:
     return parse_uint("--parallel", v, 1, 64, &o->parallel);
+  case OPT_MEMORY:
+    if (spot_parse_size(v, &o->memory) < 0 || o->memory < ((uint64_t)1 << 20))
+      return spotctl_usage("--memory: expected a size of at least 1M (K, M, "
+                           "G suffixes), got '%s'",
+                           v);
+    return 0;
+  case OPT_TARGET_RATE:
+    if (spot_parse_size(v, &o->target_rate) < 0 || o->target_rate == 0)
+      return spotctl_usage("--target-rate: expected bytes per second (K, M, "
+                           "G suffixes), got '%s'",
+                           v);
+    return 0;
   case OPT_WORKERS:
     return parse_uint("--workers", v, 1, 64, &o->workers);
   case OPT_KEEP:
@@ -169,6 +191,8 @@ parse_opts(int argc, char **argv, struct common_opts *o, const char *usage)
       break;
     case OPT_PART_SIZE:
     case OPT_PARALLEL:
+    case OPT_MEMORY:
+    case OPT_TARGET_RATE:
     case OPT_WORKERS:
     case OPT_KEEP:
     case OPT_RESTORE_TIMEOUT:
@@ -224,6 +248,8 @@ session_open(struct session *s, const char *url, const struct common_opts *o)
     return r;
   s->cfg.part_size = o->part_size;
   s->cfg.parallel = o->parallel;
+  s->cfg.memory = o->memory;
+  s->cfg.target_rate = o->target_rate;
   s->cfg.workers = o->workers;
   s->cfg.compress = o->compress;
   s->cfg.keep = o->keep;
@@ -262,6 +288,8 @@ print_progress(const struct spot_store_progress *p, void *data)
     printf("  ratio %.2f", (double)p->raw_done / (double)p->stored_done);
   if (p->phase == SPOT_STORE_PHASE_TRANSFER && eta > 0)
     printf("  ETA %.0fs", eta);
+  if (p->phase == SPOT_STORE_PHASE_TRANSFER && p->parallel > 0)
+    printf("  x%u", p->parallel);
   if (p->retries > 0)
     printf("  %u retries", p->retries);
   if (p->phase == SPOT_STORE_PHASE_FINISH)

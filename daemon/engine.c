@@ -505,6 +505,8 @@ store_config(struct spotd *d)
   d->store.job = c->job;
   d->store.part_size = c->part_size;
   d->store.parallel = (unsigned)c->parallel;
+  d->store.memory = c->memory;
+  d->store.target_rate = c->target_rate;
   d->store.compress = c->compress == SPOT_CONFIG_COMPRESS_NONE
                           ? SPOT_STORE_COMPRESS_NEVER
                           : SPOT_STORE_COMPRESS_AUTO;

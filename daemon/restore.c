@@ -229,6 +229,8 @@ begin_restore(struct spotd *d)
   snprintf(tmp, sizeof(tmp), "%s/.spotd-resume", d->ckpt_dir);
   if (access(tmp, F_OK) == 0)
     spot_rm_tree(tmp);
+  /* The trainer waits for this restore: start many transfers at once. */
+  d->store.parallel_start = SPOT_STORE_PARALLEL_URGENT;
   r = spot_store_restore(d->loop, &d->store, NULL, tmp, NULL, restore_done_cb,
                          d, &d->restore.op);
   if (r < 0) {

@@ -377,6 +377,12 @@ start_upload(struct spotd *d, const char *name)
     final_pushed(d, name, -ESTALE);
     return;
   }
+  /* After a notice every second counts: start at many transfers at once
+   * (within the memory budget); a periodic upload starts gently and grows
+   * only while it pays, so training keeps its network. */
+  d->store.parallel_start = d->state == SPOTD_DRAINING && d->have_notice
+                                ? SPOT_STORE_PARALLEL_URGENT
+                                : SPOT_STORE_PARALLEL_GENTLE;
   log_info("uploading checkpoint %s", name);
   r = spot_store_push(d->loop, &d->store, dir, name, upload_progress_cb,
                       push_done_cb, d, &u->op);

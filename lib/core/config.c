@@ -196,8 +196,21 @@ static const struct key_def keys[] = {
      "512M)."},
     {"parallel", T_INT, OFF(parallel), "N", "0", NULL, NULL, 0, 64, NULL, NULL,
      0,
-     "Parts compressed and uploaded at once (0 = one per core, at least "
-     "2)."},
+     "Transfers in flight: 0 = adaptive (more while the throughput grows, "
+     "fewer on 503 SlowDown, within memory; an upload after a notice starts "
+     "at 32, a periodic one at 4); N = exactly N. Compressing threads are "
+     "one per core (at most 8) either way."},
+    {"memory", T_SIZE, OFF(memory), "SIZE", "1G", NULL, NULL, MIB(1),
+     (int64_t)1 << 40, NULL, NULL, 0,
+     "Budget of part buffers for one upload or restore (K, M, G suffixes): "
+     "the compressing threads' parts and one compressed part per transfer "
+     "in flight. The default suits a training node (well under 1 % of its "
+     "RAM); what does not fit lowers the transfers in flight."},
+    {"target-rate", T_SIZE, OFF(target_rate), "RATE", "0", NULL, NULL, 0,
+     (int64_t)1 << 40, NULL, NULL, 0,
+     "Bytes per second an upload or restore aims at (K, M, G suffixes: "
+     "500M = 500 MiB/s; 0 = as fast as it goes): no more transfers once "
+     "reached, e.g. to leave the NIC to training."},
     {"compress", T_ENUM, OFF(compress), NULL, "auto", NULL, NULL, 0, 0,
      compress_vals, NULL, 0,
      "auto: zstd, with byte grouping for float tensors where it pays; "

@@ -99,6 +99,7 @@ struct spot_s3 {
   unsigned next_id;
   bool freeing;
   bool if_match_unquoted;
+  uint64_t throttled; /* spot_s3_throttled() */
   spot__s3_request_hook_fn hook;
   void *hook_data;
 };
@@ -214,6 +215,31 @@ spot__s3_should_retry(CURLcode rc, long status, const char *s3_code)
   /* RequestTimeout comes as a 400 and SlowDown as a 503; InternalError
    * can come inside a 200 (CompleteMultipartUpload). */
   return code_is(s3_code, transient_codes);
+}
+
+/* The server asks us to slow down: what the store's concurrency control
+ * (pace.h) backs off on. A 500 InternalError is not one. */
+static bool
+throttle_answer(long status, const char *s3_code)
+{
+  static const char *const slow[] = {
+      "SlowDown",
+      "RequestTimeout",
+      "Throttling",
+      "ThrottlingException",
+      "RequestLimitExceeded",
+      "RequestThrottled",
+      "TooManyRequestsException",
+      NULL,
+  };
+
+  return status == 503 || status == 429 || code_is(s3_code, slow);
+}
+
+uint64_t
+spot_s3_throttled(const struct spot_s3 *s3)
+{
+  return s3 != NULL ? s3->throttled : 0;
 }
 
 int
@@ -848,6 +874,8 @@ done_cb(CURL *easy, CURLcode rc, void *data)
     finish(op, 0);
     return;
   }
+  if (rc == CURLE_OK && throttle_answer(op->status, op->code))
+    op->s3->throttled++;
   if (err != -EBADMSG && spot__s3_should_retry(rc, op->status, op->code) &&
       op->retries < op->s3->max_retries) {
     uint64_t ms = spot_backoff_ms(op->retries, op->s3->retry_base_ms,

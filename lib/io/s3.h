@@ -175,6 +175,11 @@ int spot_s3_list_uploads(struct spot_s3 *s3, const char *bucket,
                          const char *prefix, spot_s3_cb cb, void *cbdata,
                          struct spot_s3_op **op);
 
+/* How many answers so far asked to slow down (503 SlowDown or any 503,
+ * 429, RequestTimeout and the other throttling codes), retried or not:
+ * the store's concurrency control backs off when it grows. */
+uint64_t spot_s3_throttled(const struct spot_s3 *s3);
+
 /* Helpers, pure: */
 /* Percent-encodes per SigV4 (unreserved A-Za-z0-9-._~ kept); '/' kept
  * when keep_slash (object keys in paths). */

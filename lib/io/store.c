@@ -145,8 +145,8 @@ spot__store_cfg_copy(struct spot__store_cfg *dst,
   dst->c.lease_owner = dst->lease_owner;
   if (dst->c.part_size == 0)
     dst->c.part_size = SPOT_STORE_PART_DEFAULT;
-  if (dst->c.parallel == 0)
-    dst->c.parallel = SPOT_STORE_PARALLEL_DEFAULT;
+  if (dst->c.memory == 0)
+    dst->c.memory = SPOT_STORE_MEMORY_DEFAULT;
   if (dst->c.workers == 0) {
     cores = sysconf(_SC_NPROCESSORS_ONLN);
     dst->c.workers = cores < 1 ? 1 : cores > 8 ? 8 : (unsigned)cores;
@@ -158,7 +158,8 @@ spot__store_cfg_copy(struct spot__store_cfg *dst,
   if (src->s3 == NULL || dst->bucket[0] == '\0' || dst->job[0] == '\0' ||
       dst->c.part_size < SPOT_STORE_PART_MIN ||
       dst->c.part_size > SPOT_STORE_PART_MAX || dst->c.part_size % 4096 != 0 ||
-      dst->c.parallel > 64 || dst->c.workers > 64) {
+      dst->c.parallel > 64 || dst->c.workers > 64 ||
+      dst->c.parallel_start > SPOT_STORE_PARALLEL_MAX) {
     spot__store_cfg_fini(dst);
     return -EINVAL;
   }
@@ -262,12 +263,30 @@ void
 spot__store_slot_sent(struct spot__store_slot *s, uint64_t bytes)
 {
   uint64_t rate = s->op->cfg.c.min_rate;
+  unsigned n = spot_pace_limit(&s->op->pace);
 
+  /* The floor is per transfer up to SPOT_PACE_START in flight; beyond,
+   * they share it: many transfers on a slow link each go slowly, which is
+   * not a server trickling (spotd starts at 32 after a notice). */
+  if (n > SPOT_PACE_START)
+    rate = rate * SPOT_PACE_START / n;
+  if (rate == 0)
+    rate = 1;
   s->work_err = 0;
   s->sent_bytes = bytes;
   s->sent_ms = spot_now_mono_ms();
   s->deadline_ms =
       s->sent_ms + SPOT_STORE_TRANSFER_GRACE_MS + bytes * 1000 / rate;
+}
+
+void
+spot__store_slot_finished(struct spot__store_slot *s, uint64_t bytes)
+{
+  struct spot__store_op *b = s->op;
+
+  b->xfer_bytes += bytes;
+  b->xfer_done++;
+  b->xfer_busy_ms += spot_now_mono_ms() - s->sent_ms;
 }
 
 bool
@@ -395,6 +414,8 @@ spot__store_progress(struct spot__store_op *b, enum spot_store_phase phase)
   p.stored_done = b->stored_done;
   p.elapsed_ms = spot_now_mono_ms() - b->start_ms;
   p.retries = b->retries;
+  p.parallel =
+      b->pipe != NULL && b->pipe->slots != NULL ? spot_pace_limit(&b->pace) : 0;
   b->progress(&p, b->data);
 }
 
@@ -544,6 +565,70 @@ spot__store_coder_take(struct spot__store_coder *c, size_t n)
 
 /* ------------------------------------------------------------ the pipe */
 
+/* What a coder costs beyond its raw part and the codec's scratch part:
+ * zstd's contexts and the filter trial's buffer (measured ~2 MiB at level
+ * 1 with 8 MiB parts; counted high). What a transfer costs beyond its
+ * compressed part: curl's buffers and handle. */
+#define CODER_EXTRA ((uint64_t)3 << 20)
+#define XFER_EXTRA ((uint64_t)256 << 10)
+
+/* Fits the workers and the transfers in flight into the memory budget
+ * and starts the controller (pace.h). */
+static void
+pipe_budget(struct spot__store_pipe *p, struct spot__store_op *op,
+            size_t part_max)
+{
+  struct spot_store_config *c = &op->cfg.c;
+  uint64_t slot = spot_codec_bound(part_max) + XFER_EXTRA;
+  uint64_t coder = 2 * (uint64_t)part_max + CODER_EXTRA + slot;
+  uint64_t workers = c->workers, fit = 0;
+  struct spot_pace_config pc;
+  char mem[32], need[32];
+
+  /* Each worker holds a coder and the slot it encodes into; what is
+   * left is for transfers, at least 2 (1 with 1 worker). */
+  while (workers > 0) {
+    uint64_t fixed = workers * coder;
+    fit = c->memory > fixed ? (c->memory - fixed) / slot : 0;
+    if (fit >= 2 || (workers == 1 && fit >= 1))
+      break;
+    workers--;
+  }
+  if (workers == 0) {
+    workers = fit = 1;
+    log_warn("%s: the memory budget %s is below what one worker and one "
+             "transfer of %zu-byte parts need (%s); using that",
+             op->kind->name, spot_fmt_bytes(c->memory, mem, sizeof(mem)),
+             part_max, spot_fmt_bytes(coder + slot, need, sizeof(need)));
+  } else if (workers < c->workers) {
+    log_warn("%s: the memory budget %s fits %" PRIu64 " of %u workers",
+             op->kind->name, spot_fmt_bytes(c->memory, mem, sizeof(mem)),
+             workers, c->workers);
+  }
+  if (fit > SPOT_STORE_PARALLEL_MAX)
+    fit = SPOT_STORE_PARALLEL_MAX;
+  if (c->parallel > fit)
+    log_warn("%s: --parallel %u does not fit in the memory budget %s: %" PRIu64
+             " transfers",
+             op->kind->name, c->parallel,
+             spot_fmt_bytes(c->memory, mem, sizeof(mem)), fit);
+  c->workers = (unsigned)workers;
+  memset(&pc, 0, sizeof(pc));
+  pc.max = (unsigned)fit;
+  pc.fixed = c->parallel > 0;
+  pc.start = pc.fixed ? c->parallel : c->parallel_start;
+  pc.target_bps = c->target_rate;
+  spot_pace_init(&op->pace, &pc);
+  p->ncoders = workers;
+  p->nslots = workers + fit;
+  p->cap = workers + spot_pace_limit(&op->pace);
+  log_debug("%s name=%s parallel %u (%s, at most %" PRIu64 ", %" PRIu64
+            " workers, memory %s)",
+            op->kind->name, op->name != NULL ? op->name : "?",
+            spot_pace_limit(&op->pace), pc.fixed ? "fixed" : "adaptive", fit,
+            workers, spot_fmt_bytes(c->memory, mem, sizeof(mem)));
+}
+
 int
 spot__store_pipe_init(struct spot__store_pipe *p, struct spot__store_op *op,
                       size_t part_max)
@@ -551,23 +636,63 @@ spot__store_pipe_init(struct spot__store_pipe *p, struct spot__store_op *op,
   size_t bound = spot_codec_bound(part_max);
   int r;
 
-  p->ncoders = op->cfg.c.workers;
+  pipe_budget(p, op, part_max);
   r = spot__store_coders_new(p->ncoders, part_max, &p->coders);
   if (r < 0)
     return r;
-  p->nslots = op->cfg.c.workers + op->cfg.c.parallel;
   p->slots = calloc(p->nslots, sizeof(*p->slots));
   if (p->slots == NULL)
     return -ENOMEM;
   for (size_t i = 0; i < p->nslots; i++) {
     p->slots[i].op = op;
-    p->slots[i].comp_cap = bound;
-    /* Untouched pages of these buffers cost no memory. */
-    p->slots[i].comp = malloc(bound);
-    if (p->slots[i].comp == NULL)
-      return -ENOMEM;
+    p->slots[i].comp_cap = bound; /* allocated on first use */
   }
   return 0;
+}
+
+int
+spot__store_pipe_take(struct spot__store_pipe *p, struct spot__store_slot **out)
+{
+  struct spot__store_slot *free_slot = NULL;
+  size_t used = 0;
+
+  for (size_t i = 0; i < p->nslots; i++) {
+    if (p->slots[i].state != 0)
+      used++;
+    else if (free_slot == NULL ||
+             (free_slot->comp == NULL && p->slots[i].comp != NULL))
+      free_slot = &p->slots[i]; /* one with a buffer first */
+  }
+  if (free_slot == NULL || used >= p->cap)
+    return 1;
+  if (free_slot->comp == NULL &&
+      (free_slot->comp = malloc(free_slot->comp_cap)) == NULL)
+    return -ENOMEM;
+  *out = free_slot;
+  return 0;
+}
+
+bool
+spot__store_pace(struct spot__store_op *b, unsigned inflight)
+{
+  struct spot_pace_sample s;
+  unsigned old = spot_pace_limit(&b->pace);
+
+  if (b->pipe == NULL || b->pipe->slots == NULL)
+    return false;
+  s.now_ms = spot_now_mono_ms();
+  s.bytes = b->xfer_bytes;
+  s.done = b->xfer_done;
+  s.busy_ms = b->xfer_busy_ms;
+  s.throttled = spot_s3_throttled(b->cfg.c.s3);
+  s.inflight = inflight;
+  if (!spot_pace_sample(&b->pace, &s))
+    return false;
+  b->pipe->cap = b->pipe->ncoders + spot_pace_limit(&b->pace);
+  log_debug("%s name=%s parallel %u -> %u (%s; %.0f MB/s)", b->kind->name,
+            b->name != NULL ? b->name : "?", old, spot_pace_limit(&b->pace),
+            b->pace.why, b->pace.rate_bps / 1e6);
+  return true;
 }
 
 void

@@ -17,8 +17,9 @@
  * it. Readers trust nothing without a committed manifest.
  *
  * Memory: at most `workers` parts are being read/compressed (each with a
- * raw buffer and the codec's scratch) and at most `workers + parallel`
- * compressed parts exist at once, whatever the checkpoint size.
+ * raw buffer and the codec's scratch) and at most `workers + limit`
+ * compressed parts exist at once (limit: the transfers in flight now),
+ * whatever the checkpoint size, all within cfg->memory.
  *
  * Callback contract: if a function taking a callback returns < 0 the
  * callback never runs; otherwise it runs exactly once, from the loop
@@ -37,7 +38,21 @@
 #define SPOT_STORE_PART_MIN ((uint64_t)5 << 20)   /* S3's multipart minimum */
 #define SPOT_STORE_PART_MAX ((uint64_t)128 << 20) /* SPOT_CODEC_PART_MAX */
 #define SPOT_STORE_PART_DEFAULT ((uint64_t)8 << 20)
-#define SPOT_STORE_PARALLEL_DEFAULT 4
+/* Transfers in flight (spot_store_config.parallel 0): adaptive (pace.h),
+ * from SPOT_PACE_START (8) up to what the memory budget fits, at most
+ * SPOT_STORE_PARALLEL_MAX. */
+#define SPOT_STORE_PARALLEL_MAX 256
+/* The default budget of part buffers: 1 GiB. Sized for a training node
+ * (hundreds of GiB of RAM: under 1 %), half of the AWS CRT client's
+ * smallest default; with 8 MiB parts and 8 workers it still fits ~100
+ * parts in flight, ~6 GB/s at 60 MB/s per connection. */
+#define SPOT_STORE_MEMORY_DEFAULT ((uint64_t)1 << 30)
+/* Where spotd's transfers start (spot_store_config.parallel_start): the
+ * upload after a notice and the restore the trainer waits for at once
+ * near what the WAN benchmark found best, periodic uploads gently so
+ * training is not disturbed; all grow only while it pays. */
+#define SPOT_STORE_PARALLEL_URGENT 32
+#define SPOT_STORE_PARALLEL_GENTLE 4
 /* The trainer's "this folder is complete" marker (DESIGN.md): a file of
  * that name at the top of a pushed folder is not part of the checkpoint. */
 #define SPOT_STORE_MARKER "SPOTD_COMPLETE"
@@ -54,8 +69,21 @@ struct spot_store_config {
   const char *prefix; /* "" or "a/b": no leading or trailing '/' */
   const char *job;
   uint64_t part_size; /* 0 = SPOT_STORE_PART_DEFAULT */
-  unsigned parallel;  /* transfers in flight, 0 = default */
-  unsigned workers;   /* compressing threads, 0 = online cores (max 8) */
+  /* Transfers in flight: 0 = adaptive (pace.h: from parallel_start, more
+   * while the throughput grows, fewer on throttling, within memory);
+   * N = exactly N (within memory), no adaptation. */
+  unsigned parallel;
+  unsigned parallel_start; /* adaptive: the first limit, 0 = 8 */
+  unsigned workers;        /* compressing threads, 0 = online cores (max 8) */
+  /* The budget of part buffers in bytes (0 = SPOT_STORE_MEMORY_DEFAULT):
+   * workers x (raw part + codec scratch + compressed part) + a compressed
+   * part per transfer in flight. What does not fit lowers the transfers
+   * in flight, then the workers (a line says so). */
+  uint64_t memory;
+  /* Aggregate bytes/s to reach (0 = as fast as it goes): the first
+   * window's per-connection rate sets the concurrency that reaches it,
+   * and it grows no further once reached. */
+  uint64_t target_rate;
   enum spot_store_compress compress;
   unsigned keep;                /* push: committed checkpoints kept, 0 = all */
   uint64_t stale_upload_age_ms; /* push: abort older uploads, 0 = 1 hour */
@@ -83,7 +111,8 @@ struct spot_store_config {
    * done within SPOT_STORE_TRANSFER_GRACE_MS + its bytes / min_rate fails
    * the op with a line saying so, even if the server trickles just above
    * libcurl's low-speed limit. 0 = $SPOT_STORE_MIN_RATE (a test knob),
-   * else SPOT_STORE_MIN_RATE_DEFAULT. In bytes per second. */
+   * else SPOT_STORE_MIN_RATE_DEFAULT. In bytes per second, per transfer
+   * up to 8 in flight; more share 8 times it. */
   uint64_t min_rate;
   /* restore: fail with a clear line when the whole restore (LATEST,
    * manifest, every frame, fsync, rename) is not done within this; 0 = no
@@ -123,6 +152,7 @@ struct spot_store_progress {
   uint64_t stored_done;         /* compressed bytes moved */
   uint64_t elapsed_ms;
   unsigned retries;
+  unsigned parallel; /* transfers allowed in flight now (0: not started) */
 };
 
 struct spot_store_result {

@@ -9,6 +9,7 @@
 
 #include "codec.h"
 #include "manifest.h"
+#include "pace.h"
 #include "store.h"
 
 /* A config with its strings copied and defaults filled in. */
@@ -101,7 +102,16 @@ struct spot__store_op {
   /* the transfers the watch checks */ /* "--restore-timeout" etc., for the
                                           message */
   unsigned handles; /* open handles; the last close frees the op */
+  /* Transfers in flight (pace.h), set up by spot__store_pipe_init(), fed
+   * by spot__store_pace(); the transfers finished so far: */
+  struct spot_pace pace;
+  uint64_t xfer_bytes, xfer_done, xfer_busy_ms;
 };
+
+/* Feeds the op's controller (inflight: transfers in flight now, once the
+ * pump has sent what it can), logs a change at debug and moves the pipe's
+ * slot cap with it. Returns whether the limit changed. */
+bool spot__store_pace(struct spot__store_op *b, unsigned inflight);
 
 /* The op fails with -ETIMEDOUT and a line naming what (an option) unless
  * it finishes within ms. */
@@ -206,17 +216,21 @@ struct spot__store_slot {
   uint64_t sent_ms, deadline_ms, sent_bytes; /* the transfer in flight */
 };
 
-/* `workers` coders and `workers + parallel` slots: what bounds a push's
- * or a restore's memory, whatever the checkpoint size. */
+/* `workers` coders and `workers + max` slots, of which at most `cap`
+ * (workers + the controller's limit) in use, their buffers allocated on
+ * first use: what bounds a push's or a restore's memory, whatever the
+ * checkpoint size. */
 struct spot__store_pipe {
   struct spot__store_coder *coders;
   size_t ncoders;
   struct spot__store_slot *slots;
-  size_t nslots;
+  size_t nslots, cap;
   uint64_t seq;
 };
 
-/* part_max: the largest raw part. 0 or negative errno (then fini). */
+/* part_max: the largest raw part. Fits workers and the transfers in
+ * flight into cfg memory and starts the op's controller. 0 or negative
+ * errno (then fini). */
 int spot__store_pipe_init(struct spot__store_pipe *p, struct spot__store_op *op,
                           size_t part_max);
 void spot__store_pipe_fini(struct spot__store_pipe *p);
@@ -225,6 +239,10 @@ void spot__store_pipe_fini(struct spot__store_pipe *p);
 struct spot__store_slot *
 spot__store_pipe_find(struct spot__store_pipe *p, unsigned state,
                       bool (*ok)(const struct spot__store_slot *s));
+/* A free slot, its buffer allocated, while fewer than cap are in use:
+ * 0 (*out set), 1 (none) or -ENOMEM. */
+int spot__store_pipe_take(struct spot__store_pipe *p,
+                          struct spot__store_slot **out);
 /* Lends a free coder to s and queues work on the pool; s moves to
  * work_state. 0, 1 (no coder free: nothing done) or negative errno (the
  * op failed with a message). */
@@ -236,6 +254,8 @@ int spot__store_pipe_work(struct spot__store_pipe *p,
 int spot__store_pipe_worked(struct spot__store_slot *s, int status);
 /* A transfer of bytes started on s (s->s3op set): arms its deadline. */
 void spot__store_slot_sent(struct spot__store_slot *s, uint64_t bytes);
+/* s's transfer of bytes succeeded: counted for the controller. */
+void spot__store_slot_finished(struct spot__store_slot *s, uint64_t bytes);
 /* Whether s's transfer was cancelled for being too slow; then the op has
  * failed with a message naming what (e.g. "a.bin part 2"). */
 bool spot__store_slot_too_slow(struct spot__store_slot *s, const char *what);

@@ -1,8 +1,8 @@
 /* Push, the transfer: read + compress parts on the pool (at most `workers`
- * at once), upload them (at most `parallel`), one multipart upload per
- * file bigger than a part, a single PUT otherwise. Memory: `workers` raw
- * part buffers and `workers + parallel` compressed ones, whatever the
- * checkpoint size. */
+ * at once), upload them (at most the controller's limit, pace.h), one
+ * multipart upload per file bigger than a part, a single PUT otherwise.
+ * Memory: `workers` raw part buffers and `workers + limit` compressed
+ * ones, whatever the checkpoint size, within the memory budget. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -165,6 +165,7 @@ part_done_cb(const struct spot_s3_result *res, void *data)
     spot__push_pump(op);
     return;
   }
+  spot__store_slot_finished(s, s->comp_len);
   op->b.stored_done += s->comp_len;
   op->net_bytes += s->comp_len;
   f->parts_done++;
@@ -276,7 +277,7 @@ choose_mode(struct push_op *op, const struct pfile *f)
               ? (double)op->enc_bytes / (double)op->b.stored_done
               : 1.0;
   /* Only trust the network figure while parts queue up for it. */
-  if (op->active_xfers < op->b.cfg.c.parallel)
+  if (op->active_xfers < spot_pace_limit(&op->b.pace))
     nbps = 0;
   return spot_codec_compress_pays(cbps, nbps, ratio) ? f->cmode
                                                      : SPOT_CODEC_RAW;
@@ -288,7 +289,7 @@ start_sends(struct push_op *op)
 {
   const struct spot__store_cfg *cfg = &op->b.cfg;
 
-  while (op->active_xfers < cfg->c.parallel) {
+  while (op->active_xfers < spot_pace_limit(&op->b.pace)) {
     struct spot__store_slot *s =
         spot__store_pipe_find(&op->pipe, SLOT_READY, can_send);
     struct pfile *f;
@@ -333,8 +334,10 @@ start_encodes(struct push_op *op)
       op->next_file++;
       continue;
     }
-    s = spot__store_pipe_find(&op->pipe, SLOT_FREE, NULL);
-    if (s == NULL)
+    r = spot__store_pipe_take(&op->pipe, &s);
+    if (r < 0)
+      fail_msg(op, r, "out of memory");
+    if (r != 0)
       break;
     s->file = op->next_file;
     s->part = f->next_part;
@@ -380,6 +383,10 @@ spot__push_pump(struct push_op *op)
   if (op->state == PUSH_XFER && op->b.err == 0) {
     start_sends(op);
     start_encodes(op);
+    if (spot__store_pace(&op->b, op->active_xfers)) {
+      start_sends(op);
+      start_encodes(op);
+    }
     start_completes(op);
   }
   if (!spot__store_busy(&op->b))

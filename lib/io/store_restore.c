@@ -4,7 +4,8 @@
  *   MANIFEST  GET and validate the manifest; nothing else is trusted
  *   PREPARE   (thread pool) make a temporary folder next to the target,
  *             create every folder and file in it
- *   XFER      ranged GETs of the frames (at most `parallel`), decode and
+ *   XFER      ranged GETs of the frames (at most the controller's limit,
+ *             pace.h, within the memory budget), decode and
  *             check each frame's CRC32C on the pool (at most `workers`),
  *             pwrite at its offset
  *   FINISH    (thread pool) fsync, set modes and times, rename the
@@ -565,6 +566,7 @@ fetch_cb(const struct spot_s3_result *res, void *data)
              "says",
              f->path, s->part + 1, f->key);
   } else {
+    spot__store_slot_finished(s, s->comp_len);
     op->b.stored_done += s->comp_len;
     s->state = RS_FETCHED;
   }
@@ -587,7 +589,7 @@ start_decodes(struct restore_op *op)
 static void
 start_fetches(struct restore_op *op)
 {
-  while (op->b.err == 0 && op->active_fetch < op->b.cfg.c.parallel &&
+  while (op->b.err == 0 && op->active_fetch < spot_pace_limit(&op->b.pace) &&
          op->next_file < op->m->nfiles) {
     const struct spot_manifest_file *f = &op->m->files[op->next_file];
     const struct spot_manifest_frame *fr;
@@ -600,8 +602,11 @@ start_fetches(struct restore_op *op)
       op->next_frame = 0;
       continue;
     }
-    if ((s = spot__store_pipe_find(&op->pipe, RS_FREE, NULL)) == NULL)
+    if ((r = spot__store_pipe_take(&op->pipe, &s)) != 0) {
+      if (r < 0)
+        fail_msg(op, r, "out of memory");
       break;
+    }
     fr = &f->frames[op->next_frame];
     key = spot__store_key(&op->b.cfg.c, op->b.name, f->key);
     if (key == NULL) {
@@ -635,6 +640,8 @@ pump(struct restore_op *op)
   if (op->b.err == 0 && op->state == R_XFER) {
     start_decodes(op);
     start_fetches(op);
+    if (spot__store_pace(&op->b, op->active_fetch))
+      start_fetches(op);
   }
   if (!spot__store_busy(&op->b))
     advance(op);

@@ -1,7 +1,8 @@
 """spotd and an interruption notice from `spotctl emulate` (AWS, GCP,
 Azure): signal, checkpoint, upload, commit, (Azure: ack after the commit),
 the relaunch hook with SPOTD_JOB/STORE/CHECKPOINT/REASON/DEADLINE, then
-the trainer stopped with SIGTERM and spotd exits 75. An AWS rebalance
+the trainer stopped with SIGTERM and spotd exits 75; the upload after the
+notice starts at 32 transfers (a debug line). An AWS rebalance
 recommendation triggers an early checkpoint and no stop."""
 import datetime
 import os
@@ -35,7 +36,7 @@ def notice(c, wd, provider):
         os.makedirs(wd)
         hook, hook_out = sl.relaunch_hook(wd)
         d = sl.Daemon(wd, store, job, provider=provider, metadata_url=emu.url,
-                      args=["--relaunch", hook], grace=5,
+                      args=["--relaunch", hook, "--log-level", "debug"], grace=5,
                       trainer=["--step-sleep", 0.05])
         c.check(d.wait_event("step", 20) is not None and
                 d.wait_log(r"state \S+ -> running", 10) is not None,
@@ -68,6 +69,9 @@ def notice(c, wd, provider):
         c.check(None not in order and order == sorted(order),
                 tag + "notice, signal, commit, relaunch, SIGTERM, exit in order",
                 "line indexes %s" % order)
+        c.check(d.err.matching(r"push name=%s parallel 32 \(adaptive" % name),
+                tag + "the upload after the notice started at 32 transfers",
+                "\n".join(d.err.matching(r" parallel ")))
         c.check(sl.latest(prefix) == name and name in sl.committed(prefix),
                 tag + "%s committed and LATEST" % name,
                 "LATEST=%r" % sl.latest(prefix))

@@ -54,6 +54,8 @@ test_defaults(void **state)
   assert_int_equal(cfg->keep, 3);
   assert_int_equal(cfg->part_size, 16u << 20);
   assert_int_equal(cfg->parallel, 0);
+  assert_int_equal(cfg->memory, 1u << 30);
+  assert_int_equal(cfg->target_rate, 0);
   assert_int_equal(cfg->compress, SPOT_CONFIG_COMPRESS_AUTO);
   assert_int_equal(cfg->level, 1);
   assert_int_equal(cfg->grace_ms, 10000);
@@ -84,6 +86,8 @@ test_load_good(void **state)
                              "keep = 5\n"
                              "part-size = 8M\n"
                              "parallel = 6\n"
+                             "memory = 64M\n"
+                             "target_rate = 500M\n"
                              "compress = none\n"
                              "level = -5\n"
                              "grace = 2s\n"
@@ -115,6 +119,8 @@ test_load_good(void **state)
   assert_int_equal(cfg->keep, 5);
   assert_int_equal(cfg->part_size, 8u << 20);
   assert_int_equal(cfg->parallel, 6);
+  assert_int_equal(cfg->memory, 64u << 20);
+  assert_int_equal(cfg->target_rate, 500u << 20);
   assert_int_equal(cfg->compress, SPOT_CONFIG_COMPRESS_NONE);
   assert_int_equal(cfg->level, -5);
   assert_int_equal(cfg->grace_ms, 2000);
@@ -517,6 +523,11 @@ test_values(void **state)
       {"level", "-1000", 1},
       {"level", "20", 0},
       {"parallel", "65", 0},
+      {"memory", "1M", 1},
+      {"memory", "512K", 0},
+      {"memory", "2T", 0},
+      {"target-rate", "1G", 1},
+      {"target-rate", "fast", 0},
       {"restore", "TRUE", 1},
       {"restore", "0", 1},
       {"restore", "y", 0},

@@ -9,6 +9,7 @@
 #include <zstd.h>
 
 #include "crc32c.h"
+#include "util.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) &&        \
     !defined(SPOT_NO_SIMD) /* -DSPOT_NO_SIMD: portable code only */
@@ -569,7 +570,7 @@ spot_codec_new(size_t part_max, struct spot_codec **out)
   c->part_max = part_max;
   c->cctx = ZSTD_createCCtx();
   c->dctx = ZSTD_createDCtx();
-  c->scratch = malloc(part_max);
+  c->scratch = spot_big_alloc(part_max, part_max);
   if (!c->cctx || !c->dctx || !c->scratch) {
     spot_codec_free(c);
     return -ENOMEM;
@@ -594,7 +595,7 @@ spot_codec_free(struct spot_codec *c)
     return;
   ZSTD_freeCCtx(c->cctx);
   ZSTD_freeDCtx(c->dctx);
-  free(c->scratch);
+  spot_big_free(c->scratch, c->part_max);
   free(c->trial);
   free(c);
 }

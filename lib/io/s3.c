@@ -497,6 +497,10 @@ finish(struct spot_s3_op *op, int err)
  * keep it (and its memory). */
 #define UPLOAD_BUF_DEFAULT (64L << 10)
 #define UPLOAD_BUF (256L << 10)
+/* The same for a download into a sink (curl's default is 16 KiB): a
+ * restore of 1 GiB from Ceph spent ~20 % less CPU with 256 KiB (noisy
+ * figures; 512 KiB no better). */
+#define DOWNLOAD_BUF (256L << 10)
 
 static size_t
 read_cb(char *buf, size_t size, size_t nitems, void *data)
@@ -716,6 +720,9 @@ attempt(struct spot_s3_op *op)
     SETOPT(CURLOPT_EXPECT_100_TIMEOUT_MS, 0L);
     if (strcmp(kinds[op->kind].method, "PUT") != 0)
       SETOPT(CURLOPT_CUSTOMREQUEST, kinds[op->kind].method);
+  } else if (op->kind == OP_GET && op->sink != NULL) {
+    /* a frame into a sink: fewer, larger recv() and sink calls */
+    SETOPT(CURLOPT_BUFFERSIZE, DOWNLOAD_BUF);
   } else if (op->kind == OP_HEAD) {
     SETOPT(CURLOPT_NOBODY, 1L);
   } else if (strcmp(kinds[op->kind].method, "GET") != 0) {

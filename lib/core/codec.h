@@ -121,6 +121,19 @@ int spot_codec_encode(struct spot_codec *c, enum spot_filter filter,
                       void *dst, size_t dst_cap, size_t *out_len,
                       uint32_t *out_crc);
 
+/* A raw frame (SPOT_CODEC_RAW, SPOT_FILTER_NONE) built in place, for a
+ * caller that reads the part straight into it instead of into a buffer
+ * that spot_codec_encode() would copy: writes the frame header and every
+ * block header of an n-byte raw frame into dst and returns the frame's
+ * length (0 if dst_cap < spot_codec_bound(n)). Bytes [i * B, i * B + B)
+ * of the part (B = SPOT_CODEC_RAW_BLOCK; the last block is shorter) then
+ * go to dst + spot_codec_raw_payload(n, i); filled in, the frame is the
+ * one spot_codec_encode() writes for those bytes in raw mode. The CRC32C
+ * of the part is the caller's (spot_crc32c() over the payloads). */
+#define SPOT_CODEC_RAW_BLOCK ((size_t)128 << 10)
+size_t spot_codec_raw_frame(void *dst, size_t dst_cap, size_t n);
+size_t spot_codec_raw_payload(size_t n, size_t i);
+
 /* Decodes one frame src[0..src_len) that must hold exactly raw_len bytes
  * into dst (raw_len bytes), undoes the filter and checks the CRC32C of the
  * result against crc. Returns 0, or:

@@ -9,6 +9,7 @@
 #include <zstd.h>
 
 #include "crc32c.h"
+#include "util.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) &&        \
     !defined(SPOT_NO_SIMD) /* -DSPOT_NO_SIMD: portable code only */
@@ -481,7 +482,7 @@ spot_codec_ungroup(void *dst, const void *src, size_t n, unsigned k)
 /* Raw frames, written by hand (RFC 8878 section 3.1.1): magic, a frame
  * header with a 128 KiB window and the content size, then raw blocks of at
  * most 128 KiB, the last one flagged. No content checksum. */
-#define RAW_BLOCK_MAX ((size_t)128 << 10)
+#define RAW_BLOCK_MAX SPOT_CODEC_RAW_BLOCK
 #define RAW_HEADER_MAX (4 + 1 + 1 + 8)
 
 static size_t
@@ -499,27 +500,41 @@ put_le(unsigned char *p, uint64_t v, unsigned bytes)
     p[i] = (unsigned char)(v >> (8 * i));
 }
 
+/* The frame header of an n-byte raw frame at d; returns its length. */
+static size_t
+raw_header(unsigned char *d, size_t n)
+{
+  int big = (uint64_t)n > UINT32_MAX;
+
+  put_le(d, ZSTD_MAGICNUMBER, 4);
+  /* Frame_Content_Size_flag 2 (4 bytes) or 3 (8 bytes); not single
+   * segment, so a Window_Descriptor follows: exponent 7 = 2^17. */
+  d[4] = big ? 0xC0 : 0x80;
+  d[5] = 7 << 3;
+  put_le(d + 6, n, big ? 8 : 4);
+  return big ? 14 : 10;
+}
+
+/* The block header before len of the n bytes left, at p. */
+static void
+raw_block_header(unsigned char *p, size_t len, size_t left)
+{
+  uint32_t hdr = (uint32_t)len << 3; /* Block_Type 0 = Raw_Block */
+
+  if (len == left)
+    hdr |= 1; /* Last_Block */
+  put_le(p, hdr, 3);
+}
+
 static size_t
 write_raw_frame(unsigned char *d, const unsigned char *s, size_t n)
 {
-  unsigned char *p = d;
-  int big = (uint64_t)n > UINT32_MAX;
+  unsigned char *p = d + raw_header(d, n);
 
-  put_le(p, ZSTD_MAGICNUMBER, 4);
-  p += 4;
-  /* Frame_Content_Size_flag 2 (4 bytes) or 3 (8 bytes); not single
-   * segment, so a Window_Descriptor follows: exponent 7 = 2^17. */
-  *p++ = big ? 0xC0 : 0x80;
-  *p++ = 7 << 3;
-  put_le(p, n, big ? 8 : 4);
-  p += big ? 8 : 4;
   do {
     size_t len = n < RAW_BLOCK_MAX ? n : RAW_BLOCK_MAX;
-    uint32_t hdr = (uint32_t)len << 3; /* Block_Type 0 = Raw_Block */
 
-    if (len == n)
-      hdr |= 1; /* Last_Block */
-    put_le(p, hdr, 3);
+    raw_block_header(p, len, n);
     p += 3;
     memcpy(p, s, len);
     p += len;
@@ -527,6 +542,30 @@ write_raw_frame(unsigned char *d, const unsigned char *s, size_t n)
     n -= len;
   } while (n > 0);
   return (size_t)(p - d);
+}
+
+size_t
+spot_codec_raw_frame(void *dst, size_t dst_cap, size_t n)
+{
+  unsigned char *d = dst, *p;
+
+  if (dst_cap < spot_codec_bound(n))
+    return 0;
+  p = d + raw_header(d, n);
+  do {
+    size_t len = n < RAW_BLOCK_MAX ? n : RAW_BLOCK_MAX;
+
+    raw_block_header(p, len, n);
+    p += 3 + len;
+    n -= len;
+  } while (n > 0);
+  return (size_t)(p - d);
+}
+
+size_t
+spot_codec_raw_payload(size_t n, size_t i)
+{
+  return ((uint64_t)n > UINT32_MAX ? 14 : 10) + 3 * (i + 1) + i * RAW_BLOCK_MAX;
 }
 
 size_t
@@ -569,7 +608,7 @@ spot_codec_new(size_t part_max, struct spot_codec **out)
   c->part_max = part_max;
   c->cctx = ZSTD_createCCtx();
   c->dctx = ZSTD_createDCtx();
-  c->scratch = malloc(part_max);
+  c->scratch = spot_big_alloc(part_max, part_max);
   if (!c->cctx || !c->dctx || !c->scratch) {
     spot_codec_free(c);
     return -ENOMEM;
@@ -594,7 +633,7 @@ spot_codec_free(struct spot_codec *c)
     return;
   ZSTD_freeCCtx(c->cctx);
   ZSTD_freeDCtx(c->dctx);
-  free(c->scratch);
+  spot_big_free(c->scratch, c->part_max);
   free(c->trial);
   free(c);
 }

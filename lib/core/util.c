@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -382,4 +383,41 @@ spot_default_socket(char **out)
 {
   return spot_default_path(SPOT_SOCKET_ENV, SPOT_SOCKET_LEAF,
                            SPOT_SOCKET_FALLBACK, out);
+}
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+void *
+spot_big_alloc(size_t n, size_t huge)
+{
+  size_t len = (n + 4095) & ~(size_t)4095, head;
+  char *p;
+
+  if (n == 0 || len < n || len + HUGE_PAGE < len)
+    return NULL;
+  /* a mapping of its own, aligned to 2 MiB: head and tail trimmed */
+  p = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE,
+           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return NULL;
+  head = (HUGE_PAGE - ((uintptr_t)p & (HUGE_PAGE - 1))) & (HUGE_PAGE - 1);
+  if (head > 0)
+    munmap(p, head);
+  if (HUGE_PAGE - head > 0)
+    munmap(p + head + len, HUGE_PAGE - head);
+  p += head;
+  huge &= ~(HUGE_PAGE - 1);
+  if (huge > len)
+    huge = len & ~(HUGE_PAGE - 1);
+  /* advice only: a kernel without THP says EINVAL, and that is fine */
+  if (huge > 0)
+    (void)madvise(p, huge, MADV_HUGEPAGE);
+  return p;
+}
+
+void
+spot_big_free(void *p, size_t n)
+{
+  if (p != NULL)
+    munmap(p, (n + 4095) & ~(size_t)4095);
 }

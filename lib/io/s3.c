@@ -515,6 +515,19 @@ finish(struct spot_s3_op *op, int err)
 
 /* ---- curl callbacks -------------------------------------------------- */
 
+/* curl copies an upload's body through a buffer of this size (one
+ * read_cb and one send() per fill). Its default, 64 KiB, costs a syscall
+ * per 64 KiB; 256 KiB cut a push's CPU by 6 % (bench: 1 GiB to
+ * bench/s3_discard.py), and 1-2 MiB cost more than the default: the
+ * buffer no longer stays in the CPU's cache. Bodies up to the default
+ * keep it (and its memory). */
+#define UPLOAD_BUF_DEFAULT (64L << 10)
+#define UPLOAD_BUF (256L << 10)
+/* The same for a download into a sink (curl's default is 16 KiB): a
+ * restore of 1 GiB from Ceph spent ~20 % less CPU with 256 KiB (noisy
+ * figures; 512 KiB no better). */
+#define DOWNLOAD_BUF (256L << 10)
+
 static size_t
 read_cb(char *buf, size_t size, size_t nitems, void *data)
 {
@@ -723,6 +736,8 @@ attempt(struct spot_s3_op *op)
     SETOPT(CURLOPT_SEEKFUNCTION, seek_cb);
     SETOPT(CURLOPT_SEEKDATA, op);
     SETOPT(CURLOPT_INFILESIZE_LARGE, (curl_off_t)op->body_len);
+    if (op->body_len > UPLOAD_BUF_DEFAULT)
+      SETOPT(CURLOPT_UPLOAD_BUFFERSIZE, UPLOAD_BUF);
     /* curl 7.88 sends "Expect: 100-continue" with every PUT and waits
      * up to 1 s for the 100: a round trip per part on a real network.
      * An empty "Expect:" header would break curl 7.88's SigV4 signature
@@ -731,6 +746,9 @@ attempt(struct spot_s3_op *op)
     SETOPT(CURLOPT_EXPECT_100_TIMEOUT_MS, 0L);
     if (strcmp(kinds[op->kind].method, "PUT") != 0)
       SETOPT(CURLOPT_CUSTOMREQUEST, kinds[op->kind].method);
+  } else if (op->kind == OP_GET && op->sink != NULL) {
+    /* a frame into a sink: fewer, larger recv() and sink calls */
+    SETOPT(CURLOPT_BUFFERSIZE, DOWNLOAD_BUF);
   } else if (op->kind == OP_HEAD) {
     SETOPT(CURLOPT_NOBODY, 1L);
   } else if (strcmp(kinds[op->kind].method, "GET") != 0) {

@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 
+#include "crc32c.h"
 #include "log.h"
 #include "store_push.h"
 #include "util.h"
@@ -92,6 +94,72 @@ pad_part(void *comp, size_t cap, size_t *len)
   return 0;
 }
 
+/* A part that goes out unfiltered in raw frames (incompressible data:
+ * random, already compressed) is read straight into the frame's blocks
+ * in the slot's buffer, one preadv per 64 blocks (8 MiB), instead of into
+ * the raw buffer that spot_codec_encode() would copy from: a 1 GiB
+ * random file to the discard sink, 0.84 -> 0.81 CPU-s, peak RSS 80 ->
+ * 64 MiB (the raw buffers stay untouched). */
+#define RAW_IOV 64
+
+static int
+read_raw_frame(struct spot__store_slot *s, int fd, uint64_t off)
+{
+  size_t n = (size_t)s->raw_len, len, i = 0;
+  unsigned char *d = s->comp;
+  uint32_t crc = 0;
+
+  len = spot_codec_raw_frame(d, s->comp_cap, n);
+  if (len == 0)
+    return -ENOBUFS;
+  while (i * SPOT_CODEC_RAW_BLOCK < n) {
+    struct iovec iov[RAW_IOV];
+    size_t k = 0, want = 0, first = i;
+    ssize_t got;
+
+    for (; k < RAW_IOV && i * SPOT_CODEC_RAW_BLOCK < n; k++, i++) {
+      size_t b = n - i * SPOT_CODEC_RAW_BLOCK;
+
+      iov[k].iov_base = d + spot_codec_raw_payload(n, i);
+      iov[k].iov_len = b < SPOT_CODEC_RAW_BLOCK ? b : SPOT_CODEC_RAW_BLOCK;
+      want += iov[k].iov_len;
+    }
+    got = preadv(fd, iov, (int)k, (off_t)(off + first * SPOT_CODEC_RAW_BLOCK));
+    if (got < 0 && errno == EINTR) {
+      i = first;
+      continue;
+    }
+    if (got < 0)
+      return -errno;
+    if ((size_t)got < want) {
+      /* short (rare: a signal, or the file shrank): the rest one block
+       * at a time, with the plain reader's checks */
+      for (size_t j = 0; j < k; j++) {
+        size_t done =
+            (size_t)got < iov[j].iov_len ? (size_t)got : iov[j].iov_len;
+        int r = spot__push_read_full(
+            fd, (char *)iov[j].iov_base + done, iov[j].iov_len - done,
+            off + (first + j) * SPOT_CODEC_RAW_BLOCK + done);
+
+        if (r < 0)
+          return r;
+        got -= (ssize_t)done;
+      }
+    }
+    for (size_t j = 0; j < k; j++)
+      crc = spot_crc32c(crc, iov[j].iov_base, iov[j].iov_len);
+  }
+  s->comp_len = len;
+  s->crc = crc;
+  return 0;
+}
+
+/* The part is pread into the coder's raw buffer and the codec reads it
+ * from there. Mapping the file instead (MAP_POPULATE, the codec reading
+ * the page cache directly) was measured and dropped: the pread's copy
+ * goes away, but the grouping loop then reads memory that is cold in the
+ * CPU's caches, and a 1 GiB push took 40 % more CPU (and a file that
+ * shrinks while mapped raises SIGBUS). */
 static void
 encode_work_cb(uv_work_t *req)
 {
@@ -109,14 +177,20 @@ encode_work_cb(uv_work_t *req)
     s->work_err = -errno;
     return;
   }
-  s->work_err =
-      spot__push_read_full(fd, s->coder->raw, (size_t)s->raw_len, off);
-  close(fd);
-  if (s->work_err < 0)
-    return;
-  s->work_err = spot_codec_encode(
-      s->coder->codec, f->filter, (enum spot_codec_mode)s->mode, s->coder->raw,
-      (size_t)s->raw_len, s->comp, s->comp_cap, &s->comp_len, &s->crc);
+  if (s->mode == SPOT_CODEC_RAW && f->filter == SPOT_FILTER_NONE) {
+    s->work_err = read_raw_frame(s, fd, off);
+    close(fd);
+  } else {
+    s->work_err =
+        spot__push_read_full(fd, s->coder->raw, (size_t)s->raw_len, off);
+    close(fd);
+    if (s->work_err < 0)
+      return;
+    s->work_err = spot_codec_encode(s->coder->codec, f->filter,
+                                    (enum spot_codec_mode)s->mode,
+                                    s->coder->raw, (size_t)s->raw_len, s->comp,
+                                    s->comp_cap, &s->comp_len, &s->crc);
+  }
   if (s->work_err == 0 && f->nparts > 1 && s->part + 1 < f->nparts)
     s->work_err = pad_part(s->comp, s->comp_cap, &s->comp_len);
   s->work_ns = (spot_now_mono_ms() - t0) * 1000000u + 1;

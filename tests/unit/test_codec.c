@@ -556,6 +556,60 @@ test_compress_pays(void **state)
   assert_true(spot_codec_compress_pays(1e9, 1e9, 1.2));
 }
 
+/* A raw frame built in place and filled block by block is byte for byte
+ * the frame spot_codec_encode() writes in raw mode, and decodes. */
+static void
+test_raw_frame_in_place(void **state)
+{
+  static const size_t sizes[] = {0,
+                                 1,
+                                 SPOT_CODEC_RAW_BLOCK - 1,
+                                 SPOT_CODEC_RAW_BLOCK,
+                                 SPOT_CODEC_RAW_BLOCK + 1,
+                                 5 * SPOT_CODEC_RAW_BLOCK + 77};
+  size_t max = 5 * SPOT_CODEC_RAW_BLOCK + 77, cap = spot_codec_bound(max);
+  unsigned char *src = malloc(max), *a = malloc(cap), *b = malloc(cap);
+  unsigned char *out = malloc(max);
+  struct spot_codec *c;
+
+  assert_non_null(src);
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_non_null(out);
+  assert_int_equal(spot_codec_new(max, &c), 0);
+  fill_random(src, max);
+  for (size_t k = 0; k < ARRAY_N(sizes); k++) {
+    size_t n = sizes[k], alen, blen;
+    uint32_t crc;
+
+    memset(b, 0xee, cap);
+    assert_int_equal(spot_codec_encode(c, SPOT_FILTER_NONE, SPOT_CODEC_RAW, src,
+                                       n, a, cap, &alen, &crc),
+                     0);
+    assert_int_equal(spot_codec_raw_frame(b, spot_codec_bound(n) - 1, n), 0);
+    blen = spot_codec_raw_frame(b, cap, n);
+    assert_int_equal(blen, alen);
+    for (size_t i = 0; i * SPOT_CODEC_RAW_BLOCK < n; i++) {
+      size_t len = n - i * SPOT_CODEC_RAW_BLOCK;
+
+      if (len > SPOT_CODEC_RAW_BLOCK)
+        len = SPOT_CODEC_RAW_BLOCK;
+      memcpy(b + spot_codec_raw_payload(n, i), src + i * SPOT_CODEC_RAW_BLOCK,
+             len);
+    }
+    assert_memory_equal(a, b, alen);
+    assert_int_equal(spot_codec_decode(c, SPOT_FILTER_NONE, b, blen, out, n,
+                                       spot_crc32c(0, src, n)),
+                     0);
+    assert_memory_equal(out, src, n);
+  }
+  spot_codec_free(c);
+  free(src);
+  free(a);
+  free(b);
+  free(out);
+}
+
 int
 main(void)
 {
@@ -572,6 +626,7 @@ main(void)
       cmocka_unit_test(test_plain_zstd_decodes),
       cmocka_unit_test(test_choose_filter),
       cmocka_unit_test(test_compress_pays),
+      cmocka_unit_test(test_raw_frame_in_place),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -505,6 +505,8 @@ store_config(struct spotd *d)
   d->store.job = c->job;
   d->store.part_size = c->part_size;
   d->store.parallel = (unsigned)c->parallel;
+  d->store.pack_threshold =
+      c->pack_threshold == 0 ? SPOT_STORE_PACK_OFF : c->pack_threshold;
   d->store.compress = c->compress == SPOT_CONFIG_COMPRESS_NONE
                           ? SPOT_STORE_COMPRESS_NEVER
                           : SPOT_STORE_COMPRESS_AUTO;

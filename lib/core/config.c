@@ -198,6 +198,10 @@ static const struct key_def keys[] = {
      0,
      "Parts compressed and uploaded at once (0 = one per core, at least "
      "2)."},
+    {"pack-threshold", T_SIZE, OFF(pack_threshold), "SIZE", "1M", NULL, NULL, 0,
+     MIB(128), NULL, NULL, 0,
+     "Files smaller than this (and than a part) are packed together into "
+     "a few objects (0 = one object per file)."},
     {"compress", T_ENUM, OFF(compress), NULL, "auto", NULL, NULL, 0, 0,
      compress_vals, NULL, 0,
      "auto: zstd, with byte grouping for float tensors where it pays; "

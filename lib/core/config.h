@@ -112,9 +112,10 @@ struct spot_config {
   char *endpoint;
   char *region;
   uint64_t part_size;
-  int64_t parallel; /* parts in flight; 0 = one per core, at least 2 */
-  int compress;     /* enum spot_config_compress */
-  int64_t level;    /* zstd level */
+  int64_t parallel;        /* parts in flight; 0 = one per core, at least 2 */
+  uint64_t pack_threshold; /* small files packed below this; 0 = off */
+  int compress;            /* enum spot_config_compress */
+  int64_t level;           /* zstd level */
   /* multi-node jobs (validate fills them from SLURM_NODEID/SLURM_NNODES
    * when they were not given) */
   int64_t rank;

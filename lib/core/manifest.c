@@ -341,10 +341,10 @@ spot_manifest_set_pack_stored(struct spot_manifest *m, size_t index,
 }
 
 int
-spot_manifest_add_packed(struct spot_manifest *m, const char *path,
-                         size_t pack, uint64_t pack_off, uint64_t size,
-                         uint32_t mode, int64_t mtime_ns,
-                         enum spot_filter filter, size_t *out_index)
+spot_manifest_add_packed(struct spot_manifest *m, const char *path, size_t pack,
+                         uint64_t pack_off, uint64_t size, uint32_t mode,
+                         int64_t mtime_ns, enum spot_filter filter,
+                         size_t *out_index)
 {
   size_t idx;
   int r;
@@ -643,8 +643,8 @@ validate_pack_list(const struct spot_manifest *m, char *err, size_t errlen)
     if (why)
       return fail(err, errlen, -EBADMSG, "packs[%zu].key: %s", i, why);
     if (m->packs[i].stored == 0 || m->packs[i].stored > INT64_MAX)
-      return fail(err, errlen, -EBADMSG, "packs[%zu].stored: not in 1..%lld",
-                  i, (long long)INT64_MAX);
+      return fail(err, errlen, -EBADMSG, "packs[%zu].stored: not in 1..%lld", i,
+                  (long long)INT64_MAX);
   }
   return 0;
 }
@@ -1077,9 +1077,9 @@ parse_frames(struct parse *ps, json_t *arr, const char *where,
 static int
 parse_file(struct parse *ps, json_t *o, size_t i, struct spot_manifest_file *f)
 {
-  static const char *const file_keys[] = {
-      "path", "size", "mode", "mtime_ns", "filter", "key",
-      "pack", "link", "frames", NULL};
+  static const char *const file_keys[] = {"path",   "size", "mode", "mtime_ns",
+                                          "filter", "key",  "pack", "link",
+                                          "frames", NULL};
   char where[WHERE_MAX];
   const char *s;
   size_t len;
@@ -1370,7 +1370,7 @@ static int
 parse_header(struct parse *ps, json_t *root, struct spot_manifest *m)
 {
   static const char *const root_keys[] = {
-      "format", "version", "name",  "job", "created",
+      "format", "version", "name",  "job",   "created",
       "epoch",  "totals",  "packs", "files", NULL};
   const char *s;
   size_t len;

@@ -98,8 +98,7 @@ test_packs_parse(void **state)
   assert_null(f->key);
   assert_int_equal(f->pack_off, 0);
   assert_int_equal(f->stored, 14);
-  assert_string_equal(spot_manifest_object_key(m, f),
-                      "packs/pack-000001.pack");
+  assert_string_equal(spot_manifest_object_key(m, f), "packs/pack-000001.pack");
   f = spot_manifest_find(m, "c");
   assert_int_equal(f->pack_off, 60);
   assert_int_equal(f->stored, 12);
@@ -122,21 +121,19 @@ test_packs_build(void **state)
 
   (void)state;
   assert_int_equal(spot_manifest_new("ck", "job", CREATED_MS, &m), 0);
-  assert_int_equal(spot_manifest_add_pack(m, "x/packs/pack-000001.pack", 0,
-                                          &p0),
-                   0);
-  assert_int_equal(spot_manifest_add_pack(m, "x/packs/pack-000002.pack", 0,
-                                          &p1),
-                   0);
+  assert_int_equal(
+      spot_manifest_add_pack(m, "x/packs/pack-000001.pack", 0, &p0), 0);
+  assert_int_equal(
+      spot_manifest_add_pack(m, "x/packs/pack-000002.pack", 0, &p1), 0);
   assert_int_equal(spot_manifest_add_pack(m, "MANIFEST.json", 0, NULL),
                    -EINVAL);
   assert_int_equal(spot_manifest_add_pack(m, "../p", 0, NULL), -EINVAL);
-  assert_int_equal(
-      spot_manifest_add_packed(m, "a", p0, 0, 100, 0644, 1, 0, &a), 0);
-  assert_int_equal(
-      spot_manifest_add_packed(m, "b", p1, 0, 50, 0644, 1, 0, &b), 0);
-  assert_int_equal(
-      spot_manifest_add_packed(m, "c", p0, 0, 70, 0644, 1, 0, &c), 0);
+  assert_int_equal(spot_manifest_add_packed(m, "a", p0, 0, 100, 0644, 1, 0, &a),
+                   0);
+  assert_int_equal(spot_manifest_add_packed(m, "b", p1, 0, 50, 0644, 1, 0, &b),
+                   0);
+  assert_int_equal(spot_manifest_add_packed(m, "c", p0, 0, 70, 0644, 1, 0, &c),
+                   0);
   /* empty, or a pack that does not exist */
   assert_int_equal(spot_manifest_add_packed(m, "d", p0, 0, 0, 0644, 1, 0, NULL),
                    -EINVAL);
@@ -163,9 +160,8 @@ test_packs_build(void **state)
   assert_non_null(strstr(err, "outside its pack"));
   assert_int_equal(spot_manifest_set_pack_off(m, c, 40), 0);
   assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), 0);
-  assert_int_equal(spot_manifest_parse(json, strlen(json), &back, err,
-                                       sizeof(err)),
-                   0);
+  assert_int_equal(
+      spot_manifest_parse(json, strlen(json), &back, err, sizeof(err)), 0);
   assert_int_equal(back->npacks, 2);
   assert_int_equal(back->files[2].pack, 1);
   assert_int_equal(back->files[2].frames[0].comp_off, 40);
@@ -174,8 +170,8 @@ test_packs_build(void **state)
   spot_manifest_free(back);
   free(json);
   /* a file key may not be a pack's */
-  assert_int_equal(spot_manifest_add_file(m, "e", "x/packs/pack-000001.pack",
-                                          1, 0644, 1, 0, &a),
+  assert_int_equal(spot_manifest_add_file(m, "e", "x/packs/pack-000001.pack", 1,
+                                          0644, 1, 0, &a),
                    0);
   assert_int_equal(spot_manifest_set_frame(m, a, 0, 1, 10, 1), 0);
   assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), -EINVAL);
@@ -207,7 +203,8 @@ test_packs_reject(void **state)
       {"\"pack\":\"packs/pack-000001.pack\"",
        "\"key\":\"a.zst\",\"pack\":\"packs/pack-000001.pack\"", "no key"},
       /* pack keys follow the key rules */
-      {"\"key\":\"packs/pack-000001.pack\"", "\"key\":\"../x\"", "packs[0].key"},
+      {"\"key\":\"packs/pack-000001.pack\"", "\"key\":\"../x\"",
+       "packs[0].key"},
       {"\"stored\":100", "\"stored\":0", "packs[0].stored"},
       {"\"stored\":100}", "\"stored\":100,\"x\":1}", "unknown key"},
       {"\"packs\":[{\"key\":\"packs/pack-000001.pack\",\"stored\":100}]",
@@ -216,12 +213,14 @@ test_packs_reject(void **state)
       {"\"key\":\"b.zst\"", "\"key\":\"packs/pack-000001.pack\"",
        "same object"},
       /* two packs of one key */
-      {"\"stored\":100}]", "\"stored\":100},{\"key\":\"packs/pack-000001.pack\","
-                           "\"stored\":100}]",
+      {"\"stored\":100}]",
+       "\"stored\":100},{\"key\":\"packs/pack-000001.pack\","
+       "\"stored\":100}]",
        "same object"},
       /* a packed empty file */
-      {"\"size\":5,\"mode\":420,\"mtime_ns\":1", "\"size\":0,\"mode\":420,"
-                                                 "\"mtime_ns\":1",
+      {"\"size\":5,\"mode\":420,\"mtime_ns\":1",
+       "\"size\":0,\"mode\":420,"
+       "\"mtime_ns\":1",
        "files[0]"},
       /* a packed file with no frames */
       {"\"frames\":[{\"raw_off\":0,\"raw_len\":5,\"comp_off\":0,"
@@ -237,8 +236,7 @@ test_packs_reject(void **state)
     int r = spot_manifest_parse(s, strlen(s), &m, err, sizeof(err));
 
     if (r != -EBADMSG || strstr(err, cases[i].want) == NULL)
-      fail_msg("case %zu: r=%d err='%s' (want '%s')", i, r, err,
-               cases[i].want);
+      fail_msg("case %zu: r=%d err='%s' (want '%s')", i, r, err, cases[i].want);
     assert_null(m);
     free(s);
   }

@@ -770,7 +770,8 @@ walked(struct push_op *op)
      * is 95 bytes but P; "key":K and "link":L when there; a frame's five
      * numbers about 100. */
     est += len + 110 + (f->size > 0 ? len + 12 : 0) +
-           (f->link ? strlen(f->link) + 12 : 0) + (uint64_t)f->nparts * 115;
+           (f->link ? strlen(f->link) + 12 : 0) + (uint64_t)f->nparts * 115 +
+           (spot__pack_small(op, f) ? 60 : 0); /* "pack":KEY, not "key" */
   }
   if (est <= SPOT_MANIFEST_JSON_MAX)
     return 0;

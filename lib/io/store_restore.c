@@ -710,7 +710,7 @@ start_pack_fetch(struct restore_op *op, struct spot__store_slot *s)
     const struct spot_manifest_file *g = &m->files[op->next_file + n];
 
     if (g->pack != f->pack || g->pack_off != end ||
-        g->stored > limit - (end - start))
+        end - start + g->stored > limit)
       break;
     end += g->stored;
     n++;

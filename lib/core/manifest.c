@@ -1490,8 +1490,9 @@ parse_packs(struct parse *ps, json_t *root, struct spot_manifest *m)
     if (!json_is_object(o))
       return fail(ps->err, ps->errlen, -EBADMSG, "%s: not an object", where);
     r = only_keys(ps, o, where, pack_keys);
-    if (r == 0)
-      r = get_str(ps, o, where, "key", false, &s, &len);
+    if (r < 0)
+      return r;
+    r = get_str(ps, o, where, "key", false, &s, &len);
     if (r < 0)
       return r;
     if (path_problem(s, len))

@@ -667,7 +667,8 @@ pack_fetch_cb(const struct spot_s3_result *res, void *data)
              "%s: the server sent more than the %" PRIu64
              " bytes asked of pack %s (a ranged read with extra bytes)",
              first, s->want, pack_key(op, s));
-  } else if (res->err < 0 && res->http_status == 416) {
+  } else if (res->err < 0 ? res->http_status == 416 /* starts past its end */
+                          : s->comp_len != s->want) {
     fail_msg(op, -EBADMSG,
              "%s: the stored pack %s is shorter than the manifest says; "
              "restore stopped, nothing was written to %s",
@@ -678,11 +679,6 @@ pack_fetch_cb(const struct spot_s3_result *res, void *data)
              pack_key(op, s));
     if (!spot__store_slot_too_slow(s, what))
       spot__store_fail_s3(&op->b, what, res);
-  } else if (s->comp_len != s->want) {
-    fail_msg(op, -EBADMSG,
-             "%s: the stored pack %s is shorter than the manifest says; "
-             "restore stopped, nothing was written to %s",
-             first, pack_key(op, s), op->dir);
   } else {
     op->b.stored_done += s->comp_len;
     s->state = RS_FETCHED;

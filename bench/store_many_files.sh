@@ -4,7 +4,11 @@
 # 300,000 empty files, a 28 MB manifest, cost 424 MiB RSS and 57 s). Not a
 # test: it reports, it asserts nothing.
 #
-#   bench/store_many_files.sh [BUILD_DIR] [N]
+#   bench/store_many_files.sh [BUILD_DIR] [N] [SIZE]
+#
+# SIZE: bytes of random data per file (default 0: empty files; issue 15.2
+# measures 5000 x 4096). $PUSH_ARGS are extra `spotctl push` arguments
+# (e.g. PUSH_ARGS="--pack-threshold 0" for one object per file).
 #
 # Needs a running S3 server in the environment the integration tests use
 # (SPOT_TEST_S3_ENDPOINT, SPOT_TEST_S3_BUCKET, AWS_* keys; e.g.
@@ -17,6 +21,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 SRC=$(cd "$HERE/.." && pwd)
 BUILD=${1:-$SRC/build}
 N=${2:-300000}
+SIZE=${3:-0}
 SPOTCTL=$BUILD/client/spotctl
 [[ -x $SPOTCTL ]] || { echo "no $SPOTCTL: build first" >&2; exit 1; }
 : "${SPOT_TEST_S3_ENDPOINT:?set the S3 test environment}"
@@ -27,14 +32,15 @@ JOB="bench-many/$$-$(date +%s)/job"
 URL="s3://$SPOT_TEST_S3_BUCKET/$JOB"
 trap 'rm -rf "$WORK"' EXIT
 
-/usr/bin/python3 - "$WORK/src" "$N" <<'PY'
+/usr/bin/python3 - "$WORK/src" "$N" "$SIZE" <<'PY'
 import os, sys
-root, n = sys.argv[1], int(sys.argv[2])
+root, n, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 for i in range(n):
     d = os.path.join(root, "d%04d" % (i // 1000))
     if i % 1000 == 0:
         os.makedirs(d)
-    open(os.path.join(d, "f%06d" % i), "w").close()
+    with open(os.path.join(d, "f%06d" % i), "wb") as f:
+        f.write(os.urandom(size))
 PY
 
 measure() { # step, then the spotctl arguments
@@ -49,7 +55,8 @@ measure() { # step, then the spotctl arguments
     "$(tail -n 1 "$WORK/err" | cut -c1-120)"
 }
 
-measure push push "$WORK/src" "$URL" --name many
+# shellcheck disable=SC2086 # PUSH_ARGS is a list of words
+measure push push "$WORK/src" "$URL" --name many ${PUSH_ARGS:-}
 measure restore restore "$URL" "$WORK/dst" --name many
 /usr/bin/python3 - "$SPOT_TEST_S3_BUCKET" "$JOB/" <<'PY'
 import sys, boto3, os

@@ -37,6 +37,7 @@ struct session {
 struct common_opts {
   const char *endpoint, *region, *profile, *name, *journal;
   uint64_t part_size;
+  uint64_t pack_threshold; /* 0 = default, SPOT_STORE_PACK_OFF = off */
   unsigned parallel, workers, keep;
   uint64_t memory, target_rate;
   uint64_t restore_timeout_ms;
@@ -59,6 +60,7 @@ enum {
   OPT_FOLLOW_SYMLINKS,
   OPT_MEMORY,
   OPT_TARGET_RATE,
+  OPT_PACK_THRESHOLD,
 };
 
 static const struct option long_opts[] = {
@@ -79,6 +81,7 @@ static const struct option long_opts[] = {
     {"follow-symlinks", no_argument, NULL, OPT_FOLLOW_SYMLINKS},
     {"memory", required_argument, NULL, OPT_MEMORY},
     {"target-rate", required_argument, NULL, OPT_TARGET_RATE},
+    {"pack-threshold", required_argument, NULL, OPT_PACK_THRESHOLD},
     {NULL, 0, NULL, 0},
 };
 
@@ -128,6 +131,15 @@ parse_number_opt(int c, const char *v, struct common_opts *o)
       return spotctl_usage("--part-size: expected 5M to 128M in whole "
                            "KiB multiples of 4, got '%s'",
                            v);
+    return 0;
+  case OPT_PACK_THRESHOLD:
+    if (spot_parse_size(v, &o->pack_threshold) < 0 ||
+        o->pack_threshold > SPOT_STORE_PART_MAX)
+      return spotctl_usage("--pack-threshold: expected 0 (no packing) to "
+                           "128M, got '%s'",
+                           v);
+    if (o->pack_threshold == 0)
+      o->pack_threshold = SPOT_STORE_PACK_OFF;
     return 0;
   case OPT_PARALLEL:
     return parse_uint("--parallel", v, 1, 64, &o->parallel);
@@ -190,6 +202,7 @@ parse_opts(int argc, char **argv, struct common_opts *o, const char *usage)
       o->profile = optarg;
       break;
     case OPT_PART_SIZE:
+    case OPT_PACK_THRESHOLD:
     case OPT_PARALLEL:
     case OPT_MEMORY:
     case OPT_TARGET_RATE:
@@ -247,6 +260,7 @@ session_open(struct session *s, const char *url, const struct common_opts *o)
   if (r != 0)
     return r;
   s->cfg.part_size = o->part_size;
+  s->cfg.pack_threshold = o->pack_threshold;
   s->cfg.parallel = o->parallel;
   s->cfg.memory = o->memory;
   s->cfg.target_rate = o->target_rate;
@@ -345,6 +359,9 @@ static const char push_usage[] =
     "commits it (the manifest is written last) and moves LATEST to it.\n\n"
     "  -n, --name NAME    checkpoint name (default: DIR's base name)\n"
     "  --part-size SIZE   bytes per part and zstd frame (default 8M)\n"
+    "  --pack-threshold SIZE  files smaller than SIZE (and than a part) are\n"
+    "                     packed together, a few objects for thousands of\n"
+    "                     small files (default 1M; 0: one object per file)\n"
     "  --compress MODE    auto (default), always or never\n"
     "  --keep N           keep the N newest checkpoints, delete older ones\n"
     "  --journal DIR      record uploads in progress in DIR; a push of the\n"

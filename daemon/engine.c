@@ -507,6 +507,8 @@ store_config(struct spotd *d)
   d->store.parallel = (unsigned)c->parallel;
   d->store.memory = c->memory;
   d->store.target_rate = c->target_rate;
+  d->store.pack_threshold =
+      c->pack_threshold == 0 ? SPOT_STORE_PACK_OFF : c->pack_threshold;
   d->store.compress = c->compress == SPOT_CONFIG_COMPRESS_NONE
                           ? SPOT_STORE_COMPRESS_NEVER
                           : SPOT_STORE_COMPRESS_AUTO;

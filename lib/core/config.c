@@ -211,6 +211,10 @@ static const struct key_def keys[] = {
      "Bytes per second an upload or restore aims at (K, M, G suffixes: "
      "500M = 500 MiB/s; 0 = as fast as it goes): no more transfers once "
      "reached, e.g. to leave the NIC to training."},
+    {"pack-threshold", T_SIZE, OFF(pack_threshold), "SIZE", "1M", NULL, NULL, 0,
+     MIB(128), NULL, NULL, 0,
+     "Files smaller than this (and than a part) are packed together into "
+     "a few objects (0 = one object per file)."},
     {"compress", T_ENUM, OFF(compress), NULL, "auto", NULL, NULL, 0, 0,
      compress_vals, NULL, 0,
      "auto: zstd, with byte grouping for float tensors where it pays; "

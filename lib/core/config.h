@@ -112,11 +112,12 @@ struct spot_config {
   char *endpoint;
   char *region;
   uint64_t part_size;
-  int64_t parallel;     /* transfers in flight; 0 = adaptive */
-  uint64_t memory;      /* budget of part buffers, bytes */
-  uint64_t target_rate; /* bytes/s to reach; 0 = none */
-  int compress;         /* enum spot_config_compress */
-  int64_t level;        /* zstd level */
+  int64_t parallel;        /* transfers in flight; 0 = adaptive */
+  uint64_t memory;         /* budget of part buffers, bytes */
+  uint64_t target_rate;    /* bytes/s to reach; 0 = none */
+  uint64_t pack_threshold; /* small files packed below this; 0 = off */
+  int compress;            /* enum spot_config_compress */
+  int64_t level;           /* zstd level */
   /* multi-node jobs (validate fills them from SLURM_NODEID/SLURM_NNODES
    * when they were not given) */
   int64_t rank;

@@ -193,6 +193,9 @@ spot_manifest_free(struct spot_manifest *m)
   for (size_t i = 0; i < m->nfiles; i++)
     file_fini(&m->files[i]);
   free(m->files);
+  for (size_t i = 0; i < m->npacks; i++)
+    free(m->packs[i].key);
+  free(m->packs);
   free(m->name);
   free(m->job);
   free(m);
@@ -222,6 +225,12 @@ spot_manifest_new(const char *name, const char *job, int64_t created_ms,
   return 0;
 }
 
+static bool
+key_valid(const char *key)
+{
+  return spot_manifest_path_valid(key) && strcmp(key, SPOT_MANIFEST_NAME) != 0;
+}
+
 int
 spot_manifest_add_file(struct spot_manifest *m, const char *path,
                        const char *key, uint64_t size, uint32_t mode,
@@ -233,8 +242,7 @@ spot_manifest_add_file(struct spot_manifest *m, const char *path,
   if (!spot_manifest_path_valid(path) || mode > 07777 ||
       mtime_ns < SPOT_MANIFEST_MTIME_MIN_NS ||
       (unsigned)filter >= SPOT_FILTER_LAST || (size == 0) != (key == NULL) ||
-      (key && (!spot_manifest_path_valid(key) ||
-               strcmp(key, SPOT_MANIFEST_NAME) == 0)))
+      (key && !key_valid(key)))
     return -EINVAL;
   if (m->nfiles >= SPOT_MANIFEST_FILES_MAX)
     return -E2BIG;
@@ -293,6 +301,90 @@ spot_manifest_add_link(struct spot_manifest *m, const char *path,
 }
 
 int
+spot_manifest_add_pack(struct spot_manifest *m, const char *key,
+                       uint64_t stored, size_t *out_index)
+{
+  struct spot_manifest_pack *p;
+
+  if (!key_valid(key))
+    return -EINVAL;
+  if (m->npacks >= SPOT_MANIFEST_PACKS_MAX)
+    return -E2BIG;
+  if (m->npacks == m->packs_alloc) {
+    size_t na = m->packs_alloc ? m->packs_alloc * 2 : 4;
+
+    p = realloc(m->packs, na * sizeof(*p));
+    if (!p)
+      return -ENOMEM;
+    m->packs = p;
+    m->packs_alloc = na;
+  }
+  p = &m->packs[m->npacks];
+  p->key = strdup(key);
+  if (!p->key)
+    return -ENOMEM;
+  p->stored = stored;
+  if (out_index)
+    *out_index = m->npacks;
+  m->npacks++;
+  return 0;
+}
+
+int
+spot_manifest_set_pack_stored(struct spot_manifest *m, size_t index,
+                              uint64_t stored)
+{
+  if (index >= m->npacks)
+    return -EINVAL;
+  m->packs[index].stored = stored;
+  return 0;
+}
+
+int
+spot_manifest_add_packed(struct spot_manifest *m, const char *path, size_t pack,
+                         uint64_t pack_off, uint64_t size, uint32_t mode,
+                         int64_t mtime_ns, enum spot_filter filter,
+                         size_t *out_index)
+{
+  size_t idx;
+  int r;
+
+  if (size == 0 || pack >= m->npacks)
+    return -EINVAL;
+  /* added with a stand-in key, which is then dropped */
+  r = spot_manifest_add_file(m, path, m->packs[pack].key, size, mode, mtime_ns,
+                             filter, &idx);
+  if (r < 0)
+    return r;
+  free(m->files[idx].key);
+  m->files[idx].key = NULL;
+  m->files[idx].pack = pack + 1;
+  m->files[idx].pack_off = pack_off;
+  if (out_index)
+    *out_index = idx;
+  return 0;
+}
+
+int
+spot_manifest_set_pack_off(struct spot_manifest *m, size_t index,
+                           uint64_t pack_off)
+{
+  if (index >= m->nfiles || m->files[index].pack == 0)
+    return -EINVAL;
+  m->files[index].pack_off = pack_off;
+  return 0;
+}
+
+const char *
+spot_manifest_object_key(const struct spot_manifest *m,
+                         const struct spot_manifest_file *f)
+{
+  if (f->pack > 0 && f->pack <= m->npacks)
+    return m->packs[f->pack - 1].key;
+  return f->key;
+}
+
+int
 spot_manifest_set_frame(struct spot_manifest *m, size_t index, size_t part,
                         uint64_t raw_len, uint64_t comp_len, uint32_t crc32c)
 {
@@ -346,9 +438,12 @@ spot_manifest_set_frame(struct spot_manifest *m, size_t index, size_t part,
 static const struct spot_manifest *sort_m;
 static bool sort_keys;
 
+/* Keys: an index >= nfiles is pack (index - nfiles). */
 static const char *
 sort_str(size_t i)
 {
+  if (sort_keys && i >= sort_m->nfiles)
+    return sort_m->packs[i - sort_m->nfiles].key;
   return sort_keys ? sort_m->files[i].key : sort_m->files[i].path;
 }
 
@@ -399,7 +494,7 @@ is_path(const size_t *idx, size_t n, const char *p, size_t len)
 static int
 check_unique(const struct spot_manifest *m, char *err, size_t errlen)
 {
-  size_t *idx = malloc((m->nfiles + 1) * sizeof(*idx)), n = 0, d;
+  size_t *idx = malloc((m->nfiles + m->npacks + 1) * sizeof(*idx)), n = 0, d;
   int r = 0;
 
   if (!idx)
@@ -428,9 +523,15 @@ check_unique(const struct spot_manifest *m, char *err, size_t errlen)
     for (size_t i = 0; i < m->nfiles; i++)
       if (m->files[i].key)
         idx[n++] = i;
+    for (size_t i = 0; i < m->npacks; i++)
+      idx[n++] = m->nfiles + i;
     qsort(idx, n, sizeof(*idx), cmp_idx);
     d = first_dup(idx, n);
-    if (d != SIZE_MAX)
+    if (d != SIZE_MAX && d >= m->nfiles)
+      r = fail(err, errlen, -EBADMSG,
+               "packs[%zu].key: same object as another pack or file",
+               d - m->nfiles);
+    else if (d != SIZE_MAX)
       r = fail(err, errlen, -EBADMSG,
                "files[%zu].key: same object as another file", d);
   }
@@ -444,7 +545,7 @@ static int
 validate_frames(struct spot_manifest_file *f, size_t i, bool compute, char *err,
                 size_t errlen)
 {
-  uint64_t raw = 0, comp = 0;
+  uint64_t raw = 0, comp = f->pack ? f->pack_off : 0;
 
   for (size_t j = 0; j < f->nframes; j++) {
     struct spot_manifest_frame *fr = &f->frames[j];
@@ -475,7 +576,8 @@ validate_frames(struct spot_manifest_file *f, size_t i, bool compute, char *err,
                   ", expected %" PRIu64 " (frames must be contiguous)",
                   i, j, fr->comp_off, comp);
     }
-    /* no overflow: <= 10000 frames of <= spot_codec_bound(128 MiB) */
+    /* no overflow: <= 10000 frames of <= spot_codec_bound(128 MiB), and
+     * pack_off < 2^63 */
     raw += fr->raw_len;
     comp += fr->comp_len;
   }
@@ -483,14 +585,106 @@ validate_frames(struct spot_manifest_file *f, size_t i, bool compute, char *err,
     return fail(err, errlen, -EBADMSG,
                 "files[%zu].frames: cover %" PRIu64 " bytes, size is %" PRIu64,
                 i, raw, f->size);
-  f->stored = comp;
+  f->stored = comp - (f->pack ? f->pack_off : 0);
   return 0;
+}
+
+/* Packed file i lies inside its pack, and is small enough for one ranged
+ * read into a restore buffer. */
+static int
+validate_packed(const struct spot_manifest *m,
+                const struct spot_manifest_file *f, size_t i, char *err,
+                size_t errlen)
+{
+  const struct spot_manifest_pack *p = &m->packs[f->pack - 1];
+
+  if (f->stored > SPOT_CODEC_PART_MAX)
+    return fail(err, errlen, -EBADMSG,
+                "files[%zu].frames: a packed file stores %" PRIu64
+                " bytes, more than %zu",
+                i, f->stored, SPOT_CODEC_PART_MAX);
+  if (f->pack_off > p->stored || f->stored > p->stored - f->pack_off)
+    return fail(err, errlen, -EBADMSG,
+                "files[%zu].frames: bytes %" PRIu64 "..%" PRIu64
+                " are outside its pack (%" PRIu64 " bytes)",
+                i, f->pack_off, f->pack_off + f->stored, p->stored);
+  return 0;
+}
+
+struct span {
+  size_t pack, file;
+  uint64_t off, end;
+};
+
+static int
+cmp_span(const void *a, const void *b)
+{
+  const struct span *x = a, *y = b;
+
+  if (x->pack != y->pack)
+    return (x->pack > y->pack) - (x->pack < y->pack);
+  if (x->off != y->off)
+    return (x->off > y->off) - (x->off < y->off);
+  return (x->file > y->file) - (x->file < y->file);
+}
+
+/* The packs' keys and sizes. */
+static int
+validate_pack_list(const struct spot_manifest *m, char *err, size_t errlen)
+{
+  if (m->npacks > SPOT_MANIFEST_PACKS_MAX)
+    return fail(err, errlen, -EBADMSG, "packs: more than %d",
+                SPOT_MANIFEST_PACKS_MAX);
+  for (size_t i = 0; i < m->npacks; i++) {
+    const char *why = path_problem(m->packs[i].key, strlen(m->packs[i].key));
+
+    if (!why && strcmp(m->packs[i].key, SPOT_MANIFEST_NAME) == 0)
+      why = "reserved for the manifest";
+    if (why)
+      return fail(err, errlen, -EBADMSG, "packs[%zu].key: %s", i, why);
+    if (m->packs[i].stored == 0 || m->packs[i].stored > INT64_MAX)
+      return fail(err, errlen, -EBADMSG, "packs[%zu].stored: not in 1..%lld", i,
+                  (long long)INT64_MAX);
+  }
+  return 0;
+}
+
+/* No two packed files' bytes overlap in a pack. */
+static int
+validate_packs(const struct spot_manifest *m, char *err, size_t errlen)
+{
+  struct span *sp;
+  size_t n = 0;
+  int r = 0;
+
+  for (size_t i = 0; i < m->nfiles; i++)
+    n += m->files[i].pack != 0;
+  if (n < 2)
+    return 0;
+  sp = malloc(n * sizeof(*sp));
+  if (!sp)
+    return -ENOMEM;
+  n = 0;
+  for (size_t i = 0; i < m->nfiles; i++)
+    if (m->files[i].pack != 0)
+      sp[n++] = (struct span){m->files[i].pack, i, m->files[i].pack_off,
+                              m->files[i].pack_off + m->files[i].stored};
+  qsort(sp, n, sizeof(*sp), cmp_span);
+  for (size_t k = 1; r == 0 && k < n; k++)
+    if (sp[k].pack == sp[k - 1].pack && sp[k].off < sp[k - 1].end)
+      r = fail(err, errlen, -EBADMSG,
+               "files[%zu].frames: overlap files[%zu]'s in pack %s",
+               sp[k].file > sp[k - 1].file ? sp[k].file : sp[k - 1].file,
+               sp[k].file > sp[k - 1].file ? sp[k - 1].file : sp[k].file,
+               m->packs[sp[k].pack - 1].key);
+  free(sp);
+  return r;
 }
 
 /* File i's own fields: path, mode, filter, link, key, frame count. */
 static int
-validate_file(const struct spot_manifest_file *f, size_t i, char *err,
-              size_t errlen)
+validate_file(const struct spot_manifest_file *f, size_t i, size_t npacks,
+              char *err, size_t errlen)
 {
   const char *why = path_problem(f->path, strlen(f->path));
 
@@ -509,10 +703,15 @@ validate_file(const struct spot_manifest_file *f, size_t i, char *err,
     return fail(err, errlen, -EBADMSG,
                 "files[%zu].link: not a relative link inside the checkpoint",
                 i);
+  if (f->pack > npacks)
+    return fail(err, errlen, -EBADMSG, "files[%zu].pack: not in packs", i);
+  if (f->pack && (f->key || f->size == 0))
+    return fail(err, errlen, -EBADMSG,
+                "files[%zu].pack: a packed file has data and no key", i);
   if (f->size == 0 && (f->key || f->nframes))
     return fail(err, errlen, -EBADMSG,
                 "files[%zu]: an empty file has no key and no frames", i);
-  if (f->size > 0 && !f->key)
+  if (f->size > 0 && !f->key && !f->pack)
     return fail(err, errlen, -EBADMSG, "files[%zu].key: missing", i);
   if (f->size > 0 && f->nframes == 0)
     return fail(err, errlen, -EBADMSG,
@@ -549,10 +748,13 @@ validate(struct spot_manifest *m, bool compute, char *err, size_t errlen)
   if (m->nfiles > SPOT_MANIFEST_FILES_MAX)
     return fail(err, errlen, -EBADMSG, "files: more than %d",
                 SPOT_MANIFEST_FILES_MAX);
+  r = validate_pack_list(m, err, errlen);
+  if (r < 0)
+    return r;
   for (size_t i = 0; i < m->nfiles; i++) {
     struct spot_manifest_file *f = &m->files[i];
 
-    r = validate_file(f, i, err, errlen);
+    r = validate_file(f, i, m->npacks, err, errlen);
     if (r < 0)
       return r;
     total_frames += f->nframes;
@@ -561,13 +763,17 @@ validate(struct spot_manifest *m, bool compute, char *err, size_t errlen)
                   "files[%zu].frames: more than %d in all", i,
                   SPOT_MANIFEST_TOTAL_FRAMES_MAX);
     r = validate_frames(f, i, compute, err, errlen);
+    if (r == 0 && f->pack)
+      r = validate_packed(m, f, i, err, errlen);
     if (r < 0)
       return r;
     /* no overflow: <= 1e6 files of <= 1.4e12 bytes */
     total_raw += f->size;
     total_stored += f->stored;
   }
-  r = check_unique(m, err, errlen);
+  r = validate_packs(m, err, errlen);
+  if (r == 0)
+    r = check_unique(m, err, errlen);
   if (r < 0)
     return r;
   m->total_raw = total_raw;
@@ -600,7 +806,8 @@ put_str(struct spot_buf *b, const char *s)
 }
 
 static int
-put_file(struct spot_buf *b, const struct spot_manifest_file *f, bool first)
+put_file(struct spot_buf *b, const struct spot_manifest *m,
+         const struct spot_manifest_file *f, bool first)
 {
   int r = spot_buf_appends(b, first ? "{\"path\":" : ",{\"path\":");
 
@@ -617,6 +824,11 @@ put_file(struct spot_buf *b, const struct spot_manifest_file *f, bool first)
     r = spot_buf_appends(b, ",\"key\":");
     if (r == 0)
       r = put_str(b, f->key);
+  }
+  if (r == 0 && f->pack) {
+    r = spot_buf_appends(b, ",\"pack\":");
+    if (r == 0)
+      r = put_str(b, m->packs[f->pack - 1].key);
   }
   if (r == 0 && f->link) {
     r = spot_buf_appends(b, ",\"link\":");
@@ -672,10 +884,20 @@ spot_manifest_to_json(struct spot_manifest *m, char **out, char *err,
     r = spot_buf_printf(&b,
                         ",\"totals\":{\"files\":%zu,"
                         "\"raw_bytes\":%" PRIu64 ",\"stored_bytes\":%" PRIu64
-                        "},\"files\":[",
+                        "}",
                         m->nfiles, m->total_raw, m->total_stored);
+  for (size_t i = 0; r == 0 && i < m->npacks; i++) {
+    r = spot_buf_appends(&b, i == 0 ? ",\"packs\":[{\"key\":" : ",{\"key\":");
+    if (r == 0)
+      r = put_str(&b, m->packs[i].key);
+    if (r == 0)
+      r = spot_buf_printf(&b, ",\"stored\":%" PRIu64 "}%s", m->packs[i].stored,
+                          i + 1 == m->npacks ? "]" : "");
+  }
+  if (r == 0)
+    r = spot_buf_appends(&b, ",\"files\":[");
   for (size_t i = 0; r == 0 && i < m->nfiles; i++)
-    r = put_file(&b, &m->files[i], i == 0);
+    r = put_file(&b, m, &m->files[i], i == 0);
   if (r == 0)
     r = spot_buf_appends(&b, "]}");
   if (r == 0 && b.len > SPOT_MANIFEST_JSON_MAX)
@@ -702,7 +924,39 @@ struct parse {
   size_t nelems;
   size_t pos; /* the next element starts at or after text + pos */
   size_t end; /* the array's closing ']' */
+  /* "packs": the manifest being parsed, its pack indices sorted by key */
+  const struct spot_manifest *m;
+  size_t *pack_idx;
 };
+
+static int
+cmp_pack_idx(const void *a, const void *b, void *data)
+{
+  const struct spot_manifest *m = data;
+
+  return strcmp(m->packs[*(const size_t *)a].key,
+                m->packs[*(const size_t *)b].key);
+}
+
+/* 1 + the index of the pack named key, or 0. */
+static size_t
+find_pack(const struct parse *ps, const char *key)
+{
+  size_t lo = 0, hi = ps->m != NULL ? ps->m->npacks : 0;
+
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    int c = strcmp(ps->m->packs[ps->pack_idx[mid]].key, key);
+
+    if (c == 0)
+      return ps->pack_idx[mid] + 1;
+    if (c < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return 0;
+}
 
 /* Rejects keys not in the NULL-terminated list. */
 static int
@@ -823,9 +1077,9 @@ parse_frames(struct parse *ps, json_t *arr, const char *where,
 static int
 parse_file(struct parse *ps, json_t *o, size_t i, struct spot_manifest_file *f)
 {
-  static const char *const file_keys[] = {"path",     "size",   "mode",
-                                          "mtime_ns", "filter", "key",
-                                          "link",     "frames", NULL};
+  static const char *const file_keys[] = {"path",   "size", "mode", "mtime_ns",
+                                          "filter", "key",  "pack", "link",
+                                          "frames", NULL};
   char where[WHERE_MAX];
   const char *s;
   size_t len;
@@ -859,6 +1113,15 @@ parse_file(struct parse *ps, json_t *o, size_t i, struct spot_manifest_file *f)
     f->key = strdup(s);
     if (!f->key)
       return -ENOMEM;
+  }
+  r = get_str(ps, o, where, "pack", true, &s, &len);
+  if (r < 0)
+    return r;
+  if (s) {
+    f->pack = len == strlen(s) ? find_pack(ps, s) : 0;
+    if (!f->pack)
+      return fail(ps->err, ps->errlen, -EBADMSG, "%s.pack: not in packs",
+                  where);
   }
   r = get_str(ps, o, where, "link", true, &s, &len);
   if (r < 0)
@@ -898,7 +1161,10 @@ parse_file(struct parse *ps, json_t *o, size_t i, struct spot_manifest_file *f)
   if (!json_is_array(frames))
     return fail(ps->err, ps->errlen, -EBADMSG, "%s.frames: not an array",
                 where);
-  return parse_frames(ps, frames, where, f);
+  r = parse_frames(ps, frames, where, f);
+  if (r == 0 && f->pack && f->nframes > 0)
+    f->pack_off = f->frames[0].comp_off;
+  return r;
 }
 
 /* ---- the "files" array, one element at a time
@@ -1103,9 +1369,9 @@ split_files(struct parse *ps, const char *json, size_t len, size_t *outlen,
 static int
 parse_header(struct parse *ps, json_t *root, struct spot_manifest *m)
 {
-  static const char *const root_keys[] = {"format", "version", "name",
-                                          "job",    "created", "epoch",
-                                          "totals", "files",   NULL};
+  static const char *const root_keys[] = {
+      "format", "version", "name",  "job",   "created",
+      "epoch",  "totals",  "packs", "files", NULL};
   const char *s;
   size_t len;
   int64_t v;
@@ -1189,6 +1455,64 @@ parse_totals(struct parse *ps, json_t *root, int64_t t[3])
   return 0;
 }
 
+/* "packs" (optional): parsed before the files, which name them. */
+static int
+parse_packs(struct parse *ps, json_t *root, struct spot_manifest *m)
+{
+  static const char *const pack_keys[] = {"key", "stored", NULL};
+  json_t *arr = json_object_get(root, "packs");
+  size_t n;
+
+  if (!arr)
+    return 0;
+  if (!json_is_array(arr))
+    return fail(ps->err, ps->errlen, -EBADMSG, "packs: not an array");
+  n = json_array_size(arr);
+  if (n > SPOT_MANIFEST_PACKS_MAX)
+    return fail(ps->err, ps->errlen, -EBADMSG, "packs: more than %d",
+                SPOT_MANIFEST_PACKS_MAX);
+  if (n == 0)
+    return 0;
+  m->packs = calloc(n, sizeof(*m->packs));
+  ps->pack_idx = malloc(n * sizeof(*ps->pack_idx));
+  if (!m->packs || !ps->pack_idx)
+    return -ENOMEM;
+  m->packs_alloc = n;
+  for (size_t i = 0; i < n; i++) {
+    json_t *o = json_array_get(arr, i);
+    char where[WHERE_MAX];
+    const char *s;
+    size_t len;
+    int64_t v;
+    int r;
+
+    snprintf(where, sizeof(where), "packs[%zu]", i);
+    if (!json_is_object(o))
+      return fail(ps->err, ps->errlen, -EBADMSG, "%s: not an object", where);
+    r = only_keys(ps, o, where, pack_keys);
+    if (r < 0)
+      return r;
+    r = get_str(ps, o, where, "key", false, &s, &len);
+    if (r < 0)
+      return r;
+    if (path_problem(s, len))
+      return fail(ps->err, ps->errlen, -EBADMSG, "%s.key: %s", where,
+                  path_problem(s, len));
+    r = get_int(ps, o, where, "stored", 1, INT64_MAX, &v);
+    if (r < 0)
+      return r;
+    m->packs[i].key = strdup(s);
+    if (!m->packs[i].key)
+      return -ENOMEM;
+    m->packs[i].stored = (uint64_t)v;
+    m->npacks = i + 1;
+    ps->pack_idx[i] = i;
+  }
+  ps->m = m;
+  qsort_r(ps->pack_idx, n, sizeof(*ps->pack_idx), cmp_pack_idx, m);
+  return 0;
+}
+
 static int
 parse_root(struct parse *ps, json_t *root, struct spot_manifest *m)
 {
@@ -1200,6 +1524,8 @@ parse_root(struct parse *ps, json_t *root, struct spot_manifest *m)
   r = parse_header(ps, root, m);
   if (r == 0)
     r = parse_totals(ps, root, t);
+  if (r == 0)
+    r = parse_packs(ps, root, m);
   if (r < 0)
     return r;
   tf = t[0];
@@ -1256,7 +1582,7 @@ int
 spot_manifest_parse(const char *json, size_t len, struct spot_manifest **out,
                     char *err, size_t errlen)
 {
-  struct parse ps = {err, errlen, NULL, 0, 0, 0};
+  struct parse ps = {err, errlen, NULL, 0, 0, 0, NULL, NULL};
   struct spot_manifest *m;
   json_error_t jerr;
   json_t *root;
@@ -1293,6 +1619,7 @@ spot_manifest_parse(const char *json, size_t len, struct spot_manifest **out,
   }
   r = parse_root(&ps, root, m);
   json_decref(root);
+  free(ps.pack_idx);
   if (r < 0) {
     if (r == -ENOMEM)
       set_err(err, errlen, "manifest: out of memory");

@@ -50,6 +50,33 @@
  * path is a folder of another's ("a" and "a/b"), no key is
  * "MANIFEST.json". Names and jobs satisfy spot_ckpt_name_valid().
  *
+ * Packs (issue 15.2): small files may be stored together in pack objects
+ * instead of one object each. The manifest then lists the packs before
+ * "files" (a manifest without packs has no "packs" key at all, and is
+ * byte-identical to what older builds wrote):
+ *
+ *   "packs": [ { "key": "attempt-0123456789abcdef/packs/pack-000001.pack",
+ *                "stored": 6291456 } ],
+ *
+ * and a packed file has "pack" (the key of its pack) instead of "key":
+ *
+ *   { "path": "config.json", "size": 612, "mode": 420, "mtime_ns": ...,
+ *     "filter": "none",
+ *     "pack": "attempt-0123456789abcdef/packs/pack-000001.pack",
+ *     "frames": [ { "raw_off": 0, "raw_len": 612, "comp_off": 81920,
+ *                   "comp_len": 301, "crc32c": 2055291110 } ] }
+ *
+ * Its frames' comp_off are offsets in the pack object: they start
+ * anywhere in it but are contiguous (each frame starts where the previous
+ * one ends), the file's stored bytes (<= SPOT_CODEC_PART_MAX) end within
+ * the pack's "stored", and no two files' ranges in one pack overlap
+ * (gaps between them are allowed: push pads a pack's parts with zstd
+ * skippable frames, see lib/io/store_push_xfer.c, so a pack is a valid
+ * zstd stream of its files' bytes). Pack keys follow the rules of keys
+ * and share their namespace (no pack key is a file's key or another
+ * pack's); the store names them ".pack", never "<path>.zst". A packed file
+ * is never empty and never a link; at most SPOT_MANIFEST_PACKS_MAX packs.
+ *
  * Not thread-safe: the store builds the manifest on its loop thread. */
 #ifndef SPOT_MANIFEST_H
 #define SPOT_MANIFEST_H
@@ -77,6 +104,7 @@
 #define SPOT_MANIFEST_FILES_MAX 300000
 #define SPOT_MANIFEST_FRAMES_MAX 10000 /* per file: S3's part limit */
 #define SPOT_MANIFEST_TOTAL_FRAMES_MAX 4000000
+#define SPOT_MANIFEST_PACKS_MAX 65536
 #define SPOT_MANIFEST_JSON_MAX ((size_t)40 << 20)
 #define SPOT_CKPT_NAME_MAX 128
 
@@ -101,6 +129,16 @@ struct spot_manifest_file {
   struct spot_manifest_frame *frames;
   size_t nframes;
   size_t frames_alloc;
+  /* packed: 1 + the index of its pack in spot_manifest.packs, else 0;
+   * pack_off is where its first frame starts in the pack */
+  size_t pack;
+  uint64_t pack_off;
+};
+
+/* A pack object of small files (see above). */
+struct spot_manifest_pack {
+  char *key;       /* relative to the checkpoint, like a file's key */
+  uint64_t stored; /* the object's size */
 };
 
 struct spot_manifest {
@@ -115,6 +153,9 @@ struct spot_manifest {
   size_t nfiles;
   size_t files_alloc;
   size_t total_frames;
+  struct spot_manifest_pack *packs; /* npacks entries, "packs" */
+  size_t npacks;
+  size_t packs_alloc;
 };
 
 /* Whether name is a valid checkpoint name (also used for job ids): 1..128
@@ -158,6 +199,33 @@ int spot_manifest_add_file(struct spot_manifest *m, const char *path,
 int spot_manifest_add_link(struct spot_manifest *m, const char *path,
                            const char *target, int64_t mtime_ns,
                            size_t *out_index);
+
+/* Adds a pack object (stored: its size, may be set later with
+ * spot_manifest_set_pack_stored()); *out_index (may be NULL) is its index
+ * for spot_manifest_add_packed(). Returns 0, -EINVAL (key invalid by the
+ * rules of keys), -E2BIG (more than SPOT_MANIFEST_PACKS_MAX) or -ENOMEM.
+ * Duplicate keys are found by spot_manifest_to_json(). */
+int spot_manifest_add_pack(struct spot_manifest *m, const char *key,
+                           uint64_t stored, size_t *out_index);
+/* Sets pack index's stored size. 0 or -EINVAL (bad index). */
+int spot_manifest_set_pack_stored(struct spot_manifest *m, size_t index,
+                                  uint64_t stored);
+/* Adds a non-empty file stored in pack (an index of
+ * spot_manifest_add_pack()) at pack_off (may be set later with
+ * spot_manifest_set_pack_off()); its frames are set as for any file and
+ * laid out contiguously from pack_off. Returns what
+ * spot_manifest_add_file() does (-EINVAL also for size 0 or a bad pack). */
+int spot_manifest_add_packed(struct spot_manifest *m, const char *path,
+                             size_t pack, uint64_t pack_off, uint64_t size,
+                             uint32_t mode, int64_t mtime_ns,
+                             enum spot_filter filter, size_t *out_index);
+/* Sets where packed file index starts in its pack. 0 or -EINVAL (bad
+ * index, not a packed file). */
+int spot_manifest_set_pack_off(struct spot_manifest *m, size_t index,
+                               uint64_t pack_off);
+/* The key of the object file f's bytes are in: its own or its pack's. */
+const char *spot_manifest_object_key(const struct spot_manifest *m,
+                                     const struct spot_manifest_file *f);
 
 /* Records frame number part (0-based) of file index: parts may be set in
  * any order (as workers finish); offsets are computed when serializing.

@@ -5,6 +5,7 @@
  *
  * Layout (DESIGN.md "Store layout and commit"), under ROOT = PREFIX/JOB:
  *   ROOT/checkpoints/NAME/<relative path>.zst   one object per file
+ *   ROOT/checkpoints/NAME/packs/pack-N.pack     small files, packed
  *   ROOT/checkpoints/NAME/MANIFEST.json         written last: the commit
  *   ROOT/LATEST                                 name of the newest commit
  *
@@ -53,6 +54,9 @@
  * training is not disturbed; all grow only while it pays. */
 #define SPOT_STORE_PARALLEL_URGENT 32
 #define SPOT_STORE_PARALLEL_GENTLE 4
+/* push: files smaller than this are packed together (pack_threshold) */
+#define SPOT_STORE_PACK_THRESHOLD_DEFAULT ((uint64_t)1 << 20)
+#define SPOT_STORE_PACK_OFF UINT64_MAX /* pack_threshold: no packing */
 /* The trainer's "this folder is complete" marker (DESIGN.md): a file of
  * that name at the top of a pushed folder is not part of the checkpoint. */
 #define SPOT_STORE_MARKER "SPOTD_COMPLETE"
@@ -131,7 +135,16 @@ struct spot_store_config {
    * records lease_epoch ("epoch"). */
   const char *lease_owner;
   uint64_t lease_epoch, lease_seq;
+  /* push: non-empty files smaller than this (and than part_size) are
+   * packed together into pack objects of up to SPOT_STORE_PACK_PARTS
+   * parts, each file one zstd frame (lib/core/manifest.h "Packs");
+   * restore fetches runs of them with one ranged GET of up to part_size.
+   * 0 = SPOT_STORE_PACK_THRESHOLD_DEFAULT, SPOT_STORE_PACK_OFF = every
+   * file its own object (the layout of older versions). */
+  uint64_t pack_threshold;
 };
+
+#define SPOT_STORE_PACK_PARTS 8
 
 #define SPOT_STORE_MIN_RATE_DEFAULT ((uint64_t)64 << 10)
 #define SPOT_STORE_TRANSFER_GRACE_MS 5000

@@ -205,6 +205,8 @@ struct spot__store_slot {
   size_t comp_cap;
   size_t comp_len; /* push: encoded length; restore: bytes fetched */
   uint64_t want;   /* restore: the frame's stored length */
+  size_t nfiles;   /* restore: packed files [file, file + nfiles) in one
+                      ranged read of their pack; 0: frame part of file */
   uint64_t raw_len;
   uint32_t crc;
   int mode; /* push: enum spot_codec_mode */

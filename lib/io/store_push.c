@@ -304,6 +304,10 @@ walk_work_cb(uv_work_t *req)
     if (op->b.cfg.c.compress == SPOT_STORE_COMPRESS_NEVER || n == 0) {
       f->filter = SPOT_FILTER_NONE;
       f->compress = false;
+    } else if (spot__pack_small(op, f)) {
+      f->filter = SPOT_FILTER_NONE; /* packed: no trial (store_pack.c) */
+      f->compress = true;
+      f->cmode = SPOT_CODEC_ZSTD;
     } else {
       r = spot_codec_choose_filter(codec, sample, n, &t);
       if (r < 0) {
@@ -340,8 +344,8 @@ verify_work_cb(uv_work_t *req)
     struct stat st;
     int64_t mt;
 
-    if (f->link != NULL)
-      continue; /* a link: nothing was read from it */
+    if (f->link != NULL || f->pk != NULL)
+      continue; /* a link or a pack: nothing was read from it */
     if (lstat(f->abs, &st) < 0) {
       fail_msg(op, -errno, "%s: %s", f->rel, strerror(errno));
       return;
@@ -379,6 +383,7 @@ op_free(struct spot__store_op *b)
     free(f->key);
     free(f->upload_id);
     free(f->etags);
+    spot__pack_free(f);
   }
   free(op->files);
   spot__store_pipe_fini(&op->pipe);
@@ -407,7 +412,7 @@ finish(struct push_op *op)
    * push that is killed never gets here, and its journal stays. */
   spot__resume_remove(op);
   memset(&res, 0, sizeof(res));
-  res.files = op->nfiles;
+  res.files = op->nfiles - op->npacks;
   res.raw_bytes = op->b.raw_total;
   res.stored_bytes = op->manifest != NULL ? op->manifest->total_stored : 0;
   if (op->ranks.state == RANKS_MERGED) /* files, raw_bytes: this rank's */
@@ -729,9 +734,13 @@ static void
 verified(struct push_op *op)
 {
   char err[256];
-  int r =
-      spot_manifest_to_json(op->manifest, &op->manifest_json, err, sizeof(err));
+  int r = spot__pack_finish(op);
 
+  if (r == 0)
+    r = spot_manifest_to_json(op->manifest, &op->manifest_json, err,
+                              sizeof(err));
+  else
+    snprintf(err, sizeof(err), "packs: %s", strerror(-r));
   if (r < 0) {
     fail_msg(op, r, "building the manifest: %s", err);
     stop(op);
@@ -761,7 +770,8 @@ walked(struct push_op *op)
      * is 95 bytes but P; "key":K and "link":L when there; a frame's five
      * numbers about 100. */
     est += len + 110 + (f->size > 0 ? len + 12 : 0) +
-           (f->link ? strlen(f->link) + 12 : 0) + (uint64_t)f->nparts * 115;
+           (f->link ? strlen(f->link) + 12 : 0) + (uint64_t)f->nparts * 115 +
+           (spot__pack_small(op, f) ? 60 : 0); /* "pack":KEY, not "key" */
   }
   if (est <= SPOT_MANIFEST_JSON_MAX)
     return 0;

@@ -50,6 +50,8 @@ enum file_state {
   FILE_STATE_LAST,
 };
 
+struct spot__pack;
+
 struct pfile {
   char *rel;
   char *abs;  /* what is read: the file, or what a followed link names */
@@ -71,6 +73,10 @@ struct pfile {
   char *upload_id;
   struct spot_s3_part_info *etags;
   struct spot_s3_op *s3op; /* create or complete */
+  /* store_pack.c: a packed file's pack (1 + the pack entry's index in
+   * files), 0 if it has its own object; a pack entry's layout, else NULL */
+  size_t pack;
+  struct spot__pack *pk;
 };
 
 /* A part's slot (struct spot__store_slot in store_internal.h). */
@@ -166,6 +172,7 @@ struct push_op {
   struct pfile *files;
   size_t nfiles;
   size_t next_file; /* dispatch cursor */
+  size_t npacks;    /* pack entries (store_pack.c), the last of files */
 
   struct spot__store_pipe pipe;
   unsigned active_xfers;
@@ -216,6 +223,31 @@ void spot__push_file_set_state(struct push_op *op, struct pfile *f,
                                enum file_state s);
 void spot__push_xfer_cancel(struct push_op *op);
 bool spot__push_files_done(const struct push_op *op);
+
+/* store_pack.c: small files packed together (issue 15.2). After the walk
+ * the pack entries are appended to op->files (f->pk set): each is uploaded
+ * like a file whose parts are runs of whole small files, each file one
+ * zstd frame; its members (f->pack set) have no object and no part of
+ * their own. */
+/* Whether f is packed (the threshold of the config). Pure. */
+bool spot__pack_small(const struct push_op *op, const struct pfile *f);
+/* Appends the pack entries and adds the packs to op->manifest. */
+int spot__pack_plan(struct push_op *op);
+/* Adds packed file f to the manifest. */
+int spot__pack_add_member(struct push_op *op, struct pfile *f);
+/* Raw bytes of part `part` of pack entry f. */
+uint64_t spot__pack_part_raw(const struct push_op *op, const struct pfile *f,
+                             size_t part);
+/* Worker: reads and encodes the files of slot s's part of a pack. */
+void spot__pack_encode(struct push_op *op, struct spot__store_slot *s);
+/* Loop: the part of slot s is encoded; records its files' frames. */
+int spot__pack_encoded(struct push_op *op, struct spot__store_slot *s);
+/* Every pack is stored: their sizes and the files' offsets into the
+ * manifest. */
+int spot__pack_finish(struct push_op *op);
+void spot__pack_free(struct pfile *f);
+/* store_push_xfer.c: pad_part() for packs' parts. */
+int spot__push_pad(void *comp, size_t cap, size_t *len);
 
 /* store_resume.c */
 int spot__resume_init(struct push_op *op);

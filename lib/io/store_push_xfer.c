@@ -160,6 +160,12 @@ read_raw_frame(struct spot__store_slot *s, int fd, uint64_t off)
  * goes away, but the grouping loop then reads memory that is cold in the
  * CPU's caches, and a 1 GiB push took 40 % more CPU (and a file that
  * shrinks while mapped raises SIGBUS). */
+int
+spot__push_pad(void *comp, size_t cap, size_t *len)
+{
+  return pad_part(comp, cap, len);
+}
+
 static void
 encode_work_cb(uv_work_t *req)
 {
@@ -171,6 +177,10 @@ encode_work_cb(uv_work_t *req)
   uint64_t t0 = spot_now_mono_ms();
   int fd;
 
+  if (f->pk != NULL) {
+    spot__pack_encode(op, s); /* a part of a pack: whole small files */
+    return;
+  }
   s->work_err = 0;
   fd = open(f->abs, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
@@ -205,7 +215,9 @@ encode_after_cb(uv_work_t *req, int status)
   struct pfile *f = &op->files[s->file];
   int r = spot__store_pipe_worked(s, status);
 
-  if (r == 0)
+  if (r == 0 && f->pk != NULL)
+    r = spot__pack_encoded(op, s);
+  else if (r == 0)
     r = spot_manifest_set_frame(op->manifest, f->midx, s->part, s->raw_len,
                                 s->comp_len, s->crc);
   if (r == -ESTALE)
@@ -419,6 +431,8 @@ start_encodes(struct push_op *op)
     s->raw_len = f->size - (uint64_t)s->part * op->b.cfg.c.part_size;
     if (s->raw_len > op->b.cfg.c.part_size)
       s->raw_len = op->b.cfg.c.part_size;
+    if (f->pk != NULL)
+      s->raw_len = spot__pack_part_raw(op, f, s->part);
     s->mode = (int)choose_mode(op, f);
     r = spot__store_pipe_work(&op->pipe, s, encode_work_cb, encode_after_cb,
                               SLOT_ENCODING);
@@ -492,6 +506,10 @@ add_to_manifest(struct push_op *op, struct pfile *f)
   char key_rel[4300], path[4200];
   int r;
 
+  if (f->pk != NULL)
+    return 0; /* a pack: in the manifest's packs (store_pack.c) */
+  if (f->pack != 0)
+    return spot__pack_add_member(op, f);
   if (op->b.cfg.c.nranks > 1)
     snprintf(path, sizeof(path), "rank-%u/%s", op->b.cfg.c.rank, f->rel);
   else
@@ -548,6 +566,10 @@ spot__push_xfer_setup(struct push_op *op)
     return r;
   }
   op->manifest->epoch = op->b.cfg.c.lease_epoch;
+  if ((r = spot__pack_plan(op)) < 0) {
+    fail_msg(op, r, "packing small files: %s", strerror(-r));
+    return r;
+  }
   for (size_t i = 0; i < op->nfiles; i++)
     if ((r = add_to_manifest(op, &op->files[i])) < 0)
       return r;

@@ -164,15 +164,19 @@ wait_more(struct push_op *op)
 }
 
 /* Adds rank's partial manifest (in op->body) to the merged one. */
+/* pack_base: the merged index of this rank's first pack. */
 static int
 merge_file(struct push_op *op, unsigned rank,
-           const struct spot_manifest_file *f)
+           const struct spot_manifest_file *f, size_t pack_base)
 {
   size_t idx;
   int r =
-      f->link != NULL
-          ? spot_manifest_add_link(op->ranks.merged, f->path, f->link,
-                                   f->mtime_ns, &idx)
+      f->link != NULL ? spot_manifest_add_link(op->ranks.merged, f->path,
+                                               f->link, f->mtime_ns, &idx)
+      : f->pack != 0
+          ? spot_manifest_add_packed(
+                op->ranks.merged, f->path, pack_base + f->pack - 1, f->pack_off,
+                f->size, f->mode, f->mtime_ns, f->filter, &idx)
           : spot_manifest_add_file(op->ranks.merged, f->path, f->key, f->size,
                                    f->mode, f->mtime_ns, f->filter, &idx);
 
@@ -190,7 +194,7 @@ merge_marker(struct push_op *op, unsigned rank)
 {
   struct spot_manifest *m = NULL;
   char err[256], prefix[32];
-  size_t plen;
+  size_t plen, pack_base;
   int r;
 
   r = spot_manifest_parse(spot_buf_str(&op->body), op->body.len, &m, err,
@@ -209,6 +213,22 @@ merge_marker(struct push_op *op, unsigned rank)
                          op->b.name);
     r = -EBADMSG;
   }
+  /* its packs, under its rank-K/ folder like its files */
+  pack_base = op->ranks.merged->npacks;
+  for (size_t i = 0; r == 0 && i < m->npacks; i++) {
+    if (strncmp(m->packs[i].key, prefix, plen) != 0) {
+      spot__store_fail_msg(&op->b, -EBADMSG,
+                           "rank %u's part of %s holds pack %s, outside %s",
+                           rank, op->b.name, m->packs[i].key, prefix);
+      r = -EBADMSG;
+      break;
+    }
+    r = spot_manifest_add_pack(op->ranks.merged, m->packs[i].key,
+                               m->packs[i].stored, NULL);
+    if (r < 0)
+      spot__store_fail_msg(&op->b, r, "merging rank %u's part of %s: %s", rank,
+                           op->b.name, strerror(-r));
+  }
   for (size_t i = 0; r == 0 && i < m->nfiles; i++) {
     const struct spot_manifest_file *f = &m->files[i];
 
@@ -220,7 +240,7 @@ merge_marker(struct push_op *op, unsigned rank)
       r = -EBADMSG;
       break;
     }
-    r = merge_file(op, rank, f);
+    r = merge_file(op, rank, f, pack_base);
   }
   spot_manifest_free(m);
   return r;

@@ -139,7 +139,9 @@ spot__resume_save(struct push_op *op, bool force)
   for (size_t i = 0; i < op->nfiles; i++) {
     const struct pfile *f = &op->files[i];
 
-    if (f->nparts < 2 || (f->state != FILE_OPEN && f->state != FILE_COMPLETING))
+    /* packs are not journaled: a resumed push uploads them again */
+    if (f->nparts < 2 || f->pk != NULL ||
+        (f->state != FILE_OPEN && f->state != FILE_COMPLETING))
       continue;
     if (journal_file(op, f, &j.files[n++]) < 0)
       break;
@@ -157,7 +159,7 @@ static struct pfile *
 find_file(struct push_op *op, const char *rel)
 {
   for (size_t i = 0; i < op->nfiles; i++)
-    if (strcmp(op->files[i].rel, rel) == 0)
+    if (op->files[i].pk == NULL && strcmp(op->files[i].rel, rel) == 0)
       return &op->files[i];
   return NULL;
 }

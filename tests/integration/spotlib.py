@@ -167,12 +167,13 @@ def s3_get(key):
 
 def manifest_key(root, name, rel):
     """The object key of file rel of committed checkpoint name (root ends
-    with '/'): the manifest names it (a per-attempt folder, store.h)."""
+    with '/'): the manifest names it (a per-attempt folder, store.h), or
+    the pack it is in (a small file, manifest.h "Packs")."""
     import json
     m = json.loads(s3_get(root + "checkpoints/%s/MANIFEST.json" % name))
     for f in m["files"]:
         if f["path"] == rel:
-            return root + "checkpoints/%s/%s" % (name, f["key"])
+            return root + "checkpoints/%s/%s" % (name, f.get("key") or f["pack"])
     raise KeyError(rel)
 
 

@@ -33,7 +33,7 @@ def restarts_and_resume(c, wd):
         # The notice is up before spotd starts; the restore is held long
         # enough for the poller to see it.
         emu.control("notice", deadline=60)
-        s3.stall = lambda m, k: 1.5 if m == "GET" and k.endswith(".zst") else 0
+        s3.stall = lambda m, k: 1.5 if m == "GET" and k.endswith((".zst", ".pack")) else 0
         d = sl.Daemon(os.path.join(wd, "one"), store, job, env=s3.env(),
                       provider="aws", metadata_url=emu.url)
         rc = d.wait_exit(30)

@@ -146,18 +146,21 @@ def main():
             try:
                 m = json.loads(sl.s3_get(ck + name + "/MANIFEST.json"))
                 paths = sorted(f["path"] for f in m["files"])
-                fkeys = sorted(f.get("key", "") for f in m["files"])
+                fkeys = sorted(f.get("key") or f.get("pack", "")
+                               for f in m["files"])
             except Exception as e:  # noqa: BLE001
                 paths, fkeys = [repr(e)], []
             want = ["rank-0/data.bin", "rank-0/step", "rank-1/data.bin",
                     "rank-1/step"]
             c.check(paths == want, "MANIFEST.json lists both ranks' files",
                     repr(paths))
-            # rank-K/<attempt>/<path>.zst (store.h: per-attempt keys)
+            # rank-K/<attempt>/<path>.zst (store.h: per-attempt keys), or
+            # a small file's pack rank-K/<attempt>/packs/pack-N.pack
             c.check(len(fkeys) == len(want) and
                     all(k.startswith(p.split("/")[0] + "/attempt-") and
-                        k.endswith("/" + p.split("/", 1)[1] + ".zst")
-                        for k, p in zip(fkeys, want)) and
+                        (k.endswith("/" + p.split("/", 1)[1] + ".zst") or
+                         "/packs/pack-" in k)
+                        for k, p in zip(sorted(fkeys), want)) and
                     all(ck + name + "/" + k in keys for k in fkeys),
                     "each file's object is under its rank's folder",
                     repr(fkeys))

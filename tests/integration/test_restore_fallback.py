@@ -22,7 +22,7 @@ def make(d, step):
 
 def corrupt(prefix, name, rel):
     man = json.loads(sl.s3_get(prefix + "checkpoints/%s/MANIFEST.json" % name))
-    key = [f["key"] for f in man["files"] if f["path"] == rel][0]
+    key = [f.get("key") or f["pack"] for f in man["files"] if f["path"] == rel][0]
     obj = bytearray(sl.s3_get(prefix + "checkpoints/%s/%s" % (name, key)))
     obj[len(obj) // 2] ^= 0x5a
     sl.s3_put(prefix + "checkpoints/%s/%s" % (name, key), bytes(obj))

@@ -76,6 +76,8 @@ try:
                 root + "checkpoints/%s/MANIFEST.json" % name))
             want = sorted([root + "checkpoints/%s/%s" % (name, f["key"])
                            for f in man["files"] if f.get("key")] +
+                          [root + "checkpoints/%s/%s" % (name, p["key"])
+                           for p in man.get("packs", [])] +
                           [root + "checkpoints/%s/MANIFEST.json" % name])
             keys = spotlib.s3_keys(root + "checkpoints/%s/" % name)
             c.check(keys == want, "%s: only the winner's objects remain" %

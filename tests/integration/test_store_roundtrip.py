@@ -64,7 +64,9 @@ try:
             os.chmod(p, mode)
         raw_total = sum(s for _, s, _ in files.values())
 
-        cp = spotlib.spotctl("push", src, url, "--part-size", "5M", "--parallel", "3")
+        # the layout of one object per file (packs: test_store_pack.py)
+        cp = spotlib.spotctl("push", src, url, "--part-size", "5M", "--parallel", "3",
+                             "--pack-threshold", "0")
         c.check(cp.returncode == 0, "push succeeds", cp.stdout + cp.stderr)
         c.check("pushed step-100: 8 files" in cp.stdout,
                 "push prints one summary line naming the checkpoint", cp.stdout)

@@ -42,6 +42,206 @@ subst(const char *from, const char *to)
   return s;
 }
 
+/* A valid packed manifest: two small files in one pack (a gap between
+ * them, as the padding of a pack's part leaves), one big file of its own,
+ * packs listed before files. */
+static const char packed[] =
+    "{\"format\":\"spotd-checkpoint\",\"version\":1,\"name\":\"step-100\","
+    "\"job\":\"job1\",\"created\":\"2026-12-02T10:13:50Z\","
+    "\"totals\":{\"files\":3,\"raw_bytes\":20,\"stored_bytes\":45},"
+    "\"packs\":[{\"key\":\"packs/pack-000001.pack\",\"stored\":100}],"
+    "\"files\":["
+    "{\"path\":\"a\",\"size\":5,\"mode\":420,\"mtime_ns\":1,"
+    "\"filter\":\"none\",\"pack\":\"packs/pack-000001.pack\",\"frames\":["
+    "{\"raw_off\":0,\"raw_len\":5,\"comp_off\":0,\"comp_len\":14,"
+    "\"crc32c\":1}]},"
+    "{\"path\":\"b\",\"size\":10,\"mode\":420,\"mtime_ns\":2,"
+    "\"filter\":\"none\",\"key\":\"b.zst\",\"frames\":["
+    "{\"raw_off\":0,\"raw_len\":10,\"comp_off\":0,\"comp_len\":19,"
+    "\"crc32c\":2}]},"
+    "{\"path\":\"c\",\"size\":5,\"mode\":420,\"mtime_ns\":3,"
+    "\"filter\":\"none\",\"pack\":\"packs/pack-000001.pack\",\"frames\":["
+    "{\"raw_off\":0,\"raw_len\":3,\"comp_off\":60,\"comp_len\":6,"
+    "\"crc32c\":3},"
+    "{\"raw_off\":3,\"raw_len\":2,\"comp_off\":66,\"comp_len\":6,"
+    "\"crc32c\":4}]}]}";
+
+/* packed with the first occurrence of from replaced by to */
+static char *
+psubst(const char *from, const char *to)
+{
+  const char *p = strstr(packed, from);
+  size_t n = strlen(packed) - strlen(from) + strlen(to) + 1;
+  char *s = malloc(n);
+
+  assert_non_null(p);
+  assert_non_null(s);
+  snprintf(s, n, "%.*s%s%s", (int)(p - packed), packed, to, p + strlen(from));
+  return s;
+}
+
+static void
+test_packs_parse(void **state)
+{
+  struct spot_manifest *m = NULL;
+  const struct spot_manifest_file *f;
+  char err[256] = "", *json = NULL;
+
+  (void)state;
+  assert_int_equal(
+      spot_manifest_parse(packed, strlen(packed), &m, err, sizeof(err)), 0);
+  assert_int_equal(m->npacks, 1);
+  assert_string_equal(m->packs[0].key, "packs/pack-000001.pack");
+  assert_int_equal(m->packs[0].stored, 100);
+  f = spot_manifest_find(m, "a");
+  assert_int_equal(f->pack, 1);
+  assert_null(f->key);
+  assert_int_equal(f->pack_off, 0);
+  assert_int_equal(f->stored, 14);
+  assert_string_equal(spot_manifest_object_key(m, f), "packs/pack-000001.pack");
+  f = spot_manifest_find(m, "c");
+  assert_int_equal(f->pack_off, 60);
+  assert_int_equal(f->stored, 12);
+  f = spot_manifest_find(m, "b");
+  assert_int_equal(f->pack, 0);
+  assert_string_equal(spot_manifest_object_key(m, f), "b.zst");
+  /* written back the same */
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), 0);
+  assert_string_equal(json, packed);
+  free(json);
+  spot_manifest_free(m);
+}
+
+static void
+test_packs_build(void **state)
+{
+  struct spot_manifest *m = NULL, *back = NULL;
+  char err[256] = "", *json = NULL;
+  size_t p0, p1, a, b, c;
+
+  (void)state;
+  assert_int_equal(spot_manifest_new("ck", "job", CREATED_MS, &m), 0);
+  assert_int_equal(
+      spot_manifest_add_pack(m, "x/packs/pack-000001.pack", 0, &p0), 0);
+  assert_int_equal(
+      spot_manifest_add_pack(m, "x/packs/pack-000002.pack", 0, &p1), 0);
+  assert_int_equal(spot_manifest_add_pack(m, "MANIFEST.json", 0, NULL),
+                   -EINVAL);
+  assert_int_equal(spot_manifest_add_pack(m, "../p", 0, NULL), -EINVAL);
+  assert_int_equal(spot_manifest_add_packed(m, "a", p0, 0, 100, 0644, 1, 0, &a),
+                   0);
+  assert_int_equal(spot_manifest_add_packed(m, "b", p1, 0, 50, 0644, 1, 0, &b),
+                   0);
+  assert_int_equal(spot_manifest_add_packed(m, "c", p0, 0, 70, 0644, 1, 0, &c),
+                   0);
+  /* empty, or a pack that does not exist */
+  assert_int_equal(spot_manifest_add_packed(m, "d", p0, 0, 0, 0644, 1, 0, NULL),
+                   -EINVAL);
+  assert_int_equal(spot_manifest_add_packed(m, "d", 7, 0, 1, 0644, 1, 0, NULL),
+                   -EINVAL);
+  assert_int_equal(spot_manifest_set_pack_off(m, 99, 0), -EINVAL);
+  assert_int_equal(spot_manifest_set_frame(m, a, 0, 100, 40, 1), 0);
+  assert_int_equal(spot_manifest_set_frame(m, b, 0, 50, 30, 2), 0);
+  assert_int_equal(spot_manifest_set_frame(m, c, 0, 60, 20, 3), 0);
+  assert_int_equal(spot_manifest_set_frame(m, c, 1, 10, 5, 4), 0);
+  /* stored sizes not set yet: refused */
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), -EINVAL);
+  assert_non_null(strstr(err, "packs[0].stored"));
+  assert_int_equal(spot_manifest_set_pack_stored(m, p0, 200), 0);
+  assert_int_equal(spot_manifest_set_pack_stored(m, p1, 30), 0);
+  assert_int_equal(spot_manifest_set_pack_stored(m, 5, 30), -EINVAL);
+  /* c overlaps a */
+  assert_int_equal(spot_manifest_set_pack_off(m, c, 39), 0);
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), -EINVAL);
+  assert_non_null(strstr(err, "overlap"));
+  /* c ends past its pack */
+  assert_int_equal(spot_manifest_set_pack_off(m, c, 180), 0);
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), -EINVAL);
+  assert_non_null(strstr(err, "outside its pack"));
+  assert_int_equal(spot_manifest_set_pack_off(m, c, 40), 0);
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), 0);
+  assert_int_equal(
+      spot_manifest_parse(json, strlen(json), &back, err, sizeof(err)), 0);
+  assert_int_equal(back->npacks, 2);
+  assert_int_equal(back->files[2].pack, 1);
+  assert_int_equal(back->files[2].frames[0].comp_off, 40);
+  assert_int_equal(back->files[2].frames[1].comp_off, 60);
+  assert_int_equal(back->total_stored, 95);
+  spot_manifest_free(back);
+  free(json);
+  /* a file key may not be a pack's */
+  assert_int_equal(spot_manifest_add_file(m, "e", "x/packs/pack-000001.pack", 1,
+                                          0644, 1, 0, &a),
+                   0);
+  assert_int_equal(spot_manifest_set_frame(m, a, 0, 1, 10, 1), 0);
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), -EINVAL);
+  assert_non_null(strstr(err, "same object"));
+  spot_manifest_free(m);
+}
+
+static void
+test_packs_reject(void **state)
+{
+  static const struct {
+    const char *from, *to, *want;
+  } cases[] = {
+      /* a packed file's frames must be contiguous */
+      {"\"comp_off\":66", "\"comp_off\":67", "contiguous"},
+      /* inside the pack */
+      {"\"stored\":100", "\"stored\":71", "outside its pack"},
+      {"\"comp_off\":60", "\"comp_off\":95", "contiguous"},
+      /* no overlap of two files in one pack */
+      {"\"comp_off\":60,\"comp_len\":6,\"crc32c\":3},"
+       "{\"raw_off\":3,\"raw_len\":2,\"comp_off\":66",
+       "\"comp_off\":10,\"comp_len\":6,\"crc32c\":3},"
+       "{\"raw_off\":3,\"raw_len\":2,\"comp_off\":16",
+       "overlap"},
+      /* names a pack that is not listed */
+      {"\"pack\":\"packs/pack-000001.pack\"", "\"pack\":\"packs/other\"",
+       "not in packs"},
+      /* key and pack both */
+      {"\"pack\":\"packs/pack-000001.pack\"",
+       "\"key\":\"a.zst\",\"pack\":\"packs/pack-000001.pack\"", "no key"},
+      /* pack keys follow the key rules */
+      {"\"key\":\"packs/pack-000001.pack\"", "\"key\":\"../x\"",
+       "packs[0].key"},
+      {"\"stored\":100", "\"stored\":0", "packs[0].stored"},
+      {"\"stored\":100}", "\"stored\":100,\"x\":1}", "unknown key"},
+      {"\"packs\":[{\"key\":\"packs/pack-000001.pack\",\"stored\":100}]",
+       "\"packs\":7", "not an array"},
+      /* a pack key that is a file's key */
+      {"\"key\":\"b.zst\"", "\"key\":\"packs/pack-000001.pack\"",
+       "same object"},
+      /* two packs of one key */
+      {"\"stored\":100}]",
+       "\"stored\":100},{\"key\":\"packs/pack-000001.pack\","
+       "\"stored\":100}]",
+       "same object"},
+      /* a packed empty file */
+      {"\"size\":5,\"mode\":420,\"mtime_ns\":1",
+       "\"size\":0,\"mode\":420,"
+       "\"mtime_ns\":1",
+       "files[0]"},
+      /* a packed file with no frames */
+      {"\"frames\":[{\"raw_off\":0,\"raw_len\":5,\"comp_off\":0,"
+       "\"comp_len\":14,\"crc32c\":1}]",
+       "\"frames\":[]", "files[0].frames"},
+  };
+
+  (void)state;
+  for (size_t i = 0; i < ARRAY_N(cases); i++) {
+    struct spot_manifest *m = NULL;
+    char err[256] = "";
+    char *s = psubst(cases[i].from, cases[i].to);
+    int r = spot_manifest_parse(s, strlen(s), &m, err, sizeof(err));
+
+    if (r != -EBADMSG || strstr(err, cases[i].want) == NULL)
+      fail_msg("case %zu: r=%d err='%s' (want '%s')", i, r, err, cases[i].want);
+    assert_null(m);
+    free(s);
+  }
+}
+
 static void
 test_parse_base(void **state)
 {
@@ -582,6 +782,9 @@ main(void)
       cmocka_unit_test(test_names),
       cmocka_unit_test(test_links),
       cmocka_unit_test(test_limits),
+      cmocka_unit_test(test_packs_parse),
+      cmocka_unit_test(test_packs_build),
+      cmocka_unit_test(test_packs_reject),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -102,7 +102,21 @@ struct spot_store_config {
    * records lease_epoch ("epoch"). */
   const char *lease_owner;
   uint64_t lease_epoch, lease_seq;
+  /* push: follow the folder while the trainer writes it (store_follow.c):
+   * files of at least SPOT_STORE_FOLLOW_MIN that look closed (size and
+   * mtime unchanged for SPOT_STORE_FOLLOW_SETTLE_MS) are uploaded before
+   * the SPOT_STORE_MARKER file exists; the rest waits for it. Once the
+   * marker is there, a final walk re-reads every file uploaded early and
+   * compares size, mtime and each frame's CRC32C: a changed file is
+   * uploaded again, a deleted one dropped, then the commit as usual. No
+   * marker, no commit: the push runs until cancelled (its uploads are
+   * then aborted, its objects deleted). No resume journal. */
+  bool follow;
 };
+
+#define SPOT_STORE_FOLLOW_MIN ((uint64_t)1 << 20)
+#define SPOT_STORE_FOLLOW_SCAN_MS 200
+#define SPOT_STORE_FOLLOW_SETTLE_MS 600
 
 #define SPOT_STORE_MIN_RATE_DEFAULT ((uint64_t)64 << 10)
 #define SPOT_STORE_TRANSFER_GRACE_MS 5000

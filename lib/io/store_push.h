@@ -193,10 +193,20 @@ struct push_op {
   struct resume resume;
   struct ranks ranks;
   struct retain retain;
+  struct follow *follow; /* store_follow.c, cfg follow only */
 };
 
 /* store_push.c */
 void spot__push_advance(struct push_op *op);
+/* The walk (pool): appends the folder's files to op->files, with their
+ * filters and part counts; errors go to op->b.err/msg. */
+void spot__push_walk(struct push_op *op);
+/* After the walk (loop): totals, manifest size estimate. 0 or < 0 (the
+ * op failed with a message). */
+int spot__push_walked(struct push_op *op);
+void spot__push_pfile_fini(struct pfile *f);
+/* Whether a sample is text: such a file is stored unfiltered. */
+bool spot__push_looks_like_text(const unsigned char *p, size_t n);
 void spot__push_set_state(struct push_op *op, enum push_state s);
 /* The commit: PUT op->manifest_json as MANIFEST.json, If-None-Match. */
 void spot__push_commit(struct push_op *op);
@@ -210,6 +220,10 @@ bool spot__push_body_is_ours(const struct push_op *op);
  * negative errno. */
 int spot__push_read_full(int fd, void *buf, size_t n, uint64_t off);
 int spot__push_xfer_setup(struct push_op *op);
+/* A new op->manifest with every file of op->files (keys, entries). */
+int spot__push_manifest_build(struct push_op *op);
+/* Adds op->files[i] to op->manifest (its key and entry). */
+int spot__push_add_to_manifest(struct push_op *op, struct pfile *f);
 void spot__push_xfer_start(struct push_op *op);
 void spot__push_pump(struct push_op *op);
 void spot__push_file_set_state(struct push_op *op, struct pfile *f,
@@ -230,6 +244,18 @@ void spot__ranks_start(struct push_op *op);
 void spot__ranks_cancel(struct push_op *op);
 void spot__ranks_close(struct push_op *op);
 void spot__ranks_fini(struct push_op *op);
+
+/* store_follow.c (cfg follow) */
+struct follow;
+int spot__follow_init(struct push_op *op);
+/* Called by spot__push_advance() in PUSH_XFER once every file is done
+ * and nothing is in flight: true while the follow holds the push (no
+ * marker yet, or the final walk runs), false once the final file list is
+ * in place and the push may verify and commit. */
+bool spot__follow_hold(struct push_op *op);
+void spot__follow_cancel(struct push_op *op);
+void spot__follow_close(struct push_op *op);
+void spot__follow_fini(struct push_op *op);
 
 /* store_retain.c */
 void spot__retain_start(struct push_op *op);

@@ -405,8 +405,8 @@ spot__push_xfer_cancel(struct push_op *op)
 }
 
 /* Keys and manifest entries of the files. */
-static int
-add_to_manifest(struct push_op *op, struct pfile *f)
+int
+spot__push_add_to_manifest(struct push_op *op, struct pfile *f)
 {
   char key_rel[4300], path[4200];
   int r;
@@ -456,7 +456,7 @@ add_to_manifest(struct push_op *op, struct pfile *f)
 }
 
 int
-spot__push_xfer_setup(struct push_op *op)
+spot__push_manifest_build(struct push_op *op)
 {
   int r = spot_manifest_new(op->b.name, op->b.cfg.job, spot_now_wall_ms(),
                             &op->manifest);
@@ -468,8 +468,18 @@ spot__push_xfer_setup(struct push_op *op)
   }
   op->manifest->epoch = op->b.cfg.c.lease_epoch;
   for (size_t i = 0; i < op->nfiles; i++)
-    if ((r = add_to_manifest(op, &op->files[i])) < 0)
+    if ((r = spot__push_add_to_manifest(op, &op->files[i])) < 0)
       return r;
+  return 0;
+}
+
+int
+spot__push_xfer_setup(struct push_op *op)
+{
+  int r = spot__push_manifest_build(op);
+
+  if (r < 0)
+    return r;
   return spot__store_pipe_init(&op->pipe, &op->b,
                                (size_t)op->b.cfg.c.part_size);
 }

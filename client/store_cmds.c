@@ -332,8 +332,7 @@ static const char push_usage[] =
     "                     any other link fails the push)\n"
     "  --follow           DIR is still being written: upload its files as\n"
     "                     they close, commit once DIR/SPOTD_COMPLETE exists\n"
-    "                     (files changed since are uploaded again; no\n"
-    "                     journal)\n";
+    "                     (files changed since are uploaded again)\n";
 
 int
 spotctl_cmd_push(int argc, char **argv)

@@ -107,6 +107,7 @@ struct spot_config {
   uint64_t grace_ms;        /* SIGTERM -> SIGKILL */
   char *relaunch;
   bool restore; /* restore the newest checkpoint before launch */
+  bool overlap; /* upload a requested checkpoint's files while it is written */
   /* the store */
   int64_t keep;
   char *endpoint;

@@ -110,7 +110,8 @@ struct spot_store_config {
    * compares size, mtime and each frame's CRC32C: a changed file is
    * uploaded again, a deleted one dropped, then the commit as usual. No
    * marker, no commit: the push runs until cancelled (its uploads are
-   * then aborted, its objects deleted). No resume journal. */
+   * then aborted, its objects deleted). The journal (journal_dir) lists
+   * the multipart uploads started, as for any push. */
   bool follow;
 };
 

@@ -379,8 +379,13 @@ timer_cb(uv_timer_t *t)
   struct push_op *op = fo->op;
   int r;
 
-  if (fo->working || fo->state != FOLLOW_WATCH || op->state != PUSH_XFER ||
-      op->b.err < 0 || op->b.life != SPOT__STORE_RUNNING)
+  if (op->b.err < 0 || op->b.life != SPOT__STORE_RUNNING) {
+    /* failed or cancelled while idle: nothing else would move it on */
+    uv_timer_stop(t);
+    spot__push_pump(op);
+    return;
+  }
+  if (fo->working || fo->state != FOLLOW_WATCH || op->state != PUSH_XFER)
     return;
   r = uv_queue_work(op->b.loop, &fo->work, scan_work_cb, scan_after_cb);
   if (r < 0) {
@@ -624,7 +629,9 @@ spot__follow_cancel(struct push_op *op)
 
   if (fo == NULL)
     return;
-  uv_timer_stop(&fo->timer);
+  /* The push may be idle, waiting for the next scan: the timer moves it
+   * on (to stop() and its aborts) from the loop, never from here. */
+  uv_timer_start(&fo->timer, timer_cb, 0, 0);
   if (fo->working)
     (void)uv_cancel((uv_req_t *)&fo->work);
 }

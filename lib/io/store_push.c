@@ -927,8 +927,7 @@ spot_store_push(uv_loop_t *loop, const struct spot_store_config *cfg,
   spot_buf_init(&op->body, SPOT__STORE_MANIFEST_CAP);
   r = set_dir_and_name(op, dir, name);
   spot__store_attempt_new(op->attempt);
-  /* A followed folder has no journal: its file list is not known yet. */
-  if (r == 0 && !cfg->follow)
+  if (r == 0)
     r = spot__resume_init(op);
   if (r == 0)
     r = spot__ranks_init(op);

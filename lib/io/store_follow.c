@@ -27,9 +27,13 @@
  * push until it is cancelled (or fails), and stop() in store_push.c aborts
  * its multipart uploads and deletes its completed objects.
  *
- * A file grown in place is only uploaded once it stops changing: parts of
- * a file still being written are not sent (the part count of a multipart
- * upload is fixed when it starts). */
+ * A file that grows (appended to, as torch.save and most writers do) is
+ * taken once it holds two full parts: its full parts below the current
+ * size are uploaded as it grows (growing in struct pfile), and its last
+ * part once it looks closed or the marker is there. Its parts are all
+ * padded to S3's minimum (the last one could not be told apart while it
+ * grows). A file that shrinks instead completes with what was sent and
+ * the final walk uploads it again. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -45,7 +49,10 @@
 #include "util.h"
 
 #define SCAN_DEPTH_MAX 64
-#define SCAN_SEEN_MAX 100000 /* files of at least FOLLOW_MIN tracked */
+/* Files of at least FOLLOW_MIN tracked, and op->files' room while the
+ * folder is followed: reserved at once, as the workers read op->files
+ * while the loop appends to it (more files wait for the marker). */
+#define SCAN_SEEN_MAX 10000
 #define VERIFY_CHUNK ((size_t)1 << 20)
 
 #define fail_msg(op, ...) spot__store_fail_msg(&(op)->b, __VA_ARGS__)
@@ -73,7 +80,15 @@ struct seen {
   uint64_t size;
   int64_t mtime_ns;
   uint64_t since_ms;
-  bool taken; /* handed to the pipeline */
+  bool taken;   /* handed to the pipeline */
+  bool growing; /* taken while growing, not closed yet */
+};
+
+/* What a scan saw of a file taken while growing. */
+struct grow {
+  const char *rel; /* the seen entry's */
+  struct stat st;
+  bool closed; /* settled, or the marker is there: its last part */
 };
 
 struct follow {
@@ -87,6 +102,8 @@ struct follow {
   size_t nseen, seen_alloc;
   struct pfile *add; /* files that look closed, for the loop to take */
   size_t nadd, add_alloc;
+  struct grow *grow; /* news of files taken while growing */
+  size_t ngrow, grow_alloc;
   bool marker;
   int scan_err;
   char scan_msg[512];
@@ -148,7 +165,7 @@ seen_add(struct follow *fo, const char *rel, struct seen **out)
  * does (pool). 0, 1 (leave it for the final walk) or negative errno. */
 static int
 take(struct follow *fo, struct spot_codec *codec, void *sample, const char *rel,
-     const char *abs, const struct stat *st)
+     const char *abs, const struct stat *st, bool growing)
 {
   struct push_op *op = fo->op;
   uint64_t part = op->b.cfg.c.part_size;
@@ -201,7 +218,30 @@ take(struct follow *fo, struct spot_codec *codec, void *sample, const char *rel,
   f->dev = st->st_dev;
   f->ino = st->st_ino;
   f->nparts = (size_t)((f->size + part - 1) / part);
+  if (growing) { /* its full parts so far */
+    f->nparts = (size_t)(f->size / part);
+    f->size = (uint64_t)f->nparts * part;
+    f->growing = f->open_ended = true;
+  }
   fo->nadd++;
+  return 0;
+}
+
+static int
+grow_add(struct follow *fo, const char *rel, const struct stat *st, bool closed)
+{
+  if (fo->ngrow == fo->grow_alloc) {
+    size_t k = fo->grow_alloc ? fo->grow_alloc * 2 : 8;
+    struct grow *p = realloc(fo->grow, k * sizeof(*p));
+    if (p == NULL)
+      return -ENOMEM;
+    fo->grow = p;
+    fo->grow_alloc = k;
+  }
+  fo->grow[fo->ngrow].rel = rel;
+  fo->grow[fo->ngrow].st = *st;
+  fo->grow[fo->ngrow].closed = closed;
+  fo->ngrow++;
   return 0;
 }
 
@@ -266,15 +306,31 @@ scan_dir(struct scan_ctx *c, const char *abs, const char *rel, int depth)
       s->mtime_ns = mt;
       s->since_ms = c->now;
     } else if (s->size != (uint64_t)st.st_size || s->mtime_ns != mt) {
+      bool grew = (uint64_t)st.st_size > s->size;
+
       s->size = (uint64_t)st.st_size;
       s->mtime_ns = mt;
       s->since_ms = c->now;
-    } else if (!s->taken &&
-               c->now >= s->since_ms + SPOT_STORE_FOLLOW_SETTLE_MS) {
-      r = take(fo, c->codec, c->sample, crel, cabs, &st);
+      if (!s->taken && grew &&
+          (uint64_t)st.st_size >= 2 * fo->op->b.cfg.c.part_size) {
+        r = take(fo, c->codec, c->sample, crel, cabs, &st, true);
+        s->taken = s->growing = r == 0;
+      } else if (s->growing) {
+        r = grow_add(fo, s->rel, &st, false);
+      }
       if (r < 0)
         break;
-      s->taken = r == 0;
+      r = 0;
+    } else if (c->now >= s->since_ms + SPOT_STORE_FOLLOW_SETTLE_MS) {
+      if (!s->taken) {
+        r = take(fo, c->codec, c->sample, crel, cabs, &st, false);
+        s->taken = r == 0;
+      } else if (s->growing) {
+        r = grow_add(fo, s->rel, &st, true);
+        s->growing = false;
+      }
+      if (r < 0)
+        break;
       r = 0;
     }
   }
@@ -291,6 +347,7 @@ scan_work_cb(uv_work_t *req)
 
   fo->scan_err = 0;
   fo->nadd = 0;
+  fo->ngrow = 0;
   r = spot_codec_new(SPOT_CODEC_SAMPLE_MAX, &c.codec);
   c.sample = malloc(SPOT_CODEC_SAMPLE_MAX);
   if (r < 0 || c.sample == NULL) {
@@ -301,6 +358,25 @@ scan_work_cb(uv_work_t *req)
     snprintf(fo->scan_msg, sizeof(fo->scan_msg), "%s: %s", fo->op->dir,
              strerror(-r));
   }
+  /* The marker says every file is closed: the last parts of the files
+   * still growing (one gone or unreadable keeps what it sent). */
+  for (size_t i = 0; fo->marker && fo->scan_err == 0 && i < fo->nseen; i++) {
+    struct seen *s = &fo->seen[i];
+    char abs[8200];
+    struct stat st;
+
+    if (!s->growing)
+      continue;
+    snprintf(abs, sizeof(abs), "%s/%s", fo->op->dir, s->rel);
+    if (lstat(abs, &st) < 0 || !S_ISREG(st.st_mode))
+      memset(&st, 0, sizeof(st));
+    if (grow_add(fo, s->rel, &st, true) < 0) {
+      fo->scan_err = -ENOMEM;
+      snprintf(fo->scan_msg, sizeof(fo->scan_msg), "out of memory");
+      break;
+    }
+    s->growing = false;
+  }
   free(c.sample);
   spot_codec_free(c.codec);
 }
@@ -310,15 +386,13 @@ static int
 take_added(struct follow *fo)
 {
   struct push_op *op = fo->op;
-  size_t n = op->nfiles + fo->nadd;
-  struct pfile *p;
 
   if (fo->nadd == 0)
     return 0;
-  p = realloc(op->files, n * sizeof(*p));
-  if (p == NULL)
-    return -ENOMEM;
-  op->files = p;
+  if (op->files == NULL)
+    op->files = malloc(SCAN_SEEN_MAX * sizeof(*op->files));
+  if (op->files == NULL || op->nfiles + fo->nadd > SCAN_SEEN_MAX)
+    return -ENOMEM; /* never more than seen entries */
   for (size_t i = 0; i < fo->nadd; i++) {
     struct pfile *f = &op->files[op->nfiles];
     int r;
@@ -333,11 +407,80 @@ take_added(struct follow *fo)
       fo->nadd = 0;
       return r;
     }
-    log_info("push name=%s: %s looks closed (%" PRIu64
+    log_info("push name=%s: %s %s (%" PRIu64
              " bytes): uploading it before the marker",
-             op->b.name, f->rel, f->size);
+             op->b.name, f->rel,
+             f->growing ? "grows, its full parts so far" : "looks closed",
+             f->size);
   }
   fo->nadd = 0;
+  return 0;
+}
+
+/* News of the files taken while growing: more full parts, or closed
+ * (their last part). A file that shrank keeps what was sent: the final
+ * walk finds it changed. */
+static int
+grown(struct follow *fo)
+{
+  struct push_op *op = fo->op;
+  uint64_t part = op->b.cfg.c.part_size;
+
+  for (size_t i = 0; i < fo->ngrow; i++) {
+    const struct grow *g = &fo->grow[i];
+    uint64_t size = (uint64_t)g->st.st_size;
+    struct spot_manifest_file *mf;
+    struct pfile *f = NULL;
+    size_t idx, nparts;
+
+    for (idx = 0; idx < op->nfiles; idx++)
+      if (strcmp(op->files[idx].rel, g->rel) == 0) {
+        f = &op->files[idx];
+        break;
+      }
+    if (f == NULL || !f->growing)
+      continue;
+    if (g->closed) {
+      f->growing = false;
+      if (g->st.st_ino != 0) {
+        f->mtime_ns =
+            (int64_t)g->st.st_mtim.tv_sec * 1000000000 + g->st.st_mtim.tv_nsec;
+        f->mode = g->st.st_mode & 07777;
+      }
+      nparts = size >= f->size ? (size_t)((size + part - 1) / part) : f->nparts;
+      if (size < f->size)
+        size = f->size;
+      log_info("push name=%s: %s closed at %" PRIu64 " bytes (%zu parts)",
+               op->b.name, f->rel, size, nparts);
+    } else {
+      nparts = (size_t)(size / part);
+      size = (uint64_t)nparts * part;
+      if (nparts <= f->nparts)
+        continue;
+    }
+    if (nparts > SPOT_MANIFEST_FRAMES_MAX) { /* the final walk says why */
+      nparts = f->nparts;
+      size = f->size;
+    }
+    if (nparts > f->nparts) {
+      struct spot_s3_part_info *e = realloc(f->etags, nparts * sizeof(*e));
+
+      if (e == NULL)
+        return -ENOMEM;
+      memset(e + f->nparts, 0, (nparts - f->nparts) * sizeof(*e));
+      f->etags = e;
+    }
+    op->b.raw_total += size - f->size;
+    f->size = size;
+    f->nparts = nparts;
+    mf = &op->manifest->files[f->midx];
+    mf->size = size;
+    mf->mtime_ns = f->mtime_ns;
+    mf->mode = f->mode;
+    if (idx < op->next_file)
+      op->next_file = idx; /* its new parts */
+  }
+  fo->ngrow = 0;
   return 0;
 }
 
@@ -355,18 +498,21 @@ scan_after_cb(uv_work_t *req, int status)
     for (size_t i = 0; i < fo->nadd; i++)
       spot__push_pfile_fini(&fo->add[i]);
     fo->nadd = 0;
+    fo->ngrow = 0;
     if (status < 0 && status != UV_ECANCELED)
       fail_msg(op, status, "queueing work: %s", uv_strerror(status));
   } else if (fo->scan_err < 0) {
     fail_msg(op, fo->scan_err, "following the checkpoint folder: %s",
              fo->scan_msg);
-  } else if ((r = take_added(fo)) < 0) {
+  } else if ((r = take_added(fo)) < 0 || (r = grown(fo)) < 0) {
     fail_msg(op, r, "following the checkpoint folder: %s", strerror(-r));
   } else if (fo->marker && fo->state == FOLLOW_WATCH) {
     log_info("push name=%s: %s is there after %" PRIu64
              " scans: final walk once the files started are stored",
              op->b.name, SPOT_STORE_MARKER, fo->scans);
     uv_timer_stop(&fo->timer);
+    for (size_t i = 0; i < op->nfiles; i++)
+      op->files[i].growing = false; /* the scan closed them; if not, as is */
     set_state(fo, FOLLOW_DRAIN);
   }
   spot__push_pump(op);
@@ -669,6 +815,7 @@ spot__follow_fini(struct push_op *op)
   for (size_t i = 0; i < fo->nadd; i++)
     spot__push_pfile_fini(&fo->add[i]);
   free(fo->add);
+  free(fo->grow);
   free(fo);
   op->follow = NULL;
 }

@@ -71,6 +71,11 @@ struct pfile {
   char *upload_id;
   struct spot_s3_part_info *etags;
   struct spot_s3_op *s3op; /* create or complete */
+  /* follow (store_follow.c): a file taken while it grows. size and
+   * nparts cover its full parts so far and grow; it completes only once
+   * growing is false. open_ended (never changes once set, read by the
+   * workers): every part is padded, the last one too. */
+  bool growing, open_ended;
 };
 
 /* A part's slot (struct spot__store_slot in store_internal.h). */

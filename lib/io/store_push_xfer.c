@@ -117,7 +117,11 @@ encode_work_cb(uv_work_t *req)
   s->work_err = spot_codec_encode(
       s->coder->codec, f->filter, (enum spot_codec_mode)s->mode, s->coder->raw,
       (size_t)s->raw_len, s->comp, s->comp_cap, &s->comp_len, &s->crc);
-  if (s->work_err == 0 && f->nparts > 1 && s->part + 1 < f->nparts)
+  /* A file taken while it grew (store_follow.c): every part of at least
+   * S3's minimum, the last one could not be told apart in time. */
+  if (s->work_err == 0 &&
+      (f->open_ended ? s->raw_len >= SPOT_STORE_PART_MIN
+                     : f->nparts > 1 && s->part + 1 < f->nparts))
     s->work_err = pad_part(s->comp, s->comp_cap, &s->comp_len);
   s->work_ns = (spot_now_mono_ms() - t0) * 1000000u + 1;
 }
@@ -366,7 +370,8 @@ start_completes(struct push_op *op)
     struct pfile *f = &op->files[i];
     int r;
 
-    if (f->nparts > 1 && f->state == FILE_OPEN && f->parts_done == f->nparts) {
+    if (f->nparts > 1 && f->state == FILE_OPEN && f->parts_done == f->nparts &&
+        !f->growing) {
       r = file_op(op, i, true);
       if (r < 0)
         fail_msg(op, r, "completing %s: %s", f->rel, strerror(-r));

@@ -3,9 +3,10 @@
 that spotd signals with `spotctl checkpoint`, and that waits, after writing
 its big file, until spotd has stored that file's object before it goes on.
 
-  normal     ckpt-1: big.bin stored before the marker, then more files and
-             the marker: committed, restores byte-identical, big.bin was not
-             uploaded twice;
+  normal     ckpt-1: big.bin stored before the marker, then a file that
+             grows slowly (its full parts may go up as it grows), more files
+             and the marker: committed, restores byte-identical, big.bin was
+             not uploaded twice;
   rewrite    ckpt-2: big.bin stored, then rewritten in place with other
              bytes of the same size and its old mtime put back (only the
              CRC32C check can see it): the commit restores the NEW bytes;
@@ -94,6 +95,14 @@ def trainer_main(wd, once):
             time.sleep(1.5)  # spotd may start on it; it must be aborted
             emit("abandon", n=n)
             return 0
+        if n == 1:
+            # appended to slowly: its full parts may go up as it grows
+            with open(os.path.join(d, "grow.bin"), "wb") as f:
+                for i in range(6):
+                    f.write(os.urandom(8 * MIB))
+                    f.flush()
+                    time.sleep(0.3)
+                f.write(os.urandom(12345))
         write_bytes(os.path.join(d, "sub", "more.bin"), 3 * MIB, seed=100 + n)
         with open(os.path.join(d, "small.txt"), "w") as f:
             f.write("step %d\n" % n)
@@ -166,8 +175,8 @@ def overlap_on(c, root):
         open(os.path.join(wd, "go-1"), "w").close()
         line = d.wait_log(r"committed checkpoint name=ckpt-1", 60)
         c.check(line is not None, tag + "ckpt-1 committed", d.log())
-        c.check(d.err.matching(r"push name=ckpt-1: final walk: 3 files, "
-                               r"[12] uploaded before the marker and "
+        c.check(d.err.matching(r"push name=ckpt-1: final walk: 4 files, "
+                               r"[123] uploaded before the marker and "
                                r"unchanged, 0 changed"),
                 tag + "big.bin uploaded once (checked at the marker)")
         sl.check_restore(c, "%s/%s" % (store, job),

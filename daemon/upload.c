@@ -507,6 +507,12 @@ spotd_checkpoint_complete(struct spotd *d, const char *name)
   mine = following(d, name);
   if (complete_note(d, name))
     return 0;
+  snprintf(path, sizeof(path), "%s/%s/%s", d->ckpt_dir, name, SPOTD_COMPLETE);
+  if (mine && lstat(path, &st) < 0) {
+    /* `done` without the marker file: the follow would wait for it */
+    spot_strlcpy(d->up.waiting, name, sizeof(d->up.waiting));
+    spot_store_cancel(d->up.op);
+  }
   if (mine) {
     /* its upload runs already and sees the marker itself */
     spotd_advance(d);

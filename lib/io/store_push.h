@@ -9,6 +9,9 @@
  *   store_ranks.c      the multi-node commit: rank markers, wait, merge
  *                      (enum ranks_state)
  *   store_retain.c     retention after a commit (enum retain_state)
+ *   store_follow.c     cfg follow: files uploaded while the folder is
+ *                      written, the final walk at the marker
+ *                      (enum follow_state)
  * Each sub-job owns its state and setter; when it is done it hands back
  * to spot__push_advance(). */
 #ifndef SPOT_STORE_PUSH_H

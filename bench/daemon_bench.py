@@ -72,7 +72,7 @@ def size_label(n):
 
 # ------------------------------------------------------------- trainer mode
 
-def trainer_main(cache, events_path):
+def trainer_main(cache, events_path, write_mbps=0.0):
     """The fake trainer: load the checkpoint into memory, say ready, then
     write it out on each SIGUSR1 and exit on SIGTERM."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
@@ -117,6 +117,12 @@ def trainer_main(cache, events_path):
             mv, off = memoryview(buf), 0
             while off < len(buf):
                 off += os.write(fd, mv[off:off + 64 * MIB])
+                if write_mbps > 0:  # a trainer serializing as it goes
+                    ahead = t0 + (off + sum(len(b) for f2, b in files
+                                            if f2 < fname)) / (write_mbps * 1e6) \
+                        - time.time()
+                    if ahead > 0:
+                        time.sleep(ahead)
             os.fsync(fd)
             os.close(fd)
         t1 = time.time()
@@ -361,7 +367,8 @@ class Bench:
         os.makedirs(wd)
         emu, p, err = self.start_spotd(
             wd, job, "s3://%s/%s/spotd" % (self.bucket, self.a.prefix),
-            [PY, os.path.abspath(__file__), "trainer", cache, events],
+            [PY, os.path.abspath(__file__), "trainer", cache, events,
+             str(self.a.write_mbps)],
             ["--overlap=" + ("true" if self.a.overlap == "on" else "false")])
         try:
             if err.wait(r"state \S+ -> running", 60)[0] is None:
@@ -737,7 +744,8 @@ def write_plot(a, rows, idle):
 
 def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "trainer":
-        return trainer_main(sys.argv[2], sys.argv[3])
+        return trainer_main(sys.argv[2], sys.argv[3],
+                            float(sys.argv[4]) if len(sys.argv) > 4 else 0.0)
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.path.join(here, "..", ".build-bench"))
@@ -756,6 +764,12 @@ def main():
     ap.add_argument("--overlap", choices=("on", "off"), default="on",
                     help="spotd's --overlap: upload while the trainer saves "
                     "(default on, spotd's default) or only after the marker")
+    ap.add_argument("--write-mbps", type=float, default=0.0,
+                    help="the fake trainer writes at most this many MB/s "
+                    "(0 = as fast as it can), like a trainer serializing "
+                    "tensors as it goes")
+    ap.add_argument("--no-warm", action="store_true",
+                    help="no warming upload first (a server already busy)")
     ap.add_argument("--spotd-only", action="store_true",
                     help="notice runs of spotd only (no spotctl push, aws "
                     "pipeline or aws cp after each)")
@@ -810,7 +824,8 @@ def main():
         if not a.no_notice:
             for n in a.sizes:
                 gen_cache(os.path.join(a.work, "cache", "%dM" % (n >> 20)), n)
-            b.warm()
+            if not a.no_warm:
+                b.warm()
             for n in a.sizes:
                 for r in range(1, a.runs + 1):
                     runs.append(b.notice_run(n, r))

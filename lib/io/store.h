@@ -105,7 +105,9 @@ struct spot_store_config {
   /* push: follow the folder while the trainer writes it (store_follow.c):
    * files of at least SPOT_STORE_FOLLOW_MIN that look closed (size and
    * mtime unchanged for SPOT_STORE_FOLLOW_SETTLE_MS) are uploaded before
-   * the SPOT_STORE_MARKER file exists; the rest waits for it. Once the
+   * the SPOT_STORE_MARKER file exists, and a file seen growing has its
+   * full parts uploaded as it grows (its last part at the marker); the
+   * rest waits for it. Once the
    * marker is there, a final walk re-reads every file uploaded early and
    * compares size, mtime and each frame's CRC32C: a changed file is
    * uploaded again, a deleted one dropped, then the commit as usual. No

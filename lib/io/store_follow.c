@@ -30,10 +30,13 @@
  * A file that grows (appended to, as torch.save and most writers do) is
  * taken once it holds two full parts: its full parts below the current
  * size are uploaded as it grows (growing in struct pfile), and its last
- * part once it looks closed or the marker is there. Its parts are all
- * padded to S3's minimum (the last one could not be told apart while it
- * grows). A file that shrinks instead completes with what was sent and
- * the final walk uploads it again. */
+ * part once the marker is there (not when it looks closed: a trainer that
+ * pauses longer than the settle time would have it closed early, then
+ * uploaded again whole). Its parts of S3's minimum or more are padded to
+ * it (the last one could not be told apart while it grows). A file that
+ * shrinks instead completes with what was sent and the final walk uploads
+ * it again. A file taken as closed that changes after all is uploaded
+ * again at the marker. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -322,12 +325,12 @@ scan_dir(struct scan_ctx *c, const char *abs, const char *rel, int depth)
         break;
       r = 0;
     } else if (c->now >= s->since_ms + SPOT_STORE_FOLLOW_SETTLE_MS) {
+      /* A file taken while growing stays open until the marker: a
+       * trainer pausing longer than the settle time would otherwise have
+       * it closed early, and uploaded again whole at the marker. */
       if (!s->taken) {
         r = take(fo, c->codec, c->sample, crel, cabs, &st, false);
         s->taken = r == 0;
-      } else if (s->growing) {
-        r = grow_add(fo, s->rel, &st, true);
-        s->growing = false;
       }
       if (r < 0)
         break;

@@ -72,7 +72,7 @@ def size_label(n):
 
 # ------------------------------------------------------------- trainer mode
 
-def trainer_main(cache, events_path):
+def trainer_main(cache, events_path, write_mbps=0.0):
     """The fake trainer: load the checkpoint into memory, say ready, then
     write it out on each SIGUSR1 and exit on SIGTERM."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
@@ -117,6 +117,12 @@ def trainer_main(cache, events_path):
             mv, off = memoryview(buf), 0
             while off < len(buf):
                 off += os.write(fd, mv[off:off + 64 * MIB])
+                if write_mbps > 0:  # a trainer serializing as it goes
+                    ahead = t0 + (off + sum(len(b) for f2, b in files
+                                            if f2 < fname)) / (write_mbps * 1e6) \
+                        - time.time()
+                    if ahead > 0:
+                        time.sleep(ahead)
             os.fsync(fd)
             os.close(fd)
         t1 = time.time()
@@ -324,18 +330,18 @@ class Bench:
 
     def push(self, src, tag):
         return self.timed([self.spotctl, "push", "-q", src,
-                           "s3://%s/dbench/push/%s" % (self.bucket, tag), "--name", "c"])
+                           "s3://%s/%s/push/%s" % (self.bucket, self.a.prefix, tag), "--name", "c"])
 
     def aws_pipeline(self, src, tag):
         cmd = ("set -o pipefail; tar -C '%s' -cf - . | zstd -T0 -1 -q -c | "
-               "%s --endpoint-url %s s3 cp --quiet - s3://%s/dbench/zpipe/%s.tar.zst"
-               % (src, AWS, self.endpoint, self.bucket, tag))
+               "%s --endpoint-url %s s3 cp --quiet - s3://%s/%s/zpipe/%s.tar.zst"
+               % (src, AWS, self.endpoint, self.bucket, self.a.prefix, tag))
         return self.timed(cmd, shell=True)
 
     def aws_cp(self, src, tag):
         return self.timed([AWS, "--endpoint-url", self.endpoint, "s3", "cp",
                            "--quiet", "--recursive", src,
-                           "s3://%s/dbench/awscp/%s/" % (self.bucket, tag)])
+                           "s3://%s/%s/awscp/%s/" % (self.bucket, self.a.prefix, tag)])
 
     # -- spotd
     def start_spotd(self, wd, job, store, trainer, extra=()):
@@ -360,8 +366,10 @@ class Bench:
         job = "n-%s-%d" % (label, os.getpid())
         os.makedirs(wd)
         emu, p, err = self.start_spotd(
-            wd, job, "s3://%s/dbench/spotd" % self.bucket,
-            [PY, os.path.abspath(__file__), "trainer", cache, events])
+            wd, job, "s3://%s/%s/spotd" % (self.bucket, self.a.prefix),
+            [PY, os.path.abspath(__file__), "trainer", cache, events,
+             str(self.a.write_mbps)],
+            ["--overlap=" + ("true" if self.a.overlap == "on" else "false")])
         try:
             if err.wait(r"state \S+ -> running", 60)[0] is None:
                 raise SystemExit("spotd did not start:\n" + err.text())
@@ -404,14 +412,21 @@ class Bench:
             "spotd_upload_s": float(m.group(4)) if m else None,
             "retries": int(m.group(5)) if m else None,
         }
+        res["overlap"] = self.a.overlap
         shutil.rmtree(os.path.join(wd, "ckpt"), ignore_errors=True)
-        self.wipe("dbench/spotd")
+        self.wipe(self.a.prefix + "/spotd")
+        if self.a.spotd_only:
+            res["push"] = res["aws_pipeline"] = res["aws_cp"] = None
+            log("%s (overlap %s): detect %.2f save %.2f upload+commit %.2f = "
+                "%.2f s (rc %s)" % (label, self.a.overlap, res["detect"],
+                                     res["save"], res["upload"], res["total"], rc))
+            return res
         res["push"] = self.push(cache, label)
-        self.wipe("dbench/push")
+        self.wipe(self.a.prefix + "/push")
         res["aws_pipeline"] = self.aws_pipeline(cache, label)
-        self.wipe("dbench/zpipe")
+        self.wipe(self.a.prefix + "/zpipe")
         res["aws_cp"] = self.aws_cp(cache, label)
-        self.wipe("dbench/awscp")
+        self.wipe(self.a.prefix + "/awscp")
         log("%s: detect %.2f save %.2f upload+commit %.2f = %.2f s; push %.2f, "
             "aws pipeline %.2f, aws cp %.2f (rc %s)" % (
                 label, res["detect"], res["save"], res["upload"], res["total"],
@@ -422,8 +437,9 @@ class Bench:
         cache = os.path.join(self.work, "cache", "%dM" % (min(self.a.sizes) >> 20))
         log("warming the server")
         self.push(cache, "warm")
-        self.aws_cp(cache, "warm")
-        self.wipe("dbench")
+        if not self.a.spotd_only:
+            self.aws_cp(cache, "warm")
+        self.wipe(self.a.prefix)
 
     # -- idle
     def idle(self, minutes, out):
@@ -549,6 +565,9 @@ def summarize(runs, sizes):
             row[k] = med(r[k] for r in rs)
         # ratios per run, then their median (a ratio of medians mixes runs)
         for alt in ("push", "aws_pipeline", "aws_cp"):
+            if any(r[alt] is None for r in rs):  # --spotd-only
+                row["up_" + alt] = row["n2d_" + alt] = float("nan")
+                continue
             row["up_" + alt] = med(r[alt] / r["upload"] for r in rs)
             row["n2d_" + alt] = med((r["detect"] + r["save"] + r[alt]) / r["total"]
                                     for r in rs)
@@ -725,7 +744,8 @@ def write_plot(a, rows, idle):
 
 def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "trainer":
-        return trainer_main(sys.argv[2], sys.argv[3])
+        return trainer_main(sys.argv[2], sys.argv[3],
+                            float(sys.argv[4]) if len(sys.argv) > 4 else 0.0)
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.path.join(here, "..", ".build-bench"))
@@ -741,6 +761,21 @@ def main():
                     help="idle part: alongside the notice runs (default), after "
                     "them, or not at all")
     ap.add_argument("--no-notice", action="store_true", help="only the idle part")
+    ap.add_argument("--overlap", choices=("on", "off"), default="on",
+                    help="spotd's --overlap: upload while the trainer saves "
+                    "(default on, spotd's default) or only after the marker")
+    ap.add_argument("--write-mbps", type=float, default=0.0,
+                    help="the fake trainer writes at most this many MB/s "
+                    "(0 = as fast as it can), like a trainer serializing "
+                    "tensors as it goes")
+    ap.add_argument("--no-warm", action="store_true",
+                    help="no warming upload first (a server already busy)")
+    ap.add_argument("--spotd-only", action="store_true",
+                    help="notice runs of spotd only (no spotctl push, aws "
+                    "pipeline or aws cp after each)")
+    ap.add_argument("--prefix", default="dbench",
+                    help="key prefix in the bucket (default dbench; wiped "
+                    "between runs)")
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite daemon.md and daemon.png from OUT/daemon.json")
     a = ap.parse_args()
@@ -789,7 +824,8 @@ def main():
         if not a.no_notice:
             for n in a.sizes:
                 gen_cache(os.path.join(a.work, "cache", "%dM" % (n >> 20)), n)
-            b.warm()
+            if not a.no_warm:
+                b.warm()
             for n in a.sizes:
                 for r in range(1, a.runs + 1):
                     runs.append(b.notice_run(n, r))

@@ -6,7 +6,14 @@
 #
 #   bench/daemon_bench.sh [--sizes 256M,1G,4G] [--quick] [--runs N]
 #                         [--idle-minutes M] [--idle parallel|after|skip]
-#                         [--no-notice]
+#                         [--no-notice] [--overlap on|off] [--write-mbps N]
+#                         [--spotd-only] [--no-warm] [--prefix P]
+#
+# --overlap off runs spotd with --overlap=false (upload only after the
+# marker) to compare notice->durable with and without the overlap;
+# --write-mbps makes the fake trainer write at most N MB/s (a trainer
+# serializing as it goes); --spotd-only skips spotctl push and the aws
+# tools after each run.
 #
 # Builds the project in .build-bench (meson, release) if needed.
 # Environment: BENCH_WORK scratch folder (default /tmp/spotd-daemon-bench;

@@ -42,7 +42,7 @@ struct common_opts {
   uint64_t memory, target_rate;
   uint64_t restore_timeout_ms;
   enum spot_store_compress compress;
-  bool quiet, json, follow_symlinks;
+  bool quiet, json, follow_symlinks, follow;
 };
 
 enum {
@@ -61,6 +61,7 @@ enum {
   OPT_MEMORY,
   OPT_TARGET_RATE,
   OPT_PACK_THRESHOLD,
+  OPT_FOLLOW,
 };
 
 static const struct option long_opts[] = {
@@ -82,6 +83,7 @@ static const struct option long_opts[] = {
     {"memory", required_argument, NULL, OPT_MEMORY},
     {"target-rate", required_argument, NULL, OPT_TARGET_RATE},
     {"pack-threshold", required_argument, NULL, OPT_PACK_THRESHOLD},
+    {"follow", no_argument, NULL, OPT_FOLLOW},
     {NULL, 0, NULL, 0},
 };
 
@@ -215,6 +217,9 @@ parse_opts(int argc, char **argv, struct common_opts *o, const char *usage)
     case OPT_FOLLOW_SYMLINKS:
       o->follow_symlinks = true;
       break;
+    case OPT_FOLLOW:
+      o->follow = true;
+      break;
     case OPT_COMPRESS:
       if (strcmp(optarg, "auto") == 0)
         o->compress = SPOT_STORE_COMPRESS_AUTO;
@@ -270,6 +275,7 @@ session_open(struct session *s, const char *url, const struct common_opts *o)
   s->cfg.journal_dir = o->journal;
   s->cfg.restore_timeout_ms = o->restore_timeout_ms;
   s->cfg.follow_symlinks = o->follow_symlinks;
+  s->cfg.follow = o->follow;
   s->done = false;
   return 0;
 }
@@ -368,7 +374,10 @@ static const char push_usage[] =
     "                     same name killed mid-way resumes them\n"
     "  --follow-symlinks  store the content a symlink points to (default:\n"
     "                     a relative link inside DIR is stored as a link,\n"
-    "                     any other link fails the push)\n";
+    "                     any other link fails the push)\n"
+    "  --follow           DIR is still being written: upload its files as\n"
+    "                     they close, commit once DIR/SPOTD_COMPLETE exists\n"
+    "                     (files changed since are uploaded again)\n";
 
 int
 spotctl_cmd_push(int argc, char **argv)

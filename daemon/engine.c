@@ -362,6 +362,7 @@ spotd_trainer_exited(struct spotd *d)
   d->ckpt_requested = false;
   /* A checkpoint completed just before the exit may not have been seen. */
   watch_scan(d);
+  upload_follow_drop(d, "the trainer exited");
   if (d->state == SPOTD_RUNNING) {
     if (d->exit_code != 0 && fanout_exit_check(d))
       return; /* a peer's preemption, or spotd_trainer_exited() again */

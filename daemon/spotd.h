@@ -130,6 +130,10 @@ struct upload {
   double last_bps; /* raw bytes/s of the last push */
   uint64_t last_raw;
   char failed[256]; /* the newest upload that failed after the last commit */
+  /* op follows name while the trainer writes it (overlap): started for
+   * the request signalled at follow_req (ckpt_signal_mono) */
+  bool follow;
+  uint64_t follow_req;
 };
 
 struct final_ckpt {
@@ -366,6 +370,12 @@ void spotd_request_checkpoint(struct spotd *d, const char *why);
  * Returns 0, or -EINVAL / -ENOENT with a reason for `done`. */
 int spotd_checkpoint_complete(struct spotd *d, const char *name);
 bool upload_idle(const struct spotd *d);
+/* An incomplete checkpoint folder appeared (watch.c): with overlap, its
+ * upload starts now when it answers the pending request. */
+void upload_follow_maybe(struct spotd *d, const char *name);
+/* The request the follow answers is over (trainer gone, timeout): a
+ * followed folder still not complete is not uploaded; why for the log. */
+void upload_follow_drop(struct spotd *d, const char *why);
 void upload_cancel_all(struct spotd *d);
 const char *final_state_name(enum final_state s);
 /* The drain starts: ask the running trainer for its final checkpoint. */

@@ -25,7 +25,8 @@
 #include "spotd.h"
 #include "util.h"
 
-static void start_upload(struct spotd *d, const char *name);
+static void start_upload(struct spotd *d, const char *name, bool follow);
+static bool complete_note(struct spotd *d, const char *name);
 
 /* ------------------------------------------------------- final state */
 
@@ -208,6 +209,7 @@ ckpt_timer_cb(uv_timer_t *t)
              "the trainer did not complete a checkpoint within %.0f s of "
              "the signal",
              (double)d->cfg->ckpt_timeout_ms / 1000.0);
+  upload_follow_drop(d, "checkpoint timeout");
   /* A SIGTERM drain waited on this very request. */
   if (d->state == SPOTD_DRAINING)
     final_give_up(d, "no final checkpoint");
@@ -319,12 +321,32 @@ push_done_cb(const struct spot_store_result *res, void *data)
 {
   struct spotd *d = data;
   char name[256];
+  bool follow = d->up.follow;
 
   d->up.op = NULL;
+  d->up.follow = false;
   spot_strlcpy(name, d->up.name, sizeof(name));
   d->up.name[0] = '\0';
   if (d->closing)
     return;
+  if (follow && res->err == 0 && !watch_is_known(d, name))
+    (void)complete_note(d, name); /* the push saw the marker first */
+  if (follow && res->err < 0 && !watch_is_known(d, name)) {
+    /* Never complete: nothing was committed, its uploads are gone. If
+     * the marker comes after all, the folder is pushed then. */
+    log_info("stopped uploading %s before it was complete%s%s", name,
+             res->err == -ECANCELED ? "" : ": ",
+             res->err == -ECANCELED ? "" : res->message);
+    if (d->up.waiting[0] != '\0') {
+      char next[256];
+
+      spot_strlcpy(next, d->up.waiting, sizeof(next));
+      d->up.waiting[0] = '\0';
+      start_upload(d, next, false);
+    }
+    spotd_advance(d);
+    return;
+  }
   hist_pushed(d, name, res);
   if (res->err == 0) {
     committed(d, name, res);
@@ -344,13 +366,13 @@ push_done_cb(const struct spot_store_result *res, void *data)
 
     spot_strlcpy(next, d->up.waiting, sizeof(next));
     d->up.waiting[0] = '\0';
-    start_upload(d, next);
+    start_upload(d, next, false);
   }
   spotd_advance(d);
 }
 
 static void
-start_upload(struct spotd *d, const char *name)
+start_upload(struct spotd *d, const char *name, bool follow)
 {
   struct upload *u = &d->up;
   char dir[4300];
@@ -383,9 +405,20 @@ start_upload(struct spotd *d, const char *name)
   d->store.parallel_start = d->state == SPOTD_DRAINING && d->have_notice
                                 ? SPOT_STORE_PARALLEL_URGENT
                                 : SPOT_STORE_PARALLEL_GENTLE;
-  log_info("uploading checkpoint %s", name);
+  log_info("uploading checkpoint %s%s", name,
+           follow ? " while the trainer writes it (overlap)" : "");
+  d->store.follow = follow;
   r = spot_store_push(d->loop, &d->store, dir, name, upload_progress_cb,
                       push_done_cb, d, &u->op);
+  d->store.follow = false;
+  u->follow = r == 0 && follow;
+  if (r < 0 && follow) {
+    u->op = NULL;
+    u->name[0] = '\0';
+    log_warn("cannot upload checkpoint %s while it is written: %s", name,
+             strerror(-r));
+    return; /* it is pushed once complete */
+  }
   if (r < 0) {
     u->op = NULL;
     u->name[0] = '\0';
@@ -395,11 +428,78 @@ start_upload(struct spotd *d, const char *name)
   }
 }
 
+/* Whether the upload running follows name, which is not complete yet. */
+static bool
+following(const struct spotd *d, const char *name)
+{
+  return d->up.op != NULL && d->up.follow && strcmp(d->up.name, name) == 0;
+}
+
+void
+upload_follow_maybe(struct spotd *d, const char *name)
+{
+  char path[4300];
+  struct stat st;
+  int64_t signal_wall;
+
+  if (!d->cfg->overlap || !d->ckpt_requested || d->closing ||
+      d->cfg->nranks > 1 || d->up.op != NULL || d->up.waiting[0] != '\0' ||
+      d->up.follow_req == d->ckpt_signal_mono || watch_is_known(d, name) ||
+      (d->state != SPOTD_RUNNING && d->state != SPOTD_DRAINING) ||
+      !lease_may_commit(d))
+    return;
+  /* A folder the trainer made for this request, not one an earlier save
+   * left behind: changed since the signal (1 s of clock slack). */
+  signal_wall = spot_now_wall_ms() -
+                (int64_t)(spot_now_mono_ms() - d->ckpt_signal_mono) - 1000;
+  snprintf(path, sizeof(path), "%s/%s", d->ckpt_dir, name);
+  if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode) ||
+      (int64_t)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000 <
+          signal_wall)
+    return;
+  d->up.follow_req = d->ckpt_signal_mono;
+  start_upload(d, name, true);
+}
+
+void
+upload_follow_drop(struct spotd *d, const char *why)
+{
+  char marker[4300];
+  struct stat st;
+
+  if (d->up.op == NULL || !d->up.follow || watch_is_known(d, d->up.name))
+    return;
+  snprintf(marker, sizeof(marker), "%s/%s/%s", d->ckpt_dir, d->up.name,
+           SPOTD_COMPLETE);
+  if (lstat(marker, &st) == 0)
+    return; /* complete after all: the push sees it */
+  log_info("%s: not uploading %s, which is not complete", why, d->up.name);
+  spot_store_cancel(d->up.op);
+}
+
+/* A folder is complete: the bookkeeping, and the final checkpoint rule.
+ * Returns true when final_complete() queued it. */
+static bool
+complete_note(struct spotd *d, const char *name)
+{
+  watch_mark_known(d, name);
+  hist_complete(d, name);
+  if (d->ckpt_requested) {
+    d->last_save_ms = spot_now_mono_ms() - d->ckpt_signal_mono;
+    d->ckpt_requested = false;
+    uv_timer_stop(&d->ckpt_timer);
+  }
+  log_info("checkpoint %s is complete%s", name,
+           d->state == SPOTD_DRAINING ? " (final)" : "");
+  return final_complete(d, name);
+}
+
 int
 spotd_checkpoint_complete(struct spotd *d, const char *name)
 {
   char path[4300];
   struct stat st;
+  bool mine;
 
   if (d->closing)
     return -ECANCELED;
@@ -410,24 +510,36 @@ spotd_checkpoint_complete(struct spotd *d, const char *name)
   snprintf(path, sizeof(path), "%s/%s", d->ckpt_dir, name);
   if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode))
     return -ENOENT;
-  watch_mark_known(d, name);
-  hist_complete(d, name);
-  if (d->ckpt_requested) {
-    d->last_save_ms = spot_now_mono_ms() - d->ckpt_signal_mono;
-    d->ckpt_requested = false;
-    uv_timer_stop(&d->ckpt_timer);
-  }
-  log_info("checkpoint %s is complete%s", name,
-           d->state == SPOTD_DRAINING ? " (final)" : "");
-  if (final_complete(d, name))
+  mine = following(d, name);
+  if (complete_note(d, name))
     return 0;
+  snprintf(path, sizeof(path), "%s/%s/%s", d->ckpt_dir, name, SPOTD_COMPLETE);
+  if (mine && lstat(path, &st) < 0) {
+    /* `done` without the marker file: the follow would wait for it */
+    spot_strlcpy(d->up.waiting, name, sizeof(d->up.waiting));
+    spot_store_cancel(d->up.op);
+  }
+  if (mine) {
+    /* its upload runs already and sees the marker itself */
+    spotd_advance(d);
+    return 0;
+  }
+  if (d->up.op != NULL && d->up.follow && !watch_is_known(d, d->up.name)) {
+    /* a newer checkpoint is complete: the one followed never will be */
+    log_info("checkpoint %s is complete: not uploading %s, which is not", name,
+             d->up.name);
+    spot_strlcpy(d->up.waiting, name, sizeof(d->up.waiting));
+    spot_store_cancel(d->up.op);
+    spotd_advance(d);
+    return 0;
+  }
   if (d->up.op != NULL) {
     if (d->up.waiting[0] != '\0')
       log_info("checkpoint %s supersedes %s, which waited for upload", name,
                d->up.waiting);
     spot_strlcpy(d->up.waiting, name, sizeof(d->up.waiting));
   } else {
-    start_upload(d, name);
+    start_upload(d, name, false);
   }
   spotd_advance(d);
   return 0;

@@ -150,6 +150,7 @@ watch_scan(struct spotd *d)
       spotd_checkpoint_complete(d, de->d_name);
     } else {
       sub_add(d, de->d_name, path);
+      upload_follow_maybe(d, de->d_name);
     }
   }
   closedir(dir);

@@ -180,6 +180,12 @@ static const struct key_def keys[] = {
      NULL, 0,
      "Restore the newest committed checkpoint before launching the "
      "trainer (SPOTD_RESUME_DIR)."},
+    {"overlap", T_BOOL, OFF(overlap), NULL, "true", NULL, NULL, 0, 0, NULL,
+     NULL, 0,
+     "Upload the files of a checkpoint spotd asked for while the trainer "
+     "still writes it (each once it stops changing); the commit still waits "
+     "for SPOTD_COMPLETE and uploads again what changed since. false: upload "
+     "only after the marker (trainers that rewrite files in place)."},
     {"keep", T_INT, OFF(keep), "N", "3", NULL, NULL, 1, 10000, NULL, NULL, 0,
      "Committed checkpoints kept in the store."},
     {"endpoint", T_STRING, OFF(endpoint), "URL", NULL,

@@ -49,7 +49,7 @@
 #define SPOT_CONFIG_MAX_ARGS 256
 /* getopt_long() returns SPOT_CONFIG_OPT_BASE + i for the i-th key. */
 #define SPOT_CONFIG_OPT_BASE 0x1000
-#define SPOT_CONFIG_MAX_KEYS 40
+#define SPOT_CONFIG_MAX_KEYS 48
 
 enum spot_config_provider {
   SPOT_CONFIG_PROVIDER_AUTO,
@@ -107,6 +107,7 @@ struct spot_config {
   uint64_t grace_ms;        /* SIGTERM -> SIGKILL */
   char *relaunch;
   bool restore; /* restore the newest checkpoint before launch */
+  bool overlap; /* upload a requested checkpoint's files while it is written */
   /* the store */
   int64_t keep;
   char *endpoint;

@@ -142,9 +142,25 @@ struct spot_store_config {
    * 0 = SPOT_STORE_PACK_THRESHOLD_DEFAULT, SPOT_STORE_PACK_OFF = every
    * file its own object (the layout of older versions). */
   uint64_t pack_threshold;
+  /* push: follow the folder while the trainer writes it (store_follow.c):
+   * files of at least SPOT_STORE_FOLLOW_MIN that look closed (size and
+   * mtime unchanged for SPOT_STORE_FOLLOW_SETTLE_MS) are uploaded before
+   * the SPOT_STORE_MARKER file exists, and a file seen growing has its
+   * full parts uploaded as it grows (its last part at the marker); the
+   * rest waits for it. Once the
+   * marker is there, a final walk re-reads every file uploaded early and
+   * compares size, mtime and each frame's CRC32C: a changed file is
+   * uploaded again, a deleted one dropped, then the commit as usual. No
+   * marker, no commit: the push runs until cancelled (its uploads are
+   * then aborted, its objects deleted). The journal (journal_dir) lists
+   * the multipart uploads started, as for any push. */
+  bool follow;
 };
 
 #define SPOT_STORE_PACK_PARTS 8
+#define SPOT_STORE_FOLLOW_MIN ((uint64_t)1 << 20)
+#define SPOT_STORE_FOLLOW_SCAN_MS 200
+#define SPOT_STORE_FOLLOW_SETTLE_MS 600
 
 #define SPOT_STORE_MIN_RATE_DEFAULT ((uint64_t)64 << 10)
 #define SPOT_STORE_TRANSFER_GRACE_MS 5000

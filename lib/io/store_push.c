@@ -152,8 +152,8 @@ walk_note(struct push_op *op, const char *path, const char *why)
  * byte grouping is for floats, and text must stay a plain zstd stream of
  * the file even when a grouping happens to gain on a regular layout. A
  * float tensor's mantissa bytes hit the control range at once. */
-static bool
-looks_like_text(const unsigned char *p, size_t n)
+bool
+spot__push_looks_like_text(const unsigned char *p, size_t n)
 {
   for (size_t i = 0; i < n; i++)
     if ((p[i] < 0x20 && p[i] != '\t' && p[i] != '\n' && p[i] != '\r' &&
@@ -247,10 +247,25 @@ cmp_files(const void *a, const void *b)
   return strcmp(((const struct pfile *)a)->rel, ((const struct pfile *)b)->rel);
 }
 
+/* A followed folder is walked once its marker exists (store_follow.c):
+ * here only its existence is checked. */
 static void
 walk_work_cb(uv_work_t *req)
 {
   struct push_op *op = spot_container_of(req, struct push_op, b.work);
+  struct stat st;
+
+  if (op->follow == NULL)
+    spot__push_walk(op);
+  else if (stat(op->dir, &st) < 0)
+    fail_msg(op, -errno, "%s: %s", op->dir, strerror(errno));
+  else if (!S_ISDIR(st.st_mode))
+    fail_msg(op, -ENOTDIR, "%s: not a folder", op->dir);
+}
+
+void
+spot__push_walk(struct push_op *op)
+{
   size_t alloc = 0;
   struct stat st;
   struct spot_codec *codec = NULL;
@@ -314,7 +329,8 @@ walk_work_cb(uv_work_t *req)
         fail_msg(op, r, "%s: codec trial failed", f->rel);
         break;
       }
-      f->filter = looks_like_text(sample, n) ? SPOT_FILTER_NONE : t.filter;
+      f->filter =
+          spot__push_looks_like_text(sample, n) ? SPOT_FILTER_NONE : t.filter;
       f->compress = t.compress;
       f->cmode = t.mode;
     }
@@ -370,22 +386,27 @@ tick(struct spot__store_op *b)
                                                  : SPOT_STORE_PHASE_COMMIT);
 }
 
+void
+spot__push_pfile_fini(struct pfile *f)
+{
+  free(f->rel);
+  free(f->abs);
+  free(f->link);
+  free(f->key);
+  free(f->upload_id);
+  free(f->etags);
+  spot__pack_free(f);
+}
+
 static void
 op_free(struct spot__store_op *b)
 {
   struct push_op *op = (struct push_op *)(void *)b;
 
-  for (size_t i = 0; i < op->nfiles; i++) {
-    struct pfile *f = &op->files[i];
-    free(f->rel);
-    free(f->abs);
-    free(f->link);
-    free(f->key);
-    free(f->upload_id);
-    free(f->etags);
-    spot__pack_free(f);
-  }
+  for (size_t i = 0; i < op->nfiles; i++)
+    spot__push_pfile_fini(&op->files[i]);
   free(op->files);
+  spot__follow_fini(op);
   spot__store_pipe_fini(&op->pipe);
   spot_manifest_free(op->manifest);
   free(op->manifest_json);
@@ -400,6 +421,7 @@ static void
 close_handles(struct spot__store_op *b)
 {
   spot__ranks_close((struct push_op *)(void *)b);
+  spot__follow_close((struct push_op *)(void *)b);
 }
 
 static void
@@ -754,8 +776,8 @@ verified(struct push_op *op)
 /* After the walk: the totals, and the manifest's size within the limit
  * before anything is uploaded. The estimate is what spot_manifest_to_json()
  * writes per file (path, key, numbers) and per frame, a little over. */
-static int
-walked(struct push_op *op)
+int
+spot__push_walked(struct push_op *op)
 {
   uint64_t est = 300;
 
@@ -796,7 +818,7 @@ spot__push_advance(struct push_op *op)
   }
   switch (op->state) {
   case PUSH_WALK:
-    if (walked(op) == 0)
+    if (spot__push_walked(op) == 0)
       check_name(op);
     break;
   case PUSH_CHECK:
@@ -809,6 +831,8 @@ spot__push_advance(struct push_op *op)
   case PUSH_XFER:
     if (!spot__push_files_done(op))
       return; /* the pump has more to do */
+    if (op->follow != NULL && spot__follow_hold(op))
+      return; /* no marker yet, or the final walk runs */
     spot__push_set_state(op, PUSH_VERIFY);
     r = spot__store_queue(&op->b, verify_work_cb);
     if (r < 0)
@@ -859,6 +883,7 @@ cancel(struct spot__store_op *b)
   if (op->latest_op != NULL)
     spot_latest_cancel(op->latest_op);
   spot__ranks_cancel(op);
+  spot__follow_cancel(op);
 }
 
 static const struct spot__store_kind push_kind = {
@@ -916,6 +941,8 @@ spot_store_push(uv_loop_t *loop, const struct spot_store_config *cfg,
     r = spot__resume_init(op);
   if (r == 0)
     r = spot__ranks_init(op);
+  if (r == 0 && cfg->follow)
+    r = spot__follow_init(op);
   if (r == 0)
     r = spot__store_queue(&op->b, walk_work_cb);
   if (r < 0) {

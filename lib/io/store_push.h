@@ -9,6 +9,9 @@
  *   store_ranks.c      the multi-node commit: rank markers, wait, merge
  *                      (enum ranks_state)
  *   store_retain.c     retention after a commit (enum retain_state)
+ *   store_follow.c     cfg follow: files uploaded while the folder is
+ *                      written, the final walk at the marker
+ *                      (enum follow_state)
  * Each sub-job owns its state and setter; when it is done it hands back
  * to spot__push_advance(). */
 #ifndef SPOT_STORE_PUSH_H
@@ -77,6 +80,11 @@ struct pfile {
    * files), 0 if it has its own object; a pack entry's layout, else NULL */
   size_t pack;
   struct spot__pack *pk;
+  /* follow (store_follow.c): a file taken while it grows. size and
+   * nparts cover its full parts so far and grow; it completes only once
+   * growing is false. open_ended (never changes once set, read by the
+   * workers): every part is padded, the last one too. */
+  bool growing, open_ended;
 };
 
 /* A part's slot (struct spot__store_slot in store_internal.h). */
@@ -200,10 +208,20 @@ struct push_op {
   struct resume resume;
   struct ranks ranks;
   struct retain retain;
+  struct follow *follow; /* store_follow.c, cfg follow only */
 };
 
 /* store_push.c */
 void spot__push_advance(struct push_op *op);
+/* The walk (pool): appends the folder's files to op->files, with their
+ * filters and part counts; errors go to op->b.err/msg. */
+void spot__push_walk(struct push_op *op);
+/* After the walk (loop): totals, manifest size estimate. 0 or < 0 (the
+ * op failed with a message). */
+int spot__push_walked(struct push_op *op);
+void spot__push_pfile_fini(struct pfile *f);
+/* Whether a sample is text: such a file is stored unfiltered. */
+bool spot__push_looks_like_text(const unsigned char *p, size_t n);
 void spot__push_set_state(struct push_op *op, enum push_state s);
 /* The commit: PUT op->manifest_json as MANIFEST.json, If-None-Match. */
 void spot__push_commit(struct push_op *op);
@@ -217,6 +235,10 @@ bool spot__push_body_is_ours(const struct push_op *op);
  * negative errno. */
 int spot__push_read_full(int fd, void *buf, size_t n, uint64_t off);
 int spot__push_xfer_setup(struct push_op *op);
+/* A new op->manifest with every file of op->files (keys, entries). */
+int spot__push_manifest_build(struct push_op *op);
+/* Adds op->files[i] to op->manifest (its key and entry). */
+int spot__push_add_to_manifest(struct push_op *op, struct pfile *f);
 void spot__push_xfer_start(struct push_op *op);
 void spot__push_pump(struct push_op *op);
 void spot__push_file_set_state(struct push_op *op, struct pfile *f,
@@ -262,6 +284,18 @@ void spot__ranks_start(struct push_op *op);
 void spot__ranks_cancel(struct push_op *op);
 void spot__ranks_close(struct push_op *op);
 void spot__ranks_fini(struct push_op *op);
+
+/* store_follow.c (cfg follow) */
+struct follow;
+int spot__follow_init(struct push_op *op);
+/* Called by spot__push_advance() in PUSH_XFER once every file is done
+ * and nothing is in flight: true while the follow holds the push (no
+ * marker yet, or the final walk runs), false once the final file list is
+ * in place and the push may verify and commit. */
+bool spot__follow_hold(struct push_op *op);
+void spot__follow_cancel(struct push_op *op);
+void spot__follow_close(struct push_op *op);
+void spot__follow_fini(struct push_op *op);
 
 /* store_retain.c */
 void spot__retain_start(struct push_op *op);

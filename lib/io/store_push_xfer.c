@@ -201,7 +201,11 @@ encode_work_cb(uv_work_t *req)
                                     s->coder->raw, (size_t)s->raw_len, s->comp,
                                     s->comp_cap, &s->comp_len, &s->crc);
   }
-  if (s->work_err == 0 && f->nparts > 1 && s->part + 1 < f->nparts)
+  /* A file taken while it grew (store_follow.c): every part of at least
+   * S3's minimum, the last one could not be told apart in time. */
+  if (s->work_err == 0 &&
+      (f->open_ended ? s->raw_len >= SPOT_STORE_PART_MIN
+                     : f->nparts > 1 && s->part + 1 < f->nparts))
     s->work_err = pad_part(s->comp, s->comp_cap, &s->comp_len);
   s->work_ns = (spot_now_mono_ms() - t0) * 1000000u + 1;
 }
@@ -457,7 +461,8 @@ start_completes(struct push_op *op)
     struct pfile *f = &op->files[i];
     int r;
 
-    if (f->nparts > 1 && f->state == FILE_OPEN && f->parts_done == f->nparts) {
+    if (f->nparts > 1 && f->state == FILE_OPEN && f->parts_done == f->nparts &&
+        !f->growing) {
       r = file_op(op, i, true);
       if (r < 0)
         fail_msg(op, r, "completing %s: %s", f->rel, strerror(-r));
@@ -500,8 +505,8 @@ spot__push_xfer_cancel(struct push_op *op)
 }
 
 /* Keys and manifest entries of the files. */
-static int
-add_to_manifest(struct push_op *op, struct pfile *f)
+int
+spot__push_add_to_manifest(struct push_op *op, struct pfile *f)
 {
   char key_rel[4300], path[4200];
   int r;
@@ -555,7 +560,7 @@ add_to_manifest(struct push_op *op, struct pfile *f)
 }
 
 int
-spot__push_xfer_setup(struct push_op *op)
+spot__push_manifest_build(struct push_op *op)
 {
   int r = spot_manifest_new(op->b.name, op->b.cfg.job, spot_now_wall_ms(),
                             &op->manifest);
@@ -571,8 +576,18 @@ spot__push_xfer_setup(struct push_op *op)
     return r;
   }
   for (size_t i = 0; i < op->nfiles; i++)
-    if ((r = add_to_manifest(op, &op->files[i])) < 0)
+    if ((r = spot__push_add_to_manifest(op, &op->files[i])) < 0)
       return r;
+  return 0;
+}
+
+int
+spot__push_xfer_setup(struct push_op *op)
+{
+  int r = spot__push_manifest_build(op);
+
+  if (r < 0)
+    return r;
   return spot__store_pipe_init(&op->pipe, &op->b,
                                (size_t)op->b.cfg.c.part_size);
 }

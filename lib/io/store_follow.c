@@ -1,0 +1,824 @@
+/* Push, following a folder the trainer is still writing (cfg follow):
+ * the upload overlaps the save. enum follow_state:
+ *
+ *   WATCH  every SPOT_STORE_FOLLOW_SCAN_MS a scan on the pool lists the
+ *          folder (readdir + lstat, no reads); a file of at least
+ *          SPOT_STORE_FOLLOW_MIN whose size and mtime stayed the same for
+ *          SPOT_STORE_FOLLOW_SETTLE_MS looks closed: the scan tries its
+ *          filters and the loop appends it to op->files and the manifest,
+ *          where the transfer pipeline (store_push_xfer.c) picks it up.
+ *          Smaller files wait for the marker (they are the packer's).
+ *   DRAIN  the scan saw SPOT_STORE_MARKER: no new file; the pipeline
+ *          finishes what it started.
+ *   FINAL  nothing in flight: the files uploaded so far move aside and the
+ *          push's own walk runs on the pool (every file, with its filter);
+ *          then every file uploaded early whose size, mtime, inode and part
+ *          count are unchanged is read again, and each part's CRC32C is
+ *          compared with the frame's. The loop then builds a new manifest:
+ *          unchanged files keep their objects and frames (they are not
+ *          uploaded again), changed and new files are uploaded (same key:
+ *          a changed file's object is replaced), files that are gone are
+ *          not in it (their objects stay unreferenced under this attempt's
+ *          folder until retention removes the checkpoint).
+ *   DONE   spot__follow_hold() lets the push go on: the pipeline uploads
+ *          what is left, then verify and commit as always.
+ *
+ * A folder never marked complete is never committed: the follow holds the
+ * push until it is cancelled (or fails), and stop() in store_push.c aborts
+ * its multipart uploads and deletes its completed objects.
+ *
+ * A file that grows (appended to, as torch.save and most writers do) is
+ * taken once it holds two full parts: its full parts below the current
+ * size are uploaded as it grows (growing in struct pfile), and its last
+ * part once the marker is there (not when it looks closed: a trainer that
+ * pauses longer than the settle time would have it closed early, then
+ * uploaded again whole). Its parts of S3's minimum or more are padded to
+ * it (the last one could not be told apart while it grows). A file that
+ * shrinks instead completes with what was sent and the final walk uploads
+ * it again. A file taken as closed that changes after all is uploaded
+ * again at the marker. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "crc32c.h"
+#include "log.h"
+#include "store_push.h"
+#include "util.h"
+
+#define SCAN_DEPTH_MAX 64
+/* Files of at least FOLLOW_MIN tracked, and op->files' room while the
+ * folder is followed: reserved at once, as the workers read op->files
+ * while the loop appends to it (more files wait for the marker). */
+#define SCAN_SEEN_MAX 10000
+#define VERIFY_CHUNK ((size_t)1 << 20)
+
+#define fail_msg(op, ...) spot__store_fail_msg(&(op)->b, __VA_ARGS__)
+
+enum follow_state {
+  FOLLOW_WATCH,
+  FOLLOW_DRAIN,
+  FOLLOW_FINAL,
+  FOLLOW_DONE,
+  FOLLOW_STATE_LAST,
+};
+
+static const char *const follow_state_names[] = {
+    "watch",
+    "drain",
+    "final",
+    "done",
+};
+_Static_assert(SPOT_ARRAY_SIZE(follow_state_names) == FOLLOW_STATE_LAST,
+               "follow_state_names");
+
+/* A big file the scans have seen: what it looked like, since when. */
+struct seen {
+  char *rel;
+  uint64_t size;
+  int64_t mtime_ns;
+  uint64_t since_ms;
+  bool taken;   /* handed to the pipeline */
+  bool growing; /* taken while growing, not closed yet */
+};
+
+/* What a scan saw of a file taken while growing. */
+struct grow {
+  const char *rel; /* the seen entry's */
+  struct stat st;
+  bool closed; /* settled, or the marker is there: its last part */
+};
+
+struct follow {
+  struct push_op *op;
+  enum follow_state state;
+  uv_timer_t timer; /* the scan period */
+  uv_work_t work;   /* the scan or the final check */
+  bool working;
+  /* the pool's, between queueing and the after callback */
+  struct seen *seen;
+  size_t nseen, seen_alloc;
+  struct pfile *add; /* files that look closed, for the loop to take */
+  size_t nadd, add_alloc;
+  struct grow *grow; /* news of files taken while growing */
+  size_t ngrow, grow_alloc;
+  bool marker;
+  int scan_err;
+  char scan_msg[512];
+  /* FINAL: the files uploaded before the marker and their manifest; for
+   * each new file, 1 + the index of the old one it reuses, or 0 */
+  struct pfile *old;
+  size_t nold;
+  struct spot_manifest *old_manifest;
+  size_t *reuse;
+  size_t nchanged, nreused;
+  uint64_t scans;
+};
+
+static void
+set_state(struct follow *fo, enum follow_state s)
+{
+  log_debug("push name=%s follow %s -> %s", fo->op->b.name,
+            follow_state_names[fo->state], follow_state_names[s]);
+  fo->state = s;
+}
+
+/* ----------------------------------------------------------- the scan */
+
+static struct seen *
+seen_find(struct follow *fo, const char *rel)
+{
+  for (size_t i = 0; i < fo->nseen; i++)
+    if (strcmp(fo->seen[i].rel, rel) == 0)
+      return &fo->seen[i];
+  return NULL;
+}
+
+static int
+seen_add(struct follow *fo, const char *rel, struct seen **out)
+{
+  struct seen *s;
+
+  if (fo->nseen >= SCAN_SEEN_MAX)
+    return -E2BIG;
+  if (fo->nseen == fo->seen_alloc) {
+    size_t n = fo->seen_alloc ? fo->seen_alloc * 2 : 16;
+    struct seen *p = realloc(fo->seen, n * sizeof(*p));
+    if (p == NULL)
+      return -ENOMEM;
+    fo->seen = p;
+    fo->seen_alloc = n;
+  }
+  s = &fo->seen[fo->nseen];
+  memset(s, 0, sizeof(*s));
+  s->rel = strdup(rel);
+  if (s->rel == NULL)
+    return -ENOMEM;
+  fo->nseen++;
+  *out = s;
+  return 0;
+}
+
+/* A file that looks closed: its filter from its first MiB, like the walk
+ * does (pool). 0, 1 (leave it for the final walk) or negative errno. */
+static int
+take(struct follow *fo, struct spot_codec *codec, void *sample, const char *rel,
+     const char *abs, const struct stat *st, bool growing)
+{
+  struct push_op *op = fo->op;
+  uint64_t part = op->b.cfg.c.part_size;
+  size_t n = SPOT_CODEC_SAMPLE_MAX;
+  struct spot_codec_trial t;
+  struct pfile *f;
+  int fd, r;
+
+  if (((uint64_t)st->st_size + part - 1) / part > SPOT_MANIFEST_FRAMES_MAX ||
+      !spot_manifest_path_valid(rel))
+    return 1; /* the final walk says why */
+  if (fo->nadd == fo->add_alloc) {
+    size_t k = fo->add_alloc ? fo->add_alloc * 2 : 8;
+    struct pfile *p = realloc(fo->add, k * sizeof(*p));
+    if (p == NULL)
+      return -ENOMEM;
+    fo->add = p;
+    fo->add_alloc = k;
+  }
+  f = &fo->add[fo->nadd];
+  memset(f, 0, sizeof(*f));
+  fd = open(abs, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0)
+    return 1;
+  if ((uint64_t)st->st_size < n)
+    n = (size_t)st->st_size;
+  r = spot__push_read_full(fd, sample, n, 0);
+  close(fd);
+  if (r < 0)
+    return 1; /* shrank: not closed after all */
+  if (op->b.cfg.c.compress == SPOT_STORE_COMPRESS_NEVER) {
+    f->filter = SPOT_FILTER_NONE;
+  } else {
+    if (spot_codec_choose_filter(codec, sample, n, &t) < 0)
+      return 1;
+    f->filter =
+        spot__push_looks_like_text(sample, n) ? SPOT_FILTER_NONE : t.filter;
+    f->compress = t.compress;
+    f->cmode = t.mode;
+  }
+  f->rel = strdup(rel);
+  f->abs = strdup(abs);
+  if (f->rel == NULL || f->abs == NULL) {
+    spot__push_pfile_fini(f);
+    return -ENOMEM;
+  }
+  f->size = (uint64_t)st->st_size;
+  f->mode = st->st_mode & 07777;
+  f->mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+  f->dev = st->st_dev;
+  f->ino = st->st_ino;
+  f->nparts = (size_t)((f->size + part - 1) / part);
+  if (growing) { /* its full parts so far */
+    f->nparts = (size_t)(f->size / part);
+    f->size = (uint64_t)f->nparts * part;
+    f->growing = f->open_ended = true;
+  }
+  fo->nadd++;
+  return 0;
+}
+
+static int
+grow_add(struct follow *fo, const char *rel, const struct stat *st, bool closed)
+{
+  if (fo->ngrow == fo->grow_alloc) {
+    size_t k = fo->grow_alloc ? fo->grow_alloc * 2 : 8;
+    struct grow *p = realloc(fo->grow, k * sizeof(*p));
+    if (p == NULL)
+      return -ENOMEM;
+    fo->grow = p;
+    fo->grow_alloc = k;
+  }
+  fo->grow[fo->ngrow].rel = rel;
+  fo->grow[fo->ngrow].st = *st;
+  fo->grow[fo->ngrow].closed = closed;
+  fo->ngrow++;
+  return 0;
+}
+
+struct scan_ctx {
+  struct follow *fo;
+  struct spot_codec *codec;
+  void *sample;
+  uint64_t now;
+};
+
+static int
+scan_dir(struct scan_ctx *c, const char *abs, const char *rel, int depth)
+{
+  struct follow *fo = c->fo;
+  DIR *d;
+  struct dirent *de;
+  int r = 0;
+
+  if (depth > SCAN_DEPTH_MAX)
+    return 0; /* the final walk fails it */
+  d = opendir(abs);
+  if (d == NULL)
+    return depth == 0 ? -errno : 0; /* a subfolder may just have gone */
+  while ((de = readdir(d)) != NULL) {
+    char cabs[4096], crel[4096];
+    struct stat st;
+    struct seen *s;
+    int64_t mt;
+
+    if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+      continue;
+    if (depth == 0 && strcmp(de->d_name, SPOT_STORE_MARKER) == 0) {
+      fo->marker = true;
+      continue;
+    }
+    if ((size_t)snprintf(cabs, sizeof(cabs), "%s/%s", abs, de->d_name) >=
+            sizeof(cabs) ||
+        (size_t)snprintf(crel, sizeof(crel), "%s%s%s", rel, rel[0] ? "/" : "",
+                         de->d_name) >= sizeof(crel))
+      continue;
+    if (lstat(cabs, &st) < 0)
+      continue;
+    if (S_ISDIR(st.st_mode)) {
+      r = scan_dir(c, cabs, crel, depth + 1);
+      if (r < 0)
+        break;
+      continue;
+    }
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < SPOT_STORE_FOLLOW_MIN)
+      continue; /* links, small files: after the marker */
+    mt = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    s = seen_find(fo, crel);
+    if (s == NULL) {
+      r = seen_add(fo, crel, &s);
+      if (r == -E2BIG) {
+        r = 0;
+        continue;
+      }
+      if (r < 0)
+        break;
+      s->size = (uint64_t)st.st_size;
+      s->mtime_ns = mt;
+      s->since_ms = c->now;
+    } else if (s->size != (uint64_t)st.st_size || s->mtime_ns != mt) {
+      bool grew = (uint64_t)st.st_size > s->size;
+
+      s->size = (uint64_t)st.st_size;
+      s->mtime_ns = mt;
+      s->since_ms = c->now;
+      if (!s->taken && grew &&
+          (uint64_t)st.st_size >= 2 * fo->op->b.cfg.c.part_size) {
+        r = take(fo, c->codec, c->sample, crel, cabs, &st, true);
+        s->taken = s->growing = r == 0;
+      } else if (s->growing) {
+        r = grow_add(fo, s->rel, &st, false);
+      }
+      if (r < 0)
+        break;
+      r = 0;
+    } else if (c->now >= s->since_ms + SPOT_STORE_FOLLOW_SETTLE_MS) {
+      /* A file taken while growing stays open until the marker: a
+       * trainer pausing longer than the settle time would otherwise have
+       * it closed early, and uploaded again whole at the marker. */
+      if (!s->taken) {
+        r = take(fo, c->codec, c->sample, crel, cabs, &st, false);
+        s->taken = r == 0;
+      }
+      if (r < 0)
+        break;
+      r = 0;
+    }
+  }
+  closedir(d);
+  return r;
+}
+
+static void
+scan_work_cb(uv_work_t *req)
+{
+  struct follow *fo = spot_container_of(req, struct follow, work);
+  struct scan_ctx c = {fo, NULL, NULL, spot_now_mono_ms()};
+  int r;
+
+  fo->scan_err = 0;
+  fo->nadd = 0;
+  fo->ngrow = 0;
+  r = spot_codec_new(SPOT_CODEC_SAMPLE_MAX, &c.codec);
+  c.sample = malloc(SPOT_CODEC_SAMPLE_MAX);
+  if (r < 0 || c.sample == NULL) {
+    fo->scan_err = -ENOMEM;
+    snprintf(fo->scan_msg, sizeof(fo->scan_msg), "out of memory");
+  } else if ((r = scan_dir(&c, fo->op->dir, "", 0)) < 0) {
+    fo->scan_err = r;
+    snprintf(fo->scan_msg, sizeof(fo->scan_msg), "%s: %s", fo->op->dir,
+             strerror(-r));
+  }
+  /* The marker says every file is closed: the last parts of the files
+   * still growing (one gone or unreadable keeps what it sent). */
+  for (size_t i = 0; fo->marker && fo->scan_err == 0 && i < fo->nseen; i++) {
+    struct seen *s = &fo->seen[i];
+    char abs[8200];
+    struct stat st;
+
+    if (!s->growing)
+      continue;
+    snprintf(abs, sizeof(abs), "%s/%s", fo->op->dir, s->rel);
+    if (lstat(abs, &st) < 0 || !S_ISREG(st.st_mode))
+      memset(&st, 0, sizeof(st));
+    if (grow_add(fo, s->rel, &st, true) < 0) {
+      fo->scan_err = -ENOMEM;
+      snprintf(fo->scan_msg, sizeof(fo->scan_msg), "out of memory");
+      break;
+    }
+    s->growing = false;
+  }
+  free(c.sample);
+  spot_codec_free(c.codec);
+}
+
+/* The files the scan found closed join the push. */
+static int
+take_added(struct follow *fo)
+{
+  struct push_op *op = fo->op;
+
+  if (fo->nadd == 0)
+    return 0;
+  if (op->files == NULL)
+    op->files = malloc(SCAN_SEEN_MAX * sizeof(*op->files));
+  if (op->files == NULL || op->nfiles + fo->nadd > SCAN_SEEN_MAX)
+    return -ENOMEM; /* never more than seen entries */
+  for (size_t i = 0; i < fo->nadd; i++) {
+    struct pfile *f = &op->files[op->nfiles];
+    int r;
+
+    *f = fo->add[i];
+    op->nfiles++;
+    op->b.raw_total += f->size;
+    r = spot__push_add_to_manifest(op, f);
+    if (r < 0) {
+      for (size_t j = i + 1; j < fo->nadd; j++)
+        spot__push_pfile_fini(&fo->add[j]);
+      fo->nadd = 0;
+      return r;
+    }
+    log_info("push name=%s: %s %s (%" PRIu64
+             " bytes): uploading it before the marker",
+             op->b.name, f->rel,
+             f->growing ? "grows, its full parts so far" : "looks closed",
+             f->size);
+  }
+  fo->nadd = 0;
+  return 0;
+}
+
+/* News of the files taken while growing: more full parts, or closed
+ * (their last part). A file that shrank keeps what was sent: the final
+ * walk finds it changed. */
+static int
+grown(struct follow *fo)
+{
+  struct push_op *op = fo->op;
+  uint64_t part = op->b.cfg.c.part_size;
+
+  for (size_t i = 0; i < fo->ngrow; i++) {
+    const struct grow *g = &fo->grow[i];
+    uint64_t size = (uint64_t)g->st.st_size;
+    struct spot_manifest_file *mf;
+    struct pfile *f = NULL;
+    size_t idx, nparts;
+
+    for (idx = 0; idx < op->nfiles; idx++)
+      if (strcmp(op->files[idx].rel, g->rel) == 0) {
+        f = &op->files[idx];
+        break;
+      }
+    if (f == NULL || !f->growing)
+      continue;
+    if (g->closed) {
+      f->growing = false;
+      if (g->st.st_ino != 0) {
+        f->mtime_ns =
+            (int64_t)g->st.st_mtim.tv_sec * 1000000000 + g->st.st_mtim.tv_nsec;
+        f->mode = g->st.st_mode & 07777;
+      }
+      nparts = size >= f->size ? (size_t)((size + part - 1) / part) : f->nparts;
+      if (size < f->size)
+        size = f->size;
+      log_info("push name=%s: %s closed at %" PRIu64 " bytes (%zu parts)",
+               op->b.name, f->rel, size, nparts);
+    } else {
+      nparts = (size_t)(size / part);
+      size = (uint64_t)nparts * part;
+      if (nparts <= f->nparts)
+        continue;
+    }
+    if (nparts > SPOT_MANIFEST_FRAMES_MAX) { /* the final walk says why */
+      nparts = f->nparts;
+      size = f->size;
+    }
+    if (nparts > f->nparts) {
+      struct spot_s3_part_info *e = realloc(f->etags, nparts * sizeof(*e));
+
+      if (e == NULL)
+        return -ENOMEM;
+      memset(e + f->nparts, 0, (nparts - f->nparts) * sizeof(*e));
+      f->etags = e;
+    }
+    op->b.raw_total += size - f->size;
+    f->size = size;
+    f->nparts = nparts;
+    mf = &op->manifest->files[f->midx];
+    mf->size = size;
+    mf->mtime_ns = f->mtime_ns;
+    mf->mode = f->mode;
+    if (idx < op->next_file)
+      op->next_file = idx; /* its new parts */
+  }
+  fo->ngrow = 0;
+  return 0;
+}
+
+static void
+scan_after_cb(uv_work_t *req, int status)
+{
+  struct follow *fo = spot_container_of(req, struct follow, work);
+  struct push_op *op = fo->op;
+  int r;
+
+  op->b.active_work--;
+  fo->working = false;
+  fo->scans++;
+  if (status < 0 || spot__store_cancelled(&op->b) || op->b.err < 0) {
+    for (size_t i = 0; i < fo->nadd; i++)
+      spot__push_pfile_fini(&fo->add[i]);
+    fo->nadd = 0;
+    fo->ngrow = 0;
+    if (status < 0 && status != UV_ECANCELED)
+      fail_msg(op, status, "queueing work: %s", uv_strerror(status));
+  } else if (fo->scan_err < 0) {
+    fail_msg(op, fo->scan_err, "following the checkpoint folder: %s",
+             fo->scan_msg);
+  } else if ((r = take_added(fo)) < 0 || (r = grown(fo)) < 0) {
+    fail_msg(op, r, "following the checkpoint folder: %s", strerror(-r));
+  } else if (fo->marker && fo->state == FOLLOW_WATCH) {
+    log_info("push name=%s: %s is there after %" PRIu64
+             " scans: final walk once the files started are stored",
+             op->b.name, SPOT_STORE_MARKER, fo->scans);
+    uv_timer_stop(&fo->timer);
+    for (size_t i = 0; i < op->nfiles; i++)
+      op->files[i].growing = false; /* the scan closed them; if not, as is */
+    set_state(fo, FOLLOW_DRAIN);
+  }
+  spot__push_pump(op);
+}
+
+static void
+timer_cb(uv_timer_t *t)
+{
+  struct follow *fo = spot_container_of(t, struct follow, timer);
+  struct push_op *op = fo->op;
+  int r;
+
+  if (op->b.err < 0 || op->b.life != SPOT__STORE_RUNNING) {
+    /* failed or cancelled while idle: nothing else would move it on */
+    uv_timer_stop(t);
+    spot__push_pump(op);
+    return;
+  }
+  if (fo->working || fo->state != FOLLOW_WATCH || op->state != PUSH_XFER)
+    return;
+  r = uv_queue_work(op->b.loop, &fo->work, scan_work_cb, scan_after_cb);
+  if (r < 0) {
+    fail_msg(op, r, "queueing work: %s", uv_strerror(r));
+    spot__push_pump(op);
+    return;
+  }
+  fo->working = true;
+  op->b.active_work++;
+}
+
+/* ---------------------------------------------------------- the final */
+
+/* Whether every part of f reads back with the CRC its frame has (pool). */
+static bool
+same_bytes(const struct pfile *f, const struct spot_manifest_file *mf,
+           void *buf)
+{
+  uint64_t off = 0;
+  bool same = true;
+  int fd;
+
+  if (mf->nframes != f->nparts)
+    return false;
+  fd = open(f->abs, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0)
+    return false;
+  for (size_t p = 0; same && p < mf->nframes; p++) {
+    const struct spot_manifest_frame *fr = &mf->frames[p];
+    uint64_t left = fr->raw_len;
+    uint32_t crc = 0;
+
+    if (!fr->set) {
+      same = false;
+      break;
+    }
+    while (left > 0) {
+      size_t n = left < VERIFY_CHUNK ? (size_t)left : VERIFY_CHUNK;
+
+      if (spot__push_read_full(fd, buf, n, off) < 0) {
+        same = false;
+        break;
+      }
+      crc = spot_crc32c(crc, buf, n);
+      off += n;
+      left -= n;
+    }
+    same = same && crc == fr->crc32c;
+  }
+  close(fd);
+  return same && off == f->size;
+}
+
+static void
+final_work_cb(uv_work_t *req)
+{
+  struct follow *fo = spot_container_of(req, struct follow, work);
+  struct push_op *op = fo->op;
+  void *buf;
+
+  spot__push_walk(op);
+  if (op->b.err < 0)
+    return;
+  fo->reuse = calloc(op->nfiles + 1, sizeof(*fo->reuse));
+  buf = malloc(VERIFY_CHUNK);
+  if (fo->reuse == NULL || buf == NULL) {
+    free(buf);
+    fail_msg(op, -ENOMEM, "out of memory");
+    return;
+  }
+  for (size_t i = 0; i < op->nfiles; i++) {
+    const struct pfile *f = &op->files[i];
+
+    for (size_t j = 0; j < fo->nold; j++) {
+      const struct pfile *o = &fo->old[j];
+
+      if (o->state != FILE_DONE || o->key == NULL ||
+          strcmp(o->rel, f->rel) != 0)
+        continue;
+      if (f->link == NULL && o->size == f->size && o->mtime_ns == f->mtime_ns &&
+          o->ino == f->ino && o->dev == f->dev && o->nparts == f->nparts &&
+          same_bytes(f, &fo->old_manifest->files[o->midx], buf)) {
+        fo->reuse[i] = j + 1;
+        fo->nreused++;
+      } else {
+        fo->nchanged++;
+      }
+      break;
+    }
+  }
+  free(buf);
+}
+
+/* The new manifest: files reused keep their frames. */
+static int
+rebuild(struct follow *fo)
+{
+  struct push_op *op = fo->op;
+  int r;
+
+  if (spot__push_walked(op) < 0)
+    return op->b.err;
+  for (size_t i = 0; i < op->nfiles; i++)
+    if (fo->reuse[i] != 0)
+      op->files[i].filter = fo->old[fo->reuse[i] - 1].filter;
+  r = spot__push_manifest_build(op);
+  if (r < 0)
+    return r;
+  op->b.raw_done = 0;
+  for (size_t i = 0; i < op->nfiles; i++) {
+    struct pfile *f = &op->files[i];
+    const struct spot_manifest_file *mf;
+
+    if (fo->reuse[i] == 0)
+      continue;
+    mf = &fo->old_manifest->files[fo->old[fo->reuse[i] - 1].midx];
+    for (size_t p = 0; p < mf->nframes; p++) {
+      r = spot_manifest_set_frame(op->manifest, f->midx, p,
+                                  mf->frames[p].raw_len, mf->frames[p].comp_len,
+                                  mf->frames[p].crc32c);
+      if (r < 0)
+        return r;
+    }
+    f->next_part = f->parts_done = f->nparts;
+    op->b.raw_done += f->size;
+    spot__push_file_set_state(op, f, FILE_DONE);
+  }
+  return 0;
+}
+
+static void
+old_free(struct follow *fo)
+{
+  for (size_t i = 0; i < fo->nold; i++)
+    spot__push_pfile_fini(&fo->old[i]);
+  free(fo->old);
+  fo->old = NULL;
+  fo->nold = 0;
+  spot_manifest_free(fo->old_manifest);
+  fo->old_manifest = NULL;
+  free(fo->reuse);
+  fo->reuse = NULL;
+}
+
+static void
+final_after_cb(uv_work_t *req, int status)
+{
+  struct follow *fo = spot_container_of(req, struct follow, work);
+  struct push_op *op = fo->op;
+  int r = 0;
+
+  op->b.active_work--;
+  fo->working = false;
+  if (status < 0 && status != UV_ECANCELED)
+    fail_msg(op, status, "queueing work: %s", uv_strerror(status));
+  else if (status == 0 && op->b.err == 0 && (r = rebuild(fo)) < 0)
+    fail_msg(op, r, "the final walk: %s", strerror(-r));
+  if (op->b.err < 0 || status < 0) {
+    /* Failed or cancelled: the files uploaded so far come back, for
+     * stop() to delete their objects. */
+    for (size_t i = 0; i < op->nfiles; i++)
+      spot__push_pfile_fini(&op->files[i]);
+    free(op->files);
+    spot_manifest_free(op->manifest);
+    op->files = fo->old;
+    op->nfiles = fo->nold;
+    op->manifest = fo->old_manifest;
+    fo->old = NULL;
+    fo->nold = 0;
+    fo->old_manifest = NULL;
+    if (op->b.err == 0)
+      spot__store_fail(&op->b, -ECANCELED);
+  } else {
+    log_info("push name=%s: final walk: %zu files, %zu uploaded before the "
+             "marker and unchanged, %zu changed since (uploaded again)",
+             op->b.name, op->nfiles, fo->nreused, fo->nchanged);
+    set_state(fo, FOLLOW_DONE);
+  }
+  old_free(fo);
+  op->next_file = 0;
+  spot__push_pump(op);
+}
+
+bool
+spot__follow_hold(struct push_op *op)
+{
+  struct follow *fo = op->follow;
+  int r;
+
+  switch (fo->state) {
+  case FOLLOW_WATCH:
+    if (!uv_is_active((uv_handle_t *)&fo->timer))
+      uv_timer_start(&fo->timer, timer_cb, 0, SPOT_STORE_FOLLOW_SCAN_MS);
+    return true;
+  case FOLLOW_DRAIN:
+    /* Everything started is stored; the walk fills op->files anew. */
+    fo->old = op->files;
+    fo->nold = op->nfiles;
+    fo->old_manifest = op->manifest;
+    op->files = NULL;
+    op->nfiles = 0;
+    op->manifest = NULL;
+    fo->nreused = fo->nchanged = 0;
+    set_state(fo, FOLLOW_FINAL);
+    r = uv_queue_work(op->b.loop, &fo->work, final_work_cb, final_after_cb);
+    if (r < 0) {
+      final_after_cb(&fo->work, r);
+      return true;
+    }
+    fo->working = true;
+    op->b.active_work++;
+    return true;
+  case FOLLOW_FINAL:
+    return true;
+  default:
+    return false;
+  }
+}
+
+/* ---------------------------------------------------------- lifecycle */
+
+int
+spot__follow_init(struct push_op *op)
+{
+  struct follow *fo = calloc(1, sizeof(*fo));
+
+  if (fo == NULL)
+    return -ENOMEM;
+  fo->op = op;
+  /* Cannot fail once a timer of the same loop initialised. */
+  (void)uv_timer_init(op->b.loop, &fo->timer);
+  op->b.handles++;
+  op->follow = fo;
+  return 0;
+}
+
+void
+spot__follow_cancel(struct push_op *op)
+{
+  struct follow *fo = op->follow;
+
+  if (fo == NULL)
+    return;
+  /* The push may be idle, waiting for the next scan: the timer moves it
+   * on (to stop() and its aborts) from the loop, never from here. */
+  uv_timer_start(&fo->timer, timer_cb, 0, 0);
+  if (fo->working)
+    (void)uv_cancel((uv_req_t *)&fo->work);
+}
+
+static void
+timer_close_cb(uv_handle_t *h)
+{
+  struct follow *fo = spot_container_of(h, struct follow, timer);
+
+  spot__store_handle_closed(&fo->op->b);
+}
+
+void
+spot__follow_close(struct push_op *op)
+{
+  struct follow *fo = op->follow;
+
+  if (fo == NULL)
+    return;
+  uv_timer_stop(&fo->timer);
+  uv_close((uv_handle_t *)&fo->timer, timer_close_cb);
+}
+
+void
+spot__follow_fini(struct push_op *op)
+{
+  struct follow *fo = op->follow;
+
+  if (fo == NULL)
+    return;
+  old_free(fo);
+  for (size_t i = 0; i < fo->nseen; i++)
+    free(fo->seen[i].rel);
+  free(fo->seen);
+  for (size_t i = 0; i < fo->nadd; i++)
+    spot__push_pfile_fini(&fo->add[i]);
+  free(fo->add);
+  free(fo->grow);
+  free(fo);
+  op->follow = NULL;
+}

@@ -293,8 +293,9 @@ scan_dir(struct scan_ctx *c, const char *abs, const char *rel, int depth)
         break;
       continue;
     }
-    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < SPOT_STORE_FOLLOW_MIN)
-      continue; /* links, small files: after the marker */
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < SPOT_STORE_FOLLOW_MIN ||
+        (uint64_t)st.st_size < spot__pack_threshold(fo->op))
+      continue; /* links, small (packed) files: after the marker */
     mt = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
     s = seen_find(fo, crel);
     if (s == NULL) {

@@ -55,6 +55,12 @@ threshold(const struct push_op *op)
   return t;
 }
 
+uint64_t
+spot__pack_threshold(const struct push_op *op)
+{
+  return op->b.cfg.c.pack_threshold == SPOT_STORE_PACK_OFF ? 0 : threshold(op);
+}
+
 bool
 spot__pack_small(const struct push_op *op, const struct pfile *f)
 {

@@ -252,6 +252,8 @@ bool spot__push_files_done(const struct push_op *op);
  * zstd frame; its members (f->pack set) have no object and no part of
  * their own. */
 /* Whether f is packed (the threshold of the config). Pure. */
+/* Files below this are packed (0: packing is off); read-only, any thread. */
+uint64_t spot__pack_threshold(const struct push_op *op);
 bool spot__pack_small(const struct push_op *op, const struct pfile *f);
 /* Appends the pack entries and adds the packs to op->manifest. */
 int spot__pack_plan(struct push_op *op);

@@ -117,6 +117,7 @@ struct follow {
   struct spot_manifest *old_manifest;
   size_t *reuse;
   size_t nchanged, nreused;
+  size_t nwalked; /* files of the final walk (pack entries come after) */
   uint64_t scans;
 };
 
@@ -634,18 +635,22 @@ static int
 rebuild(struct follow *fo)
 {
   struct push_op *op = fo->op;
+  size_t n;
   int r;
 
   if (spot__push_walked(op) < 0)
     return op->b.err;
-  for (size_t i = 0; i < op->nfiles; i++)
+  /* the files walked: fo->reuse covers them; the manifest build appends
+   * the pack entries after them */
+  n = fo->nwalked = op->nfiles;
+  for (size_t i = 0; i < n; i++)
     if (fo->reuse[i] != 0)
       op->files[i].filter = fo->old[fo->reuse[i] - 1].filter;
   r = spot__push_manifest_build(op);
   if (r < 0)
     return r;
   op->b.raw_done = 0;
-  for (size_t i = 0; i < op->nfiles; i++) {
+  for (size_t i = 0; i < n; i++) {
     struct pfile *f = &op->files[i];
     const struct spot_manifest_file *mf;
 
@@ -711,7 +716,7 @@ final_after_cb(uv_work_t *req, int status)
   } else {
     log_info("push name=%s: final walk: %zu files, %zu uploaded before the "
              "marker and unchanged, %zu changed since (uploaded again)",
-             op->b.name, op->nfiles, fo->nreused, fo->nchanged);
+             op->b.name, fo->nwalked, fo->nreused, fo->nchanged);
     set_state(fo, FOLLOW_DONE);
   }
   old_free(fo);

@@ -316,6 +316,20 @@ committed(struct spotd *d, const char *name,
   prune_local(d, name);
 }
 
+/* After an upload: the one waiting (the newest complete) goes next. */
+static void
+start_waiting(struct spotd *d)
+{
+  if (d->up.waiting[0] != '\0') {
+    char next[256];
+
+    spot_strlcpy(next, d->up.waiting, sizeof(next));
+    d->up.waiting[0] = '\0';
+    start_upload(d, next, false);
+  }
+  spotd_advance(d);
+}
+
 static void
 push_done_cb(const struct spot_store_result *res, void *data)
 {
@@ -337,14 +351,7 @@ push_done_cb(const struct spot_store_result *res, void *data)
     log_info("stopped uploading %s before it was complete%s%s", name,
              res->err == -ECANCELED ? "" : ": ",
              res->err == -ECANCELED ? "" : res->message);
-    if (d->up.waiting[0] != '\0') {
-      char next[256];
-
-      spot_strlcpy(next, d->up.waiting, sizeof(next));
-      d->up.waiting[0] = '\0';
-      start_upload(d, next, false);
-    }
-    spotd_advance(d);
+    start_waiting(d);
     return;
   }
   hist_pushed(d, name, res);
@@ -361,14 +368,7 @@ push_done_cb(const struct spot_store_result *res, void *data)
                        : res->err == -ECANCELED ? "cancelled"
                                                 : res->message);
   final_pushed(d, name, res->err);
-  if (d->up.waiting[0] != '\0') {
-    char next[256];
-
-    spot_strlcpy(next, d->up.waiting, sizeof(next));
-    d->up.waiting[0] = '\0';
-    start_upload(d, next, false);
-  }
-  spotd_advance(d);
+  start_waiting(d);
 }
 
 static void

@@ -179,16 +179,22 @@ code_is(const char *code, const char *const *set)
   return false;
 }
 
-static const char *const transient_codes[] = {
+/* The server asks us to slow down: retried, and what the store's
+ * concurrency control (pace.h) backs off on. */
+static const char *const throttle_codes[] = {
     "SlowDown",
-    "InternalError",
-    "ServiceUnavailable",
     "RequestTimeout",
     "Throttling",
     "ThrottlingException",
     "RequestLimitExceeded",
     "RequestThrottled",
     "TooManyRequestsException",
+    NULL,
+};
+/* Retried too, but not throttling. */
+static const char *const transient_codes[] = {
+    "InternalError",
+    "ServiceUnavailable",
     NULL,
 };
 
@@ -214,26 +220,15 @@ spot__s3_should_retry(CURLcode rc, long status, const char *s3_code)
     return true;
   /* RequestTimeout comes as a 400 and SlowDown as a 503; InternalError
    * can come inside a 200 (CompleteMultipartUpload). */
-  return code_is(s3_code, transient_codes);
+  return code_is(s3_code, throttle_codes) || code_is(s3_code, transient_codes);
 }
 
-/* The server asks us to slow down: what the store's concurrency control
- * (pace.h) backs off on. A 500 InternalError is not one. */
+/* A throttling answer (throttle_codes, 503, 429). A 500 InternalError is
+ * not one. */
 static bool
 throttle_answer(long status, const char *s3_code)
 {
-  static const char *const slow[] = {
-      "SlowDown",
-      "RequestTimeout",
-      "Throttling",
-      "ThrottlingException",
-      "RequestLimitExceeded",
-      "RequestThrottled",
-      "TooManyRequestsException",
-      NULL,
-  };
-
-  return status == 503 || status == 429 || code_is(s3_code, slow);
+  return status == 503 || status == 429 || code_is(s3_code, throttle_codes);
 }
 
 uint64_t

@@ -95,13 +95,9 @@ try:
         st = d.status()
         c.check(st is not None, "spotctl status answers", repr(st))
         print("     status: " + json.dumps(st)[:600])
-        keys = sl.s3_keys(prefix + "checkpoints/ckpt-1/")
-        c.check(keys == [], "nothing of the incomplete folder uploaded", repr(keys))
         c.check(sl.committed(prefix) == ["ckpt-0"], "only ckpt-0 is committed",
                 repr(sl.committed(prefix)))
         c.check(sl.latest(prefix) == "ckpt-0", "LATEST still ckpt-0")
-        c.check(not d.err.matching(r"uploading checkpoint ckpt-1"),
-                "spotd never started uploading ckpt-1", "\n".join(d.err.matching("ckpt-1")))
         # SIGTERM asks for a final checkpoint, which fails too: spotd gives
         # up after --ckpt-timeout and stops
         d.send(signal.SIGTERM)
@@ -109,6 +105,10 @@ try:
         c.check(rc is not None and rc >= 0,
                 "spotd stops on SIGTERM once the final checkpoint times out (%s)" % rc,
                 d.log()[-1500:])
+        # with overlap its closed files may have gone up while it was
+        # written: never committed, and nothing of it left once spotd gave up
+        keys = sl.s3_keys(prefix + "checkpoints/ckpt-1/")
+        c.check(keys == [], "nothing of the incomplete folder is left", repr(keys))
         out = os.path.join(tmp, "back")
         cp = sl.spotctl("restore", store + "/" + job, out)
         c.check(cp.returncode == 0 and os.path.getsize(os.path.join(out, "weights.bin"))

@@ -96,7 +96,8 @@ def manifest_path(c, wd):
     with open(os.path.join(src, "ok.bin"), "wb") as f:
         f.write(b"fine" * 100)
     try:
-        cp = sl.spotctl("push", src, url, "--name", "ck1")
+        # one object per file (no packing): its key carries the name
+        cp = sl.spotctl("push", src, url, "--name", "ck1", "--pack-threshold", "0")
         if not c.check(cp.returncode == 0, "push of a file named with ESC "
                        "and a newline", cp.stderr):
             return

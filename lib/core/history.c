@@ -512,6 +512,8 @@ max64(int64_t a, int64_t b)
   return a > b ? a : b;
 }
 
+#define SPOT_HIST_CAPTURE_SLACK_MS 2
+
 /* Outcome, lost work, times of one run once all events are in. */
 static void
 close_run(struct spot_hist_summary *s, size_t i, const struct acc *a)
@@ -534,7 +536,11 @@ close_run(struct spot_hist_summary *s, size_t i, const struct acc *a)
     cap_step = a->committed_any         ? a->capture_step
                : r->restored[0] != '\0' ? a->start_step
                                         : 0;
-    r->lost_ms = max64(0, t_end - capture);
+    /* capture is the commit's time less save_s and upload_s, each
+     * rounded to the millisecond: it may come out up to
+     * SPOT_HIST_CAPTURE_SLACK_MS early, which is no work lost. */
+    r->lost_ms =
+        t_end - capture <= SPOT_HIST_CAPTURE_SLACK_MS ? 0 : t_end - capture;
     if (a->end_step >= 0 && cap_step >= 0)
       r->lost_steps = max64(0, a->end_step - cap_step);
     s->lost_ms += r->lost_ms;

@@ -210,17 +210,8 @@ take(struct follow *fo, struct spot_codec *codec, void *sample, const char *rel,
     f->compress = t.compress;
     f->cmode = t.mode;
   }
-  f->rel = strdup(rel);
-  f->abs = strdup(abs);
-  if (f->rel == NULL || f->abs == NULL) {
-    spot__push_pfile_fini(f);
+  if (spot__push_pfile_init(f, rel, abs, st) < 0)
     return -ENOMEM;
-  }
-  f->size = (uint64_t)st->st_size;
-  f->mode = st->st_mode & 07777;
-  f->mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
-  f->dev = st->st_dev;
-  f->ino = st->st_ino;
   f->nparts = (size_t)((f->size + part - 1) / part);
   if (growing) { /* its full parts so far */
     f->nparts = (size_t)(f->size / part);

@@ -70,11 +70,22 @@ add_file(struct push_op *op, size_t *alloc, const char *rel, const char *abs,
   }
   f = &op->files[op->nfiles];
   memset(f, 0, sizeof(*f));
+  if (spot__push_pfile_init(f, rel, abs, st) < 0)
+    return -ENOMEM;
+  op->nfiles++;
+  return 0;
+}
+
+int
+spot__push_pfile_init(struct pfile *f, const char *rel, const char *abs,
+                      const struct stat *st)
+{
   f->rel = strdup(rel);
   f->abs = strdup(abs);
   if (f->rel == NULL || f->abs == NULL) {
     free(f->rel);
     free(f->abs);
+    f->rel = f->abs = NULL;
     return -ENOMEM;
   }
   f->size = (uint64_t)st->st_size;
@@ -82,7 +93,6 @@ add_file(struct push_op *op, size_t *alloc, const char *rel, const char *abs,
   f->mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
   f->dev = st->st_dev;
   f->ino = st->st_ino;
-  op->nfiles++;
   return 0;
 }
 

@@ -219,6 +219,10 @@ void spot__push_walk(struct push_op *op);
 /* After the walk (loop): totals, manifest size estimate. 0 or < 0 (the
  * op failed with a message). */
 int spot__push_walked(struct push_op *op);
+/* Fills f's paths (copied) and what st says; 0 or -ENOMEM (nothing
+ * allocated then). */
+int spot__push_pfile_init(struct pfile *f, const char *rel, const char *abs,
+                          const struct stat *st);
 void spot__push_pfile_fini(struct pfile *f);
 /* Whether a sample is text: such a file is stored unfiltered. */
 bool spot__push_looks_like_text(const unsigned char *p, size_t n);

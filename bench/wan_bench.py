@@ -34,7 +34,13 @@ Environment (defaults in brackets):
   WAN_LOSSY_CASES  cases run in the lossy variant [fp32]
   WAN_RATE WAN_RTT WAN_LOSS WAN_STALL_MS   proxy model [60 20 0.01 200]
   WAN_WORK       scratch [/tmp/spotd-wan-bench]   WAN_OUT [bench/results]
-  WAN_TIMEOUT    seconds per command [900]"""
+  WAN_TIMEOUT    seconds per command [900]
+  WAN_CSINK_ONLY 1: only the ceiling against bench/s3_sink (C), its records
+                 replacing those of the same kind in the existing wan.json [0]
+
+The pipeline's own ceiling (issue 15's 1.3 GB/s on 2 cores) is measured
+against BUILD/bench/s3_sink, a discarding server in C that costs ~0.3
+CPU-s per GiB (the Python sink costs more than spotctl itself)."""
 import json
 import os
 import shutil
@@ -50,6 +56,7 @@ SRC = os.path.dirname(HERE)
 PY = "/usr/bin/python3"
 AWS = "/usr/bin/aws"
 GIB = 1 << 30
+SPOTCTL = SINK_C = None  # set in main() from the build folder
 
 
 def env(name, default):
@@ -77,6 +84,7 @@ MODEL = {"rate_mbs": float(env("WAN_RATE", "60")),
 WORK = env("WAN_WORK", "/tmp/spotd-wan-bench")
 OUT = env("WAN_OUT", os.path.join(HERE, "results"))
 TIMEOUT = float(env("WAN_TIMEOUT", "900"))
+CSINK_ONLY = env("WAN_CSINK_ONLY", "0") == "1"
 
 
 def log(*a):
@@ -368,6 +376,7 @@ class Bench:
         try:
             if target == "discard" and "spot" in TOOLS and "fp32" in CASES:
                 self.direct(data["fp32"], up_port, base)
+                self.csink(data, base)
             for variant in VARIANTS:
                 px, port = self.proxy(up_port, variant)
                 try:
@@ -375,6 +384,29 @@ class Bench:
                                  bucket, base, px, port)
                 finally:
                     stop(px)
+        finally:
+            stop(sink)
+
+    def csink(self, data, base):
+        """The pipeline's own ceiling: spotctl push straight to the C sink,
+        1 GiB and the 4 GiB checkpoint."""
+        if not os.access(SINK_C, os.X_OK):
+            self.results["notes"].append("no %s: no C sink ceiling" % SINK_C)
+            return
+        sink, port = start_printing_port([SINK_C])
+        try:
+            for case in [c for c in ("fp32", "big") if c in data]:
+                size, files = tree_size(data[case])
+                for run in range(1, RUNS + 1):
+                    rec = {"target": "discard", "variant": "csink", "case": case,
+                           "tool": "spot", "op": "push", "run": run, "bytes": size,
+                           "files": files}
+                    argv = command("spot", "push", data[case], "s3://discard/wan/csink",
+                                   "", "http://127.0.0.1:%d" % port, run)
+                    c0 = proc_cpu(sink.pid)
+                    self.one(rec, argv, base, None, None)
+                    rec["server_cpu_s"] = round(proc_cpu(sink.pid) - c0, 3)
+                    self.save()
         finally:
             stop(sink)
 
@@ -463,9 +495,10 @@ def memory_budget():
 
 
 def main():
-    global SPOTCTL
+    global SPOTCTL, SINK_C
     build = sys.argv[1] if len(sys.argv) > 1 else os.path.join(SRC, "build")
     SPOTCTL = os.path.join(os.path.abspath(build), "client", "spotctl")
+    SINK_C = os.path.join(os.path.abspath(build), "bench", "s3_sink")
     if not os.access(SPOTCTL, os.X_OK):
         sys.exit("no %s: build first" % SPOTCTL)
     os.makedirs(os.path.join(WORK, "restore"), exist_ok=True)
@@ -474,6 +507,19 @@ def main():
     b = Bench()
     b.results["memory_budget"] = memory_budget()
     data = make_data()
+    if CSINK_ONLY:
+        with open(b.json_path) as f:
+            b.results = json.load(f)
+        b.results["records"] = [r for r in b.results["records"]
+                                if r["variant"] != "csink"]
+        b.results["notes"] = [n for n in b.results.get("notes", [])
+                              if "C sink" not in n]
+        b.csink(data, dict(os.environ, AWS_ACCESS_KEY_ID="AKIDISCARD",
+                           AWS_SECRET_ACCESS_KEY="discard", AWS_REGION="us-east-1"))
+        b.save()
+        subprocess.run([PY, os.path.join(HERE, "wan_report.py"), b.json_path,
+                        os.path.join(OUT, "wan.md"), os.path.join(OUT, "wan.png")])
+        return
     b.ceiling()
     ceph = None
     try:

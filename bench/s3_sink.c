@@ -1,0 +1,155 @@
+/* s3_sink - bench/s3_discard.py in C (libmicrohttpd, a thread per
+ * connection): a loopback S3 stand-in that accepts and discards every
+ * body, cheap enough that on 2 cores the client, not the sink, sets the
+ * ceiling of `spotctl push`. It answers what a push needs: HEAD and GET of
+ * an object 404, PUT 200 + ETag, POST ?uploads an upload id, POST
+ * ?uploadId a completion, GET ?uploads and ?list-type=2 empty lists,
+ * DELETE 204. No signature check, nothing stored. Not a test.
+ *
+ *   s3_sink [PORT]     (0 or nothing: a free port, printed on stdout)
+ *
+ * Serves until SIGTERM or SIGINT; prints the bytes it drained on stderr. */
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static atomic_ullong drained;
+static atomic_ullong ids;
+static volatile sig_atomic_t stop;
+
+static void
+on_signal(int sig)
+{
+  (void)sig;
+  stop = 1;
+}
+
+static enum MHD_Result
+reply(struct MHD_Connection *c, unsigned code, const char *body, bool etag)
+{
+  struct MHD_Response *r = MHD_create_response_from_buffer(
+      strlen(body), (void *)(uintptr_t)body, MHD_RESPMEM_MUST_COPY);
+  enum MHD_Result ret;
+  char tag[48];
+
+  if (r == NULL)
+    return MHD_NO;
+  MHD_add_response_header(r, "Content-Type", "application/xml");
+  if (etag) {
+    snprintf(tag, sizeof(tag), "\"%032llx\"", (unsigned long long)++ids);
+    MHD_add_response_header(r, "ETag", tag);
+  }
+  ret = MHD_queue_response(c, code, r);
+  MHD_destroy_response(r);
+  return ret;
+}
+
+static bool
+has_arg(struct MHD_Connection *c, const char *key)
+{
+  return MHD_lookup_connection_value_n(c, MHD_GET_ARGUMENT_KIND, key,
+                                       strlen(key), NULL, NULL) == MHD_YES;
+}
+
+static enum MHD_Result
+handle(void *cls, struct MHD_Connection *c, const char *url,
+       const char *method, const char *version, const char *data,
+       size_t *data_len, void **state)
+{
+  static int started;
+  char body[256];
+
+  (void)cls;
+  (void)url;
+  (void)version;
+  (void)data;
+  if (*state == NULL) {
+    *state = &started; /* the headers: the body (if any) comes next */
+    return MHD_YES;
+  }
+  if (*data_len > 0) {
+    drained += *data_len;
+    *data_len = 0;
+    return MHD_YES;
+  }
+  if (strcmp(method, "PUT") == 0)
+    return reply(c, MHD_HTTP_OK, "", true);
+  if (strcmp(method, "POST") == 0) {
+    if (has_arg(c, "uploads"))
+      snprintf(body, sizeof(body),
+               "<InitiateMultipartUploadResult><UploadId>%032llx</UploadId>"
+               "</InitiateMultipartUploadResult>",
+               (unsigned long long)++ids);
+    else
+      snprintf(body, sizeof(body),
+               "<CompleteMultipartUploadResult><ETag>\"%032llx-1\"</ETag>"
+               "</CompleteMultipartUploadResult>",
+               (unsigned long long)++ids);
+    return reply(c, MHD_HTTP_OK, body, false);
+  }
+  if (strcmp(method, "DELETE") == 0)
+    return reply(c, MHD_HTTP_NO_CONTENT, "", false);
+  if (strcmp(method, "GET") == 0 && has_arg(c, "uploads"))
+    return reply(c, MHD_HTTP_OK,
+                 "<ListMultipartUploadsResult><IsTruncated>false</IsTruncated>"
+                 "</ListMultipartUploadsResult>",
+                 false);
+  if (strcmp(method, "GET") == 0 && has_arg(c, "list-type"))
+    return reply(c, MHD_HTTP_OK,
+                 "<ListBucketResult><IsTruncated>false</IsTruncated>"
+                 "<KeyCount>0</KeyCount></ListBucketResult>",
+                 false);
+  return reply(c, MHD_HTTP_NOT_FOUND,
+               strcmp(method, "HEAD") == 0
+                   ? ""
+                   : "<Error><Code>NoSuchKey</Code></Error>",
+               false);
+}
+
+int
+main(int argc, char **argv)
+{
+  unsigned port = argc > 1 ? (unsigned)strtoul(argv[1], NULL, 10) : 0;
+  struct MHD_Daemon *d;
+  const union MHD_DaemonInfo *info;
+  struct sockaddr_in sa;
+
+  if (argc > 2 || port > 65535) {
+    fprintf(stderr, "usage: s3_sink [PORT]\n");
+    return 2;
+  }
+  memset(&sa, 0, sizeof(sa));
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK); /* loopback only */
+  signal(SIGTERM, on_signal);
+  signal(SIGINT, on_signal);
+  /* a large connection buffer: the body arrives in few, large pieces */
+  d = MHD_start_daemon(
+      MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+          MHD_USE_POLL,
+      (uint16_t)port, NULL, NULL, handle, NULL, MHD_OPTION_CONNECTION_LIMIT,
+      512U, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(1U << 20),
+      MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_END);
+  if (d == NULL) {
+    fprintf(stderr, "s3_sink: cannot listen on port %u\n", port);
+    return 1;
+  }
+  info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+  printf("%u\n", info != NULL ? (unsigned)info->port : port);
+  fflush(stdout);
+  while (!stop)
+    pause();
+  MHD_stop_daemon(d);
+  fprintf(stderr, "s3_sink: drained %llu bytes\n",
+          (unsigned long long)drained);
+  return 0;
+}

@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -23,22 +24,18 @@
 
 static atomic_ullong drained;
 static atomic_ullong ids;
-static volatile sig_atomic_t stop;
-
-static void
-on_signal(int sig)
-{
-  (void)sig;
-  stop = 1;
-}
 
 static enum MHD_Result
 reply(struct MHD_Connection *c, unsigned code, const char *body, bool etag)
 {
-  struct MHD_Response *r = MHD_create_response_from_buffer(
-      strlen(body), (void *)(uintptr_t)body, MHD_RESPMEM_MUST_COPY);
+  char copy[256]; /* MHD takes a non-const buffer, and copies it */
+  struct MHD_Response *r;
   enum MHD_Result ret;
   char tag[48];
+
+  snprintf(copy, sizeof(copy), "%s", body);
+  r = MHD_create_response_from_buffer(strlen(copy), copy,
+                                      MHD_RESPMEM_MUST_COPY);
 
   if (r == NULL)
     return MHD_NO;
@@ -60,9 +57,8 @@ has_arg(struct MHD_Connection *c, const char *key)
 }
 
 static enum MHD_Result
-handle(void *cls, struct MHD_Connection *c, const char *url,
-       const char *method, const char *version, const char *data,
-       size_t *data_len, void **state)
+handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+       const char *version, const char *data, size_t *data_len, void **state)
 {
   static int started;
   char body[256];
@@ -121,6 +117,8 @@ main(int argc, char **argv)
   struct MHD_Daemon *d;
   const union MHD_DaemonInfo *info;
   struct sockaddr_in sa;
+  sigset_t stop;
+  int sig;
 
   if (argc > 2 || port > 65535) {
     fprintf(stderr, "usage: s3_sink [PORT]\n");
@@ -130,8 +128,11 @@ main(int argc, char **argv)
   sa.sin_family = AF_INET;
   sa.sin_port = htons((uint16_t)port);
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK); /* loopback only */
-  signal(SIGTERM, on_signal);
-  signal(SIGINT, on_signal);
+  /* blocked before MHD's threads start, so they inherit it */
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, NULL);
   /* a large connection buffer: the body arrives in few, large pieces */
   d = MHD_start_daemon(
       MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
@@ -146,10 +147,8 @@ main(int argc, char **argv)
   info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
   printf("%u\n", info != NULL ? (unsigned)info->port : port);
   fflush(stdout);
-  while (!stop)
-    pause();
+  sigwait(&stop, &sig);
   MHD_stop_daemon(d);
-  fprintf(stderr, "s3_sink: drained %llu bytes\n",
-          (unsigned long long)drained);
+  fprintf(stderr, "s3_sink: drained %llu bytes\n", (unsigned long long)drained);
   return 0;
 }

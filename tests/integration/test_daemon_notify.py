@@ -76,7 +76,7 @@ def main():
                     "step-000003", "seed: step-000003 committed")
 
             ns = NotifySocket(os.path.join(wd, "notify.sock"))
-            env = {"NOTIFY_SOCKET": ns.path, "WATCHDOG_USEC": "1000000"}
+            env = {"NOTIFY_SOCKET": ns.path, "WATCHDOG_USEC": "2000000"}
             wrap = ["/bin/sh", "-c", 'WATCHDOG_PID=$$; export WATCHDOG_PID; '
                     'exec "$@"', "sh"]
             d = sl.Daemon(os.path.join(wd, "run"), store, job, env=env,
@@ -126,9 +126,14 @@ def main():
                 c.check(want in statuses, "STATUS=%s" % want)
             wd_times = [t for t, _, k, v in f if k == "WATCHDOG" and v == "1"]
             gaps = [b - a for a, b in zip(wd_times, wd_times[1:])]
-            c.check(len(wd_times) >= 5 and gaps and max(gaps) < 0.9,
-                    "WATCHDOG=1 every ~0.5 s (%d pings, largest gap %.2f s)" %
-                    (len(wd_times), max(gaps) if gaps else -1))
+            # every WATCHDOG_USEC/2 = 1 s; systemd would kill spotd after a
+            # gap of 2 s (a loaded machine delays a ping, never by that much)
+            mid = sorted(gaps)[len(gaps) // 2] if gaps else -1
+            c.check(len(wd_times) >= 3 and gaps and max(gaps) < 2.0 and
+                    0.5 < mid < 1.5,
+                    "WATCHDOG=1 every ~1 s (%d pings, median gap %.2f s, "
+                    "largest %.2f s)" % (len(wd_times), mid,
+                                         max(gaps) if gaps else -1))
             c.check(keys and keys[-1] in ("STOPPING", "STATUS") and
                     "STOPPING" in keys and
                     keys.index("STOPPING") > max(i for i, k in enumerate(keys)

@@ -119,43 +119,11 @@ sub_add(struct spotd *d, const char *name, const char *path)
   }
 }
 
-/* A folder found complete by one scan, and when its marker was made. */
-struct done_ent {
-  struct timespec at;
-  char name[256];
-};
-
-static int
-done_cmp(const void *a, const void *b)
-{
-  const struct done_ent *x = a, *y = b;
-
-  if (x->at.tv_sec != y->at.tv_sec)
-    return x->at.tv_sec < y->at.tv_sec ? -1 : 1;
-  if (x->at.tv_nsec != y->at.tv_nsec)
-    return x->at.tv_nsec < y->at.tv_nsec ? -1 : 1;
-  return strcmp(x->name, y->name);
-}
-
-/* Folders that one scan finds complete are handed on in the order their
- * markers were made, not readdir's: on a loaded machine several complete
- * between two scans, and the one handed on last is the one that waits for
- * the upload and supersedes the others. */
-static void
-complete_in_order(struct spotd *d, struct done_ent *done, size_t n)
-{
-  qsort(done, n, sizeof(*done), done_cmp);
-  for (size_t i = 0; i < n; i++)
-    spotd_checkpoint_complete(d, done[i].name);
-}
-
 void
 watch_scan(struct spotd *d)
 {
   DIR *dir;
   struct dirent *de;
-  struct done_ent done[SPOTD_WATCH_MAX];
-  size_t ndone = 0;
 
   dir = opendir(d->ckpt_dir);
   if (dir == NULL)
@@ -179,19 +147,13 @@ watch_scan(struct spotd *d)
     if (lstat(marker, &st) == 0 && S_ISREG(st.st_mode)) {
       if ((s = sub_find(d, de->d_name)) != NULL)
         sub_drop(d, s);
-      if (ndone == SPOTD_WATCH_MAX) {
-        complete_in_order(d, done, ndone);
-        ndone = 0;
-      }
-      done[ndone].at = st.st_mtim;
-      spot_strlcpy(done[ndone++].name, de->d_name, sizeof(done[0].name));
+      spotd_checkpoint_complete(d, de->d_name);
     } else {
       sub_add(d, de->d_name, path);
       upload_follow_maybe(d, de->d_name);
     }
   }
   closedir(dir);
-  complete_in_order(d, done, ndone);
   /* folders that vanished */
   for (size_t i = 0; i < SPOTD_WATCH_MAX; i++) {
     struct watch_sub *s = &d->subs[i];

@@ -365,9 +365,7 @@ class Bench:
         if target == "discard":
             sink, up_port = start_printing_port([PY, os.path.join(HERE, "s3_discard.py")])
             bucket = "discard"
-            base = dict(os.environ, AWS_ACCESS_KEY_ID="AKIDISCARD",
-                        AWS_SECRET_ACCESS_KEY="discard", AWS_REGION="us-east-1",
-                        AWS_DEFAULT_REGION="us-east-1")
+            base = discard_env()
         else:
             sink = None
             up_port = int(ceph.env["SPOT_TEST_S3_ENDPOINT"].rsplit(":", 1)[1])
@@ -494,6 +492,18 @@ def memory_budget():
     return int(m.group(1)) << {"K": 10, "M": 20, "G": 30}[m.group(2)]
 
 
+def discard_env():
+    """The environment of a client of the discard sinks (any credentials)."""
+    return dict(os.environ, AWS_ACCESS_KEY_ID="AKIDISCARD",
+                AWS_SECRET_ACCESS_KEY="discard", AWS_REGION="us-east-1",
+                AWS_DEFAULT_REGION="us-east-1")
+
+
+def report(b):
+    subprocess.run([PY, os.path.join(HERE, "wan_report.py"), b.json_path,
+                    os.path.join(OUT, "wan.md"), os.path.join(OUT, "wan.png")])
+
+
 def main():
     global SPOTCTL, SINK_C
     build = sys.argv[1] if len(sys.argv) > 1 else os.path.join(SRC, "build")
@@ -514,11 +524,9 @@ def main():
                                 if r["variant"] != "csink"]
         b.results["notes"] = [n for n in b.results.get("notes", [])
                               if "C sink" not in n]
-        b.csink(data, dict(os.environ, AWS_ACCESS_KEY_ID="AKIDISCARD",
-                           AWS_SECRET_ACCESS_KEY="discard", AWS_REGION="us-east-1"))
+        b.csink(data, discard_env())
         b.save()
-        subprocess.run([PY, os.path.join(HERE, "wan_report.py"), b.json_path,
-                        os.path.join(OUT, "wan.md"), os.path.join(OUT, "wan.png")])
+        report(b)
         return
     b.ceiling()
     ceph = None
@@ -533,8 +541,7 @@ def main():
         b.results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         b.save()
         shutil.rmtree(os.path.join(WORK, "restore"), ignore_errors=True)
-        subprocess.run([PY, os.path.join(HERE, "wan_report.py"), b.json_path,
-                        os.path.join(OUT, "wan.md"), os.path.join(OUT, "wan.png")])
+        report(b)
 
 
 if __name__ == "__main__":

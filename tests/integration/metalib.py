@@ -145,12 +145,24 @@ class Watch:
         assert rc == 0, "meta_watch exit status %d" % rc
 
 
-def cycle_faults(e, **mixed):
+FAULT_LOGGED = {
+    "throttle": r"HTTP 503",
+    "malformed": r"malformed",
+    "reset": r"meta [^:]*: (?!HTTP 503|malformed).*(failure|consecutive)",
+}
+
+
+def cycle_faults(e, w, **mixed):
     """Has emulator e inject each of throttle, malformed and reset alone
-    (for sure, 1.5 s each), then the faults at the rates in mixed for 2 s."""
+    until watcher w has logged a failure of that kind (at least 1.5 s,
+    at most 15: the watcher backs off, and a loaded machine is slow), then
+    the faults at the rates in mixed for 2 s."""
     for fault in ("throttle", "malformed", "reset"):
+        mark = w.err.count()
         e.control("fault", clear="1", **{fault: "1"})
         time.sleep(1.5)
+        _, line = w.err.wait(FAULT_LOGGED[fault], 15, mark)
+        assert line is not None, "no %s failure logged" % fault
     e.control("fault", **mixed)
     time.sleep(2)
 

@@ -102,7 +102,7 @@ def test_faults():
     e = Emulator("azure")
     w = Watch(e.url, "azure", "--poll-ms", "300", "--warn-after", "3",
               "--vm-name", "spotd-vm")
-    cycle_faults(e, throttle="0.5", malformed="0.3", reset="0.1")
+    cycle_faults(e, w, throttle="0.5", malformed="0.3", reset="0.1")
     e.control("fault", clear="1")
     assert w.healthy(10), "warning not cleared"
     mark = w.out.count()

@@ -87,9 +87,13 @@ def test_faults():
     e = Emulator("gcp")
     w = Watch(e.url, "gcp", "--gcp-wait", "2", "--warn-after", "3",
               "--poll-ms", "300")
-    cycle_faults(e, throttle="0.4", reset="0.2", malformed="0.3")
+    cycle_faults(e, w, throttle="0.4", reset="0.2", malformed="0.3")
+    mark = w.err.count()
+    e.control("fault", clear="1", stall="6")
+    _, line = w.err.wait("timed out", 20, mark)
+    assert line is not None, "stall not logged"
     e.control("fault", clear="1", stall="6", stall_fraction="0.5")
-    time.sleep(8)
+    time.sleep(4)
     e.control("fault", clear="1")
     e.control("notice")
     _, n = w.notice(30)

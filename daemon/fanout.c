@@ -231,6 +231,7 @@ get_cb(const struct spot_s3_result *res, void *data)
                exit_check ? " (the trainer died: a peer went away)" : "");
     if (exit_check)
       f->peer_lost = true;
+    f->peer_notice_wall_ms = at;
     spotd_job_notice(d, &n);
     return;
   } else if (res->err != -ENOENT && !f->warned) {

@@ -195,12 +195,13 @@ struct fanout {
   char claim_mine[64];        /* PUT relaunched/...: lives until done */
   struct spot_notice notice;  /* this node's own notice, to publish */
   int64_t notice_wall_ms;
-  bool pending;      /* a notice of this node to publish */
-  bool published;    /* its PUT was sent */
-  bool warned;       /* a failed GET was reported once */
-  bool exit_check;   /* the trainer failed: the GET decides */
-  bool exit_checked; /* ... and it did: no notice */
-  bool peer_lost;    /* the trainer failed after a peer's notice */
+  bool pending;                /* a notice of this node to publish */
+  bool published;              /* its PUT was sent */
+  bool warned;                 /* a failed GET was reported once */
+  bool exit_check;             /* the trainer failed: the GET decides */
+  bool exit_checked;           /* ... and it did: no notice */
+  bool peer_lost;              /* the trainer failed after a peer's notice */
+  int64_t peer_notice_wall_ms; /* when the peer's notice came, 0 none */
   enum fanout_claim claim_state;
 };
 
@@ -300,6 +301,9 @@ struct spotd {
 
   struct upload up;
   struct final_ckpt final;
+
+  /* the folder noted complete last ("" none) */
+  char last_complete[256];
 
   /* last commit */
   char last_commit[256];

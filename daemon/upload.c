@@ -27,6 +27,7 @@
 
 static void start_upload(struct spotd *d, const char *name, bool follow);
 static bool complete_note(struct spotd *d, const char *name);
+static bool final_complete(struct spotd *d, const char *name);
 
 /* ------------------------------------------------------- final state */
 
@@ -115,6 +116,47 @@ final_deadline(struct spotd *d)
   }
 }
 
+/* A job-wide notice: when the trainers of a multi-node job agree on the
+ * step to save at (train_ddp.py), the peer's request already made this
+ * trainer save. A folder completed after the peer's notice (by its
+ * marker's mtime: the node clocks agree, the save takes a step) is the
+ * final one, taken as it is if it is committed or on its way. Asking
+ * again would make every rank save, and commit, a second checkpoint.
+ * Returns true when it was taken. */
+static bool
+final_saved_for_peer(struct spotd *d)
+{
+  const char *name = d->last_complete;
+  char marker[4300];
+  struct stat st;
+  int64_t at = d->fan.peer_notice_wall_ms;
+
+  if (at <= 0 || name[0] == '\0' || d->ckpt_requested)
+    return false;
+  snprintf(marker, sizeof(marker), "%s/%s/%s", d->ckpt_dir, name,
+           SPOTD_COMPLETE);
+  if (lstat(marker, &st) < 0 ||
+      (int64_t)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000 < at)
+    return false;
+  if (strcmp(d->last_commit, name) == 0) {
+    log_info("checkpoint %s, committed, was saved after the peer's notice: "
+             "it is the final one",
+             name);
+    spot_strlcpy(d->final.name, name, sizeof(d->final.name));
+    final_set_state(d, FINAL_UPLOADING);
+    final_set_state(d, FINAL_COMMITTED);
+    return true;
+  }
+  if ((d->up.op == NULL || strcmp(d->up.name, name) != 0) &&
+      strcmp(d->up.waiting, name) != 0)
+    return false; /* not on its way (its upload failed): ask again */
+  log_info("checkpoint %s was saved after the peer's notice: it is the "
+           "final one",
+           name);
+  (void)final_complete(d, name);
+  return true;
+}
+
 void
 final_begin(struct spotd *d, const char *reason)
 {
@@ -124,6 +166,8 @@ final_begin(struct spotd *d, const char *reason)
     return; /* nothing to ask: FINAL_NONE */
   d->final.name[0] = '\0';
   final_set_state(d, FINAL_REQUESTED);
+  if (final_saved_for_peer(d))
+    return;
   /* A checkpoint signalled moments ago counts as the final one. */
   if (!d->ckpt_requested)
     spotd_request_checkpoint(d, reason);
@@ -484,6 +528,7 @@ complete_note(struct spotd *d, const char *name)
 {
   watch_mark_known(d, name);
   hist_complete(d, name);
+  spot_strlcpy(d->last_complete, name, sizeof(d->last_complete));
   if (d->ckpt_requested) {
     d->last_save_ms = spot_now_mono_ms() - d->ckpt_signal_mono;
     d->ckpt_requested = false;

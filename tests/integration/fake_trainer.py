@@ -9,7 +9,10 @@ It counts steps (a short sleep each), and:
   - resumes from SPOTD_RESUME_DIR/step when that is set;
   - optionally ignores the signal, crashes at step N (exit status or a
     signal), exits 0 at step N, checkpoints on its own every N steps,
-    ignores SIGTERM.
+    ignores SIGTERM;
+  - with --save-with LOG, writes each checkpoint that another trainer's
+    event log LOG records, under the same name, as the ranks of a job that
+    agree on the step to save at do (train_ddp.py's all_reduce).
 
 Every event is one JSON line appended to the file named by --log (default:
 $FAKE_TRAINER_LOG), flushed at once, so a test can follow it:
@@ -99,6 +102,19 @@ def peer_gone(spec):
     return PEER["seen"] is not None and time.time() >= PEER["seen"] + delay
 
 
+def peer_saves(log, done):
+    """The steps of the checkpoints in event log LOG not in done yet."""
+    try:
+        with open(log) as f:
+            evs = [json.loads(x) for x in f if x.strip()]
+    except (OSError, ValueError):
+        return []
+    new = [e["step"] for e in evs
+           if e.get("ev") == "checkpoint" and e["step"] not in done]
+    done.update(new)
+    return new
+
+
 def sleep_watching(a, step):
     """A step's sleep; with --die-with, exit 1 as soon as the peer is gone."""
     end = time.time() + a.step_sleep
@@ -139,6 +155,10 @@ def main():
                     help="exit 1 (a lost peer, as gloo) SEC seconds after "
                     "the event log LOG of another trainer holds EVENT "
                     "(checked every 20 ms, also during a step's sleep)")
+    ap.add_argument("--save-with", default=None, metavar="LOG",
+                    help="write every checkpoint the event log LOG of "
+                    "another trainer records, under its name (checked "
+                    "every step)")
     a = ap.parse_args()
 
     if a.log:
@@ -169,6 +189,9 @@ def main():
           flush=True)
 
     last_ckpt = step
+    copied = set()  # the peer's saves before this start are not copied
+    if a.save_with:
+        peer_saves(a.save_with, copied)
     while step < a.max_steps:
         sleep_watching(a, step)
         if STATE["term"]:
@@ -191,6 +214,9 @@ def main():
             os.kill(os.getpid(), signum)
             time.sleep(5)
             return 99
+        for s in peer_saves(a.save_with, copied) if a.save_with else ():
+            write_checkpoint(ckpt_dir, s, a.bytes, "peer")
+            last_ckpt = step
         if STATE["flag"]:
             STATE["flag"] = False
             emit("signal", step=step)

@@ -302,8 +302,10 @@ def main():
         for name in ("pre", "ref", "two"):
             p = os.path.join(work, name + ".out")
             if os.path.exists(p):
-                print("---- %s job output (tail)\n%s" %
-                      (name, sl.read_text(p)[-6000:]))
+                text = sl.read_text(p)  # all of it when a check failed
+                print("---- %s job output%s\n%s" %
+                      (name, "" if c.failed else " (tail)",
+                       text if c.failed else text[-6000:]))
         shutil.rmtree(sdir, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
         sl.s3_cleanup(prefix)

@@ -6,7 +6,9 @@
  * notice's deadline rules instead).
  *
  * Uploads: one push at a time; a checkpoint completed while one runs
- * waits, and the newest waiting one supersedes older waiting ones.
+ * waits, and the newest waiting one supersedes older waiting ones. Newest
+ * by its marker's mtime, not by the order a scan finds folders in: one
+ * scan may find several complete, in readdir's order.
  *
  * The final checkpoint (enum final_state) is the one rule of a drain, all
  * of it here: NONE -> REQUESTED (the trainer was asked) -> UPLOADING (its
@@ -28,6 +30,31 @@
 static void start_upload(struct spotd *d, const char *name, bool follow);
 static bool complete_note(struct spotd *d, const char *name);
 static bool final_complete(struct spotd *d, const char *name);
+
+/* When the marker of folder name was made, in ms of the wall clock; -1
+ * when it cannot be read. */
+static int64_t
+marker_ms(const struct spotd *d, const char *name)
+{
+  char marker[4300];
+  struct stat st;
+
+  snprintf(marker, sizeof(marker), "%s/%s/%s", d->ckpt_dir, name,
+           SPOTD_COMPLETE);
+  if (lstat(marker, &st) < 0)
+    return -1;
+  return (int64_t)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
+}
+
+/* Whether folder name completed before folder other: both markers read,
+ * and name's is older. */
+static bool
+completed_before(const struct spotd *d, const char *name, const char *other)
+{
+  int64_t a = marker_ms(d, name), b = marker_ms(d, other);
+
+  return a >= 0 && b >= 0 && a < b;
+}
 
 /* ------------------------------------------------------- final state */
 
@@ -127,16 +154,10 @@ static bool
 final_saved_for_peer(struct spotd *d)
 {
   const char *name = d->last_complete;
-  char marker[4300];
-  struct stat st;
   int64_t at = d->fan.peer_notice_wall_ms;
 
-  if (at <= 0 || name[0] == '\0' || d->ckpt_requested)
-    return false;
-  snprintf(marker, sizeof(marker), "%s/%s/%s", d->ckpt_dir, name,
-           SPOTD_COMPLETE);
-  if (lstat(marker, &st) < 0 ||
-      (int64_t)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000 < at)
+  if (at <= 0 || name[0] == '\0' || d->ckpt_requested ||
+      marker_ms(d, name) < at)
     return false;
   if (strcmp(d->last_commit, name) == 0) {
     log_info("checkpoint %s, committed, was saved after the peer's notice: "
@@ -579,6 +600,14 @@ spotd_checkpoint_complete(struct spotd *d, const char *name)
     return 0;
   }
   if (d->up.op != NULL) {
+    const char *newer = d->up.waiting[0] != '\0' ? d->up.waiting : d->up.name;
+
+    if (completed_before(d, name, newer)) {
+      /* found by the same scan as a newer one, after it */
+      log_info("checkpoint %s is older than %s: not uploading it", name, newer);
+      spotd_advance(d);
+      return 0;
+    }
     if (d->up.waiting[0] != '\0')
       log_info("checkpoint %s supersedes %s, which waited for upload", name,
                d->up.waiting);

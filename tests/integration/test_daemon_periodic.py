@@ -3,10 +3,12 @@ uploaded in the background and committed (manifest, LATEST), local copies
 older than the newest commit are removed, and a trainer that exits 0 ends
 spotd with 0 after its last upload."""
 import os
+import random
 import re
 import shutil
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import spotlib as sl  # noqa: E402
@@ -135,6 +137,45 @@ def supersede(c, wd):
                 repr(sorted(os.listdir(d.ckpt_dir))))
 
 
+def scan_order(c, wd):
+    """Several folders complete when one scan finds them (a loaded machine
+    between two scans; here: before spotd starts), in readdir's order: the
+    newest by its marker's mtime is committed, not the one readdir lists
+    last, and an older one found after a newer one is never uploaded.
+    The names are shuffled against the completion order, and each folder
+    is made in completion order (tmpfs lists the newest first)."""
+    tag = "scan order: "
+    store, job, prefix = sl.daemon_job("scanorder")
+    work = os.path.join(wd, "s")
+    names = ["step-%06d" % (100 + i) for i in range(6)]
+    random.shuffle(names)  # names[k] completed k-th
+    now = time.time()
+    for k, n in enumerate(names):
+        path = os.path.join(work, "ckpt", n)
+        os.makedirs(path)
+        with open(os.path.join(path, "step"), "w") as f:
+            f.write("%d\n" % (100 + k))
+        marker = os.path.join(path, "SPOTD_COMPLETE")
+        open(marker, "w").close()
+        os.utime(marker, (now - 60 + k, now - 60 + k))
+    newest = names[-1]
+    with sl.cleaned_up(prefix):
+        d = sl.Daemon(work, store, job, interval=0,
+                      trainer=["--exit-at", 40, "--step-sleep", 0.05])
+        rc = d.wait_exit(60)
+        c.check(rc == 0, tag + "spotd exits 0", "rc=%s" % rc)
+        uploaded = re.findall(r"uploading checkpoint (\S+)", d.log())
+        c.check(sl.latest(prefix) == newest,
+                tag + "LATEST is %s, the newest of %s (in completion order)" %
+                (newest, names), "LATEST=%r, uploaded %r" %
+                (sl.latest(prefix), uploaded))
+        c.check(uploaded and uploaded[-1] == newest and
+                all(names.index(a) < names.index(b)
+                    for a, b in zip(uploaded, uploaded[1:])),
+                tag + "uploads in completion order, the newest last: %r" %
+                uploaded)
+
+
 def main():
     sl.daemon_env()
     c = sl.Checks()
@@ -142,6 +183,7 @@ def main():
         periodic(c, wd)
         own_schedule(c, wd)
         supersede(c, wd)
+        scan_order(c, wd)
     c.finish()
 
 

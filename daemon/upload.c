@@ -408,7 +408,8 @@ push_done_cb(const struct spot_store_result *res, void *data)
   d->up.name[0] = '\0';
   if (d->closing)
     return;
-  if (follow && res->err == 0 && !watch_is_known(d, name))
+  if (follow && !watch_is_known(d, name) &&
+      (res->err == 0 || marker_ms(d, name) >= 0))
     (void)complete_note(d, name); /* the push saw the marker first */
   if (follow && res->err < 0 && !watch_is_known(d, name)) {
     /* Never complete: nothing was committed, its uploads are gone. If

@@ -119,6 +119,14 @@ sub_add(struct spotd *d, const char *name, const char *path)
   }
 }
 
+static bool
+is_file(const char *path)
+{
+  struct stat st;
+
+  return lstat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
 void
 watch_scan(struct spotd *d)
 {
@@ -144,14 +152,17 @@ watch_scan(struct spotd *d)
     if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode))
       continue;
     snprintf(marker, sizeof(marker), "%s/%s", path, SPOTD_COMPLETE);
-    if (lstat(marker, &st) == 0 && S_ISREG(st.st_mode)) {
-      if ((s = sub_find(d, de->d_name)) != NULL)
-        sub_drop(d, s);
-      spotd_checkpoint_complete(d, de->d_name);
-    } else {
+    if (!is_file(marker)) {
       sub_add(d, de->d_name, path);
-      upload_follow_maybe(d, de->d_name);
+      /* a marker made between the check and the watch sends no event */
+      if (!is_file(marker)) {
+        upload_follow_maybe(d, de->d_name);
+        continue;
+      }
     }
+    if ((s = sub_find(d, de->d_name)) != NULL)
+      sub_drop(d, s);
+    spotd_checkpoint_complete(d, de->d_name);
   }
   closedir(dir);
   /* folders that vanished */

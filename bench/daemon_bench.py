@@ -615,7 +615,12 @@ def write_report(a, rows, runs, idle, machine):
         L.append("Ratios (> 1 means spotd is faster; each the median of the per-run "
                  "ratios). Upload: the other tool's time over spotd's upload+commit. Notice→durable: detect + save + the "
                  "other tool's upload, over spotd's notice→durable (what a user with "
-                 "the same detection and save, but that upload, would get).\n")
+                 "the same detection and save, but that upload, would get). With "
+                 "the overlap on, spotd compresses and uploads during the save, "
+                 "which makes the save slower on a CPU-bound machine; the peers "
+                 "are charged that slower save too, so these N→D ratios flatter "
+                 "spotd (on this 2-core box the 4 GiB save took 11.8 s without "
+                 "the overlap and 17.0 s with it).\n")
         L.append("| size | upload MB/s spotd | push ÷ spotd | aws pipeline ÷ spotd "
                  "| aws cp ÷ spotd | N→D with aws pipeline ÷ spotd | N→D with aws cp "
                  "÷ spotd | stored ratio |")

@@ -155,26 +155,24 @@ final_saved_for_peer(struct spotd *d)
 {
   const char *name = d->last_complete;
   int64_t at = d->fan.peer_notice_wall_ms;
+  bool committed = strcmp(d->last_commit, name) == 0;
 
   if (at <= 0 || name[0] == '\0' || d->ckpt_requested ||
       marker_ms(d, name) < at)
     return false;
-  if (strcmp(d->last_commit, name) == 0) {
-    log_info("checkpoint %s, committed, was saved after the peer's notice: "
-             "it is the final one",
-             name);
-    spot_strlcpy(d->final.name, name, sizeof(d->final.name));
-    final_set_state(d, FINAL_UPLOADING);
-    final_set_state(d, FINAL_COMMITTED);
-    return true;
-  }
-  if ((d->up.op == NULL || strcmp(d->up.name, name) != 0) &&
+  if (!committed && (d->up.op == NULL || strcmp(d->up.name, name) != 0) &&
       strcmp(d->up.waiting, name) != 0)
     return false; /* not on its way (its upload failed): ask again */
-  log_info("checkpoint %s was saved after the peer's notice: it is the "
+  log_info("checkpoint %s%s was saved after the peer's notice: it is the "
            "final one",
-           name);
-  (void)final_complete(d, name);
+           name, committed ? ", committed," : "");
+  if (!committed) {
+    (void)final_complete(d, name);
+    return true;
+  }
+  spot_strlcpy(d->final.name, name, sizeof(d->final.name));
+  final_set_state(d, FINAL_UPLOADING);
+  final_set_state(d, FINAL_COMMITTED);
   return true;
 }
 

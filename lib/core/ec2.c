@@ -136,10 +136,12 @@ struct ctx {
   int err;
 };
 
+/* Cut between whole characters: a code cut inside one could not be
+ * written to the relaunch record. */
 static void
 set_field(char *dst, size_t size, const char *v)
 {
-  spot_strlcpy(dst, v, size);
+  spot_strlcpy_utf8(dst, v, size);
 }
 
 static void XMLCALL

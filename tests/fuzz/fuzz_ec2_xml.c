@@ -19,6 +19,10 @@ check_item(const struct spot_ec2_item *it)
           sizeof(it->instance_id) ||
       strnlen(it->pool.type, sizeof(it->pool.type)) == sizeof(it->pool.type))
     __builtin_trap();
+  /* cut between whole characters: the code goes into the relaunch record */
+  if (!spot_utf8_valid(it->code) || !spot_utf8_valid(it->instance_id) ||
+      !spot_utf8_valid(it->pool.type) || !spot_utf8_valid(it->pool.az))
+    __builtin_trap();
 }
 
 /* The relaunch record: whatever parses formats back, and what it formats
@@ -82,6 +86,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
       return 0;
     if (spot_ec2_reply_parse((const char *)data + 1, size - 1, r) == 0) {
       if (r->is_error && r->code[0] == '\0')
+        __builtin_trap();
+      if (!spot_utf8_valid(r->code))
         __builtin_trap();
       if (r->n_instances > SPOT_EC2_ITEMS_MAX ||
           r->n_errors > SPOT_EC2_ITEMS_MAX)

@@ -155,6 +155,35 @@ test_error_doc(void **state)
   free(r);
 }
 
+/* A code longer than its field is cut between whole characters, so the
+ * relaunch record it goes into can still be written. */
+static void
+test_long_code(void **state)
+{
+  struct spot_ec2_reply *r = calloc(1, sizeof(*r));
+  struct spot_relaunch_record *rec = calloc(1, sizeof(*rec));
+  struct spot_buf b;
+  char doc[512], code[80];
+
+  (void)state;
+  assert_non_null(r);
+  assert_non_null(rec);
+  memset(code, 'C', 62);
+  memcpy(code + 62, "\xd7\x9e\xd7\x9e", 5); /* 62 + 4 bytes */
+  snprintf(doc, sizeof(doc),
+           "<Response><Errors><Error><Code>%s</Code></Error></Errors>"
+           "</Response>",
+           code);
+  assert_int_equal(spot_ec2_reply_parse(doc, strlen(doc), r), 0);
+  assert_int_equal(strlen(r->code), 62);
+  spot_relaunch_record_fail(rec, "m5.large/us-east-1a", r->code, 1);
+  spot_buf_init(&b, SPOT_RELAUNCH_RECORD_MAX);
+  assert_int_equal(spot_relaunch_record_format(rec, &b), 0);
+  spot_buf_fini(&b);
+  free(rec);
+  free(r);
+}
+
 static void
 test_classify(void **state)
 {
@@ -387,6 +416,7 @@ main(void)
       cmocka_unit_test(test_form),
       cmocka_unit_test(test_reply),
       cmocka_unit_test(test_error_doc),
+      cmocka_unit_test(test_long_code),
       cmocka_unit_test(test_classify),
       cmocka_unit_test(test_token),
       cmocka_unit_test(test_record),

@@ -73,6 +73,7 @@ def proc_status(pid):
 
 
 def all_gone(pids, timeout):
+    _SEEN.extend(pids)
     end = time.time() + timeout
     while time.time() < end:
         left = [p for p in pids if not sl.pid_gone(p)]
@@ -80,6 +81,22 @@ def all_gone(pids, timeout):
             return []
         time.sleep(0.1)
     return left
+
+
+_SEEN = []  # every launcher and worker pid seen, killed at the end
+
+
+def kill_left():
+    """SIGKILLs what a failed check left running (only pids this test
+    recorded, and only while they still run our scripts)."""
+    for p in _SEEN:
+        try:
+            with open("/proc/%d/cmdline" % p, "rb") as f:
+                mine = HERE.encode() in f.read()
+            if mine:
+                os.kill(p, signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
 
 
 def describe(pids):
@@ -143,6 +160,7 @@ def notice_and_resume(c, tmp):
             return
         pids = [s["pid"] for s in starts]
         pids.append(topology(c, tag, starts))
+        _SEEN.extend(pids)
         emu.control("notice", deadline=60)
         rc = d.wait_exit(70)
         c.check(rc == 75, tag + "spotd exits 75 (%s)" % rc, d.log()[-3000:])
@@ -181,6 +199,7 @@ def notice_and_resume(c, tmp):
                 tag + "both workers resume from %s at step %d" % (name, step),
                 json.dumps(starts))
         pids = [s["pid"] for s in starts] + [starts[0]["ppid"]]
+        _SEEN.extend(pids)
         end = time.time() + 30
         while time.time() < end and not events(log, 1, "rendezvous"):
             time.sleep(0.05)
@@ -226,6 +245,7 @@ def kill9(c, tmp):
                        "train", d.log()):
             return
         pids = [s["pid"] for s in starts] + [starts[0]["ppid"]]
+        _SEEN.extend(pids)
         d.send(signal.SIGKILL)
         d.wait_exit(10)
         left = all_gone(pids, 15)
@@ -244,8 +264,11 @@ def main():
         sl.skip("torch.distributed is not importable by %s" % sl.PY3)
     c = sl.Checks()
     with tempfile.TemporaryDirectory(prefix="spotd-launcher-") as tmp:
-        notice_and_resume(c, tmp)
-        kill9(c, tmp)
+        try:
+            notice_and_resume(c, tmp)
+            kill9(c, tmp)
+        finally:
+            kill_left()
     c.finish()
 
 

@@ -111,6 +111,7 @@ REQ_MAGIC = b"SPOTDREQ"
 REQ_VERSION = 1
 _OFF_SEQ, _OFF_POLLS = 16, 32
 _U64X2 = struct.Struct("<QQ")
+_U64X3 = struct.Struct("<QQQ")
 _U64 = struct.Struct("<Q")
 _U64_MASK = (1 << 64) - 1
 
@@ -273,9 +274,10 @@ def checkpoint_requested():
     m = _req
     seq = 0
     if m is not None:
-        polls = _U64.unpack_from(m, _OFF_POLLS)[0]
+        seq, served, polls = _U64X3.unpack_from(m, _OFF_SEQ)
         _U64.pack_into(m, _OFF_POLLS, (polls + 1) & _U64_MASK)
-        seq, served = _read_counters(m)
+        if _U64X2.unpack_from(m, _OFF_SEQ) != (seq, served):
+            seq, served = _read_counters(m)  # spotd wrote in between
         local = seq > served and seq > _taken
     else:
         local = False

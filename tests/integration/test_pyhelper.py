@@ -26,6 +26,9 @@
    new image maps it again at import.
 8. Fallback: a missing or foreign request file prints one warning and the
    signal handler ($SPOTD_SIGNAL, a real-time number here) is installed.
+9. `import spotd, spotd.hf, spotd.lightning, spotd.dcp` imports neither
+   torch nor a framework; without torch.distributed.checkpoint,
+   spotd.dcp.save() raises a RuntimeError that says so.
 No daemon, no S3.
 """
 import contextlib
@@ -620,6 +623,37 @@ def test_fallback(c, tmp):
             cp.stdout + cp.stderr)
 
 
+def test_light_import(c, tmp):
+    code = ("import sys, spotd, spotd.hf, spotd.lightning, spotd.dcp\n"
+            "heavy = [m for m in ('torch', 'transformers', 'lightning', "
+            "'pytorch_lightning', 'numpy') if m in sys.modules]\n"
+            "print(heavy)\n")
+    cp = subprocess.run([PY3, "-c", code], capture_output=True, text=True,
+                        timeout=30, env=dict(os.environ,
+                                             PYTHONPATH=srcdir_path("python")))
+    c.check(cp.returncode == 0 and cp.stdout.strip() == "[]",
+            "import spotd and its integrations imports no torch, "
+            "transformers, lightning or numpy", cp.stdout + cp.stderr)
+    code = ("import spotd.dcp\n"
+            "try:\n    import torch.distributed.checkpoint\n"
+            "    print('has-dcp')\n"
+            "except ImportError:\n"
+            "    try:\n        spotd.dcp.save({}, step=1)\n"
+            "    except RuntimeError as e:\n        print(e)\n")
+    cp = subprocess.run([PY3, "-c", code], capture_output=True, text=True,
+                        timeout=60, env=dict(os.environ,
+                                             PYTHONPATH=srcdir_path("python")))
+    out = cp.stdout.strip()
+    if out == "has-dcp":
+        print("     (this torch has torch.distributed.checkpoint: fw_dcp "
+              "tests spotd.dcp)")
+    else:
+        c.check("needs torch.distributed.checkpoint (torch 2.0 or newer)"
+                in out and "this Python has " in out,
+                "spotd.dcp without DCP: a RuntimeError naming what is "
+                "missing and which torch is there", cp.stdout + cp.stderr)
+
+
 def main():
     c = Checks()
     tmp = tempfile.mkdtemp(prefix="spot-pyhelper-")
@@ -631,6 +665,7 @@ def main():
         test_done_socket(c, tmp)
         test_channel(c, tmp)
         test_fallback(c, tmp)
+        test_light_import(c, tmp)
         test_distributed(c, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

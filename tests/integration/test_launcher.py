@@ -21,6 +21,7 @@ the launcher's process group.
 Skips (77) without the test S3 server or torch.distributed."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -134,11 +135,24 @@ def topology(c, tag, starts):
     return launcher
 
 
+CRASH = re.compile(r"Traceback|Interrupted system call|RuntimeError")
+
+
 def crashes(d):
-    """Lines of the job's output that show a worker crashing."""
-    return d.err.matching(r"Traceback|Interrupted system call|"
-                          r"RuntimeError") + \
-        d.out.matching(r"Traceback|Interrupted system call|RuntimeError")
+    """Lines of the job's output (the workers write to spotd's stdout and
+    stderr) that show a worker failing before spotd began to stop the job:
+    once it stops the workers, one may see its peer's connection close
+    before its own SIGTERM lands."""
+    out = []
+    for log in (d.err, d.out):
+        with log.cv:
+            lines = [l for _, l in log.lines]
+        for l in lines:
+            if re.search(r"-> stopping$", l):
+                break
+            if CRASH.search(l):
+                out.append(l)
+    return out
 
 
 def notice_and_resume(c, tmp):
@@ -189,7 +203,7 @@ def notice_and_resume(c, tmp):
         log = os.path.join(wd, "w")
         os.makedirs(wd)
         d = sl.Daemon(wd, store, job, provider="aws", metadata_url=emu.url,
-                      grace=10, cmd=cmd(log, "--slow-rank0", 8))
+                      grace=10, cmd=cmd(log, "--slow-rank0", 12))
         starts = wait_all(log, "start", timeout=90)
         if not c.check(starts is not None, tag + "the workers started",
                        d.log()):
@@ -218,11 +232,13 @@ def notice_and_resume(c, tmp):
                     "rendezvous: %s committed and LATEST" % newname,
                     "LATEST %r" % latest)
         else:
-            last = d.err.lines[-1][1] if d.err.lines else ""
-            c.check(latest == name and name in last,
-                    tag + "no step since the restore: the restored %s is "
-                    "named as the checkpoint the job resumes from" % name,
-                    "LATEST %r, last line %r" % (latest, last))
+            at, _ = d.err.wait(r"interruption notice", 1)
+            after = [l for _, l in d.err.lines[at:]] if at is not None else []
+            named = [l for l in after if name in l]
+            c.check(latest == name and bool(named),
+                    tag + "no step since the restore: spotd names the "
+                    "restored %s as the checkpoint the job resumes from"
+                    % name, "LATEST %r\n%s" % (latest, "\n".join(after)))
         c.check(not crashes(d), tag + "no worker crashed (no interrupted "
                 "system call in the rendezvous)", "\n".join(crashes(d)))
         left = all_gone(pids, 10)

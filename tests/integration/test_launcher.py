@@ -158,7 +158,8 @@ def crashes(d):
 def notice_and_resume(c, tmp):
     store, job, prefix = sl.daemon_job("launcher")
     emu = sl.EmulatorProc("aws")
-    with sl.cleaned_up(prefix, emu.stop):
+    emu2 = sl.EmulatorProc("aws")  # the second node's: no notice yet
+    with sl.cleaned_up(prefix, emu.stop, emu2.stop):
         # -- notice -> commit -> 75
         tag = "notice: "
         wd = os.path.join(tmp, "node0")
@@ -202,7 +203,7 @@ def notice_and_resume(c, tmp):
         wd = os.path.join(tmp, "node1")  # a fresh folder: restored from S3
         log = os.path.join(wd, "w")
         os.makedirs(wd)
-        d = sl.Daemon(wd, store, job, provider="aws", metadata_url=emu.url,
+        d = sl.Daemon(wd, store, job, provider="aws", metadata_url=emu2.url,
                       grace=10, cmd=cmd(log, "--slow-rank0", 12))
         starts = wait_all(log, "start", timeout=90)
         if not c.check(starts is not None, tag + "the workers started",
@@ -220,7 +221,7 @@ def notice_and_resume(c, tmp):
         joined = events(log, 0, "joined") or events(log, 1, "joined")
         c.check(bool(events(log, 1, "rendezvous")) and not joined,
                 tag + "rank 1 waits in init_process_group for rank 0")
-        emu.control("notice", deadline=60)
+        emu2.control("notice", deadline=60)
         rc = d.wait_exit(90)
         c.check(rc == 75, tag + "spotd exits 75 (%s)" % rc, d.log()[-3000:])
         new = [events(log, r, "checkpoint") for r in range(NPROC)]

@@ -219,7 +219,7 @@ tree_look(struct spotd *d, bool send, unsigned *served)
     if (!catches || (send && was_sent(q, p)))
       continue;
     if (d->cfg->signal_target == SPOT_CONFIG_TARGET_LEADER &&
-        !spot_child_is_leader(&d->trainer, v, n, i))
+        !spot_child_is_leader(&d->trainer, p))
       continue;
     if (!send) {
       count++;

@@ -18,15 +18,19 @@ What it does for you:
 
 - How a request reaches the trainer. Under spotd the trainer's
   environment names a small shared file, $SPOTD_REQUEST_FILE (spotd's
-  request channel). Importing this module maps it (MAP_SHARED) and keeps
-  the mapping for the life of the process: a forked child inherits it,
-  an exec'd program that imports spotd maps it again. spotd counts a
+  request channel). Importing this module checks it and counts itself in
+  it (attached); the first checkpoint_requested() maps it (MAP_SHARED) and
+  keeps the mapping for the life of the process: a forked child inherits
+  it, an exec'd program that imports spotd maps it again. spotd counts a
   request in it (seq) and marks it served once the checkpoint is complete;
   checkpoint_requested() reads those two counters, so every process of the
   job sees a request whatever its session, process group or threads, and
   no signal is involved: with the channel the module installs no signal
   handler, and spotd sends its checkpoint signal only to processes that
-  do not map the file. A request made before the trainer could take it
+  do not map the file (a program that imports spotd only for
+  report_step() or done() and handles the checkpoint signal itself still
+  gets the signal: it never polls). A request made before the trainer
+  could take it
   (still starting, waiting in its rendezvous) is taken once, at its first
   checkpoint_requested(). Each call also counts itself in the file
   (polls), which tells spotd the trainer has reached its training loop.
@@ -102,21 +106,23 @@ class CheckpointAbandoned(RuntimeError):
 #   24 u64 served (spotd: = seq once that checkpoint is complete or the
 #   request was dropped), 32 u64 polls (this module: one more per
 #   checkpoint_requested(); spotd zeroes it when it starts the trainer and
-#   only tests it for zero), the rest reserved (zero).
+#   only tests it for zero), 40 u64 attached (this module: one more per
+#   import), the rest reserved (zero).
 # spotd recognises a process this module serves by the file in its
-# /proc/PID/maps, so the mapping is never closed once it is valid.
+# /proc/PID/maps, so the mapping is made at the first poll (not at import:
+# a process that never polls takes the signal) and never closed.
 
 REQ_SIZE = 4096
 REQ_MAGIC = b"SPOTDREQ"
 REQ_VERSION = 1
-_OFF_SEQ, _OFF_POLLS = 16, 32
+_OFF_SEQ, _OFF_POLLS, _OFF_ATTACHED = 16, 32, 40
 _U64X2 = struct.Struct("<QQ")
 _U64X3 = struct.Struct("<QQQ")
 _U64 = struct.Struct("<Q")
 _U64_MASK = (1 << 64) - 1
 
-_req = None        # the mmap of $SPOTD_REQUEST_FILE, or None
-_req_path = None   # its path
+_req = None        # the mmap of $SPOTD_REQUEST_FILE once polled, or None
+_req_path = None   # its path, when the channel is usable
 _taken = 0         # the newest seq this process took (process-local)
 
 
@@ -152,12 +158,25 @@ def _read_counters(m):
 def request_channel():
     """The path of the request file this process serves through, or None
     (no spotd, or the signal fallback)."""
-    return _req_path if _req is not None else None
+    return _req_path
+
+
+def _mapped():
+    """The mapping of the channel, made at the first use; None without."""
+    global _req, _req_path
+    if _req is None and _req_path is not None:
+        try:
+            _req = _open_channel(_req_path)
+        except (OSError, ValueError) as e:
+            print("spotd: warning: request file %s unusable (%s)" %
+                  (_req_path, e), file=sys.stderr, flush=True)
+            _req_path = None
+    return _req
 
 
 def _pending_seq():
     """The seq of the request pending for this process, or 0."""
-    m = _req
+    m = _mapped()
     if m is None:
         return 0
     seq, served = _read_counters(m)
@@ -271,7 +290,7 @@ def checkpoint_requested():
     the pending request: it is not answered again, spotd marks it served
     once the checkpoint is complete."""
     global _taken
-    m = _req
+    m = _req if _req is not None else _mapped()
     seq = 0
     if m is not None:
         seq, served, polls = _U64X3.unpack_from(m, _OFF_SEQ)
@@ -597,11 +616,14 @@ def checkpoint(name=None, step=None, root=None):
 def _setup():
     """At import: the request channel when spotd offers one, else the
     signal handler (main thread only)."""
-    global _req, _req_path
+    global _req_path
     path = os.environ.get("SPOTD_REQUEST_FILE")
     if path:
         try:
-            _req = _open_channel(path)
+            m = _open_channel(path)
+            att = _U64.unpack_from(m, _OFF_ATTACHED)[0]
+            _U64.pack_into(m, _OFF_ATTACHED, (att + 1) & _U64_MASK)
+            m.close()  # mapped for good at the first poll
             _req_path = path
             return  # served through the channel: no signal handler
         except (OSError, ValueError) as e:

@@ -21,9 +21,9 @@
    first poll; taken is not answered again; once served a new process
    does not take it; a new seq is; each checkpoint_requested() adds one
    to polls; the process installs no signal handler (SIGUSR1 and the
-   real-time $SPOTD_SIGNAL keep their default) and maps the file; a
+   real-time $SPOTD_SIGNAL keep their default) and counts itself in the file (attached); its first poll maps it; a
    forked child keeps the mapping and sees the request; after exec the
-   new image maps it again at import.
+   new image maps it again at its first poll.
 8. Fallback: a missing or foreign request file prints one warning and the
    signal handler ($SPOTD_SIGNAL, a real-time number here) is installed.
 9. `import spotd, spotd.hf, spotd.lightning, spotd.dcp` imports neither
@@ -444,7 +444,8 @@ def set_req(path, **kv):
 def read_req(path):
     with open(path, "rb") as f:
         d = f.read(REQ_SIZE)
-    return dict(zip(("seq", "served", "polls"), struct.unpack_from("<QQQ", d, 16)))
+    return dict(zip(("seq", "served", "polls", "attached"),
+                    struct.unpack_from("<QQQQ", d, 16)))
 
 
 CHAN_CHILD = r"""
@@ -541,14 +542,19 @@ def test_channel(c, tmp):
     try:
         info = ch.ask("info")
         c.check(info == {"channel": req, "usr1": True, "rt": True,
-                         "installed": False, "mapped": True},
-                "with the request file: mapped, no signal handler "
-                "(SIGUSR1 and the real-time SPOTD_SIGNAL at default)",
+                         "installed": False, "mapped": False},
+                "with the request file: no signal handler (SIGUSR1 and the "
+                "real-time SPOTD_SIGNAL at default), not mapped before the "
+                "first poll (a process that never polls takes the signal)",
                 repr(info))
         c.check(read_req(req)["polls"] == 0, "no poll counted at import")
+        c.check(read_req(req)["attached"] == 1, "the import is counted "
+                "(attached)", repr(read_req(req)))
         c.check(ch.ask("pending") is True,
                 "a request made before the process started is pending")
         c.check(ch.ask("poll") is True, "its first poll takes it")
+        c.check(ch.ask("info")["mapped"] is True,
+                "mapped for good once it polled")
         c.check(ch.ask("poll") is False and ch.ask("pending") is False,
                 "a taken request is not answered again")
         c.check(read_req(req)["polls"] == 2,
@@ -568,9 +574,9 @@ def test_channel(c, tmp):
                 "the parent still takes it (taken is per process)")
         set_req(req, served=3)
         got = ch.ask("exec")
-        c.check(got == ["False", "True", "True"],
-                "after exec the new image maps the file again at import",
-                repr(got))
+        c.check(got == ["False", "False", "True"],
+                "after exec the new image uses the channel again (mapped "
+                "at its first poll)", repr(got))
     finally:
         err = ch.close()
     c.check(err == "", "no warning with a valid request file", err)

@@ -338,11 +338,11 @@ test_orphan_stays_in_tree(void **state)
   assert_true(orphan > 0);
   for (int i = 0; i < 200; i++) { /* the subshell's exit takes a moment */
     assert_int_equal(spot_proc_read(orphan, &p), 0);
-    if (p.ppid == c.pid)
+    if (p.ppid == c.guard_pid)
       break;
     usleep(10000);
   }
-  assert_int_equal(p.ppid, c.pid); /* the guard, not PID 1 */
+  assert_int_equal(p.ppid, c.guard_pid); /* the guard, not PID 1 */
   assert_int_equal(spot_child_tree(&c, &v, &n), 0);
   for (size_t i = 0; i < n; i++)
     in = in || v[i].pid == orphan;

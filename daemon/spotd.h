@@ -294,6 +294,7 @@ struct spotd {
   uint64_t deadline_mono; /* 0 = none */
   int64_t deadline_wall;
   bool drain_sigterm; /* draining because of SIGTERM/SIGINT, no relaunch */
+  bool sigterm_reclaim; /* SPOTD_TERMINATION_GRACE: SIGTERM exits as preempted */
   uv_timer_t deadline_timer; /* the drain's deadline */
 
   /* the trainer and its checkpoints */

@@ -445,8 +445,7 @@ spotd_on_signal(struct spotd *d, int signum)
   d->stop_signal = signum;
   ms = sigterm_grace_ms(d);
   if (d->state == SPOTD_RUNNING)
-    start_drain(d, "sigterm", spot_now_mono_ms() + ms,
-                spot_now_wall_ms() + ms);
+    start_drain(d, "sigterm", spot_now_mono_ms() + ms, spot_now_wall_ms() + ms);
 }
 
 /* ------------------------------------------------------------- launch */

@@ -20,9 +20,9 @@
  *
  *  - The checkpoint signal, for trainers without the helper: sent to each
  *    process of the trainer's tree (child.c: every session, orphans
- *    included) that takes it: catches it (SigCgt), or blocks it without
- *    ignoring it (a sigwait or signalfd loop). Never to one that would die
- *    of it or ignores it, never to one the helper serves (it has polled:
+ *    included) that takes it: catches it (SigCgt), or blocks it with the
+ *    disposition spotd started it with, ignored (a sigwait or signalfd
+ *    loop). Never to one that would die of it or ignores it unblocked, never to one the helper serves (it has polled:
  *    it maps the request file), and again, while the request is pending,
  *    to a process that starts taking it. */
 #include <errno.h>

@@ -272,8 +272,11 @@ spot_proc_takes(const struct spot_proc *p, int signum)
       spot_proc_parse_sigmask(buf, "SigBlk", &blk) < 0 ||
       spot_proc_parse_sigmask(buf, "SigIgn", &ign) < 0)
     return -EINVAL;
+  /* Blocked and ignored: the kernel queues a blocked signal even when it
+   * is ignored (a sigwait loop gets it; unblocked, it is dropped). Blocked
+   * at the default action, it would kill the process once unblocked. */
   return spot_proc_mask_has(cgt, signum) || (spot_proc_mask_has(blk, signum) &&
-                                             !spot_proc_mask_has(ign, signum))
+                                             spot_proc_mask_has(ign, signum))
              ? 1
              : 0;
 }

@@ -62,8 +62,10 @@ int spot_proc_read(pid_t pid, struct spot_proc *out);
  * action or ignored), negative errno (-ESRCH: gone). */
 int spot_proc_catches(const struct spot_proc *p, int signum);
 /* 1 when p takes signum without dying of it: catches it, or blocks it
- * and does not ignore it (a sigwait or signalfd loop: the signal waits
- * for it); 0 when not; negative errno. */
+ * with its disposition left at "ignore" (a sigwait or signalfd loop on a
+ * signal spotd started it with ignored: a blocked signal is queued even
+ * when ignored); 0 when not (default action: it would die once it
+ * unblocks it); negative errno. */
 int spot_proc_takes(const struct spot_proc *p, int signum);
 /* 1 when p maps the file at the absolute path (a line of
  * /proc/PID/maps ends with it), 0 when not, negative errno. */

@@ -20,11 +20,12 @@
  *
  *  - The checkpoint signal, for trainers without the helper: sent to each
  *    process of the trainer's tree (child.c: every session, orphans
- *    included) that takes it: catches it (SigCgt), or blocks it with the
- *    disposition spotd started it with, ignored (a sigwait or signalfd
- *    loop). Never to one that would die of it or ignores it unblocked, never to one the helper serves (it has polled:
- *    it maps the request file), and again, while the request is pending,
- *    to a process that starts taking it. */
+ *    included) that catches it (SigCgt) or ignores it (harmless; and a
+ *    sigwait loop on the signal spotd starts ignored shows so while it
+ *    waits). Never to one at the default action, which would die of it,
+ *    never to one the helper serves (it has polled: it maps the request
+ *    file), and again, while the request is pending, to a process that
+ *    starts catching it. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -178,93 +179,117 @@ request_file(const struct spotd *d)
   return d->req.map != NULL ? d->req.path : NULL;
 }
 
+/* Whether p already got the signal for this request in the state it is
+ * in now (one that ignored it then and catches it now gets it again). */
 static bool
-was_sent(const struct ckpt_req *q, const struct spot_proc *p)
+was_sent(const struct ckpt_req *q, const struct spot_proc *p, int state)
 {
   for (size_t i = 0; i < q->nsent; i++)
-    if (q->sent[i].pid == p->pid && q->sent[i].start == p->start)
-      return true;
+    if (q->sent[i].p.pid == p->pid && q->sent[i].p.start == p->start)
+      return q->sent[i].state >= state;
   return false;
 }
 
-/* The processes of the tree that get the signal: they catch it, the
- * helper does not serve them, the target allows them, and (send) they did
- * not get it for this request yet. Sends it when send, else only counts.
- * In *served, how many processes map the request file (the helper serves
- * them), counted only when served is not NULL (it reads every process's
- * maps, not only the catchers'). */
+static void
+note_sent(struct ckpt_req *q, const struct spot_proc *p, int state)
+{
+  for (size_t i = 0; i < q->nsent; i++)
+    if (q->sent[i].p.pid == p->pid && q->sent[i].p.start == p->start) {
+      q->sent[i].state = state;
+      return;
+    }
+  if (q->nsent < SPOT_ARRAY_SIZE(q->sent)) {
+    q->sent[q->nsent].p = *p;
+    q->sent[q->nsent++].state = state;
+  }
+}
+
+/* The processes of the trainer's tree and the request: those the helper
+ * serves (they map the request file: counted in look->served, when
+ * count_served, which reads every process's maps), those that catch the
+ * signal (look->caught) and those that ignore it (look->ignored: sending
+ * it to them is harmless, and a sigwait loop on the signal spotd started
+ * ignored shows as ignoring it while it waits). With send, the signal
+ * goes to the catchers and ignorers the helper does not serve that the
+ * target allows, once per request each (again to one that ignored it and
+ * now catches it); look->sent counts them. Never to a process at the
+ * default action. */
+struct look {
+  unsigned served, caught, ignored, sent;
+};
+
 static int
-tree_look(struct spotd *d, bool send, unsigned *served)
+tree_look(struct spotd *d, bool send, bool count_served, struct look *lk)
 {
   struct ckpt_req *q = &d->req;
   struct spot_proc *v;
   size_t n;
-  int sig = d->cfg->signal, r, count = 0;
+  int sig = d->cfg->signal, r;
 
+  memset(lk, 0, sizeof(*lk));
   r = spot_child_tree(&d->trainer, &v, &n);
   if (r < 0)
     return r;
-  if (served != NULL)
-    *served = 0;
   for (size_t i = 0; i < n; i++) {
     const struct spot_proc *p = &v[i];
-    bool catches = spot_proc_takes(p, sig) == 1;
+    int st = spot_proc_sigstate(p, sig);
+    bool takes = st == SPOT_PROC_SIG_CAUGHT || st == SPOT_PROC_SIG_IGNORED;
 
-    if ((catches || served != NULL) && q->map != NULL &&
+    if ((takes || count_served) && q->map != NULL &&
         spot_proc_maps_file(p, q->maps_path) == 1) {
-      if (served != NULL)
-        (*served)++;
+      lk->served++;
       continue;
     }
-    if (!catches || (send && was_sent(q, p)))
+    if (!takes || (d->cfg->signal_target == SPOT_CONFIG_TARGET_LEADER &&
+                   !spot_child_is_leader(&d->trainer, p)))
       continue;
-    if (d->cfg->signal_target == SPOT_CONFIG_TARGET_LEADER &&
-        !spot_child_is_leader(&d->trainer, p))
+    if (st == SPOT_PROC_SIG_CAUGHT)
+      lk->caught++;
+    else
+      lk->ignored++;
+    if (!send || was_sent(q, p, st) || spot_proc_kill(p, sig) < 0)
       continue;
-    if (!send) {
-      count++;
-      continue;
-    }
-    if (spot_proc_kill(p, sig) < 0)
-      continue;
-    count++;
-    log_debug("checkpoint signal sent to pid=%d", (int)p->pid);
-    if (q->nsent < SPOT_ARRAY_SIZE(q->sent))
-      q->sent[q->nsent++] = *p;
+    lk->sent++;
+    log_debug("checkpoint signal sent to pid=%d (%s)", (int)p->pid,
+              st == SPOT_PROC_SIG_CAUGHT ? "catches it" : "ignores it");
+    note_sent(q, p, st);
   }
   free(v);
-  return count;
+  return 0;
 }
 
 static void
 resend_cb(uv_timer_t *t)
 {
   struct spotd *d = spot_container_of(t, struct spotd, req.resend);
-  int n;
+  struct look lk;
 
   if (d->closing || d->req.state != REQ_PENDING)
     return;
-  n = tree_look(d, true, NULL);
-  if (n > 0)
-    log_info("checkpoint signal sent to %d more process%s that now catch%s "
-             "it",
-             n, n == 1 ? "" : "es", n == 1 ? "es" : "");
+  if (tree_look(d, true, false, &lk) == 0 && lk.sent > 0)
+    log_info("checkpoint signal sent to %u more process%s (new, or "
+             "catching it now)",
+             lk.sent, lk.sent == 1 ? "" : "es");
 }
 
-int
-request_begin(struct spotd *d, unsigned *helpers)
+void
+request_begin(struct spotd *d, unsigned *helpers, unsigned *caught,
+              unsigned *sent)
 {
   struct ckpt_req *q = &d->req;
-  int n;
+  struct look lk;
 
   q->seq++;
   q->nsent = 0;
   slot_store(d, REQ_SLOT_SEQ, q->seq);
   req_set_state(d, REQ_PENDING);
-  n = tree_look(d, true, helpers);
+  if (tree_look(d, true, true, &lk) < 0)
+    memset(&lk, 0, sizeof(lk));
+  *helpers = lk.served;
+  *caught = lk.caught;
+  *sent = lk.sent;
   if (q->resend.loop != NULL)
     uv_timer_start(&q->resend, resend_cb, REQ_RESEND_MS, REQ_RESEND_MS);
-  return n < 0 ? 0 : n;
 }
 
 void
@@ -284,10 +309,12 @@ request_end(struct spotd *d)
 bool
 request_no_step(struct spotd *d)
 {
+  struct look lk;
+
   if (d->req.map == NULL || slot_load(d, REQ_SLOT_ATTACHED) == 0 ||
       slot_load(d, REQ_SLOT_POLLS) != 0)
     return false;
-  /* No process the helper does not serve may take the signal: such a
+  /* No process the helper does not serve may catch the signal: such a
    * process may have stepped without polling. */
-  return tree_look(d, false, NULL) == 0;
+  return tree_look(d, false, false, &lk) == 0 && lk.caught == 0;
 }

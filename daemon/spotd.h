@@ -264,8 +264,11 @@ struct ckpt_req {
   int fd;
   volatile uint64_t *map; /* the file, shared with the trainer */
   uint64_t seq;
-  uv_timer_t resend;          /* while pending: processes that start catching */
-  struct spot_proc sent[256]; /* got the signal for seq */
+  uv_timer_t resend; /* while pending: processes that start catching */
+  struct {
+    struct spot_proc p;
+    int state; /* enum spot_proc_sig when it got it */
+  } sent[256]; /* got the signal for seq */
   size_t nsent;
 };
 
@@ -494,9 +497,10 @@ void request_trainer_starts(struct spotd *d);
 /* The path for SPOTD_REQUEST_FILE, or NULL. */
 const char *request_file(const struct spotd *d);
 /* A new request: in the file, and the signal to the processes that catch
- * it. Returns how many got the signal; *helpers how many processes the
- * helper serves. */
-int request_begin(struct spotd *d, unsigned *helpers);
+ * or ignore it. *helpers: how many processes the helper serves; *caught:
+ * how many catch the signal; *sent: how many got it. */
+void request_begin(struct spotd *d, unsigned *helpers, unsigned *caught,
+                   unsigned *sent);
 /* The request is over (served, dropped): ckpt_requested is cleared. */
 void request_end(struct spotd *d);
 /* The helper is in use, no process it does not serve catches the signal,

@@ -304,9 +304,8 @@ ckpt_timer_cb(uv_timer_t *t)
 void
 spotd_request_checkpoint(struct spotd *d, const char *why)
 {
-  unsigned helpers = 0;
+  unsigned helpers, caught, sent;
   char sig[16];
-  int n;
 
   if (!trainer_running(d) || d->closing)
     return;
@@ -314,21 +313,21 @@ spotd_request_checkpoint(struct spotd *d, const char *why)
     log_info("checkpoint requested (%s): one is already in progress", why);
     return;
   }
-  n = request_begin(d, &helpers);
+  request_begin(d, &helpers, &caught, &sent);
   d->ckpt_requested = true;
   d->ckpt_signal_mono = spot_now_mono_ms();
   hist_requested(d, why);
   log_info("checkpoint requested (%s): request %llu; %u process%s of the "
-           "trainer read%s it; SIG%s sent to %d that catch%s it (%s)",
+           "trainer read%s it; SIG%s sent to %u (%u catch%s it) (%s)",
            why, (unsigned long long)d->req.seq, helpers,
            helpers == 1 ? "" : "es", helpers == 1 ? "s" : "",
-           spot_config_signal_name(d->cfg->signal, sig, sizeof(sig)), n,
-           n == 1 ? "es" : "",
+           spot_config_signal_name(d->cfg->signal, sig, sizeof(sig)), sent,
+           caught, caught == 1 ? "es" : "",
            spot_config_signal_target_name(d->cfg->signal_target));
-  if (n == 0 && helpers == 0)
-    log_info("no process of the trainer takes the request yet: it waits "
-             "in the request file, and the signal goes to a process once "
-             "it catches it");
+  if (caught == 0 && helpers == 0)
+    log_info("no process of the trainer catches the signal or reads the "
+             "request file yet: the request waits in the file, and the "
+             "signal goes to a process once it catches it");
   if (d->cfg->ckpt_timeout_ms > 0)
     uv_timer_start(&d->ckpt_timer, ckpt_timer_cb, d->cfg->ckpt_timeout_ms, 0);
 }

@@ -246,39 +246,25 @@ read_same(const struct spot_proc *p, const char *what, char *buf, size_t size)
 }
 
 int
-spot_proc_catches(const struct spot_proc *p, int signum)
+spot_proc_sigstate(const struct spot_proc *p, int signum)
 {
   char buf[4096];
-  uint64_t cgt;
-  int r = read_same(p, "status", buf, sizeof(buf));
-
-  if (r < 0)
-    return r;
-  if (spot_proc_parse_sigmask(buf, "SigCgt", &cgt) < 0)
-    return -EINVAL;
-  return spot_proc_mask_has(cgt, signum) ? 1 : 0;
-}
-
-int
-spot_proc_takes(const struct spot_proc *p, int signum)
-{
-  char buf[4096];
-  uint64_t cgt, blk, ign;
+  uint64_t cgt, ign;
   int r = read_same(p, "status", buf, sizeof(buf));
 
   if (r < 0)
     return r;
   if (spot_proc_parse_sigmask(buf, "SigCgt", &cgt) < 0 ||
-      spot_proc_parse_sigmask(buf, "SigBlk", &blk) < 0 ||
       spot_proc_parse_sigmask(buf, "SigIgn", &ign) < 0)
     return -EINVAL;
-  /* Blocked and ignored: the kernel queues a blocked signal even when it
-   * is ignored (a sigwait loop gets it; unblocked, it is dropped). Blocked
-   * at the default action, it would kill the process once unblocked. */
-  return spot_proc_mask_has(cgt, signum) || (spot_proc_mask_has(blk, signum) &&
-                                             spot_proc_mask_has(ign, signum))
-             ? 1
-             : 0;
+  /* Blocked or not makes no difference: a blocked signal at the default
+   * action kills once unblocked, and an ignored one is queued while
+   * blocked (or waited for: sigtimedwait() unblocks what it waits for,
+   * so /proc shows it unblocked then). */
+  if (spot_proc_mask_has(cgt, signum))
+    return SPOT_PROC_SIG_CAUGHT;
+  return spot_proc_mask_has(ign, signum) ? SPOT_PROC_SIG_IGNORED
+                                         : SPOT_PROC_SIG_DEFAULT;
 }
 
 int

@@ -58,15 +58,17 @@ int spot_proc_scan(struct spot_proc **out, size_t *n);
 int spot_proc_tree(pid_t root, struct spot_proc **out, size_t *n);
 /* The process as /proc says now: 0, -ESRCH when it is gone. */
 int spot_proc_read(pid_t pid, struct spot_proc *out);
-/* 1 when p (still the same process) catches signum, 0 when not (default
- * action or ignored), negative errno (-ESRCH: gone). */
-int spot_proc_catches(const struct spot_proc *p, int signum);
-/* 1 when p takes signum without dying of it: catches it, or blocks it
- * with its disposition left at "ignore" (a sigwait or signalfd loop on a
- * signal spotd started it with ignored: a blocked signal is queued even
- * when ignored); 0 when not (default action: it would die once it
- * unblocks it); negative errno. */
-int spot_proc_takes(const struct spot_proc *p, int signum);
+/* What signum does to p (still the same process). */
+enum spot_proc_sig {
+  SPOT_PROC_SIG_DEFAULT, /* its default action: it may die of it */
+  SPOT_PROC_SIG_IGNORED, /* ignored: harmless; a process in sigwait() or
+                          * sigtimedwait() for a signal left ignored shows
+                          * so while it waits, and still gets it */
+  SPOT_PROC_SIG_CAUGHT,  /* a handler */
+  SPOT_PROC_SIG_LAST,
+};
+/* An enum spot_proc_sig, or negative errno (-ESRCH: gone). */
+int spot_proc_sigstate(const struct spot_proc *p, int signum);
 /* 1 when p maps the file at the absolute path (a line of
  * /proc/PID/maps ends with it), 0 when not, negative errno. */
 int spot_proc_maps_file(const struct spot_proc *p, const char *path);

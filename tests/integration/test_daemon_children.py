@@ -213,8 +213,8 @@ def not_caught(c, wd):
         c.check(d.running() and pid > 0 and not sl.pid_gone(pid),
                 tag + "a process that would die of the checkpoint signal "
                 "never gets it")
-        c.check(d.err.matching(r"no process of the trainer takes the "
-                               r"request yet"),
+        c.check(d.err.matching(r"no process of the trainer catches the "
+                               r"signal or reads the request file yet"),
                 tag + "one line says the request waits")
         d.send(signal.SIGTERM)
         time.sleep(0.3)

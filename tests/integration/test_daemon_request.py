@@ -162,7 +162,8 @@ def early_case(c, s3, store, job, wd):
         cp = d.spotctl("checkpoint")
         c.check(cp.returncode == 0, tag + "asked before the trainer looks")
         c.check(not events(log, "mapped"), tag + "the trainer did not look yet")
-        c.check(d.wait_log(r"no process of the trainer takes the request yet",
+        c.check(d.wait_log(r"no process of the trainer catches the signal "
+                           r"or reads the request file yet",
                            10) is not None,
                 tag + "one line says the request waits")
         ck = wait_ev(log, "checkpoint", 20)

@@ -214,25 +214,27 @@ test_real_tree(void **state)
   /* valgrind catches every signal itself: the kernel's view of the
    * dispositions is its own there */
   if (!vg)
-    assert_int_equal(spot_proc_catches(&a_now, SIGUSR1), 1);
+    assert_int_equal(spot_proc_sigstate(&a_now, SIGUSR1), SPOT_PROC_SIG_CAUGHT);
   assert_int_equal(spot_proc_maps_file(&a_now, mapped), 1);
   {
     struct spot_proc b_now;
 
     assert_int_equal(spot_proc_read(b, &b_now), 0);
     if (!vg) {
-      assert_int_equal(spot_proc_catches(&b_now, SIGUSR1), 0);
-      assert_int_equal(spot_proc_takes(&b_now, SIGUSR1), 0);
+      assert_int_equal(spot_proc_sigstate(&b_now, SIGUSR1),
+                       SPOT_PROC_SIG_DEFAULT);
       /* blocked at the default action: it would die once it unblocks */
-      assert_int_equal(spot_proc_takes(&b_now, SIGUSR2), 0);
+      assert_int_equal(spot_proc_sigstate(&b_now, SIGUSR2),
+                       SPOT_PROC_SIG_DEFAULT);
       /* blocked and ignored: a sigwait loop gets it */
-      assert_int_equal(spot_proc_takes(&b_now, SIGHUP), 1);
+      assert_int_equal(spot_proc_sigstate(&b_now, SIGHUP),
+                       SPOT_PROC_SIG_IGNORED);
     }
     assert_int_equal(spot_proc_maps_file(&b_now, "/nonexistent/x"), 0);
     /* a stale start time is another process: never signalled */
     b_now.start--;
     assert_int_equal(spot_proc_kill(&b_now, SIGKILL), -ESRCH);
-    assert_int_equal(spot_proc_catches(&b_now, SIGUSR1), -ESRCH);
+    assert_int_equal(spot_proc_sigstate(&b_now, SIGUSR1), -ESRCH);
   }
   /* the whole tree, both sessions */
   assert_int_equal(spot_proc_kill_tree(getpid(), SIGKILL), 2);

@@ -289,7 +289,7 @@ print_lease(const char *word, const struct spot_lease_info *i)
   spot_rfc3339_format(i->expires_ms, until, sizeof(until));
   printf("%s owner=%s epoch=%" PRIu64 " state=%s expires=%s "
          "expires_ms=%" PRId64 " waited_ms=%" PRIu64 " at_ms=%" PRId64 "\n",
-         word, i->owner, i->epoch, i->released ? "released" : "held", until,
+         word, spotctl_esc(i->owner), i->epoch, i->released ? "released" : "held", until,
          i->expires_ms, i->waited_ms, spot_now_wall_ms());
   fflush(stdout);
 }
@@ -339,7 +339,7 @@ acquire_cb(const struct spot_lease_info *i, void *data)
   if (i->err == -EBUSY) {
     print_lease("busy", i);
     stop(c, EXIT_BUSY);
-    fprintf(stderr, "spotctl: lease: %s\n", i->message);
+    fprintf(stderr, "spotctl: lease: %s\n", spotctl_esc(i->message));
     return;
   }
   if (i->err < 0) {
@@ -359,7 +359,7 @@ adopt_cb(const struct spot_lease_info *i, void *data)
   if (i->err < 0) {
     stop(c,
          i->err == -ESTALE
-             ? (fprintf(stderr, "spotctl: lease: %s\n", i->message), EXIT_STALE)
+             ? (fprintf(stderr, "spotctl: lease: %s\n", spotctl_esc(i->message)), EXIT_STALE)
              : spotctl_fail("lease: %s", i->message));
     return;
   }
@@ -375,7 +375,7 @@ lost_cb(const struct spot_lease_info *i, void *data)
   printf("lost owner=%s epoch=%" PRIu64 " at_ms=%" PRId64 "\n", c->owner,
          spot_lease_epoch(c->lease), spot_now_wall_ms());
   fflush(stdout);
-  fprintf(stderr, "spotctl: lease: %s\n", i->message);
+  fprintf(stderr, "spotctl: lease: %s\n", spotctl_esc(i->message));
   stop(c, EXIT_STALE);
 }
 
@@ -385,7 +385,7 @@ release_cb(const struct spot_lease_info *i, void *data)
   struct lctl *c = data;
 
   if (i->err < 0) {
-    fprintf(stderr, "spotctl: lease: %s\n", i->message);
+    fprintf(stderr, "spotctl: lease: %s\n", spotctl_esc(i->message));
     stop(c, i->err == -ESTALE ? EXIT_STALE : SPOTCTL_EXIT_FAIL);
     return;
   }
@@ -399,16 +399,18 @@ latest_cb(const struct spot_latest_result *res, void *data)
   struct lctl *c = data;
 
   if (res->err < 0) {
-    printf("refused latest=%s order=%" PRIu64 ".%" PRIu64 "\n", res->name,
+    printf("refused latest=%s order=%" PRIu64 ".%" PRIu64 "\n",
+           spotctl_esc(res->name),
            res->order.epoch, res->order.seq);
     fflush(stdout);
-    fprintf(stderr, "spotctl: lease: %s\n", res->message);
+    fprintf(stderr, "spotctl: lease: %s\n", spotctl_esc(res->message));
     stop(c, res->err == -ESTALE ? EXIT_STALE : SPOTCTL_EXIT_FAIL);
     return;
   }
   printf("latest name=%s order=%" PRIu64 ".%" PRIu64 " moved=%d rounds=%u "
          "at_ms=%" PRId64 "\n",
-         res->name, res->order.epoch, res->order.seq, res->moved ? 1 : 0,
+         spotctl_esc(res->name), res->order.epoch, res->order.seq,
+         res->moved ? 1 : 0,
          res->rounds, spot_now_wall_ms());
   fflush(stdout);
   if (c->lease == NULL || !spot_lease_held(c->lease)) {

@@ -331,7 +331,7 @@ store_done_cb(const struct spot_store_result *res, void *data)
     return;
   }
   if (res->warning != NULL && res->warning[0] != '\0')
-    fprintf(stderr, "spotctl: warning: %s\n", res->warning);
+    fprintf(stderr, "spotctl: warning: %s\n", spotctl_esc(res->warning));
   if (!s->quiet)
     printf("%s %s: %" PRIu64 " files, %s -> %s stored (ratio %.2f) in %.1f s "
            "(%.0f MB/s), %u retries%s\n",

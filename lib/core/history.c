@@ -719,7 +719,7 @@ spot_hist_summary_json(const struct spot_hist_summary *s, const char *job,
       bad |= json_object_set(root, "events", evs) < 0;
   }
   if (!bad)
-    str = json_dumps(root, JSON_INDENT(1));
+    str = json_dumps(root, JSON_INDENT(1) | JSON_ENSURE_ASCII);
   json_decref(root);
   json_decref(runs);
   json_decref(evs);

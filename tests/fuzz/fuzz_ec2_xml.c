@@ -1,12 +1,14 @@
 /* libFuzzer target: the EC2 reply parser (lib/ec2.c) and the relaunch
  * record parser. The first byte picks which, the rest is the body. Checks
- * the invariants relaunch_aws.c relies on. */
+ * the invariants relaunch_aws.c relies on, and that what it prints
+ * (instance ids, codes, messages) comes out of spot_escape() printable. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ec2.h"
+#include "printable.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -33,6 +35,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (spot_ec2_reply_parse((const char *)data + 1, size - 1, r) == 0) {
       if (r->is_error && r->code[0] == '\0')
         __builtin_trap();
+      check_printable(r->code);
+      check_printable(r->message);
+      check_printable(r->fleet_id);
       if (r->n_instances > SPOT_EC2_ITEMS_MAX ||
           r->n_errors > SPOT_EC2_ITEMS_MAX)
         __builtin_trap();

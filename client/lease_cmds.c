@@ -465,7 +465,7 @@ set_latest(struct lctl *c)
   }
   o.epoch = c->lease != NULL ? spot_lease_epoch(c->lease) : c->epoch;
   o.seq = c->seq;
-  r = spot_latest_update(c->conn.s3, c->bucket, c->root, c->latest_name, o,
+  r = spot_latest_update(c->conn.s3, c->bucket, c->root, c->latest_name, o, -1,
                          c->owner, latest_cb, c, NULL);
   if (r < 0)
     stop(c, spotctl_fail("lease: --set-latest %s: %s", c->latest_name,

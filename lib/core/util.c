@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -420,4 +421,20 @@ spot_big_free(void *p, size_t n)
 {
   if (p != NULL)
     munmap(p, (n + 4095) & ~(size_t)4095);
+}
+
+void
+spot_fault_point(const char *name)
+{
+#if defined(SPOT_FAULT_POINTS) && SPOT_FAULT_POINTS
+  const char *want = getenv("SPOTD_FAULT");
+
+  if (want == NULL || strcmp(want, name) != 0)
+    return;
+  fprintf(stderr, "fault point %s: killing pid %d\n", name, (int)getpid());
+  fflush(stderr);
+  kill(getpid(), SIGKILL);
+#else
+  (void)name;
+#endif
 }

@@ -125,7 +125,8 @@ struct spot_s3_op {
   uint64_t off, len, got;
   bool sent_range;
   char if_match[160];
-  char meta_hdr[320]; /* put_ex: "x-amz-meta-NAME: VALUE" or "" */
+  char meta_hdr[320];  /* put_ex: "x-amz-meta-NAME: VALUE" or "" */
+  char meta2_hdr[320]; /* put_ex: a second one, or "" */
   char resp_meta[1024];
   spot_s3_sink_cb sink;
   struct spot_buf *into;
@@ -656,6 +657,8 @@ build_headers(struct spot_s3_op *op, const struct spot_creds *creds)
     r = add_header(op, "If-Match: %s", op->if_match);
   if (r == 0 && op->meta_hdr[0] != '\0')
     r = add_header(op, "%s", op->meta_hdr);
+  if (r == 0 && op->meta2_hdr[0] != '\0')
+    r = add_header(op, "%s", op->meta2_hdr);
   return r;
 }
 
@@ -1109,6 +1112,16 @@ meta_text_ok(const char *s, size_t max)
   return true;
 }
 
+/* Both or neither, printable, a name without ':'. */
+static bool
+meta_ok(const char *name, const char *value)
+{
+  if ((name != NULL) != (value != NULL))
+    return false;
+  return name == NULL || (meta_text_ok(name, 64) && strchr(name, ':') == NULL &&
+                          meta_text_ok(value, 200));
+}
+
 int
 spot_s3_put_ex(struct spot_s3 *s3, const char *bucket, const char *key,
                const void *data, size_t len,
@@ -1122,10 +1135,8 @@ spot_s3_put_ex(struct spot_s3 *s3, const char *bucket, const char *key,
     return -EINVAL;
   if (opts->if_match != NULL && !meta_text_ok(opts->if_match, 150))
     return -EINVAL;
-  if ((opts->meta_name != NULL) != (opts->meta_value != NULL) ||
-      (opts->meta_name != NULL && (!meta_text_ok(opts->meta_name, 64) ||
-                                   strchr(opts->meta_name, ':') != NULL ||
-                                   !meta_text_ok(opts->meta_value, 200))))
+  if (!meta_ok(opts->meta_name, opts->meta_value) ||
+      !meta_ok(opts->meta2_name, opts->meta2_value))
     return -EINVAL;
   r = object_op_new(s3, OP_PUT, bucket, key, NULL, cb, cbdata, &o);
   if (r != 0)
@@ -1139,6 +1150,9 @@ spot_s3_put_ex(struct spot_s3 *s3, const char *bucket, const char *key,
   if (opts->meta_name != NULL)
     snprintf(o->meta_hdr, sizeof(o->meta_hdr), "x-amz-meta-%s: %s",
              opts->meta_name, opts->meta_value);
+  if (opts->meta2_name != NULL)
+    snprintf(o->meta2_hdr, sizeof(o->meta2_hdr), "x-amz-meta-%s: %s",
+             opts->meta2_name, opts->meta2_value);
   return op_start(o, op);
 }
 

@@ -122,11 +122,13 @@ int spot_s3_put(struct spot_s3 *s3, const char *bucket, const char *key,
  * unquoted ETag, AWS the quoted one, see spot_s3_if_match_unquoted); a
  * failed condition ends with -EEXIST (412) or -ENOENT (AWS: no such key).
  * meta_name ("spotd-order") and meta_value are sent as
- * x-amz-meta-NAME: VALUE (printable ASCII only). */
+ * x-amz-meta-NAME: VALUE (printable ASCII only); meta2_* likewise, a
+ * second header. */
 struct spot_s3_put_opts {
   unsigned flags;       /* enum spot_s3_put_flags */
   const char *if_match; /* NULL: none */
   const char *meta_name, *meta_value;
+  const char *meta2_name, *meta2_value;
 };
 int spot_s3_put_ex(struct spot_s3 *s3, const char *bucket, const char *key,
                    const void *data, size_t len,

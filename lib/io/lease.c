@@ -111,6 +111,7 @@ struct spot_lease {
   uint64_t last_holder_epoch;
 
   struct pending w;
+  uint64_t acq_epoch; /* the epoch an acquire will write, before the floor */
   bool freeing;
   struct spot_s3_op *s3op;
   struct spot_buf body; /* GET */
@@ -312,8 +313,13 @@ take_read(struct spot_lease *l, const struct spot_s3_result *res)
                            sizeof(err));
   if (r < 0) {
     snprintf(l->msg, sizeof(l->msg),
-             "s3://%s/%s is not a spotd lease: %s (delete it to reset)",
-             l->bucket, l->key, err);
+             "s3://%s/%s is not a spotd lease: %s (reset it with: "
+             "spotctl lease s3://%s/%.*s --reset)",
+             l->bucket, l->key, err, l->bucket,
+             (int)(strlen(l->key) > strlen(SPOT_LEASE_KEY)
+                       ? strlen(l->key) - strlen(SPOT_LEASE_KEY) - 1
+                       : strlen(l->key)),
+             l->key);
     return r;
   }
   l->cur_exists = true;
@@ -409,6 +415,67 @@ wait_for_holder(struct spot_lease *l)
   uv_timer_start(&l->poll_timer, poll_timer_cb, next, 0);
 }
 
+/* The fencing state LATEST carries: a new epoch is always past the epoch
+ * of LATEST's order, so a lease object deleted or recreated (an operator's
+ * reset, `spotctl lease --reset`) continues the epochs instead of starting
+ * again at 1, below every commit LATEST would then refuse as backwards. */
+static void
+floor_cb(const struct spot_s3_result *res, void *data)
+{
+  struct spot_lease *l = data;
+  struct spot_latest_order o = {0, 0};
+  char v[64], line[512];
+  uint64_t epoch = l->acq_epoch;
+  int r;
+
+  l->s3op = NULL;
+  if (res->err == -ECANCELED)
+    return; /* whoever cancelled finishes */
+  if (res->err < 0 && res->err != -ENOENT) {
+    snprintf(l->msg, sizeof(l->msg), "reading LATEST's order: %s",
+             spot_s3_strerror(res, line, sizeof(line)));
+    fail_user(l, res->err);
+    return;
+  }
+  if (res->err == 0 &&
+      spot_s3_meta_get(res->meta, SPOT_LATEST_ORDER_META, v, sizeof(v)) == 0 &&
+      spot_lease_doc_order_parse(v, &o) == 0 && o.epoch >= epoch) {
+    if (o.epoch == UINT64_MAX) {
+      snprintf(l->msg, sizeof(l->msg), "lease epoch overflow");
+      fail_user(l, -EOVERFLOW);
+      return;
+    }
+    log_info("lease: s3://%s/%s would start at epoch %" PRIu64
+             ", LATEST's commit is at epoch %" PRIu64 ": taking epoch %" PRIu64,
+             l->bucket, l->key, epoch, o.epoch, o.epoch + 1);
+    epoch = o.epoch + 1;
+  }
+  r = start_write(l, W_ACQUIRE, epoch, false);
+  if (r < 0)
+    fail_user(l, r);
+}
+
+static int
+start_floor(struct spot_lease *l)
+{
+  size_t n = strlen(l->key), leaf = strlen(SPOT_LEASE_KEY);
+  char *latest;
+  int r;
+
+  /* ROOT/LEASE -> ROOT/LATEST */
+  if (n < leaf || strcmp(l->key + n - leaf, SPOT_LEASE_KEY) != 0)
+    return start_write(l, W_ACQUIRE, l->acq_epoch, false);
+  if (asprintf(&latest, "%.*sLATEST", (int)(n - leaf), l->key) < 0)
+    return -ENOMEM;
+  set_state(l, LS_READING);
+  r = spot_s3_head(l->s3, l->bucket, latest, floor_cb, l, &l->s3op);
+  free(latest);
+  if (r < 0)
+    snprintf(l->msg, sizeof(l->msg), "reading LATEST's order: %s",
+             strerror(-r));
+  return r;
+}
+
 /* After a read in an acquire: take it, or wait for its holder. */
 static void
 judge_and_act(struct spot_lease *l)
@@ -433,7 +500,8 @@ judge_and_act(struct spot_lease *l)
     log_info("lease: s3://%s/%s of %s (epoch %" PRIu64 ") expired: taking "
              "it over",
              l->bucket, l->key, l->cur.owner, l->cur.epoch);
-  r = start_write(l, W_ACQUIRE, epoch, false);
+  l->acq_epoch = epoch;
+  r = start_floor(l);
   if (r < 0)
     fail_user(l, r);
 }

@@ -117,6 +117,10 @@ struct spot_lease {
   struct spot_buf body; /* GET */
   char msg[512];
   uv_timer_t poll_timer, renew_timer;
+  /* Fires at deadline_ms whatever is in flight: a renewal stuck in S3
+   * retries (up to minutes) must not keep a lease the next holder may
+   * already have taken. */
+  uv_timer_t deadline_timer;
   unsigned pending_closes;
 };
 
@@ -124,6 +128,7 @@ static void read_cb(const struct spot_s3_result *res, void *data);
 static void write_cb(const struct spot_s3_result *res, void *data);
 static void confirm_cb(const struct spot_s3_result *res, void *data);
 static void judge_and_act(struct spot_lease *l);
+static void arm_deadline(struct spot_lease *l);
 
 static void
 set_state(struct spot_lease *l, enum lease_state s)
@@ -200,6 +205,7 @@ lose(struct spot_lease *l, int err, const char *why)
   struct spot_lease_info info;
 
   uv_timer_stop(&l->renew_timer);
+  uv_timer_stop(&l->deadline_timer);
   set_state(l, LS_LOST);
   l->our_nonce[0] = '\0';
   snprintf(l->msg, sizeof(l->msg),
@@ -326,6 +332,44 @@ take_read(struct spot_lease *l, const struct spot_s3_result *res)
   if (spot_lease_doc_etag_bare(res->etag, l->cur_etag, sizeof(l->cur_etag)) < 0)
     l->cur_etag[0] = '\0';
   return 0;
+}
+
+/* The local deadline: the last confirmed write's send time + ttl. Not
+ * renewed by then, whatever is in flight, the lease is lost here: the
+ * request is cancelled and lost_cb runs at once, so the holder stops
+ * before a taker (who waits until expires_ms + grace on its own clock)
+ * may start. */
+static void
+deadline_timer_cb(uv_timer_t *t)
+{
+  struct spot_lease *l =
+      spot_container_of(t, struct spot_lease, deadline_timer);
+  struct spot_s3_op *op;
+
+  if (l->state != LS_HELD && l->state != LS_RENEWING &&
+      l->state != LS_CONFIRMING && l->state != LS_RELEASING)
+    return;
+  if (l->state == LS_CONFIRMING && l->w.kind == W_ACQUIRE)
+    return;
+  if (spot_now_mono_ms() < l->deadline_ms) { /* renewed meanwhile */
+    arm_deadline(l);
+    return;
+  }
+  op = l->s3op;
+  l->s3op = NULL;
+  spot_s3_cancel(op); /* its callback sees -ECANCELED and returns */
+  lose(l, -ETIMEDOUT,
+       "not renewed before its local deadline (a renewal request was still "
+       "in flight)");
+}
+
+static void
+arm_deadline(struct spot_lease *l)
+{
+  uint64_t now = spot_now_mono_ms();
+
+  uv_timer_start(&l->deadline_timer, deadline_timer_cb,
+                 l->deadline_ms > now ? l->deadline_ms - now : 0, 0);
 }
 
 static void
@@ -527,6 +571,7 @@ adopt(struct spot_lease *l)
   l->deadline_ms = spot_now_mono_ms() + (left > 0 ? (uint64_t)left : 0);
   set_state(l, LS_HELD);
   uv_timer_start(&l->renew_timer, renew_timer_cb, l->renew_ms, 0);
+  arm_deadline(l);
   finish_user(l, 0);
 }
 
@@ -601,6 +646,7 @@ write_landed(struct spot_lease *l, const char *etag)
   l->epoch = l->w.doc.epoch;
   set_state(l, LS_HELD);
   uv_timer_start(&l->renew_timer, renew_timer_cb, l->renew_ms, 0);
+  arm_deadline(l);
   if (l->w.kind == W_ACQUIRE) {
     spot_rfc3339_format(l->cur.expires_ms, until, sizeof(until));
     log_info("lease: acquired s3://%s/%s epoch %" PRIu64 " until %s", l->bucket,
@@ -779,6 +825,7 @@ spot_lease_new(uv_loop_t *loop, const struct spot_lease_config *cfg,
   spot_buf_init(&l->body, BODY_CAP);
   uv_timer_init(loop, &l->poll_timer);
   uv_timer_init(loop, &l->renew_timer);
+  uv_timer_init(loop, &l->deadline_timer);
   *out = l;
   return 0;
 }
@@ -948,9 +995,12 @@ spot_lease_free(struct spot_lease *l)
   spot_s3_cancel(op);
   uv_timer_stop(&l->poll_timer);
   uv_timer_stop(&l->renew_timer);
+  uv_timer_stop(&l->deadline_timer);
   l->poll_timer.data = l;
   l->renew_timer.data = l;
-  l->pending_closes = 2;
+  l->deadline_timer.data = l;
+  l->pending_closes = 3;
   uv_close((uv_handle_t *)&l->poll_timer, close_cb);
   uv_close((uv_handle_t *)&l->renew_timer, close_cb);
+  uv_close((uv_handle_t *)&l->deadline_timer, close_cb);
 }

@@ -22,13 +22,30 @@ spot_now_mono_ms(void)
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+#if defined(SPOT_FAULT_POINTS) && SPOT_FAULT_POINTS
+/* Test builds: $SPOTD_FAULT_CLOCK_MS shifts this process's wall clock, a
+ * node whose clock is off (see spot_fault_point()). Read once, before
+ * main, so no thread ever races on it. */
+static int64_t clock_offset_ms;
+
+__attribute__((constructor)) static void
+clock_offset_init(void)
+{
+  const char *v = getenv("SPOTD_FAULT_CLOCK_MS");
+
+  clock_offset_ms = v != NULL ? strtoll(v, NULL, 10) : 0;
+}
+#else
+static const int64_t clock_offset_ms = 0;
+#endif
+
 int64_t
 spot_now_wall_ms(void)
 {
   struct timespec ts;
 
   clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + clock_offset_ms;
 }
 
 size_t

@@ -62,6 +62,8 @@ const char *spot_escape(const char *src, char *dst, size_t size);
  * are built: SPOT_FAULT_POINTS) and $SPOTD_FAULT names this point, logs
  * one line and kills this process with SIGKILL, exactly there. Points:
  * "after-manifest" (a commit's manifest written, LATEST not yet moved).
+ * Also $SPOTD_FAULT_CLOCK_MS: spot_now_wall_ms() runs that many ms ahead
+ * (negative: behind), a node whose clock is off.
  * Without fault points it does nothing and reads no environment. */
 void spot_fault_point(const char *name);
 /* Writes fmt into err (when err is not NULL and errlen > 0): the one

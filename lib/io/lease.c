@@ -112,6 +112,9 @@ struct spot_lease {
 
   struct pending w;
   uint64_t acq_epoch; /* the epoch an acquire will write, before the floor */
+  /* this node's clock against S3's Date, from the last answer */
+  int64_t skew_ms;
+  bool skew_known, skew_warned;
   bool freeing;
   struct spot_s3_op *s3op;
   struct spot_buf body; /* GET */
@@ -459,6 +462,29 @@ wait_for_holder(struct spot_lease *l)
   uv_timer_start(&l->poll_timer, poll_timer_cb, next, 0);
 }
 
+/* This node's clock against S3's, from every answer on the lease (each
+ * renewal included): a warning past 1 s, once until it comes back. */
+static void
+note_skew(struct spot_lease *l, const struct spot_s3_result *res)
+{
+  int64_t sk = spot_s3_clock_skew_ms(res);
+
+  if (res->date_ms <= 0)
+    return;
+  l->skew_ms = sk;
+  l->skew_known = true;
+  if (llabs(sk) <= 1000) {
+    l->skew_warned = false;
+    return;
+  }
+  if (!l->skew_warned)
+    log_warn("clock: this node's clock is %.1f s %s S3's (lease s3://%s/%s); "
+             "a lease allows %.1f s: fix the clock (NTP, chrony)",
+             (double)llabs(sk) / 1000.0, sk > 0 ? "ahead of" : "behind",
+             l->bucket, l->key, (double)l->grace_ms / 1000.0);
+  l->skew_warned = true;
+}
+
 /* The fencing state LATEST carries: a new epoch is always past the epoch
  * of LATEST's order, so a lease object deleted or recreated (an operator's
  * reset, `spotctl lease --reset`) continues the epochs instead of starting
@@ -473,6 +499,7 @@ floor_cb(const struct spot_s3_result *res, void *data)
   int r;
 
   l->s3op = NULL;
+  note_skew(l, res);
   if (res->err == -ECANCELED)
     return; /* whoever cancelled finishes */
   if (res->err < 0 && res->err != -ENOENT) {
@@ -534,6 +561,20 @@ judge_and_act(struct spot_lease *l)
     wait_for_holder(l);
     return;
   }
+  if (l->skew_known && llabs(l->skew_ms) > l->grace_ms) {
+    /* Expiry times are wall-clock times: a node this far off would take
+     * over a healthy holder (ahead) or write a lease others see expired
+     * early (behind). */
+    snprintf(l->msg, sizeof(l->msg),
+             "refusing to take the job lease: this node's clock is %.1f s "
+             "%s S3's, more than the lease grace of %.1f s (fix the clock: "
+             "NTP, chrony)",
+             (double)llabs(l->skew_ms) / 1000.0,
+             l->skew_ms > 0 ? "ahead of" : "behind",
+             (double)l->grace_ms / 1000.0);
+    fail_user(l, -ERANGE);
+    return;
+  }
   epoch = spot_lease_doc_next_epoch(l->cur_exists ? &l->cur : NULL, v);
   if (epoch == 0) {
     snprintf(l->msg, sizeof(l->msg), "lease epoch overflow");
@@ -583,6 +624,7 @@ read_cb(const struct spot_s3_result *res, void *data)
   int r;
 
   l->s3op = NULL;
+  note_skew(l, res);
   if (res->err == -ECANCELED)
     return; /* whoever cancelled finishes */
   if (res->err < 0 && res->err != -ENOENT) {
@@ -692,6 +734,7 @@ write_cb(const struct spot_s3_result *res, void *data)
   int r;
 
   l->s3op = NULL;
+  note_skew(l, res);
   if (res->err == -ECANCELED)
     return;
   if (res->err == 0) {
@@ -733,6 +776,7 @@ confirm_cb(const struct spot_s3_result *res, void *data)
   int r;
 
   l->s3op = NULL;
+  note_skew(l, res);
   if (res->err == -ECANCELED)
     return;
   if (res->err < 0 && res->err != -ENOENT) {

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <strings.h>
 
 #include <openssl/evp.h>
@@ -145,6 +146,7 @@ struct spot_s3_op {
   /* result storage, alive during the callback */
   struct spot__s3_xml_result xml;
   char etag[160];
+  int64_t date_ms, sent_wall_ms, recv_wall_ms; /* see spot_s3_result */
   char code[128];
   char message[512];
   long status;
@@ -483,6 +485,9 @@ finish(struct spot_s3_op *op, int err)
   res.bucket = op->bucket;
   res.key = op->key;
   res.etag = op->etag;
+  res.date_ms = op->date_ms;
+  res.sent_wall_ms = op->sent_wall_ms;
+  res.recv_wall_ms = op->recv_wall_ms;
   res.meta = op->resp_meta;
   if (err == 0) {
     res.content_length = op->content_length;
@@ -752,6 +757,7 @@ attempt(struct spot_s3_op *op)
   } else if (strcmp(kinds[op->kind].method, "GET") != 0) {
     SETOPT(CURLOPT_CUSTOMREQUEST, kinds[op->kind].method);
   }
+  op->sent_wall_ms = spot_now_wall_ms();
   r = spot_http_add(s3->http, op->easy, done_cb, op);
   if (r < 0)
     return r;
@@ -806,6 +812,36 @@ copy_escaped(char *dst, size_t size, const char *src)
   spot_escape(src, dst, size);
 }
 
+/* An HTTP Date (RFC 9110 IMF-fixdate, "Sun, 06 Nov 1994 08:49:37 GMT")
+ * in ms since the epoch, or 0. */
+static int64_t
+http_date_ms(const char *v)
+{
+  struct tm tm;
+  const char *end;
+  time_t t;
+
+  memset(&tm, 0, sizeof(tm));
+  end = strptime(v, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+  if (end == NULL || *end != '\0')
+    return 0;
+  t = timegm(&tm);
+  return t > 0 ? (int64_t)t * 1000 : 0;
+}
+
+int64_t
+spot_s3_clock_skew_ms(const struct spot_s3_result *res)
+{
+  if (res == NULL || res->date_ms <= 0 || res->sent_wall_ms <= 0 ||
+      res->recv_wall_ms < res->sent_wall_ms)
+    return 0;
+  if (res->sent_wall_ms > res->date_ms + 1000)
+    return res->sent_wall_ms - (res->date_ms + 1000); /* ahead */
+  if (res->recv_wall_ms < res->date_ms)
+    return res->recv_wall_ms - res->date_ms; /* behind */
+  return 0;
+}
+
 static void
 done_cb(CURL *easy, CURLcode rc, void *data)
 {
@@ -827,6 +863,11 @@ done_cb(CURL *easy, CURLcode rc, void *data)
         h != NULL)
       copy_str(op->etag, sizeof(op->etag), h->value);
     collect_meta(op);
+    op->recv_wall_ms = spot_now_wall_ms();
+    op->date_ms = 0;
+    if (curl_easy_header(easy, "Date", 0, CURLH_HEADER, -1, &h) == CURLHE_OK &&
+        h != NULL)
+      op->date_ms = http_date_ms(h->value);
   }
   if (op->kind == OP_GET && op->if_match[0] == '\0' && op->etag[0] != '\0')
     copy_str(op->if_match, sizeof(op->if_match), op->etag);

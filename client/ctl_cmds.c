@@ -242,9 +242,8 @@ print_status(const struct spot_proto_status *st)
   }
   for (size_t i = 0; i < st->n_relaunch; i++)
     printf("relaunch:     %s %s: %s (status %d)\n",
-           spotctl_esc(st->relaunch[i].time),
-           E(st->relaunch[i].reason), st->relaunch[i].ok ? "ok" : "FAILED",
-           st->relaunch[i].exit_status);
+           spotctl_esc(st->relaunch[i].time), E(st->relaunch[i].reason),
+           st->relaunch[i].ok ? "ok" : "FAILED", st->relaunch[i].exit_status);
   for (size_t i = 0; i < st->n_warnings; i++)
     printf("warning:      %s\n", E(st->warnings[i]));
 }

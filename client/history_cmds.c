@@ -205,9 +205,8 @@ print_runs(const struct spot_hist_summary *s)
     }
     snprintf(ck, sizeof(ck), "%u/%u", r->commits, r->checkpoints);
     printf("%-3zu %-22.22s %-20s %-9s %-9s %-5s %-14s %s\n", i + 1,
-           spotctl_esc(node), when,
-           trained, spot_hist_outcome_name(r->outcome), ck, lost,
-           spotctl_fmt_dur(r->gap_before_ms, gap, sizeof(gap)));
+           spotctl_esc(node), when, trained, spot_hist_outcome_name(r->outcome),
+           ck, lost, spotctl_fmt_dur(r->gap_before_ms, gap, sizeof(gap)));
     if (r->noticed) {
       char at[32];
       spot_rfc3339_format(r->notice_ms, at, sizeof(at));
@@ -224,9 +223,8 @@ print_summary(const char *job, const struct spot_hist_summary *s)
   char a[32], b[32], c[32];
   double train_s = (double)s->train_ms / 1000.0;
 
-  printf("Job %s: %zu run%s, %u preemption%s, %u crash%s\n\n",
-         spotctl_esc(job), s->nruns,
-         s->nruns == 1 ? "" : "s", s->preemptions,
+  printf("Job %s: %zu run%s, %u preemption%s, %u crash%s\n\n", spotctl_esc(job),
+         s->nruns, s->nruns == 1 ? "" : "s", s->preemptions,
          s->preemptions == 1 ? "" : "s", s->crashes,
          s->crashes == 1 ? "" : "es");
   print_runs(s);

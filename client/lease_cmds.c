@@ -301,8 +301,9 @@ print_lease(const char *word, const struct spot_lease_info *i)
   spot_rfc3339_format(i->expires_ms, until, sizeof(until));
   printf("%s owner=%s epoch=%" PRIu64 " state=%s expires=%s "
          "expires_ms=%" PRId64 " waited_ms=%" PRIu64 " at_ms=%" PRId64 "\n",
-         word, spotctl_esc(i->owner), i->epoch, i->released ? "released" : "held", until,
-         i->expires_ms, i->waited_ms, spot_now_wall_ms());
+         word, spotctl_esc(i->owner), i->epoch,
+         i->released ? "released" : "held", until, i->expires_ms, i->waited_ms,
+         spot_now_wall_ms());
   fflush(stdout);
 }
 
@@ -369,10 +370,10 @@ adopt_cb(const struct spot_lease_info *i, void *data)
   struct lctl *c = data;
 
   if (i->err < 0) {
-    stop(c,
-         i->err == -ESTALE
-             ? (fprintf(stderr, "spotctl: lease: %s\n", spotctl_esc(i->message)), EXIT_STALE)
-             : spotctl_fail("lease: %s", i->message));
+    stop(c, i->err == -ESTALE ? (fprintf(stderr, "spotctl: lease: %s\n",
+                                         spotctl_esc(i->message)),
+                                 EXIT_STALE)
+                              : spotctl_fail("lease: %s", i->message));
     return;
   }
   c->step = ST_RELEASE;
@@ -412,8 +413,7 @@ latest_cb(const struct spot_latest_result *res, void *data)
 
   if (res->err < 0) {
     printf("refused latest=%s order=%" PRIu64 ".%" PRIu64 "\n",
-           spotctl_esc(res->name),
-           res->order.epoch, res->order.seq);
+           spotctl_esc(res->name), res->order.epoch, res->order.seq);
     fflush(stdout);
     fprintf(stderr, "spotctl: lease: %s\n", spotctl_esc(res->message));
     stop(c, res->err == -ESTALE ? EXIT_STALE : SPOTCTL_EXIT_FAIL);
@@ -422,8 +422,7 @@ latest_cb(const struct spot_latest_result *res, void *data)
   printf("latest name=%s order=%" PRIu64 ".%" PRIu64 " moved=%d rounds=%u "
          "at_ms=%" PRId64 "\n",
          spotctl_esc(res->name), res->order.epoch, res->order.seq,
-         res->moved ? 1 : 0,
-         res->rounds, spot_now_wall_ms());
+         res->moved ? 1 : 0, res->rounds, spot_now_wall_ms());
   fflush(stdout);
   if (c->lease == NULL || !spot_lease_held(c->lease)) {
     stop(c, SPOTCTL_EXIT_OK);

@@ -39,11 +39,11 @@ struct spot_latest_op {
   enum latest_state state;
   char *bucket, *lease_key, *latest_key, *name, *owner;
   struct spot_latest_order order;
-  bool ordered;  /* order is not 0.0: compared, and written */
-  bool fence_only; /* spot_latest_fence(): the lease read alone */
+  bool ordered;           /* order is not 0.0: compared, and written */
+  bool fence_only;        /* spot_latest_fence(): the lease read alone */
   uint64_t max_cur_epoch; /* refuse when LATEST's epoch is past it (0: no) */
   char damaged[SPOT_CKPT_NAME_MAX + 1]; /* no step rule against it */
-  int64_t step;  /* the trainer's step of ours, -1 unknown */
+  int64_t step; /* the trainer's step of ours, -1 unknown */
   spot_latest_cb cb;
   void *data;
   struct spot_s3_op *s3op;

@@ -231,8 +231,7 @@ child_exec(struct relaunch *r, char *const argv[], const char *path, int out_fd)
      * (spotd SIGKILLs a relaunch step that overruns its own limit), gets
      * no descriptor above 2 and none of the service manager's
      * variables. */
-    struct spot_child_exec x = {
-        .parent = r->pid, .pdeath_signal = SIGTERM, .guard = false};
+    struct spot_child_exec x = {.parent = r->pid, .pdeath_signal = SIGTERM};
     struct spot_env env;
 
     if (spot_env_init(&env, true) < 0)

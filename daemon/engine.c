@@ -159,6 +159,14 @@ decide_exit(struct spotd *d)
     }
     return;
   }
+  if (d->final.state == FINAL_COMMITTED &&
+      strcmp(d->final.name, d->restored_name) == 0) {
+    d->exit_code = d->drain_sigterm ? 0 : SPOTD_EXIT_PREEMPTED;
+    log_notice("%s before the trainer made a step: the job resumes from "
+               "checkpoint %s, which it started from; no work is lost",
+               d->drain_sigterm ? "stopped" : "preempted", last);
+    return;
+  }
   if (d->final.state == FINAL_COMMITTED) {
     d->exit_code = d->drain_sigterm ? 0 : SPOTD_EXIT_PREEMPTED;
     log_notice("%s: the final checkpoint %s is committed; the job resumes "
@@ -359,7 +367,7 @@ spotd_trainer_exited(struct spotd *d)
     d->exit_code = spot_child_status(&d->trainer);
   uv_timer_stop(&d->interval_timer);
   uv_timer_stop(&d->ckpt_timer);
-  d->ckpt_requested = false;
+  request_end(d);
   /* A checkpoint completed just before the exit may not have been seen. */
   watch_scan(d);
   upload_follow_drop(d, "the trainer exited");
@@ -575,6 +583,8 @@ spotd_start(struct spotd *d)
   store_config(d);
   hist_init(d);
   r = control_start(d);
+  if (r == 0)
+    r = request_open(d);
   if (r < 0)
     return r;
   r = spot_http_new(d->loop, &d->http);
@@ -618,6 +628,7 @@ spotd_close(struct spotd *d)
   fanout_close(d);
   lease_close(d);
   spot_child_close(&d->trainer);
+  request_close(d);
   watch_close(d);
   control_close(d);
   timer_close(&d->interval_timer);

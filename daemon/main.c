@@ -192,6 +192,7 @@ run_daemon(struct spot_config *cfg, char **argv)
   free(d.ckpt_dir);
   free(d.restore.probe_key);
   fanout_fini(&d);
+  request_fini(&d);
   log_info("exit status %d", d.exit_code);
   jlog_stop();
   return d.exit_code < 0 ? 1 : d.exit_code;

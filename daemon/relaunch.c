@@ -93,7 +93,7 @@ timer_cb(uv_timer_t *t)
   if (d->relaunch.state != RELAUNCH_RUNNING || d->closing)
     return;
   spotd_warn(d, "relaunch step timed out: killing it");
-  spot_child_signal(&d->relaunch.child, SIGKILL, true);
+  spot_child_kill(&d->relaunch.child, SIGKILL);
 }
 
 static int

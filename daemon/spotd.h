@@ -12,6 +12,8 @@
  *   restarts.c the store's RESTARTS counter (SPOTD_RESTART_COUNT)
  *   relaunch.c the relaunch step (enum relaunch_state, its own timer)
  *   trainer.c  the training command on lib/io/child.c
+ *   request.c  the checkpoint request: the request file, the signal to the
+ *              processes of the trainer's tree that catch it
  *   watch.c    SPOTD_CKPT_DIR with inotify (uv_fs_event): complete
  *              checkpoint folders
  *   control.c  the control socket (JSON lines, SO_PEERCRED)
@@ -248,6 +250,25 @@ struct fallback {
   size_t ncands, next;
 };
 
+/* The checkpoint request as the trainer sees it (request.c). */
+enum req_state {
+  REQ_IDLE,
+  REQ_PENDING, /* seq asked, not served yet */
+  REQ_STATE_LAST,
+};
+
+struct ckpt_req {
+  enum req_state state;
+  char path[4200];      /* the request file ("" none) */
+  char maps_path[4200]; /* as /proc/PID/maps names it */
+  int fd;
+  volatile uint64_t *map; /* the file, shared with the trainer */
+  uint64_t seq;
+  uv_timer_t resend;          /* while pending: processes that start catching */
+  struct spot_proc sent[256]; /* got the signal for seq */
+  size_t nsent;
+};
+
 struct ctl_conn;
 
 struct spotd {
@@ -285,6 +306,7 @@ struct spotd {
   char *journal_dir; /* CKPT_DIR/.spotd-journal: uploads in progress */
 
   /* checkpoint requests */
+  struct ckpt_req req;
   bool ckpt_requested;
   uint64_t ckpt_signal_mono; /* when the trainer got the signal */
   uv_timer_t interval_timer;
@@ -457,8 +479,28 @@ const char *relaunch_state_name(enum relaunch_state s);
 /* trainer.c */
 int trainer_start(struct spotd *d);
 bool trainer_running(const struct spotd *d);
-int trainer_signal(struct spotd *d, int signum);
 void trainer_stop(struct spotd *d, uint64_t grace_ms);
+
+/* request.c: the request file and the checkpoint signal */
+/* Creates and maps the request file (a failure is a warning: signals
+ * only). 0, or negative errno for the timer. */
+int request_open(struct spotd *d);
+void request_close(struct spotd *d); /* its handle */
+void request_fini(struct spotd *d);  /* after the loop: unmap, remove */
+/* The trainer starts: no request, no poll yet. */
+void request_trainer_starts(struct spotd *d);
+/* The path for SPOTD_REQUEST_FILE, or NULL. */
+const char *request_file(const struct spotd *d);
+/* A new request: in the file, and the signal to the processes that catch
+ * it. Returns how many got the signal; *helpers how many processes the
+ * helper serves. */
+int request_begin(struct spotd *d, unsigned *helpers);
+/* The request is over (served, dropped): ckpt_requested is cleared. */
+void request_end(struct spotd *d);
+/* The helper is in use, no process it does not serve catches the signal,
+ * and no helper has polled since the trainer started: the trainer has made
+ * no step. */
+bool request_no_step(struct spotd *d);
 
 /* watch.c */
 int watch_start(struct spotd *d);

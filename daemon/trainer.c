@@ -1,8 +1,8 @@
-/* The training command, on lib/io/child.c: its own session, started with the
- * checkpoint signal ignored (a launcher such as torchrun that installs no
- * handler is not killed by it; a trainer that installs one overrides it),
- * signalled as a process group by default, stopped with SIGTERM then
- * SIGKILL, nothing of it left when spotd exits or dies. */
+/* The training command, on lib/io/child.c: started by the guard in a
+ * session of its own, with the checkpoint signal ignored (a trainer that
+ * installs a handler overrides it), its whole process tree stopped with
+ * SIGTERM then SIGKILL, nothing of it left when spotd exits or dies.
+ * Checkpoint requests reach it through request.c. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -42,8 +42,18 @@ trainer_env(struct spotd *d, struct spot_env *e)
     r = spot_env_set(e, "SPOTD_RESUME_DIR", "%s", d->resume_dir);
   if (r == 0)
     r = spot_env_set(e, "SPOTD_JOB", "%s", d->cfg->job);
+  if (r == 0) {
+    char sock[4200];
+
+    /* Absolute: a trainer may change its directory (Hydra does). */
+    r = spot_abs_path(d->cfg->socket, sock, sizeof(sock));
+    if (r == 0)
+      r = spot_env_set(e, "SPOTD_SOCKET", "%s", sock);
+  }
+  if (r == 0 && request_file(d) != NULL)
+    r = spot_env_set(e, "SPOTD_REQUEST_FILE", "%s", request_file(d));
   if (r == 0)
-    r = spot_env_set(e, "SPOTD_SOCKET", "%s", d->cfg->socket);
+    r = spot_env_set(e, "SPOTD_SIGNAL", "%d", d->cfg->signal);
   if (r == 0)
     r = spot_env_set(e, "SPOTD_RESTART_COUNT", "%lld",
                      (long long)d->restarts.count);
@@ -65,6 +75,7 @@ trainer_start(struct spotd *d)
   struct spot_env env;
   int r;
 
+  request_trainer_starts(d);
   r = trainer_env(d, &env);
   if (r < 0)
     return log_err_errno(r, "the trainer's environment");
@@ -87,13 +98,6 @@ bool
 trainer_running(const struct spotd *d)
 {
   return spot_child_running(&d->trainer);
-}
-
-int
-trainer_signal(struct spotd *d, int signum)
-{
-  return spot_child_signal(&d->trainer, signum,
-                           d->cfg->signal_target == SPOT_CONFIG_TARGET_GROUP);
 }
 
 void

@@ -127,7 +127,7 @@ final_deadline(struct spotd *d)
 {
   switch (d->final.state) {
   case FINAL_REQUESTED:
-    d->ckpt_requested = false;
+    request_end(d);
     final_give_up(d, "the trainer did not complete a final checkpoint "
                      "before the deadline");
     break;
@@ -176,6 +176,28 @@ final_saved_for_peer(struct spotd *d)
   return true;
 }
 
+/* The trainer has made no step since the checkpoint it resumed from
+ * (a notice while it loads, or while its ranks meet): that checkpoint is
+ * the final one, there is nothing newer to wait for. Only when the helper
+ * says so (request_no_step()); a trainer without it is asked as always.
+ * Returns true when it was taken. */
+static bool
+final_resumed_is_final(struct spotd *d)
+{
+  const char *name = d->restored_name;
+
+  if (name[0] == '\0' || strcmp(d->last_commit, name) != 0 ||
+      d->ckpt_requested || !request_no_step(d))
+    return false;
+  log_notice("the trainer has made no step since checkpoint %s, which it "
+             "resumed from: that is the final checkpoint",
+             name);
+  spot_strlcpy(d->final.name, name, sizeof(d->final.name));
+  final_set_state(d, FINAL_UPLOADING);
+  final_set_state(d, FINAL_COMMITTED);
+  return true;
+}
+
 void
 final_begin(struct spotd *d, const char *reason)
 {
@@ -185,7 +207,7 @@ final_begin(struct spotd *d, const char *reason)
     return; /* nothing to ask: FINAL_NONE */
   d->final.name[0] = '\0';
   final_set_state(d, FINAL_REQUESTED);
-  if (final_saved_for_peer(d))
+  if (final_saved_for_peer(d) || final_resumed_is_final(d))
     return;
   /* A checkpoint signalled moments ago counts as the final one. */
   if (!d->ckpt_requested)
@@ -267,7 +289,7 @@ ckpt_timer_cb(uv_timer_t *t)
   /* After a notice the deadline rules (--help): keep waiting. */
   if (d->state == SPOTD_DRAINING && d->have_notice && !d->drain_sigterm)
     return;
-  d->ckpt_requested = false;
+  request_end(d);
   spotd_warn(d,
              "the trainer did not complete a checkpoint within %.0f s of "
              "the signal",
@@ -282,8 +304,9 @@ ckpt_timer_cb(uv_timer_t *t)
 void
 spotd_request_checkpoint(struct spotd *d, const char *why)
 {
+  unsigned helpers = 0;
   char sig[16];
-  int r;
+  int n;
 
   if (!trainer_running(d) || d->closing)
     return;
@@ -291,18 +314,21 @@ spotd_request_checkpoint(struct spotd *d, const char *why)
     log_info("checkpoint requested (%s): one is already in progress", why);
     return;
   }
-  r = trainer_signal(d, d->cfg->signal);
-  if (r < 0) {
-    spotd_warn(d, "cannot signal the trainer: %s", uv_strerror(r));
-    return;
-  }
+  n = request_begin(d, &helpers);
   d->ckpt_requested = true;
   d->ckpt_signal_mono = spot_now_mono_ms();
   hist_requested(d, why);
-  log_info("checkpoint requested (%s): SIG%s sent to trainer pid=%d (%s)", why,
-           spot_config_signal_name(d->cfg->signal, sig, sizeof(sig)),
-           (int)d->trainer.pid,
+  log_info("checkpoint requested (%s): request %llu; %u process%s of the "
+           "trainer read%s it; SIG%s sent to %d that catch%s it (%s)",
+           why, (unsigned long long)d->req.seq, helpers,
+           helpers == 1 ? "" : "es", helpers == 1 ? "s" : "",
+           spot_config_signal_name(d->cfg->signal, sig, sizeof(sig)), n,
+           n == 1 ? "es" : "",
            spot_config_signal_target_name(d->cfg->signal_target));
+  if (n == 0 && helpers == 0)
+    log_info("no process of the trainer takes the request yet: it waits "
+             "in the request file, and the signal goes to a process once "
+             "it catches it");
   if (d->cfg->ckpt_timeout_ms > 0)
     uv_timer_start(&d->ckpt_timer, ckpt_timer_cb, d->cfg->ckpt_timeout_ms, 0);
 }
@@ -572,7 +598,7 @@ complete_note(struct spotd *d, const char *name)
   spot_strlcpy(d->last_complete, name, sizeof(d->last_complete));
   if (d->ckpt_requested) {
     d->last_save_ms = spot_now_mono_ms() - d->ckpt_signal_mono;
-    d->ckpt_requested = false;
+    request_end(d);
     uv_timer_stop(&d->ckpt_timer);
   }
   log_info("checkpoint %s is complete%s", name,

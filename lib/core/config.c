@@ -70,7 +70,8 @@ static const struct enum_val job_from_vals[] = {
 };
 
 static const struct enum_val target_vals[] = {
-    {"group", SPOT_CONFIG_TARGET_GROUP},
+    {"tree", SPOT_CONFIG_TARGET_TREE},
+    {"group", SPOT_CONFIG_TARGET_TREE}, /* the name before the tree */
     {"leader", SPOT_CONFIG_TARGET_LEADER},
     {NULL, 0},
 };
@@ -154,15 +155,18 @@ static const struct key_def keys[] = {
     {"interval", T_DURATION, OFF(interval_ms), "SEC", "600", NULL, NULL, 0,
      MS(30 * 86400), NULL, NULL, 0,
      "Ask for a checkpoint this often even without a notice (0 = never)."},
-    {"signal", T_SIGNAL, OFF(signal), "SIG", "USR1", NULL, NULL, 0, 0, NULL,
+    {"signal", T_SIGNAL, OFF(signal), "SIG", "RTMIN+4", NULL, NULL, 0, 0, NULL,
      NULL, 0,
-     "Signal asking the trainer to checkpoint: USR1, USR2, HUP, INT, TERM, "
-     "QUIT, ALRM, WINCH, URG, PWR, CONT (SIG prefix optional) or a number; "
-     "never KILL or STOP."},
-    {"signal-target", T_ENUM, OFF(signal_target), NULL, "group", NULL, NULL, 0,
+     "Signal asking a trainer without the Python helper to checkpoint "
+     "(exported as SPOTD_SIGNAL, a number): RTMIN+N, RTMAX-N, USR1, USR2, "
+     "HUP, INT, TERM, QUIT, ALRM, WINCH, URG, PWR, CONT (SIG prefix "
+     "optional) or a number; never KILL or STOP. Only processes that catch "
+     "it get it."},
+    {"signal-target", T_ENUM, OFF(signal_target), NULL, "tree", NULL, NULL, 0,
      0, target_vals, NULL, 0,
-     "Send the signal to the trainer's process group, or only to the "
-     "process spotd started (for launchers that die on it)."},
+     "Send the signal to every process of the trainer's tree that catches "
+     "it (tree; group is the same), or only to the command spotd started "
+     "(leader)."},
     {"ckpt-timeout", T_DURATION, OFF(ckpt_timeout_ms), "SEC", "1800", NULL,
      NULL, 0, MS(7 * 86400), NULL, NULL, 0,
      "Stop waiting for a requested periodic checkpoint after this long and "
@@ -594,6 +598,21 @@ parse_signal(const char *v, int *out)
   }
   if (strncasecmp(name, "SIG", 3) == 0)
     name += 3;
+  if (strncasecmp(name, "RTMIN", 5) == 0 ||
+      strncasecmp(name, "RTMAX", 5) == 0) {
+    bool min = strncasecmp(name, "RTMIN", 5) == 0;
+    const char *off = name + 5;
+
+    n = 0;
+    if (*off != '\0' &&
+        (*off != (min ? '+' : '-') || spot_parse_int64(off + 1, 0, 64, &n) < 0))
+      return -EINVAL;
+    n = min ? SIGRTMIN + n : SIGRTMAX - n;
+    if (n < SIGRTMIN || n > SIGRTMAX)
+      return -EINVAL;
+    *out = (int)n;
+    return 0;
+  }
   for (size_t i = 0; signal_vals[i].name != NULL; i++)
     if (strcasecmp(name, signal_vals[i].name) == 0) {
       *out = signal_vals[i].value;
@@ -694,8 +713,8 @@ parse_value(const struct key_def *k, const char *v, union value *out, char *err,
   case T_SIGNAL:
     if (parse_signal(v, &out->e) < 0)
       return fail(err, errlen,
-                  "'%.64s' is not a usable signal (USR1, USR2, HUP, INT, "
-                  "TERM, ... or a number; not KILL or STOP)",
+                  "'%.64s' is not a usable signal (RTMIN+N, USR1, USR2, "
+                  "HUP, INT, TERM, ... or a number; not KILL or STOP)",
                   v);
     return 0;
   }
@@ -1597,7 +1616,10 @@ spot_config_signal_name(int signo, char *buf, size_t size)
   for (size_t i = 0; signal_vals[i].name != NULL; i++)
     if (signal_vals[i].value == signo)
       return signal_vals[i].name;
-  snprintf(buf, size, "%d", signo);
+  if (signo >= SIGRTMIN && signo <= SIGRTMAX)
+    snprintf(buf, size, "RTMIN+%d", signo - SIGRTMIN);
+  else
+    snprintf(buf, size, "%d", signo);
   return buf;
 }
 

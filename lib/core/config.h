@@ -61,8 +61,8 @@ enum spot_config_provider {
 };
 
 enum spot_config_signal_target {
-  SPOT_CONFIG_TARGET_GROUP,  /* the trainer's whole process group */
-  SPOT_CONFIG_TARGET_LEADER, /* only the process spotd started */
+  SPOT_CONFIG_TARGET_TREE,   /* every process of the trainer's tree */
+  SPOT_CONFIG_TARGET_LEADER, /* only the command spotd started */
   SPOT_CONFIG_TARGET_LAST,
 };
 

@@ -552,6 +552,12 @@ close_run(struct spot_hist_summary *s, size_t i, const struct acc *a)
         t_end - capture <= SPOT_HIST_CAPTURE_SLACK_MS ? 0 : t_end - capture;
     if (a->end_step >= 0 && cap_step >= 0)
       r->lost_steps = max64(0, a->end_step - cap_step);
+    /* Final and nothing committed in the run: the checkpoint it resumed
+     * from was the final one, the trainer made no step (spotd said so). */
+    if (r->final_committed && !a->committed_any && r->restored[0] != '\0') {
+      r->lost_ms = 0;
+      r->lost_steps = 0;
+    }
     add64(&s->lost_ms, r->lost_ms);
     if (r->lost_steps >= 0) {
       s->lost_steps = max64(s->lost_steps, 0);

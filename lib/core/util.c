@@ -352,6 +352,22 @@ rm_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw)
   return 0;
 }
 
+int
+spot_abs_path(const char *path, char *out, size_t size)
+{
+  char cwd[4096];
+  int n;
+
+  if (path[0] == '/')
+    n = snprintf(out, size, "%s", path);
+  else if (getcwd(cwd, sizeof(cwd)) == NULL)
+    return -errno;
+  else
+    n = snprintf(out, size, "%s/%s", strcmp(cwd, "/") == 0 ? "" : cwd,
+                 strncmp(path, "./", 2) == 0 ? path + 2 : path);
+  return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
+}
+
 void
 spot_rm_tree(const char *path)
 {

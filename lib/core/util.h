@@ -24,6 +24,9 @@ int64_t spot_now_wall_ms(void);
 /* Copies at most size-1 bytes and terminates. Returns strlen(src), so a
  * result >= size means truncation. */
 size_t spot_strlcpy(char *dst, const char *src, size_t size);
+/* path made absolute against the current directory (not resolved: no
+ * symlink is followed). 0, or -ENAMETOOLONG / negative errno. */
+int spot_abs_path(const char *path, char *out, size_t size);
 
 /* Strict integer parsing: the whole string, base 10, within [min, max].
  * Returns 0 or -EINVAL / -ERANGE; *out only set on success. */

@@ -8,12 +8,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <inttypes.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "child.h"
 #include "log.h"
+#include "proctree.h"
 #include "util.h"
 
 /* ---------------------------------------------------------- environment */
@@ -133,68 +138,6 @@ close_from(int lowfd)
     close(fd);
 }
 
-static int
-pidfd_open_(pid_t pid)
-{
-  return (int)syscall(SYS_pidfd_open, pid, 0);
-}
-
-/* The guard: a small process in the command's group that outlives nothing.
- * When the parent (spotd) dies before the command, it SIGKILLs the whole
- * group (PR_SET_PDEATHSIG reaches only the command itself, not the
- * workers a launcher started); when the command exits, it leaves. */
-__attribute__((noreturn)) static void
-guard_run(pid_t parent, pid_t leader)
-{
-  struct pollfd fds[2];
-  int null = open("/dev/null", O_RDWR);
-
-  for (int fd = 0; fd < 3 && null >= 0; fd++)
-    dup2(null, fd);
-  close_from(3);
-  fds[0].fd = pidfd_open_(parent);
-  fds[1].fd = pidfd_open_(leader);
-  if (fds[0].fd < 0 || fds[1].fd < 0) {
-    if (fds[0].fd < 0 && errno == ESRCH)
-      kill(-getpgrp(), SIGKILL);
-    _exit(0);
-  }
-  (void)prctl(PR_SET_NAME, "spotd-guard", 0, 0, 0);
-  fds[0].events = fds[1].events = POLLIN;
-  for (;;) {
-    fds[0].revents = fds[1].revents = 0;
-    if (poll(fds, 2, -1) < 0 && errno != EINTR)
-      _exit(0);
-    if (fds[0].revents != 0)
-      break; /* spotd is gone */
-    if (fds[1].revents != 0) {
-      /* The command ended: leave, unless spotd died first. */
-      fds[0].revents = 0;
-      if (poll(fds, 1, 0) <= 0 || fds[0].revents == 0)
-        _exit(0);
-      break;
-    }
-  }
-  kill(-getpgrp(), SIGKILL);
-  _exit(0);
-}
-
-static void
-guard_start(pid_t parent)
-{
-  pid_t leader = getpid(), pid = fork();
-
-  if (pid == 0) {
-    struct sigaction sa;
-
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = SIG_IGN;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
-    guard_run(parent, leader);
-  }
-}
-
 void
 spot_child_exec(char *const argv[], char *const envp[],
                 const struct spot_child_exec *x)
@@ -214,8 +157,6 @@ spot_child_exec(char *const argv[], char *const envp[],
     sa.sa_handler = SIG_IGN;
     sigaction(x->ignore_signal, &sa, NULL);
   }
-  if (x->guard)
-    guard_start(x->parent);
   close_from(3);
   if (envp != NULL)
     execvpe(argv[0], argv, envp);
@@ -226,79 +167,210 @@ spot_child_exec(char *const argv[], char *const envp[],
   _exit(127);
 }
 
-/* argv: NAME SPOT_CHILD_SHIM_ARG IGNORE_SIGNAL PARENT_PID COMMAND... */
+/* ---------------------------------------------------------------- guard */
+
+#define REAP_POLL_MS 50
+/* After the command exits, what it left running gets this long to exit on
+ * its own (a launcher's workers) before SIGTERM. */
+#define REAP_TERM_AFTER_MS 200
+#define REAP_GIVE_UP_MS 5000 /* after SIGKILL: unkillable (D state) */
+
+struct guard {
+  pid_t parent, cmd;
+  uint64_t grace_ms;
+  int cmd_status; /* wait status of the command, once it exited */
+  bool cmd_done, term_sent, kill_sent;
+  uint64_t cmd_done_ms;
+};
+
+/* Reaps every child that exited (the command and adopted orphans). */
+static void
+guard_reap(struct guard *g)
+{
+  int st;
+  pid_t w;
+
+  while ((w = waitpid(-1, &st, WNOHANG)) > 0)
+    if (w == g->cmd && !g->cmd_done) {
+      g->cmd_status = st;
+      g->cmd_done = true;
+      g->cmd_done_ms = spot_now_mono_ms();
+    }
+}
+
+static bool
+guard_tree_runs(void)
+{
+  struct spot_proc *v;
+  size_t n;
+
+  if (spot_proc_tree(getpid(), &v, &n) < 0)
+    return false;
+  free(v);
+  return n > 0;
+}
+
+/* Leaves the way the command did: its exit status, or its signal. */
+__attribute__((noreturn)) static void
+guard_exit_like(int st)
+{
+  if (WIFSIGNALED(st)) {
+    struct rlimit no_core = {0, 0};
+    struct sigaction sa;
+    sigset_t one;
+    int sig = WTERMSIG(st);
+
+    (void)setrlimit(RLIMIT_CORE, &no_core);
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = SIG_DFL;
+    sigaction(sig, &sa, NULL);
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    sigprocmask(SIG_UNBLOCK, &one, NULL);
+    raise(sig);
+    _exit(128 + sig);
+  }
+  _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 1);
+}
+
+/* spotd is gone: nothing of the job may outlive it. */
+__attribute__((noreturn)) static void
+guard_kill_all(struct guard *g)
+{
+  for (int i = 0; i < 500; i++) { /* 5 s: then D-state processes win */
+    int n = spot_proc_kill_tree(getpid(), SIGKILL);
+
+    guard_reap(g);
+    if (n <= 0 && !guard_tree_runs())
+      break;
+    usleep(10000);
+  }
+  _exit(137);
+}
+
+/* The command exited: what it left gets SIGTERM, then SIGKILL after the
+ * grace. True once the guard may leave. */
+static bool
+guard_reap_rest(struct guard *g)
+{
+  uint64_t since = spot_now_mono_ms() - g->cmd_done_ms;
+
+  if (!guard_tree_runs())
+    return true;
+  if (!g->term_sent && since >= REAP_TERM_AFTER_MS) {
+    log_warn("the command exited but processes it started still run: "
+             "SIGTERM, SIGKILL in %.1f s",
+             (double)g->grace_ms / 1000.0);
+    g->term_sent = true;
+    spot_proc_kill_tree(getpid(), SIGTERM);
+  } else if (g->term_sent && !g->kill_sent &&
+             since >= REAP_TERM_AFTER_MS + g->grace_ms) {
+    log_warn("processes the command started still run: SIGKILL");
+    g->kill_sent = true;
+    spot_proc_kill_tree(getpid(), SIGKILL);
+  } else if (g->kill_sent &&
+             since >= REAP_TERM_AFTER_MS + g->grace_ms + REAP_GIVE_UP_MS) {
+    log_err("processes the command started survive SIGKILL: leaving them");
+    return true;
+  }
+  return false;
+}
+
+__attribute__((noreturn)) static void
+guard_run(struct guard *g, int parent_fd, const sigset_t *all)
+{
+  struct pollfd fds[2];
+  int sfd = signalfd(-1, all, SFD_CLOEXEC | SFD_NONBLOCK);
+
+  if (sfd < 0)
+    guard_kill_all(g);
+  fds[0].fd = parent_fd;
+  fds[1].fd = sfd;
+  for (;;) {
+    struct signalfd_siginfo si;
+    int timeout = g->cmd_done ? REAP_POLL_MS : -1;
+
+    fds[0].events = fds[1].events = POLLIN;
+    fds[0].revents = fds[1].revents = 0;
+    if (poll(fds, 2, timeout) < 0 && errno != EINTR)
+      guard_kill_all(g);
+    if (fds[0].revents != 0)
+      guard_kill_all(g); /* spotd is gone */
+    while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
+      ; /* SIGCHLD, or a signal sent to the guard: only reaping matters */
+    guard_reap(g);
+    if (g->cmd_done && guard_reap_rest(g))
+      guard_exit_like(g->cmd_status);
+  }
+}
+
+/* argv: NAME SPOT_CHILD_SHIM_ARG IGNORE_SIGNAL PARENT_PID GRACE_MS
+ * COMMAND...
+ *
+ * The guard: spotd starts it (in a session of its own) and it starts the
+ * command. It is a child subreaper, so every process of the job, in any
+ * session or process group, stays its descendant: spotd finds the job as
+ * the guard's tree (proctree.h). It blocks every signal (a signal to its
+ * process group or session reaches only the job), reaps, and:
+ *  - when spotd dies (its pidfd), SIGKILLs the whole tree and leaves;
+ *  - when the command exits, stops what the command left (SIGTERM, then
+ *    SIGKILL after the grace) and leaves with the command's status or by
+ *    its signal, so spotd sees the command's end as the guard's. */
 void
 spot_child_shim_main(int argc, char **argv)
 {
-  struct spot_child_exec x;
-  int64_t sig, parent;
+  struct guard g;
+  sigset_t all, old;
+  int64_t sig, parent, grace;
+  int parent_fd;
+  pid_t self;
 
-  if (argc < 5 || spot_parse_int64(argv[2], 0, 64, &sig) < 0 ||
-      spot_parse_int64(argv[3], 1, INT32_MAX, &parent) < 0) {
+  if (argc < 6 || spot_parse_int64(argv[2], 0, 64, &sig) < 0 ||
+      spot_parse_int64(argv[3], 1, INT32_MAX, &parent) < 0 ||
+      spot_parse_int64(argv[4], 0, INT64_MAX / 2, &grace) < 0) {
     dprintf(STDERR_FILENO, "spotd: internal: bad exec shim arguments\n");
     _exit(127);
   }
-  memset(&x, 0, sizeof(x));
-  x.parent = (pid_t)parent;
-  x.pdeath_signal = SIGKILL;
-  x.ignore_signal = (int)sig;
-  x.guard = true;
-  spot_child_exec(argv + 4, NULL, &x);
-}
+  memset(&g, 0, sizeof(g));
+  g.parent = (pid_t)parent;
+  g.grace_ms = (uint64_t)grace;
+  sigfillset(&all);
+  sigprocmask(SIG_SETMASK, &all, &old);
+  close_from(3);
+  parent_fd = (int)syscall(SYS_pidfd_open, g.parent, 0);
+  if (parent_fd < 0 || getppid() != g.parent ||
+      prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) {
+    dprintf(STDERR_FILENO, "%s: cannot guard '%s': %s\n",
+            program_invocation_short_name, argv[5],
+            getppid() != g.parent ? "spotd is gone" : strerror(errno));
+    _exit(127);
+  }
+  (void)fcntl(parent_fd, F_SETFD, FD_CLOEXEC);
+  (void)prctl(PR_SET_NAME, "spotd-guard", 0, 0, 0);
+  self = getpid(); /* the command checks it after PR_SET_PDEATHSIG */
+  g.cmd = fork();
+  if (g.cmd < 0) {
+    dprintf(STDERR_FILENO, "%s: cannot start '%s': %s\n",
+            program_invocation_short_name, argv[5], strerror(errno));
+    _exit(127);
+  }
+  if (g.cmd == 0) {
+    struct spot_child_exec x;
 
-/* One /proc/PID/stat: "pid (comm) S ppid pgrp ...". */
-static bool
-proc_in_group(const char *pid, pid_t pgid)
-{
-  char path[64], buf[512], *p, st;
-  long ppid, pgrp;
-  ssize_t n;
-  int fd;
-
-  snprintf(path, sizeof(path), "/proc/%s/stat", pid);
-  fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return false;
-  n = read(fd, buf, sizeof(buf) - 1);
-  close(fd);
-  if (n <= 0)
-    return false;
-  buf[n] = '\0';
-  p = strrchr(buf, ')');
-  if (p == NULL || sscanf(p + 1, " %c %ld %ld", &st, &ppid, &pgrp) != 3)
-    return false;
-  return pgrp == (long)pgid && st != 'Z' && st != 'X';
-}
-
-bool
-spot_child_group_alive(pid_t pgid)
-{
-  struct dirent *de;
-  bool alive = false;
-  DIR *dir;
-
-  if (kill(-pgid, 0) < 0 && errno == ESRCH)
-    return false;
-  dir = opendir("/proc");
-  if (dir == NULL)
-    return true; /* kill() says so */
-  while (!alive && (de = readdir(dir)) != NULL)
-    if (de->d_name[0] >= '1' && de->d_name[0] <= '9')
-      alive = proc_in_group(de->d_name, pgid);
-  closedir(dir);
-  return alive;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    memset(&x, 0, sizeof(x));
+    x.parent = self;
+    x.pdeath_signal = SIGKILL; /* the guard SIGKILLed: the command too */
+    x.ignore_signal = (int)sig;
+    spot_child_exec(argv + 5, NULL, &x);
+  }
+  guard_run(&g, parent_fd, &all);
 }
 
 /* ---------------------------------------------------------- spot_child */
 
-#define REAP_POLL_MS 50
-#define REAP_TERM_AFTER_MS                                                     \
-  200                        /* a launcher's workers may exit on their own     \
-                              */
-#define REAP_GIVE_UP_MS 5000 /* after SIGKILL: unkillable (D state) */
-
 static const char *const state_names[] = {
-    "idle", "running", "stopping", "reaping", "exited", "closed",
+    "idle", "running", "stopping", "exited", "closed",
 };
 _Static_assert(SPOT_ARRAY_SIZE(state_names) == SPOT_CHILD_STATE_LAST,
                "state_names");
@@ -328,47 +400,7 @@ spot_child_init(struct spot_child *c, uv_loop_t *loop)
   return uv_timer_init(loop, &c->timer);
 }
 
-static void
-finish(struct spot_child *c)
-{
-  uv_timer_stop(&c->timer);
-  set_state(c, SPOT_CHILD_EXITED);
-  if (c->exit_cb != NULL)
-    c->exit_cb(c, c->data);
-}
-
-static void
-reap_cb(uv_timer_t *t)
-{
-  struct spot_child *c = spot_container_of(t, struct spot_child, timer);
-  uint64_t now = spot_now_mono_ms(), since = now - c->reap_start_ms;
-
-  if (c->state != SPOT_CHILD_REAPING)
-    return;
-  if (!spot_child_group_alive(c->pid)) {
-    finish(c);
-    return;
-  }
-  if (!c->group_term_sent && since >= REAP_TERM_AFTER_MS) {
-    log_warn("%s pid=%d exited but processes of its group still run: "
-             "SIGTERM, SIGKILL in %.1f s",
-             c->name, (int)c->pid, (double)c->grace_ms / 1000.0);
-    c->group_term_sent = true;
-    c->reap_start_ms = now - REAP_TERM_AFTER_MS;
-    kill(-c->pid, SIGTERM);
-  } else if (c->group_term_sent && !c->group_kill_sent &&
-             since >= REAP_TERM_AFTER_MS + c->grace_ms) {
-    log_warn("processes of the %s's group still run: SIGKILL", c->name);
-    c->group_kill_sent = true;
-    kill(-c->pid, SIGKILL);
-  } else if (c->group_kill_sent &&
-             since >= REAP_TERM_AFTER_MS + c->grace_ms + REAP_GIVE_UP_MS) {
-    log_err("processes of the %s's group survive SIGKILL: leaving them",
-            c->name);
-    finish(c);
-  }
-}
-
+/* The guard left: the command and everything it started are gone. */
 static void
 exit_cb(uv_process_t *p, int64_t status, int term_signal)
 {
@@ -384,16 +416,9 @@ exit_cb(uv_process_t *p, int64_t status, int term_signal)
   else
     log_info("%s pid=%d exited with status %d", c->name, (int)c->pid,
              (int)status);
-  if (!spot_child_group_alive(c->pid)) {
-    finish(c);
-    return;
-  }
-  /* Stopping already: the grace runs from the SIGTERM sent then. */
-  c->reap_start_ms = c->state == SPOT_CHILD_STOPPING
-                         ? c->reap_start_ms - REAP_TERM_AFTER_MS
-                         : spot_now_mono_ms();
-  set_state(c, SPOT_CHILD_REAPING);
-  uv_timer_start(&c->timer, reap_cb, REAP_POLL_MS, REAP_POLL_MS);
+  set_state(c, SPOT_CHILD_EXITED);
+  if (c->exit_cb != NULL)
+    c->exit_cb(c, c->data);
 }
 
 /* The shim is this very binary, held open once (O_PATH): exec works even
@@ -418,7 +443,7 @@ spot_child_spawn(struct spot_child *c, const struct spot_child_options *o)
 {
   uv_process_options_t po;
   uv_stdio_container_t stdio[3];
-  char sig[16], parent[24], self_path[64];
+  char sig[16], parent[24], grace[24], self_path[64];
   char **args;
   size_t n = 0;
   int r;
@@ -430,20 +455,21 @@ spot_child_spawn(struct spot_child *c, const struct spot_child_options *o)
   }
   while (o->argv[n] != NULL)
     n++;
-  args = calloc(n + 5, sizeof(char *));
+  args = calloc(n + 6, sizeof(char *));
   if (args == NULL)
     return -ENOMEM;
   snprintf(sig, sizeof(sig), "%d", o->ignore_signal);
   snprintf(parent, sizeof(parent), "%d", (int)getpid());
-  args[0] = (char *)"spotd-exec";
+  snprintf(grace, sizeof(grace), "%" PRIu64, o->grace_ms);
+  args[0] = (char *)"spotd-guard";
   args[1] = (char *)SPOT_CHILD_SHIM_ARG;
   args[2] = sig;
   args[3] = parent;
-  memcpy(args + 4, o->argv, n * sizeof(char *));
+  args[4] = grace;
+  memcpy(args + 5, o->argv, n * sizeof(char *));
   spot_strlcpy(c->name, o->name, sizeof(c->name));
   c->exit_cb = o->exit_cb;
   c->data = o->data;
-  c->grace_ms = o->grace_ms;
   memset(&po, 0, sizeof(po));
   for (int i = 0; i < 3; i++) {
     stdio[i].flags = UV_INHERIT_FD;
@@ -455,7 +481,9 @@ spot_child_spawn(struct spot_child *c, const struct spot_child_options *o)
   po.exit_cb = exit_cb;
   po.stdio = stdio;
   po.stdio_count = 3;
-  po.flags = UV_PROCESS_DETACHED; /* setsid(): its own session and group */
+  /* setsid(): the guard and the command get a session and group of their
+   * own, away from spotd's terminal. */
+  po.flags = UV_PROCESS_DETACHED;
   r = uv_spawn(c->loop, &c->proc, &po);
   c->proc_open = true; /* uv_spawn initialises the handle even on failure */
   free(args);
@@ -474,23 +502,36 @@ spot_child_spawn(struct spot_child *c, const struct spot_child_options *o)
 bool
 spot_child_running(const struct spot_child *c)
 {
-  return c->state == SPOT_CHILD_RUNNING || c->state == SPOT_CHILD_STOPPING ||
-         c->state == SPOT_CHILD_REAPING;
+  return c->state == SPOT_CHILD_RUNNING || c->state == SPOT_CHILD_STOPPING;
 }
 
 int
-spot_child_signal(struct spot_child *c, int signum, bool group)
+spot_child_kill(struct spot_child *c, int signum)
 {
-  int r;
-
   if (!spot_child_running(c))
     return -ESRCH;
-  if (c->state == SPOT_CHILD_REAPING)
-    return uv_kill(-c->pid, signum);
-  r = uv_kill(group ? -c->pid : c->pid, signum);
-  if (r < 0 && group) /* the group may be gone while the leader lingers */
-    r = uv_kill(c->pid, signum);
-  return r;
+  return spot_proc_kill_tree(c->pid, signum);
+}
+
+int
+spot_child_tree(const struct spot_child *c, struct spot_proc **out, size_t *n)
+{
+  if (!spot_child_running(c))
+    return -ESRCH;
+  return spot_proc_tree(c->pid, out, n);
+}
+
+bool
+spot_child_is_leader(const struct spot_child *c, const struct spot_proc *procs,
+                     size_t n, size_t i)
+{
+  if (procs[i].ppid != c->pid)
+    return false;
+  /* Orphans re-parented to the guard started after the command. */
+  for (size_t k = 0; k < n; k++)
+    if (procs[k].ppid == c->pid && procs[k].start < procs[i].start)
+      return false;
+  return true;
 }
 
 static void
@@ -502,7 +543,7 @@ kill_timer_cb(uv_timer_t *t)
     return;
   log_warn("%s pid=%d still running after the grace period: SIGKILL", c->name,
            (int)c->pid);
-  spot_child_signal(c, SIGKILL, true);
+  spot_child_kill(c, SIGKILL);
 }
 
 void
@@ -511,12 +552,10 @@ spot_child_stop(struct spot_child *c, uint64_t grace_ms)
   if (c->state != SPOT_CHILD_RUNNING)
     return;
   set_state(c, SPOT_CHILD_STOPPING);
-  c->grace_ms = grace_ms;
-  c->group_term_sent = true;
-  c->reap_start_ms = spot_now_mono_ms();
-  log_info("stopping %s pid=%d: SIGTERM, SIGKILL in %.1f s", c->name,
-           (int)c->pid, (double)grace_ms / 1000.0);
-  spot_child_signal(c, SIGTERM, true);
+  log_info("stopping %s pid=%d: SIGTERM to its %d processes, SIGKILL in "
+           "%.1f s",
+           c->name, (int)c->pid, spot_child_kill(c, SIGTERM),
+           (double)grace_ms / 1000.0);
   uv_timer_start(&c->timer, kill_timer_cb, grace_ms, 0);
 }
 
@@ -526,8 +565,8 @@ spot_child_close(struct spot_child *c)
   if (c->loop == NULL || c->state == SPOT_CHILD_CLOSED)
     return;
   if (spot_child_running(c)) {
-    kill(-c->pid, SIGKILL);
-    kill(c->pid, SIGKILL);
+    spot_proc_kill_tree(c->pid, SIGKILL);
+    kill(c->pid, SIGKILL); /* a guard left alone would do the same */
   }
   set_state(c, SPOT_CHILD_CLOSED);
   uv_timer_stop(&c->timer);

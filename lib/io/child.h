@@ -9,21 +9,31 @@
  * variables (AWS_* included) stay; credentials spotd fetched itself (IMDS
  * role, LoadCredential=) are never put in any environment.
  *
- * Exec: in the child, before the command runs: PR_SET_PDEATHSIG(SIGKILL)
- * (nothing outlives its parent), optionally one signal ignored (an ignored
- * disposition survives exec; a trainer that installs a handler overrides
- * it), every descriptor above 2 closed, then execvp. A command that cannot
- * be run exits 127 after one line on stderr. libuv's uv_spawn resets every
- * signal disposition in the child, so spotd spawns through a shim: its own
- * binary (/proc/self/exe) with SPOT_CHILD_SHIM_ARG as first argument, whose
- * main() calls spot_child_shim_main() first thing.
+ * Exec: in the child, before the command runs: PR_SET_PDEATHSIG(SIGKILL),
+ * optionally one signal ignored (an ignored disposition survives exec; a
+ * trainer that installs a handler overrides it), every descriptor above 2
+ * closed, then execvp. A command that cannot be run exits 127 after one
+ * line on stderr.
  *
- * struct spot_child (libuv): spawned in its own session, signalled as a
- * process group, stopped with SIGTERM then SIGKILL after a grace. When the
- * leader exits, whatever is left of its process group is stopped the same
- * way before the exit callback runs. After spot_child_close() no callback
- * runs. States: IDLE -> RUNNING -> (STOPPING) -> REAPING -> EXITED, any ->
- * CLOSED. */
+ * The guard: spotd does not start the command itself. It starts its own
+ * binary (/proc/self/exe, SPOT_CHILD_SHIM_ARG first: main() hands it to
+ * spot_child_shim_main()) in a session of its own, and that process, the
+ * guard, starts the command. The guard is a child subreaper: whatever the
+ * command starts, in whatever session or process group (torch 2.x's
+ * torchrun gives each worker its own), stays a descendant of the guard,
+ * orphans included. So the job is the guard's process tree (proctree.h):
+ *  - spotd signals and stops the tree, never a process outside it;
+ *  - when spotd dies (even by SIGKILL) the guard SIGKILLs the tree;
+ *  - when the command exits, the guard stops what it left (SIGTERM, then
+ *    SIGKILL after the grace) and then exits the way the command did (its
+ *    status, or its signal), which is what spotd's exit callback sees.
+ * The guard blocks every signal: a signal to its group reaches only the
+ * job's processes.
+ *
+ * struct spot_child (libuv): one guard and its tree, stopped with SIGTERM
+ * to every process of the tree then SIGKILL after a grace. After
+ * spot_child_close() no callback runs. States: IDLE -> RUNNING ->
+ * (STOPPING) -> EXITED, any -> CLOSED. */
 #ifndef SPOT_CHILD_H
 #define SPOT_CHILD_H
 
@@ -32,6 +42,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 #include <uv.h>
+
+#include "proctree.h"
 
 #define SPOT_CHILD_SHIM_ARG "--spot-exec-shim--"
 
@@ -59,7 +71,6 @@ struct spot_child_exec {
   pid_t parent;      /* the process that forked: checked after PDEATHSIG */
   int pdeath_signal; /* 0: none */
   int ignore_signal; /* 0: none */
-  bool guard;        /* a watcher that kills the group if parent dies */
 };
 
 /* In a forked child: never returns (exit 127 when the command cannot be
@@ -67,11 +78,8 @@ struct spot_child_exec {
 __attribute__((noreturn)) void spot_child_exec(char *const argv[],
                                                char *const envp[],
                                                const struct spot_child_exec *x);
-/* main() of the shim: argv[1] is SPOT_CHILD_SHIM_ARG. Never returns. */
+/* main() of the guard: argv[1] is SPOT_CHILD_SHIM_ARG. Never returns. */
 __attribute__((noreturn)) void spot_child_shim_main(int argc, char **argv);
-
-/* True while a process of group pgid runs (zombies do not count). */
-bool spot_child_group_alive(pid_t pgid);
 
 /* ---------------------------------------------------------- spot_child */
 
@@ -79,7 +87,6 @@ enum spot_child_state {
   SPOT_CHILD_IDLE,
   SPOT_CHILD_RUNNING,
   SPOT_CHILD_STOPPING, /* SIGTERM sent, SIGKILL on the timer */
-  SPOT_CHILD_REAPING,  /* the leader exited; its group is being stopped */
   SPOT_CHILD_EXITED,
   SPOT_CHILD_CLOSED,
   SPOT_CHILD_STATE_LAST,
@@ -93,7 +100,7 @@ struct spot_child_options {
   char *const *argv; /* argv[0] is looked up in PATH */
   char *const *env;  /* built with spot_env */
   int ignore_signal; /* start with this signal ignored (0: none) */
-  uint64_t grace_ms; /* group left after the leader: TERM..KILL */
+  uint64_t grace_ms; /* what the command left at its exit: TERM..KILL */
   spot_child_exit_cb exit_cb;
   void *data;
 };
@@ -101,15 +108,13 @@ struct spot_child_options {
 struct spot_child {
   uv_loop_t *loop;
   uv_process_t proc;
-  uv_timer_t timer; /* SIGKILL after the grace; group polling */
+  uv_timer_t timer; /* SIGKILL after the grace */
   enum spot_child_state state;
   char name[32];
-  pid_t pid;
+  pid_t pid; /* the guard's */
   uint64_t start_ms;
-  int64_t exit_status; /* the leader's */
+  int64_t exit_status; /* the command's */
   int term_signal;
-  uint64_t grace_ms, reap_start_ms;
-  bool group_term_sent, group_kill_sent;
   bool proc_open;
   spot_child_exit_cb exit_cb;
   void *data;
@@ -119,15 +124,22 @@ const char *spot_child_state_name(enum spot_child_state s);
 int spot_child_init(struct spot_child *c, uv_loop_t *loop);
 /* 0, or negative errno (logged) when it could not be started. */
 int spot_child_spawn(struct spot_child *c, const struct spot_child_options *o);
-/* To the group (or the leader only); -ESRCH when nothing runs. */
-int spot_child_signal(struct spot_child *c, int signum, bool group);
-/* SIGTERM to the group, SIGKILL grace_ms later. */
+/* signum to every process of the tree (the guard left out): how many got
+ * it, or -ESRCH when the child does not run. */
+int spot_child_kill(struct spot_child *c, int signum);
+/* The running processes of the tree, parents first (free() *out). */
+int spot_child_tree(const struct spot_child *c, struct spot_proc **out,
+                    size_t *n);
+/* Whether procs[i] of such a list is the command itself. */
+bool spot_child_is_leader(const struct spot_child *c,
+                          const struct spot_proc *procs, size_t n, size_t i);
+/* SIGTERM to the tree, SIGKILL grace_ms later. */
 void spot_child_stop(struct spot_child *c, uint64_t grace_ms);
 /* SIGKILL to what runs, no callback any more, handles closed. */
 void spot_child_close(struct spot_child *c);
-/* The leader or its group still runs. */
+/* The guard (so the command or what it started) still runs. */
 bool spot_child_running(const struct spot_child *c);
-/* The leader's status: exit status, or 128 + signal. */
+/* The command's status: exit status, or 128 + signal. */
 int spot_child_status(const struct spot_child *c);
 
 #endif

@@ -76,10 +76,10 @@ class CheckpointAbandoned(RuntimeError):
 
 def _parse_signal(sig):
     if isinstance(sig, int):
-        return signal.Signals(sig)
+        return sig  # real-time signals are not members of signal.Signals
     name = str(sig).strip().upper()
     if name.isdigit():
-        return signal.Signals(int(name))
+        return int(name)
     if not name.startswith("SIG"):
         name = "SIG" + name
     try:

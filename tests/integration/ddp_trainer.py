@@ -28,7 +28,8 @@ def main():
         kw.update(ev=ev, t=time.time())
         log.write(json.dumps(kw) + "\n")
 
-    signal.signal(signal.SIGUSR1, lambda s, f: FLAG.update(on=True))
+    signal.signal(int(os.environ.get("SPOTD_SIGNAL") or signal.SIGUSR1),
+                  lambda s, f: FLAG.update(on=True))
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 4)
     ddp = torch.nn.parallel.DistributedDataParallel(model)

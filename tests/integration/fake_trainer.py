@@ -3,7 +3,7 @@
 daemon's integration tests.
 
 It counts steps (a short sleep each), and:
-  - on the checkpoint signal (SIGUSR1 unless --signal) sets a flag; at the
+  - on the checkpoint signal ($SPOTD_SIGNAL, SIGUSR1 without it, or --signal) sets a flag; at the
     next step it writes SPOTD_CKPT_DIR/step-NNNNNN/ (a `step` file, a
     `data.bin` of --bytes bytes) and then the empty SPOTD_COMPLETE marker;
   - resumes from SPOTD_RESUME_DIR/step when that is set;
@@ -139,7 +139,9 @@ def main():
                     help="checkpoint data is random bytes (incompressible)")
     ap.add_argument("--save-delay", type=float, default=0.0,
                     help="seconds a checkpoint takes before its marker")
-    ap.add_argument("--signal", default="USR1")
+    ap.add_argument("--signal", default=os.environ.get("SPOTD_SIGNAL", "USR1"),
+                    help="a name (USR1) or a number ($SPOTD_SIGNAL, set by "
+                    "spotd)")
     ap.add_argument("--ignore-signal", action="store_true")
     ap.add_argument("--ignore-term", action="store_true")
     ap.add_argument("--crash-at", type=int, default=0,
@@ -163,7 +165,8 @@ def main():
 
     if a.log:
         LOG = os.open(a.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    sig = getattr(signal, "SIG" + a.signal.upper().replace("SIG", ""))
+    sig = int(a.signal) if a.signal.isdigit() else \
+        getattr(signal, "SIG" + a.signal.upper().replace("SIG", ""))
     signal.signal(sig, signal.SIG_IGN if a.ignore_signal else on_ckpt_signal)
     if a.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

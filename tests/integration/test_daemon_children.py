@@ -8,11 +8,12 @@
            survives it.
   leftover: the trainer's leader exits and leaves a background process in
            its group: spotd stops it and exits with the leader's status.
-  kill9:   spotd is SIGKILLed: nothing of the trainer's process group
-           survives (the leader has PR_SET_PDEATHSIG, a guard kills the
-           rest).
-  signal:  a trainer that resets the checkpoint signal to its default dies
-           of it: spotd exits with 128 + SIGUSR1 and names the cause."""
+  kill9:   spotd is SIGKILLed: nothing of the trainer's tree survives,
+           in its process group or in a session of its own (the guard, a
+           child subreaper, kills them all).
+  signal:  a trainer with the checkpoint signal's default action never
+           gets it (it would die of it); the request waits, one line says
+           so."""
 import os
 import signal
 import sys
@@ -43,6 +44,22 @@ def group(pgid):
         except (OSError, IndexError):
             continue
         if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            out.append(int(p))
+    return out
+
+
+def children(ppid):
+    """Pids (not zombies) whose parent is ppid."""
+    out = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % p) as f:
+                fields = f.read().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == ppid and fields[0] not in ("Z", "X"):
             out.append(int(p))
     return out
 
@@ -100,9 +117,17 @@ def clean(c, wd):
             tenv = check_clean(c, tag + "trainer: ", pid)
             c.check(os.path.isabs(tenv.get("SPOTD_CKPT_DIR", "")),
                     tag + "trainer: SPOTD_CKPT_DIR is absolute")
-        sh = d.status()["trainer"]["pid"]
-        c.check(sig_ignored(sh, signal.SIGUSR1), tag + "the shell starts with "
-                "SIGUSR1 ignored")
+        # status names the guard; the shell is its child
+        guard = d.status()["trainer"]["pid"]
+        kids = children(guard)
+        sh = kids[0] if len(kids) == 1 else 0
+        ckpt_sig = int(tenv.get("SPOTD_SIGNAL", "0")) if pid else 0
+        c.check(ckpt_sig == signal.SIGRTMIN + 4,
+                tag + "SPOTD_SIGNAL is the default RTMIN+4 (%s)" % ckpt_sig)
+        c.check(sh > 0 and sig_ignored(sh, ckpt_sig), tag + "the shell starts "
+                "with the checkpoint signal ignored")
+        c.check(os.path.isabs(tenv.get("SPOTD_SOCKET", "")) if pid else False,
+                tag + "trainer: SPOTD_SOCKET is absolute")
         cp = d.spotctl("checkpoint")
         time.sleep(0.5)
         c.check(cp.returncode == 0 and d.running() and not sl.pid_gone(sh),
@@ -153,42 +178,67 @@ def kill9(c, wd):
     s3, store, job, _ = sl.fake_store("kill9")
     try:
         os.makedirs(wd)
+        other = os.path.join(wd, "other-session.pid")
+        # one sleep in a session of its own, as torch 2.x's torchrun starts
+        # its workers; it ignores SIGTERM and SIGHUP
         d = sl.Daemon(wd, store, job, env=s3.env(),
-                      cmd=["/bin/sh", "-c", "sleep 60 & sleep 60 & wait"])
+                      cmd=["/bin/sh", "-c", "sleep 60 & sleep 60 & "
+                           "setsid /bin/sh -c 'trap \"\" TERM HUP; "
+                           "echo $$ > %s.tmp; mv %s.tmp %s; exec sleep 60' & "
+                           "wait" % (other, other, other)])
         st = sl.wait_state(d, "running", 20)
         pgid = st["trainer"]["pid"] if st else 0
         end = time.time() + 5
-        while pgid and len(group(pgid)) < 3 and time.time() < end:
+        while pgid and len(group(pgid)) < 4 and time.time() < end:
             time.sleep(0.05)
         n = len(group(pgid)) if pgid else 0
-        c.check(n >= 3, tag + "a shell and two sleeps run (%d)" % n)
+        c.check(n >= 4, tag + "the guard, a shell and two sleeps run (%d)" % n)
+        worker = wait_pid(other)
+        c.check(worker > 0 and not sl.pid_gone(worker),
+                tag + "a sleep in another session runs")
         d.send(signal.SIGKILL)
         d.wait_exit(10)
         end = time.time() + 5
-        while pgid and group(pgid) and time.time() < end:
+        while pgid and (group(pgid) or (worker and not sl.pid_gone(worker))) \
+                and time.time() < end:
             time.sleep(0.05)
         c.check(pgid > 0 and not group(pgid), tag + "nothing of the trainer "
                 "survives spotd: %s" % (group(pgid) if pgid else "?"))
+        c.check(worker > 0 and sl.pid_gone(worker),
+                tag + "nor the process in another session")
     finally:
         sl.kill_started()
         s3.close()
 
 
-def killed_by_signal(c, wd):
-    tag = "signal: "
+def not_caught(c, wd):
+    tag = "not caught: "
     s3, store, job, _ = sl.fake_store("signal")
     try:
         os.makedirs(wd)
-        code = "import signal, time\nsignal.signal(signal.SIGUSR1, signal.SIG_DFL)\n" \
-               "time.sleep(60)\n"
+        pidf = os.path.join(wd, "py.pid")
+        code = "import os, signal, time\n" \
+               "signal.signal(int(os.environ['SPOTD_SIGNAL']), signal.SIG_DFL)\n" \
+               "open(%r, 'w').write('%%d\\n' %% os.getpid())\n" \
+               "time.sleep(60)\n" % pidf
         d = sl.Daemon(wd, store, job, env=s3.env(), cmd=[sl.PY3, "-c", code])
         c.check(sl.wait_state(d, "running", 20) is not None, tag + "running")
-        time.sleep(0.5)
+        pid = wait_pid(pidf)
+        c.check(pid > 0, tag + "the trainer runs with the default action")
         d.spotctl("checkpoint")
+        time.sleep(1.0)
+        c.check(d.running() and pid > 0 and not sl.pid_gone(pid),
+                tag + "a process that would die of the checkpoint signal "
+                "never gets it")
+        c.check(d.err.matching(r"no process of the trainer takes the "
+                               r"request yet"),
+                tag + "one line says the request waits")
+        d.send(signal.SIGTERM)
+        time.sleep(0.3)
+        d.send(signal.SIGTERM)
         rc = d.wait_exit(20)
-        c.check(rc == 128 + signal.SIGUSR1, tag + "exit 138 (%s)" % rc)
-        c.check(d.err.matching(r"killed by SIGUSR1, the checkpoint signal"),
-                tag + "one line names the checkpoint signal as the cause")
+        c.check(rc == 128 + signal.SIGTERM, tag + "a second SIGTERM stops it "
+                "(%s)" % rc)
     finally:
         sl.kill_started()
         s3.close()
@@ -200,7 +250,7 @@ def main():
         clean(c, os.path.join(wd, "clean"))
         leftover(c, os.path.join(wd, "leftover"))
         kill9(c, os.path.join(wd, "kill9"))
-        killed_by_signal(c, os.path.join(wd, "signal"))
+        not_caught(c, os.path.join(wd, "signal"))
     c.finish()
 
 

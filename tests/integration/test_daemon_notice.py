@@ -60,7 +60,7 @@ def notice(c, wd, provider):
         name = made[0]["name"] if made else "?"
         order = [line_index(d, p) for p in (
             r"interruption notice",
-            r"checkpoint requested \(%s\): SIGUSR1" % REASONS[provider],
+            r"checkpoint requested \(%s\)" % REASONS[provider],
             r"committed checkpoint name=" + name,
             r"relaunch: running",
             r"stopping trainer pid=\d+: SIGTERM",

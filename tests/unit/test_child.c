@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "child.h"
@@ -202,6 +203,147 @@ test_close_suppresses_callback(void **state)
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* pid from the file a script wrote, once it is there (5 s at most). */
+static int
+read_pid_file(const char *path)
+{
+  char buf[32] = "";
+  int fd = -1;
+
+  for (int i = 0; i < 500; i++) {
+    fd = open(path, O_RDONLY);
+    if (fd >= 0 && read(fd, buf, sizeof(buf) - 1) > 0 && strchr(buf, '\n'))
+      break;
+    if (fd >= 0)
+      close(fd);
+    fd = -1;
+    usleep(10000);
+  }
+  if (fd >= 0)
+    close(fd);
+  return (int)strtol(buf, NULL, 10);
+}
+
+static bool
+gone_within(int pid, int ms)
+{
+  for (int i = 0; i < ms / 10; i++) {
+    if (gone(pid))
+      return true;
+    usleep(10000);
+  }
+  return gone(pid);
+}
+
+static void
+stop_cb(uv_timer_t *t)
+{
+  spot_child_stop(t->data, 300);
+  uv_close((uv_handle_t *)t, NULL);
+}
+
+/* A worker in a session of its own (torch 2.x's torchrun starts each
+ * worker so) that ignores SIGTERM: stopping still reaches it (SIGTERM
+ * to the tree, then SIGKILL after the grace). */
+static void
+test_stop_reaches_other_sessions(void **state)
+{
+  char pidfile[] = "/tmp/test-child-XXXXXX", script[300];
+  int fd = mkstemp(pidfile), worker;
+  struct spot_child_options o;
+  struct spot_child c;
+  struct run r = {0, -1};
+  uv_timer_t t;
+  uv_loop_t loop;
+  char *argv[] = {(char *)"/bin/sh", (char *)"-c", script, NULL};
+
+  (void)state;
+  assert_true(fd >= 0);
+  close(fd);
+  unlink(pidfile);
+  snprintf(script, sizeof(script),
+           "setsid /bin/sh -c 'trap \"\" TERM; echo $$ > %s.tmp; "
+           "mv %s.tmp %s; exec sleep 60' & wait",
+           pidfile, pidfile, pidfile);
+  assert_int_equal(uv_loop_init(&loop), 0);
+  assert_int_equal(spot_child_init(&c, &loop), 0);
+  memset(&o, 0, sizeof(o));
+  o.name = "test";
+  o.argv = argv;
+  o.grace_ms = 300;
+  o.exit_cb = exit_cb;
+  o.data = &r;
+  assert_int_equal(spot_child_spawn(&c, &o), 0);
+  worker = read_pid_file(pidfile);
+  assert_true(worker > 0);
+  {
+    struct spot_proc *v;
+    size_t n;
+    bool in = false;
+
+    assert_int_equal(spot_child_tree(&c, &v, &n), 0);
+    for (size_t i = 0; i < n; i++)
+      in = in || v[i].pid == worker;
+    free(v);
+    assert_true(in);
+  }
+  uv_timer_init(&loop, &t);
+  t.data = &c;
+  uv_timer_start(&t, stop_cb, 10, 0);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(r.calls, 1);
+  assert_true(gone(worker));
+  spot_child_close(&c);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&loop), 0);
+  unlink(pidfile);
+}
+
+/* spotd SIGKILLed: its guard kills the job, in every session. Here a
+ * forked process plays spotd. */
+static void
+test_parent_killed(void **state)
+{
+  char pidfile[] = "/tmp/test-child-XXXXXX", script[300];
+  int fd = mkstemp(pidfile), worker, st;
+  pid_t spotd;
+
+  (void)state;
+  assert_true(fd >= 0);
+  close(fd);
+  unlink(pidfile);
+  snprintf(script, sizeof(script),
+           "setsid /bin/sh -c 'trap \"\" TERM HUP; echo $$ > %s.tmp; "
+           "mv %s.tmp %s; exec sleep 60' & wait",
+           pidfile, pidfile, pidfile);
+  spotd = fork();
+  assert_true(spotd >= 0);
+  if (spotd == 0) {
+    char *argv[] = {(char *)"/bin/sh", (char *)"-c", script, NULL};
+    struct spot_child_options o;
+    struct spot_child c;
+    uv_loop_t loop;
+
+    if (uv_loop_init(&loop) != 0 || spot_child_init(&c, &loop) != 0)
+      _exit(2);
+    memset(&o, 0, sizeof(o));
+    o.name = "test";
+    o.argv = argv;
+    o.grace_ms = 300;
+    if (spot_child_spawn(&c, &o) != 0)
+      _exit(3);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    _exit(4);
+  }
+  worker = read_pid_file(pidfile);
+  assert_true(worker > 0);
+  assert_false(gone(worker));
+  kill(spotd, SIGKILL);
+  assert_int_equal(waitpid(spotd, &st, 0), spotd);
+  assert_true(gone_within(worker, 5000));
+  unlink(pidfile);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -211,6 +353,8 @@ main(int argc, char **argv)
       cmocka_unit_test(test_no_leaked_fds),
       cmocka_unit_test(test_group_left_is_stopped),
       cmocka_unit_test(test_close_suppresses_callback),
+      cmocka_unit_test(test_stop_reaches_other_sessions),
+      cmocka_unit_test(test_parent_killed),
   };
 
   if (argc > 1 && strcmp(argv[1], SPOT_CHILD_SHIM_ARG) == 0)

@@ -49,8 +49,8 @@ test_defaults(void **state)
   assert_int_equal(cfg->provider, SPOT_CONFIG_PROVIDER_AUTO);
   assert_int_equal(cfg->poll_interval_ms, 1000);
   assert_int_equal(cfg->interval_ms, 600000);
-  assert_int_equal(cfg->signal, SIGUSR1);
-  assert_int_equal(cfg->signal_target, SPOT_CONFIG_TARGET_GROUP);
+  assert_int_equal(cfg->signal, SIGRTMIN + 4);
+  assert_int_equal(cfg->signal_target, SPOT_CONFIG_TARGET_TREE);
   assert_int_equal(cfg->keep, 3);
   assert_int_equal(cfg->part_size, 16u << 20);
   assert_int_equal(cfg->parallel, 0);
@@ -514,6 +514,16 @@ test_values(void **state)
       {"signal", "19", 0},
       {"signal", "0", 0},
       {"signal", "SIGFOO", 0},
+      {"signal", "RTMIN", 1},
+      {"signal", "SIGRTMIN+4", 1},
+      {"signal", "rtmax-2", 1},
+      {"signal", "RTMIN+40", 0},
+      {"signal", "RTMIN-1", 0},
+      {"signal", "RTMAX+1", 0},
+      {"signal", "RTMIN+", 0},
+      {"signal-target", "tree", 1},
+      {"signal-target", "group", 1},
+      {"signal-target", "pgid", 0},
       {"part-size", "5M", 1},
       {"part-size", "512MiB", 1},
       {"part-size", "513M", 0},
@@ -558,6 +568,19 @@ test_values(void **state)
   assert_int_equal(cfg->interval_ms, 1500);
   assert_int_equal(spot_config_set(cfg, "signal", "usr2", err, sizeof(err)), 0);
   assert_int_equal(cfg->signal, SIGUSR2);
+  assert_int_equal(
+      spot_config_set(cfg, "signal", "SIGRTMIN+5", err, sizeof(err)), 0);
+  assert_int_equal(cfg->signal, SIGRTMIN + 5);
+  {
+    char nb[16];
+
+    assert_string_equal(spot_config_signal_name(cfg->signal, nb, sizeof(nb)),
+                        "RTMIN+5");
+  }
+  assert_int_equal(
+      spot_config_set(cfg, "signal-target", "group", err, sizeof(err)), 0);
+  assert_int_equal(cfg->signal_target, SPOT_CONFIG_TARGET_TREE);
+  assert_int_equal(spot_config_set(cfg, "signal", "usr2", err, sizeof(err)), 0);
   spot_config_free(cfg);
 }
 
@@ -845,7 +868,8 @@ test_names(void **state)
   assert_string_equal(spot_config_compress_name(1), "zstd");
   assert_string_equal(spot_config_signal_name(SIGUSR1, buf, sizeof(buf)),
                       "USR1");
-  assert_string_equal(spot_config_signal_name(40, buf, sizeof(buf)), "40");
+  assert_string_equal(spot_config_signal_name(40, buf, sizeof(buf)), "RTMIN+6");
+  assert_string_equal(spot_config_signal_name(31, buf, sizeof(buf)), "31");
 }
 
 int

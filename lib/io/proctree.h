@@ -1,0 +1,75 @@
+/* The processes of a job as a tree, read from /proc.
+ *
+ * A launcher may put each worker in a session and process group of its
+ * own (torch 2.x's torchrun does), so a job is not a process group: it is
+ * every descendant of one root process, in any session. spotd's guard
+ * (child.c) is that root and a child subreaper, so an orphan of the job
+ * is re-parented to it and stays in the tree.
+ *
+ * A process is named by its pid and its start time (field 22 of
+ * /proc/PID/stat, in clock ticks since boot): a pid that was reused is
+ * another process, and spot_proc_kill() never signals it.
+ *
+ * The parsers take text and do no I/O (unit-tested on fixed strings);
+ * the rest reads /proc. */
+#ifndef SPOT_PROCTREE_H
+#define SPOT_PROCTREE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct spot_proc {
+  pid_t pid;
+  pid_t ppid;
+  uint64_t start; /* clock ticks since boot */
+  char state;     /* R, S, D, Z, T, ... */
+};
+
+/* Hard cap on the processes one scan keeps. */
+#define SPOT_PROCTREE_MAX 8192
+
+/* ------------------------------------------------------------- parsers */
+
+/* One /proc/PID/stat text: "pid (comm) S ppid pgrp session ... start ...".
+ * The command name may hold spaces and parentheses: the last ')' ends it.
+ * 0, or -EINVAL. */
+int spot_proc_parse_stat(const char *text, struct spot_proc *out);
+/* The hex mask of one field of a /proc/PID/status text ("SigCgt",
+ * "SigIgn", "SigBlk"). Bit N-1 is signal N. 0, or -EINVAL when the field
+ * is missing or malformed. */
+int spot_proc_parse_sigmask(const char *status, const char *field,
+                            uint64_t *mask);
+/* Whether mask has signal signum (1..64). */
+bool spot_proc_mask_has(uint64_t mask, int signum);
+/* Keeps in procs[] only the descendants of root (root excluded), in
+ * place, parents before their children; returns how many. A process
+ * whose parent started after it is not a child of that parent (its real
+ * parent's pid was reused): it is left out. */
+size_t spot_proc_descendants(struct spot_proc *procs, size_t n, pid_t root);
+
+/* ------------------------------------------------------------- /proc */
+
+/* Every process of the system (zombies included), allocated in *out
+ * (free() it). 0, or negative errno. */
+int spot_proc_scan(struct spot_proc **out, size_t *n);
+/* The descendants of root that run (zombies left out), parents first. */
+int spot_proc_tree(pid_t root, struct spot_proc **out, size_t *n);
+/* The process as /proc says now: 0, -ESRCH when it is gone. */
+int spot_proc_read(pid_t pid, struct spot_proc *out);
+/* 1 when p (still the same process) catches signum, 0 when not (default
+ * action or ignored), negative errno (-ESRCH: gone). */
+int spot_proc_catches(const struct spot_proc *p, int signum);
+/* 1 when p maps the file at the absolute path (a line of
+ * /proc/PID/maps ends with it), 0 when not, negative errno. */
+int spot_proc_maps_file(const struct spot_proc *p, const char *path);
+/* Sends signum to p if it is still that process (same start time),
+ * through a pidfd so that a pid reused in between is never hit. 0,
+ * -ESRCH when it is gone, or negative errno. */
+int spot_proc_kill(const struct spot_proc *p, int signum);
+/* Sends signum to every running descendant of root; returns how many
+ * got it (0 when none runs), or negative errno. */
+int spot_proc_kill_tree(pid_t root, int signum);
+
+#endif

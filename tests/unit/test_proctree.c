@@ -1,0 +1,220 @@
+/* lib/io/proctree.c: the /proc parsers on fixed texts, the tree rules
+ * (re-parenting, a reused pid), and real processes: a child that catches
+ * a signal, one that does not, a grandchild in a session of its own. */
+#include "cmocka-compat.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proctree.h"
+#include "util.h"
+
+static void
+test_parse_stat(void **state)
+{
+  struct spot_proc p;
+  /* A command name with spaces and parentheses: the last ')' ends it. */
+  const char *t = "4242 (a (b) c) S 17 4242 4242 0 -1 4194560 1 0 0 0 0 0 0 "
+                  "0 20 0 1 0 123456 1000 100 18446744073709551615\n";
+
+  (void)state;
+  assert_int_equal(spot_proc_parse_stat(t, &p), 0);
+  assert_int_equal(p.pid, 4242);
+  assert_int_equal(p.ppid, 17);
+  assert_int_equal(p.state, 'S');
+  assert_int_equal(p.start, 123456);
+  assert_int_equal(spot_proc_parse_stat("", &p), -EINVAL);
+  assert_int_equal(spot_proc_parse_stat("12 (x) S 1 2 3", &p), -EINVAL);
+  assert_int_equal(spot_proc_parse_stat("x (y) S 1 2 3 4 5 6 7 8 9 10 11 12 "
+                                        "13 14 15 16 17 18 19 20",
+                                        &p),
+                   -EINVAL);
+}
+
+static void
+test_parse_sigmask(void **state)
+{
+  const char *status = "Name:\tpython3\nSigQ:\t0/95000\n"
+                       "SigPnd:\t0000000000000000\nSigBlk:\t0000000000000000\n"
+                       "SigIgn:\t0000000001001000\nSigCgt:\t0000002100000202\n";
+  uint64_t m = 0;
+
+  (void)state;
+  assert_int_equal(spot_proc_parse_sigmask(status, "SigCgt", &m), 0);
+  assert_true(spot_proc_mask_has(m, SIGUSR1)); /* bit 9 */
+  assert_true(spot_proc_mask_has(m, SIGINT));  /* bit 1 */
+  assert_true(spot_proc_mask_has(m, 38));      /* bit 37: RTMIN+4 */
+  assert_false(spot_proc_mask_has(m, SIGUSR2));
+  assert_false(spot_proc_mask_has(m, 0));
+  assert_false(spot_proc_mask_has(m, 65));
+  assert_int_equal(spot_proc_parse_sigmask(status, "SigIgn", &m), 0);
+  assert_true(spot_proc_mask_has(m, SIGPIPE)); /* bit 12 */
+  assert_false(spot_proc_mask_has(m, SIGUSR1));
+  assert_int_equal(spot_proc_parse_sigmask(status, "SigFoo", &m), -EINVAL);
+  assert_int_equal(spot_proc_parse_sigmask("SigCgt:\tzz\n", "SigCgt", &m),
+                   -EINVAL);
+  /* "SigCgtX" is another field */
+  assert_int_equal(spot_proc_parse_sigmask("SigCgtX:\t1\n", "SigCgt", &m),
+                   -EINVAL);
+}
+
+static bool
+has(const struct spot_proc *v, size_t n, pid_t pid)
+{
+  for (size_t i = 0; i < n; i++)
+    if (v[i].pid == pid)
+      return true;
+  return false;
+}
+
+static void
+test_descendants(void **state)
+{
+  /* 10 is the root (a guard). 11 its command, 12 a worker of 11, 13 an
+   * orphan re-parented to 10 (started after 10), 20 outside, 21 a child
+   * of 20, 14 names 12 as parent but started before 12 (12's pid was
+   * reused): not a descendant. 15 a child of 13. */
+  struct spot_proc v[] = {
+      {20, 1, 50, 'S'},   {15, 13, 400, 'S'}, {13, 10, 300, 'S'},
+      {21, 20, 60, 'S'},  {12, 11, 200, 'S'}, {14, 12, 150, 'S'},
+      {11, 10, 110, 'S'}, {10, 5, 100, 'S'},
+  };
+  size_t n = spot_proc_descendants(v, SPOT_ARRAY_SIZE(v), 10);
+
+  (void)state;
+  assert_int_equal(n, 4);
+  assert_true(has(v, n, 11));
+  assert_true(has(v, n, 12));
+  assert_true(has(v, n, 13));
+  assert_true(has(v, n, 15));
+  assert_false(has(v, n, 14));
+  assert_false(has(v, n, 20));
+  assert_false(has(v, n, 10));
+  /* parents before their children */
+  for (size_t i = 0; i < n; i++)
+    for (size_t k = i + 1; k < n; k++)
+      assert_true(v[k].pid != v[i].ppid);
+  /* a root that is not there has no tree */
+  {
+    struct spot_proc w[] = {{30, 1, 10, 'S'}, {31, 30, 20, 'S'}};
+
+    assert_int_equal(spot_proc_descendants(w, 2, 99), 0);
+  }
+}
+
+static void
+on_usr1(int s)
+{
+  (void)s;
+}
+
+static void
+wait_until_file(const char *path)
+{
+  struct timespec ts = {0, 10 * 1000 * 1000};
+
+  for (int i = 0; i < 500 && access(path, F_OK) != 0; i++)
+    nanosleep(&ts, NULL);
+  assert_int_equal(access(path, F_OK), 0);
+}
+
+/* A real tree: this process -> A (catches USR1, maps a file) -> B (in a
+ * session of its own, the default action). */
+static void
+test_real_tree(void **state)
+{
+  char dir[] = "/tmp/test-proctree-XXXXXX", ready[300], mapped[300];
+  struct spot_proc *v, me, a_now;
+  size_t n;
+  pid_t a, b = 0;
+  int p[2], st;
+
+  (void)state;
+  assert_non_null(mkdtemp(dir));
+  snprintf(ready, sizeof(ready), "%s/ready", dir);
+  snprintf(mapped, sizeof(mapped), "%s/req", dir);
+  assert_int_equal(pipe(p), 0);
+  a = fork();
+  assert_true(a >= 0);
+  if (a == 0) {
+    struct sigaction sa;
+    int fd;
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_usr1;
+    sigaction(SIGUSR1, &sa, NULL);
+    fd = open(mapped, O_RDWR | O_CREAT, 0600);
+    if (fd < 0 || ftruncate(fd, 4096) < 0 ||
+        mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0) == MAP_FAILED)
+      _exit(2);
+    b = fork();
+    if (b == 0) {
+      struct sigaction dfl;
+
+      memset(&dfl, 0, sizeof(dfl));
+      dfl.sa_handler = SIG_DFL;
+      sigaction(SIGUSR1, &dfl, NULL);
+      setsid();
+      pause();
+      _exit(0);
+    }
+    if (write(p[1], &b, sizeof(b)) != (ssize_t)sizeof(b))
+      _exit(3);
+    close(open(ready, O_WRONLY | O_CREAT, 0600));
+    pause();
+    _exit(0);
+  }
+  assert_int_equal(read(p[0], &b, sizeof(b)), (ssize_t)sizeof(b));
+  wait_until_file(ready);
+  assert_int_equal(spot_proc_tree(getpid(), &v, &n), 0);
+  assert_true(has(v, n, a));
+  assert_true(has(v, n, b)); /* another session, still in the tree */
+  free(v);
+  assert_int_equal(spot_proc_read(a, &a_now), 0);
+  assert_int_equal(spot_proc_catches(&a_now, SIGUSR1), 1);
+  assert_int_equal(spot_proc_maps_file(&a_now, mapped), 1);
+  {
+    struct spot_proc b_now;
+
+    assert_int_equal(spot_proc_read(b, &b_now), 0);
+    assert_int_equal(spot_proc_catches(&b_now, SIGUSR1), 0);
+    assert_int_equal(spot_proc_maps_file(&b_now, "/nonexistent/x"), 0);
+    /* a stale start time is another process: never signalled */
+    b_now.start--;
+    assert_int_equal(spot_proc_kill(&b_now, SIGKILL), -ESRCH);
+    assert_int_equal(spot_proc_catches(&b_now, SIGUSR1), -ESRCH);
+  }
+  /* the whole tree, both sessions */
+  assert_int_equal(spot_proc_kill_tree(getpid(), SIGKILL), 2);
+  assert_int_equal(waitpid(a, &st, 0), a);
+  assert_true(WIFSIGNALED(st));
+  assert_int_equal(spot_proc_read(getpid(), &me), 0);
+  assert_int_equal(me.pid, getpid());
+  close(p[0]);
+  close(p[1]);
+  unlink(ready);
+  unlink(mapped);
+  rmdir(dir);
+}
+
+int
+main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_parse_stat),
+      cmocka_unit_test(test_parse_sigmask),
+      cmocka_unit_test(test_descendants),
+      cmocka_unit_test(test_real_tree),
+  };
+
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

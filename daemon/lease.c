@@ -13,7 +13,7 @@
  *   LOST       a renewal found another writer, or could not renew by the
  *              local deadline (a timer independent of the request in
  *              flight, lib/io/lease.c): uploads stop, LATEST never moves,
- *              the trainer's process group is frozen at once (SIGSTOP: it
+ *              the trainer's processes are frozen at once (SIGSTOP: it
  *              takes no further step, whatever it does with signals), then
  *              killed (SIGKILL: nothing it would save could be committed),
  *              and spotd exits SPOTD_EXIT_LEASE_LOST
@@ -110,9 +110,11 @@ lost_cb(const struct spot_lease_info *i, void *data)
   if (trainer_running(d)) {
     /* The next holder may start its trainer from now on: not one more
      * step here. SIGSTOP cannot be caught; SIGKILL follows at once. */
-    if (spot_child_signal(&d->trainer, SIGSTOP, true) == 0)
-      log_warn("froze the trainer (SIGSTOP to pid %d's group); killing it",
-               (int)d->trainer.pid);
+    int n = spot_child_kill(&d->trainer, SIGSTOP);
+    if (n >= 0)
+      log_warn("froze the trainer (SIGSTOP to %d processes of its tree); "
+               "killing it",
+               n);
     trainer_stop(d, 0);
   } else
     spotd_fail(d, SPOTD_EXIT_LEASE_LOST);

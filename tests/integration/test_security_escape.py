@@ -299,12 +299,12 @@ def relaunch(c, wd):
 def lease_latest(c, wd):
     url, prefix = sl.unique_job("escape-lease")
     try:
-        # a LATEST ahead of ours (order 99.1), so the update is refused
-        # and spotctl prints the name it found
+        # a LATEST ahead of ours by the trainer's step (99 > 1), so the
+        # update is refused and spotctl prints the name it found
         sl.s3().put_object(Bucket=os.environ["SPOT_TEST_S3_BUCKET"],
                            Key=prefix + "LATEST",
                            Body=b"name\x1b[2J\n" + FORGED.encode(),
-                           Metadata={"spotd-order": "99.1"})
+                           Metadata={"spotd-step": "99"})
         cp = sl.spotctl("lease", url, "--owner", "esc-test", "--ttl", "30",
                         "--no-wait", "--set-latest", "step-1", "--seq", "1",
                         "--release")

@@ -461,12 +461,17 @@ spot_fault_point(const char *name)
 {
 #if defined(SPOT_FAULT_POINTS) && SPOT_FAULT_POINTS
   const char *want = getenv("SPOTD_FAULT");
+  size_t n = strlen(name);
+  bool stop;
 
-  if (want == NULL || strcmp(want, name) != 0)
+  if (want == NULL || strncmp(want, name, n) != 0 ||
+      (want[n] != '\0' && strcmp(want + n, ":stop") != 0))
     return;
-  fprintf(stderr, "fault point %s: killing pid %d\n", name, (int)getpid());
+  stop = want[n] != '\0';
+  fprintf(stderr, "fault point %s: %s pid %d\n", name,
+          stop ? "stopping" : "killing", (int)getpid());
   fflush(stderr);
-  kill(getpid(), SIGKILL);
+  kill(getpid(), stop ? SIGSTOP : SIGKILL);
 #else
   (void)name;
 #endif

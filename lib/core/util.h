@@ -63,8 +63,11 @@ void spot_rm_tree(const char *path);
 const char *spot_escape(const char *src, char *dst, size_t size);
 /* A fault point for tests: when the build has fault points (the tests
  * are built: SPOT_FAULT_POINTS) and $SPOTD_FAULT names this point, logs
- * one line and kills this process with SIGKILL, exactly there. Points:
- * "after-manifest" (a commit's manifest written, LATEST not yet moved).
+ * one line and kills this process with SIGKILL, exactly there ("NAME:stop":
+ * stops it with SIGSTOP instead, until a SIGCONT). Points:
+ * "before-commit" (a push about to check its lease and write its
+ * manifest), "after-manifest" (a commit's manifest written, LATEST not yet
+ * moved).
  * Also $SPOTD_FAULT_CLOCK_MS: spot_now_wall_ms() runs that many ms ahead
  * (negative: behind), a node whose clock is off.
  * Without fault points it does nothing and reads no environment. */

@@ -676,6 +676,8 @@ spot__push_commit(struct push_op *op)
 
   spot__push_set_state(op, PUSH_COMMIT);
   spot__store_progress(&op->b, SPOT_STORE_PHASE_COMMIT);
+  if (!op->fenced)
+    spot_fault_point("before-commit");
   if (fence(op) == 0)
     return;
   key = spot__store_key(&op->b.cfg.c, op->b.name, SPOT_MANIFEST_NAME);

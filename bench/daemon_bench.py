@@ -75,7 +75,8 @@ def size_label(n):
 def trainer_main(cache, events_path, write_mbps=0.0):
     """The fake trainer: load the checkpoint into memory, say ready, then
     write it out on each SIGUSR1 and exit on SIGTERM."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
+    ck = int(os.environ.get("SPOTD_SIGNAL") or signal.SIGUSR1)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {ck, signal.SIGTERM})
     ev = open(events_path, "a")
 
     def emit(kind, **kw):
@@ -99,7 +100,7 @@ def trainer_main(cache, events_path, write_mbps=0.0):
     ckpt_dir = os.environ["SPOTD_CKPT_DIR"]
     n = 0
     while True:
-        info = signal.sigtimedwait({signal.SIGUSR1, signal.SIGTERM}, 60)
+        info = signal.sigtimedwait({ck, signal.SIGTERM}, 60)
         if info is None:
             continue
         if info.si_signo == signal.SIGTERM:

@@ -237,7 +237,7 @@ cloud_record_load(struct cloud *c)
 {
   struct s3_wait w;
   struct spot_buf body;
-  char key[512];
+  char key[512], err[256];
   int r;
 
   memset(&c->rec, 0, sizeof(c->rec));
@@ -254,12 +254,12 @@ cloud_record_load(struct cloud *c)
   if (r < 0 || (w.err < 0 && w.err != -ENOENT)) {
     relaunch_say("warning: cannot read the relaunch record s3://%s/%s: %s",
                  c->bucket, key, r < 0 ? strerror(-r) : w.msg);
-  } else if (w.err == 0 &&
-             spot_relaunch_record_parse(body.data != NULL ? body.data : "",
-                                        body.len, &c->rec) < 0) {
-    relaunch_say("warning: the relaunch record s3://%s/%s is not valid JSON: "
+  } else if (w.err == 0 && spot_relaunch_record_parse(
+                               body.data != NULL ? body.data : "", body.len,
+                               &c->rec, err, sizeof(err)) < 0) {
+    relaunch_say("warning: the relaunch record s3://%s/%s is not valid (%s): "
                  "starting a new one",
-                 c->bucket, key);
+                 c->bucket, key, err);
   }
   c->rec_loaded = r == 0 && (w.err == 0 || w.err == -ENOENT);
   spot_buf_fini(&body);

@@ -11,16 +11,20 @@
  *    has a request to take when seq > served and it has not taken seq
  *    yet. Reading it is a load from shared memory (no system call), a
  *    request made before a process could look is still there when it
- *    does, and a mapping survives fork (and exec maps it again at
- *    import). The helper counts its polls in `polls`: spotd reads it as
- *    "the trainer has made a step since it started".
+ *    does, and a mapping survives fork (and exec maps it again). The
+ *    helper counts its imports in `attached` and its polls in `polls`:
+ *    spotd reads polls as "the trainer has made a step since it
+ *    started". It maps the file for good at its first poll, so a process
+ *    that imports the helper for other things and takes the signal itself
+ *    still gets the signal.
  *
  *  - The checkpoint signal, for trainers without the helper: sent to each
  *    process of the trainer's tree (child.c: every session, orphans
- *    included) that catches it (SigCgt), never to one that would die of
- *    it, never to one the helper serves (it maps the request file), and
- *    again, while the request is pending, to a process that starts
- *    catching it. */
+ *    included) that takes it: catches it (SigCgt), or blocks it without
+ *    ignoring it (a sigwait or signalfd loop). Never to one that would die
+ *    of it or ignores it, never to one the helper serves (it has polled:
+ *    it maps the request file), and again, while the request is pending,
+ *    to a process that starts taking it. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -42,6 +46,7 @@
 #define REQ_SLOT_SEQ 2
 #define REQ_SLOT_SERVED 3
 #define REQ_SLOT_POLLS 4
+#define REQ_SLOT_ATTACHED 5
 /* While a request is pending, the tree is looked at this often for
  * processes that started catching the signal. */
 #define REQ_RESEND_MS 250
@@ -164,6 +169,7 @@ request_trainer_starts(struct spotd *d)
   slot_store(d, REQ_SLOT_SEQ, 0);
   slot_store(d, REQ_SLOT_SERVED, 0);
   slot_store(d, REQ_SLOT_POLLS, 0);
+  slot_store(d, REQ_SLOT_ATTACHED, 0);
 }
 
 const char *
@@ -202,7 +208,7 @@ tree_look(struct spotd *d, bool send, unsigned *served)
     *served = 0;
   for (size_t i = 0; i < n; i++) {
     const struct spot_proc *p = &v[i];
-    bool catches = spot_proc_catches(p, sig) == 1;
+    bool catches = spot_proc_takes(p, sig) == 1;
 
     if ((catches || served != NULL) && q->map != NULL &&
         spot_proc_maps_file(p, q->maps_path) == 1) {
@@ -213,7 +219,7 @@ tree_look(struct spotd *d, bool send, unsigned *served)
     if (!catches || (send && was_sent(q, p)))
       continue;
     if (d->cfg->signal_target == SPOT_CONFIG_TARGET_LEADER &&
-        !spot_child_is_leader(&d->trainer, v, n, i))
+        !spot_child_is_leader(&d->trainer, p))
       continue;
     if (!send) {
       count++;
@@ -278,13 +284,10 @@ request_end(struct spotd *d)
 bool
 request_no_step(struct spotd *d)
 {
-  unsigned served = 0;
-  int catchers;
-
-  if (d->req.map == NULL || slot_load(d, REQ_SLOT_POLLS) != 0)
+  if (d->req.map == NULL || slot_load(d, REQ_SLOT_ATTACHED) == 0 ||
+      slot_load(d, REQ_SLOT_POLLS) != 0)
     return false;
-  /* The helper must be in use, and no process it does not serve may take
-   * the signal: such a process may have stepped without polling. */
-  catchers = tree_look(d, false, &served);
-  return catchers == 0 && served > 0;
+  /* No process the helper does not serve may take the signal: such a
+   * process may have stepped without polling. */
+  return tree_look(d, false, NULL) == 0;
 }

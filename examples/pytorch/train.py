@@ -7,8 +7,11 @@ What spotd needs from a trainer, done here with the `spotd` Python helper
 (python/spotd, installed by `meson install`; from a source tree it is
 found next to this file):
 
-1. `import spotd` first: the checkpoint signal (SIGUSR1, or --signal) only
-   sets a flag, so an early signal cannot kill the import of torch.
+1. `import spotd` first. Under spotd it maps spotd's request file and
+   checkpoint_requested() reads requests from it, no signal involved;
+   without spotd (or with --signal) the checkpoint signal (SIGUSR1, or
+   --signal) only sets a flag, so an early signal cannot kill the import
+   of torch.
 2. After optimizer.step(), when spotd.checkpoint_requested() is True, the
    trainer saves model, optimizer, step and every RNG state inside
    `with spotd.checkpoint(step=step)`: a NEW folder under SPOTD_CKPT_DIR,
@@ -45,7 +48,7 @@ import sys
 import time
 
 try:
-    import spotd  # installs the checkpoint-signal handler: before torch
+    import spotd  # request file, or signal handler: before torch
 except ImportError:  # run from a source tree, not installed
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(
         __file__)), "..", "..", "python"))
@@ -82,17 +85,19 @@ def parse_args():
                    help="pause SEC after the first file of each save (tests: "
                    "a preemption in the middle of a save)")
     p.add_argument("--signal", default=None,
-                   help="checkpoint signal, e.g. USR1, SIGUSR2 (default "
+                   help="take requests by this signal too, e.g. USR1, "
+                   "SIGUSR2 (default: spotd's request file; without it "
                    "$SPOTD_SIGNAL, else USR1)")
     p.add_argument("--ckpt-dir", default=None,
                    help="default $SPOTD_CKPT_DIR, else ./checkpoints")
     args = p.parse_args()
     if args.steps < 0 or args.save_every < 0 or args.log_every < 1:
         p.error("--steps and --save-every must be >= 0, --log-every >= 1")
-    try:
-        spotd.install(args.signal)  # the flag checkpoint_requested() reads
-    except ValueError as e:
-        p.error(str(e))
+    if args.signal:  # else import spotd chose: the request file or the signal
+        try:
+            spotd.install(args.signal)  # the flag checkpoint_requested() reads
+        except ValueError as e:
+            p.error(str(e))
     return args
 
 

@@ -11,7 +11,7 @@ What differs from train.py, the single-process example:
 
 - spotd.checkpoint_requested() is a collective here: every rank calls it
   once per step and the ranks agree (one all_reduce), so all of them save
-  at the same step even though spotd's signal may reach them at
+  at the same step even though spotd's request may reach them at
   different moments.
 - In `with spotd.checkpoint(step=step) as ck`, ck.writer is local rank 0:
   DDP keeps the weights and the optimizer state identical on every rank,
@@ -36,7 +36,7 @@ import signal
 import sys
 
 try:
-    import spotd  # installs the checkpoint-signal handler: before torch
+    import spotd  # request file, or signal handler: before torch
 except ImportError:  # run from a source tree, not installed
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(
         __file__)), "..", "..", "python"))

@@ -136,10 +136,12 @@ struct ctx {
   int err;
 };
 
+/* Cut between whole characters: a code cut inside one could not be
+ * written to the relaunch record. */
 static void
 set_field(char *dst, size_t size, const char *v)
 {
-  spot_strlcpy(dst, v, size);
+  spot_strlcpy_utf8(dst, v, size);
 }
 
 static void XMLCALL
@@ -381,26 +383,70 @@ spot_ec2_pool_name(const struct spot_ec2_pool *p, char *buf, size_t size)
 
 /* ------------------------------------------------------------- record */
 
-static void
-copy_str(json_t *o, const char *key, char *dst, size_t size)
+/* A string member of entry i of the list "failed" or "done": absent or
+ * not a string reads as "". One that would not come back the same from
+ * spot_relaunch_record_format() (longer than its field, a NUL byte, not
+ * UTF-8) refuses the whole record: cutting it could split a character or
+ * merge two pools. */
+static int
+copy_str(json_t *o, const char *list, size_t i, const char *key, char *dst,
+         size_t size, char *err, size_t errlen)
 {
-  const char *v = json_string_value(json_object_get(o, key));
+  json_t *v = json_object_get(o, key);
+  const char *s = json_string_value(v);
+  size_t n;
 
-  spot_strlcpy(dst, v != NULL ? v : "", size);
+  dst[0] = '\0';
+  if (s == NULL)
+    return 0;
+  n = strlen(s);
+  if (n != json_string_length(v)) {
+    spot_set_err(err, errlen, "%s[%zu].%s: holds a NUL byte", list, i, key);
+    return -EBADMSG;
+  }
+  if (n >= size) {
+    spot_set_err(err, errlen,
+                 "%s[%zu].%s: %zu bytes, over the %zu a record "
+                 "keeps",
+                 list, i, key, n, size - 1);
+    return -EBADMSG;
+  }
+  if (!spot_utf8_valid(s)) {
+    spot_set_err(err, errlen, "%s[%zu].%s: not UTF-8", list, i, key);
+    return -EBADMSG;
+  }
+  memcpy(dst, s, n + 1);
+  return 0;
 }
 
 int
 spot_relaunch_record_parse(const char *json, size_t len,
-                           struct spot_relaunch_record *out)
+                           struct spot_relaunch_record *out, char *err,
+                           size_t errlen)
 {
   json_t *root, *a, *it;
   json_error_t jerr;
+  const char *nul;
   size_t i;
+  int r = 0;
 
   memset(out, 0, sizeof(*out));
+  nul = memchr(json, '\0', len);
+  if (nul != NULL) { /* jansson skips one after a number or a literal */
+    spot_set_err(err, errlen, "a NUL byte at offset %zu", (size_t)(nul - json));
+    return -EBADMSG;
+  }
   root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
-  if (root == NULL || !json_is_object(root)) {
+  if (root == NULL) {
+    char esc[SPOT_ESCAPE_SIZE(JSON_ERROR_TEXT_LENGTH)];
+
+    spot_set_err(err, errlen, "not JSON: %s (line %d)",
+                 spot_escape(jerr.text, esc, sizeof(esc)), jerr.line);
+    return -EBADMSG;
+  }
+  if (!json_is_object(root)) {
     json_decref(root);
+    spot_set_err(err, errlen, "not a JSON object");
     return -EBADMSG;
   }
   a = json_object_get(root, "failed");
@@ -412,8 +458,12 @@ spot_relaunch_record_parse(const char *json, size_t len,
     if (!json_is_object(it) || !json_is_integer(at))
       continue;
     memset(&f, 0, sizeof(f));
-    copy_str(it, "pool", f.pool, sizeof(f.pool));
-    copy_str(it, "code", f.code, sizeof(f.code));
+    r = copy_str(it, "failed", i, "pool", f.pool, sizeof(f.pool), err, errlen);
+    if (r == 0)
+      r = copy_str(it, "failed", i, "code", f.code, sizeof(f.code), err,
+                   errlen);
+    if (r < 0)
+      break;
     f.at_ms = (int64_t)json_integer_value(at);
     if (f.pool[0] != '\0')
       spot_relaunch_record_fail(out, f.pool, f.code, f.at_ms);
@@ -424,28 +474,55 @@ spot_relaunch_record_parse(const char *json, size_t len,
     json_t *at = json_object_get(it, "at");
     struct spot_relaunch_done d;
 
+    if (r < 0)
+      break;
     if (!json_is_object(it) || !json_is_integer(at))
       continue;
     memset(&d, 0, sizeof(d));
-    copy_str(it, "key", d.key, sizeof(d.key));
-    copy_str(it, "instance", d.instance, sizeof(d.instance));
-    copy_str(it, "pool", d.pool, sizeof(d.pool));
-    if (d.key[0] != '\0')
+    r = copy_str(it, "done", i, "key", d.key, sizeof(d.key), err, errlen);
+    if (r == 0)
+      r = copy_str(it, "done", i, "instance", d.instance, sizeof(d.instance),
+                   err, errlen);
+    if (r == 0)
+      r = copy_str(it, "done", i, "pool", d.pool, sizeof(d.pool), err, errlen);
+    if (r == 0 && d.key[0] != '\0')
       spot_relaunch_record_done(out, d.key, d.instance, d.pool,
                                 (int64_t)json_integer_value(at));
   }
   json_decref(root);
-  return 0;
+  if (r < 0)
+    memset(out, 0, sizeof(*out));
+  return r;
+}
+
+/* Whether the field s (size bytes) is a string JSON can carry. */
+static bool
+field_ok(const char *s, size_t size)
+{
+  return memchr(s, '\0', size) != NULL && spot_utf8_valid(s);
 }
 
 int
 spot_relaunch_record_format(const struct spot_relaunch_record *r,
                             struct spot_buf *out)
 {
-  json_t *root = json_pack("{s:i,s:[],s:[]}", "version", 1, "failed", "done");
+  json_t *root;
   char *s;
   int err = 0;
 
+  if (r->n_failed > SPOT_RELAUNCH_FAILED_MAX ||
+      r->n_done > SPOT_RELAUNCH_DONE_MAX)
+    return -EINVAL;
+  for (size_t i = 0; i < r->n_failed; i++)
+    if (!field_ok(r->failed[i].pool, sizeof(r->failed[i].pool)) ||
+        !field_ok(r->failed[i].code, sizeof(r->failed[i].code)))
+      return -EINVAL;
+  for (size_t i = 0; i < r->n_done; i++)
+    if (!field_ok(r->done[i].key, sizeof(r->done[i].key)) ||
+        !field_ok(r->done[i].instance, sizeof(r->done[i].instance)) ||
+        !field_ok(r->done[i].pool, sizeof(r->done[i].pool)))
+      return -EINVAL;
+  root = json_pack("{s:i,s:[],s:[]}", "version", 1, "failed", "done");
   if (root == NULL)
     return -ENOMEM;
   for (size_t i = 0; i < r->n_failed; i++)
@@ -492,8 +569,8 @@ spot_relaunch_record_fail(struct spot_relaunch_record *r, const char *pool,
   }
   f = &r->failed[r->n_failed++];
   memset(f, 0, sizeof(*f));
-  spot_strlcpy(f->pool, pool, sizeof(f->pool));
-  spot_strlcpy(f->code, code, sizeof(f->code));
+  spot_strlcpy_utf8(f->pool, pool, sizeof(f->pool));
+  spot_strlcpy_utf8(f->code, code, sizeof(f->code));
   f->at_ms = at_ms;
 }
 
@@ -519,9 +596,9 @@ spot_relaunch_record_done(struct spot_relaunch_record *r, const char *key,
   }
   d = &r->done[r->n_done++];
   memset(d, 0, sizeof(*d));
-  spot_strlcpy(d->key, key, sizeof(d->key));
-  spot_strlcpy(d->instance, instance, sizeof(d->instance));
-  spot_strlcpy(d->pool, pool, sizeof(d->pool));
+  spot_strlcpy_utf8(d->key, key, sizeof(d->key));
+  spot_strlcpy_utf8(d->instance, instance, sizeof(d->instance));
+  spot_strlcpy_utf8(d->pool, pool, sizeof(d->pool));
   d->at_ms = at_ms;
 }
 

@@ -126,15 +126,21 @@ struct spot_relaunch_record {
 };
 
 /* {"version":1,"failed":[{"pool","code","at"}],"done":[{"key","instance",
- * "pool","at"}]}; unknown keys are ignored, entries beyond the caps
- * dropped (oldest first). 0 or -EBADMSG. */
+ * "pool","at"}]}; unknown keys are ignored, entries without an integer
+ * "at" skipped, entries beyond the caps dropped (oldest first). A string
+ * longer than its field, or a NUL byte anywhere, refuses the record, so
+ * whatever parses formats back. 0, or -EBADMSG with one line in err (out
+ * zeroed); err may be NULL. */
 int spot_relaunch_record_parse(const char *json, size_t len,
-                               struct spot_relaunch_record *out);
-/* 0 or -ENOMEM; out receives compact JSON. */
+                               struct spot_relaunch_record *out, char *err,
+                               size_t errlen);
+/* 0, -EINVAL (a string not terminated within its field or not UTF-8, a
+ * count over its cap) or -ENOMEM; out receives compact JSON. */
 int spot_relaunch_record_format(const struct spot_relaunch_record *r,
                                 struct spot_buf *out);
 /* Adds a failed pool (replacing an older entry for the same pool), dropping
- * the oldest when full. */
+ * the oldest when full. Strings longer than their field are cut between
+ * whole UTF-8 characters (here and in spot_relaunch_record_done). */
 void spot_relaunch_record_fail(struct spot_relaunch_record *r, const char *pool,
                                const char *code, int64_t at_ms);
 /* True when pool failed at or after since_ms. */

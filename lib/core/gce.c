@@ -18,7 +18,7 @@ copy(json_t *o, const char *key, char *dst, size_t size)
   const char *v = json_string_value(json_object_get(o, key));
 
   if (v != NULL)
-    spot_strlcpy(dst, v, size);
+    spot_strlcpy_utf8(dst, v, size);
 }
 
 int
@@ -49,7 +49,7 @@ spot_gce_op_parse(const char *json, size_t len, struct spot_gce_op *out)
     if (out->message[0] == '\0')
       copy(first, "message", out->message, sizeof(out->message));
     if (out->code[0] == '\0')
-      spot_strlcpy(out->code, out->api_status, sizeof(out->code));
+      spot_strlcpy_utf8(out->code, out->api_status, sizeof(out->code));
     json_decref(root);
     return out->code[0] != '\0' || out->http_code != 0 ? 0 : -EBADMSG;
   }

@@ -340,6 +340,42 @@ spot_escape(const char *src, char *dst, size_t size)
   return dst;
 }
 
+size_t
+spot_strlcpy_utf8(char *dst, const char *src, size_t size)
+{
+  size_t n = spot_strlcpy(dst, src, size);
+
+  if (n >= size && size > 0) {
+    size_t c = size - 1;
+
+    /* src[c] is the first byte left out: while it continues a character,
+     * that character's first bytes go too (at most 3) */
+    for (unsigned k = 0;
+         k < 4 && c > 0 && ((unsigned char)src[c] & 0xc0) == 0x80; k++)
+      c--;
+    if (((unsigned char)src[c] & 0xc0) == 0x80)
+      c = size - 1; /* not UTF-8 anyway: a plain byte cut */
+    dst[c] = '\0';
+  }
+  return n;
+}
+
+bool
+spot_utf8_valid(const char *s)
+{
+  const unsigned char *p = (const unsigned char *)s;
+  uint32_t cp;
+
+  while (*p != '\0') {
+    size_t adv = *p < 0x80 ? 1 : utf8_seq(p, &cp);
+
+    if (adv == 0)
+      return false;
+    p += adv;
+  }
+  return true;
+}
+
 static int
 rm_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {

@@ -3,6 +3,7 @@
 #define SPOT_UTIL_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
@@ -27,6 +28,13 @@ size_t spot_strlcpy(char *dst, const char *src, size_t size);
 /* path made absolute against the current directory (not resolved: no
  * symlink is followed). 0, or -ENAMETOOLONG / negative errno. */
 int spot_abs_path(const char *path, char *out, size_t size);
+
+/* spot_strlcpy that cuts only between whole UTF-8 characters, so a valid
+ * src gives a valid dst. Returns strlen(src). */
+size_t spot_strlcpy_utf8(char *dst, const char *src, size_t size);
+/* Whether the NUL-terminated s is valid UTF-8 (no overlong forms, no
+ * surrogates, nothing above U+10FFFF): what JSON strings may hold. */
+bool spot_utf8_valid(const char *s);
 
 /* Strict integer parsing: the whole string, base 10, within [min, max].
  * Returns 0 or -EINVAL / -ERANGE; *out only set on success. */

@@ -336,7 +336,7 @@ spot_child_shim_main(int argc, char **argv)
   g.grace_ms = (uint64_t)grace;
   sigfillset(&all);
   sigprocmask(SIG_SETMASK, &all, &old);
-  close_from(3);
+  close_from(4); /* 3: the pipe that reports the command's pid */
   parent_fd = (int)syscall(SYS_pidfd_open, g.parent, 0);
   if (parent_fd < 0 || getppid() != g.parent ||
       prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) {
@@ -358,12 +358,16 @@ spot_child_shim_main(int argc, char **argv)
     struct spot_child_exec x;
 
     sigprocmask(SIG_SETMASK, &old, NULL);
+    setsid(); /* the command leads a session and process group of its own */
     memset(&x, 0, sizeof(x));
     x.parent = self;
     x.pdeath_signal = SIGKILL; /* the guard SIGKILLed: the command too */
     x.ignore_signal = (int)sig;
     spot_child_exec(argv + 5, NULL, &x);
   }
+  if (write(3, &g.cmd, sizeof(g.cmd)) != (ssize_t)sizeof(g.cmd))
+    guard_kill_all(&g); /* spotd cannot know the command: it is gone */
+  close(3);
   guard_run(&g, parent_fd, &all);
 }
 
@@ -442,7 +446,10 @@ int
 spot_child_spawn(struct spot_child *c, const struct spot_child_options *o)
 {
   uv_process_options_t po;
-  uv_stdio_container_t stdio[3];
+  uv_stdio_container_t stdio[4];
+  struct pollfd pfd;
+  pid_t cmd = 0;
+  int rp[2];
   char sig[16], parent[24], grace[24], self_path[64];
   char **args;
   size_t n = 0;
@@ -453,11 +460,16 @@ spot_child_spawn(struct spot_child *c, const struct spot_child_options *o)
     log_err_errno(r, "cannot start the %s: /proc/self/exe", o->name);
     return r;
   }
+  if (pipe2(rp, O_CLOEXEC) < 0)
+    return log_err_errno(-errno, "cannot start the %s: pipe", o->name);
   while (o->argv[n] != NULL)
     n++;
   args = calloc(n + 6, sizeof(char *));
-  if (args == NULL)
+  if (args == NULL) {
+    close(rp[0]);
+    close(rp[1]);
     return -ENOMEM;
+  }
   snprintf(sig, sizeof(sig), "%d", o->ignore_signal);
   snprintf(parent, sizeof(parent), "%d", (int)getpid());
   snprintf(grace, sizeof(grace), "%" PRIu64, o->grace_ms);
@@ -475,27 +487,42 @@ spot_child_spawn(struct spot_child *c, const struct spot_child_options *o)
     stdio[i].flags = UV_INHERIT_FD;
     stdio[i].data.fd = i;
   }
+  stdio[3].flags = UV_INHERIT_FD; /* the guard reports the command's pid */
+  stdio[3].data.fd = rp[1];
   po.file = self_path;
   po.args = args;
   po.env = (char **)o->env;
   po.exit_cb = exit_cb;
   po.stdio = stdio;
-  po.stdio_count = 3;
+  po.stdio_count = 4;
   /* setsid(): the guard and the command get a session and group of their
    * own, away from spotd's terminal. */
   po.flags = UV_PROCESS_DETACHED;
   r = uv_spawn(c->loop, &c->proc, &po);
   c->proc_open = true; /* uv_spawn initialises the handle even on failure */
   free(args);
+  close(rp[1]);
   if (r < 0) {
+    close(rp[0]);
     log_err("cannot start the %s '%s': %s", c->name, o->argv[0],
             uv_strerror(r));
     return r;
   }
-  c->pid = c->proc.pid;
+  /* The guard forks the command at once; like uv_spawn's own wait for
+   * the exec, a short wait for its pid (the guard's exit, if it cannot
+   * fork, ends it too). */
+  pfd.fd = rp[0];
+  pfd.events = POLLIN;
+  if (poll(&pfd, 1, 5000) == 1 &&
+      read(rp[0], &cmd, sizeof(cmd)) != (ssize_t)sizeof(cmd))
+    cmd = 0;
+  close(rp[0]);
+  c->guard_pid = c->proc.pid;
+  c->pid = cmd > 0 ? cmd : c->proc.pid;
   c->start_ms = spot_now_mono_ms();
   set_state(c, SPOT_CHILD_RUNNING);
-  log_info("%s pid=%d started: %s", c->name, (int)c->pid, o->argv[0]);
+  log_info("%s pid=%d started: %s (guard pid=%d)", c->name, (int)c->pid,
+           o->argv[0], (int)c->guard_pid);
   return 0;
 }
 
@@ -510,7 +537,7 @@ spot_child_kill(struct spot_child *c, int signum)
 {
   if (!spot_child_running(c))
     return -ESRCH;
-  return spot_proc_kill_tree(c->pid, signum);
+  return spot_proc_kill_tree(c->guard_pid, signum);
 }
 
 int
@@ -518,20 +545,13 @@ spot_child_tree(const struct spot_child *c, struct spot_proc **out, size_t *n)
 {
   if (!spot_child_running(c))
     return -ESRCH;
-  return spot_proc_tree(c->pid, out, n);
+  return spot_proc_tree(c->guard_pid, out, n);
 }
 
 bool
-spot_child_is_leader(const struct spot_child *c, const struct spot_proc *procs,
-                     size_t n, size_t i)
+spot_child_is_leader(const struct spot_child *c, const struct spot_proc *p)
 {
-  if (procs[i].ppid != c->pid)
-    return false;
-  /* Orphans re-parented to the guard started after the command. */
-  for (size_t k = 0; k < n; k++)
-    if (procs[k].ppid == c->pid && procs[k].start < procs[i].start)
-      return false;
-  return true;
+  return p->pid == c->pid && p->ppid == c->guard_pid;
 }
 
 static void
@@ -565,8 +585,8 @@ spot_child_close(struct spot_child *c)
   if (c->loop == NULL || c->state == SPOT_CHILD_CLOSED)
     return;
   if (spot_child_running(c)) {
-    spot_proc_kill_tree(c->pid, SIGKILL);
-    kill(c->pid, SIGKILL); /* a guard left alone would do the same */
+    spot_proc_kill_tree(c->guard_pid, SIGKILL);
+    kill(c->guard_pid, SIGKILL); /* a guard left alone would do the same */
   }
   set_state(c, SPOT_CHILD_CLOSED);
   uv_timer_stop(&c->timer);

@@ -18,17 +18,19 @@
  * The guard: spotd does not start the command itself. It starts its own
  * binary (/proc/self/exe, SPOT_CHILD_SHIM_ARG first: main() hands it to
  * spot_child_shim_main()) in a session of its own, and that process, the
- * guard, starts the command. The guard is a child subreaper: whatever the
- * command starts, in whatever session or process group (torch 2.x's
- * torchrun gives each worker its own), stays a descendant of the guard,
- * orphans included. So the job is the guard's process tree (proctree.h):
+ * guard, starts the command in another session of its own (so the
+ * command's pid is its session and process group id, as a command spotd
+ * started itself would be) and reports the command's pid on a pipe. The guard
+ * is a child subreaper: whatever the command starts, in whatever session or
+ * process group (torch 2.x's torchrun gives each worker its own), stays a
+ * descendant of the guard, orphans included. So the job is the guard's process
+ * tree (proctree.h):
  *  - spotd signals and stops the tree, never a process outside it;
  *  - when spotd dies (even by SIGKILL) the guard SIGKILLs the tree;
  *  - when the command exits, the guard stops what it left (SIGTERM, then
  *    SIGKILL after the grace) and then exits the way the command did (its
  *    status, or its signal), which is what spotd's exit callback sees.
- * The guard blocks every signal: a signal to its group reaches only the
- * job's processes.
+ * The guard blocks every signal.
  *
  * struct spot_child (libuv): one guard and its tree, stopped with SIGTERM
  * to every process of the tree then SIGKILL after a grace. After
@@ -111,7 +113,8 @@ struct spot_child {
   uv_timer_t timer; /* SIGKILL after the grace */
   enum spot_child_state state;
   char name[32];
-  pid_t pid; /* the guard's */
+  pid_t pid;       /* the command's (it leads its own session and group) */
+  pid_t guard_pid; /* the guard's: the root of the tree */
   uint64_t start_ms;
   int64_t exit_status; /* the command's */
   int term_signal;
@@ -130,9 +133,9 @@ int spot_child_kill(struct spot_child *c, int signum);
 /* The running processes of the tree, parents first (free() *out). */
 int spot_child_tree(const struct spot_child *c, struct spot_proc **out,
                     size_t *n);
-/* Whether procs[i] of such a list is the command itself. */
+/* Whether p of such a list is the command itself. */
 bool spot_child_is_leader(const struct spot_child *c,
-                          const struct spot_proc *procs, size_t n, size_t i);
+                          const struct spot_proc *p);
 /* SIGTERM to the tree, SIGKILL grace_ms later. */
 void spot_child_stop(struct spot_child *c, uint64_t grace_ms);
 /* SIGKILL to what runs, no callback any more, handles closed. */

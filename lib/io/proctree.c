@@ -255,6 +255,25 @@ spot_proc_catches(const struct spot_proc *p, int signum)
 }
 
 int
+spot_proc_takes(const struct spot_proc *p, int signum)
+{
+  char buf[4096];
+  uint64_t cgt, blk, ign;
+  int r = read_same(p, "status", buf, sizeof(buf));
+
+  if (r < 0)
+    return r;
+  if (spot_proc_parse_sigmask(buf, "SigCgt", &cgt) < 0 ||
+      spot_proc_parse_sigmask(buf, "SigBlk", &blk) < 0 ||
+      spot_proc_parse_sigmask(buf, "SigIgn", &ign) < 0)
+    return -EINVAL;
+  return spot_proc_mask_has(cgt, signum) || (spot_proc_mask_has(blk, signum) &&
+                                             !spot_proc_mask_has(ign, signum))
+             ? 1
+             : 0;
+}
+
+int
 spot_proc_maps_file(const struct spot_proc *p, const char *path)
 {
   size_t plen = strlen(path);

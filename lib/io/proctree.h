@@ -61,6 +61,10 @@ int spot_proc_read(pid_t pid, struct spot_proc *out);
 /* 1 when p (still the same process) catches signum, 0 when not (default
  * action or ignored), negative errno (-ESRCH: gone). */
 int spot_proc_catches(const struct spot_proc *p, int signum);
+/* 1 when p takes signum without dying of it: catches it, or blocks it
+ * and does not ignore it (a sigwait or signalfd loop: the signal waits
+ * for it); 0 when not; negative errno. */
+int spot_proc_takes(const struct spot_proc *p, int signum);
 /* 1 when p maps the file at the absolute path (a line of
  * /proc/PID/maps ends with it), 0 when not, negative errno. */
 int spot_proc_maps_file(const struct spot_proc *p, const char *path);

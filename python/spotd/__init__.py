@@ -1,6 +1,6 @@
 """spotd's trainer contract in a few lines (standard library; torch optional).
 
-    import spotd                      # first: installs the signal handler
+    import spotd
     import torch
     ...
     if spotd.resume_dir():
@@ -16,12 +16,34 @@
 
 What it does for you:
 
-- Importing it (in the main thread) installs a handler for the checkpoint
-  signal (SIGUSR1, or the one named in $SPOTD_SIGNAL) that only sets a
-  flag. checkpoint_requested() reads and clears it at a safe point
-  (between optimizer steps). Under torch.distributed (initialised) the
-  ranks agree with one all_reduce(MAX), so every rank saves at the same
-  step even if only one of them got the signal.
+- How a request reaches the trainer. Under spotd the trainer's
+  environment names a small shared file, $SPOTD_REQUEST_FILE (spotd's
+  request channel). Importing this module checks it and counts itself in
+  it (attached); the first checkpoint_requested() maps it (MAP_SHARED) and
+  keeps the mapping for the life of the process: a forked child inherits
+  it, an exec'd program that imports spotd maps it again. spotd counts a
+  request in it (seq) and marks it served once the checkpoint is complete;
+  checkpoint_requested() reads those two counters, so every process of the
+  job sees a request whatever its session, process group or threads, and
+  no signal is involved: with the channel the module installs no signal
+  handler, and spotd sends its checkpoint signal only to processes that
+  do not map the file (a program that imports spotd only for
+  report_step() or done() and handles the checkpoint signal itself still
+  gets the signal: it never polls). A request made before the trainer
+  could take it
+  (still starting, waiting in its rendezvous) is taken once, at its first
+  checkpoint_requested(). Each call also counts itself in the file
+  (polls), which tells spotd the trainer has reached its training loop.
+- Without the channel (no spotd, or a spotd that has none; a file that
+  cannot be mapped prints one warning) importing it in the main thread
+  installs a handler for the checkpoint signal ($SPOTD_SIGNAL, a number
+  or a name, else SIGUSR1) that only sets a flag; `kill -USR1 PID` then
+  asks for a checkpoint by hand. request() sets the same flag.
+- checkpoint_requested() is meant for a safe point (between optimizer
+  steps). Under torch.distributed (initialised) the ranks agree with one
+  all_reduce(MAX), so every rank saves at the same step even if only one
+  of them saw the request. With nothing pending and no torch.distributed
+  it costs about a microsecond (bench/helper_bench.py).
 - checkpoint() makes the next folder under $SPOTD_CKPT_DIR (step-NNNNNN,
   or the name you give; a name already taken gets a suffix, a folder is
   never reused) and, when the with block ends without an exception (on
@@ -33,11 +55,15 @@ What it does for you:
   by the node's local rank 0 after every rank left the block. ck.writer is
   True on that process: DDP weights are replicated, so it alone writes the
   model and optimizer; any rank may also write files of its own (say
-  rng-rank{K}.pt) into ck.path.
+  rng-rank{K}.pt, or torch.distributed.checkpoint shards) into ck.path.
 - resume_dir(), rank(), restart_count(), done(dir) (what `spotctl done`
   does: mark a folder complete and tell spotd), report_step(n) (the
   trainer's step, for `spotctl history`'s lost steps; call it after each
   optimizer step, it sends at most ten requests a second).
+- Framework integrations live in submodules that import their framework
+  only when used: spotd.hf (Hugging Face Trainer), spotd.lightning
+  (PyTorch Lightning), spotd.dcp (torch.distributed.checkpoint).
+  `import spotd` itself imports none of them, nor torch.
 
 Without spotd (a plain local run) everything works the same: checkpoints
 go to ./checkpoints (or $SPOTD_CKPT_DIR if you set it), resume_dir() is
@@ -45,9 +71,11 @@ $SPOTD_RESUME_DIR if you set it, `kill -USR1 PID` asks for a checkpoint.
 """
 import errno
 import json
+import mmap
 import os
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -55,9 +83,8 @@ import time
 __all__ = [
     "CheckpointAbandoned", "Checkpoint", "MARKER", "checkpoint",
     "checkpoint_requested", "ckpt_root", "done", "install", "local_rank",
-    "rank", "report_step", "request", "restart_count", "resume_dir",
-    "under_spotd",
-    "world_size",
+    "pending", "rank", "report_step", "request", "request_channel",
+    "restart_count", "resume_dir", "under_spotd", "world_size",
 ]
 
 MARKER = "SPOTD_COMPLETE"
@@ -72,16 +99,125 @@ class CheckpointAbandoned(RuntimeError):
     block raised: the folder gets no marker on any rank."""
 
 
+# ------------------------------------------------------- request channel
+# $SPOTD_REQUEST_FILE: 4096 bytes, little-endian, naturally aligned:
+#   0 magic "SPOTDREQ", 8 u32 version (1), 12 u32 reserved,
+#   16 u64 seq (spotd: one more per checkpoint request; 0 = none yet),
+#   24 u64 served (spotd: = seq once that checkpoint is complete or the
+#   request was dropped), 32 u64 polls (this module: one more per
+#   checkpoint_requested(); spotd zeroes it when it starts the trainer and
+#   only tests it for zero), 40 u64 attached (this module: one more per
+#   import), the rest reserved (zero).
+# spotd recognises a process this module serves by the file in its
+# /proc/PID/maps, so the mapping is made at the first poll (not at import:
+# a process that never polls takes the signal) and never closed.
+
+REQ_SIZE = 4096
+REQ_MAGIC = b"SPOTDREQ"
+REQ_VERSION = 1
+_OFF_SEQ, _OFF_POLLS, _OFF_ATTACHED = 16, 32, 40
+_U64X2 = struct.Struct("<QQ")
+_U64X3 = struct.Struct("<QQQ")
+_U64 = struct.Struct("<Q")
+_U64_MASK = (1 << 64) - 1
+
+_req = None        # the mmap of $SPOTD_REQUEST_FILE once polled, or None
+_req_path = None   # its path, when the channel is usable
+_taken = 0         # the newest seq this process took (process-local)
+
+
+def _open_channel(path):
+    """The mapping of the request file at path, or raises OSError or
+    ValueError saying why it cannot serve."""
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        m = mmap.mmap(fd, REQ_SIZE, mmap.MAP_SHARED,
+                      mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)  # the mapping stays after the descriptor is closed
+    magic = m[0:8]
+    version = struct.unpack_from("<I", m, 8)[0]
+    if magic != REQ_MAGIC or version != REQ_VERSION:
+        m.close()  # not ours: spotd must not count this process as served
+        raise ValueError("not a spotd request file (magic %r, version %d)"
+                         % (magic, version))
+    return m
+
+
+def _read_counters(m):
+    """(seq, served), read until two reads agree: spotd writes them as
+    two separate 8-byte stores, and a read between them must not mix."""
+    a = _U64X2.unpack_from(m, _OFF_SEQ)
+    while True:
+        b = _U64X2.unpack_from(m, _OFF_SEQ)
+        if a == b:
+            return a
+        a = b
+
+
+def request_channel():
+    """The path of the request file this process serves through, or None
+    (no spotd, or the signal fallback)."""
+    return _req_path
+
+
+def _mapped():
+    """The mapping of the channel, made at the first use; None without."""
+    global _req, _req_path
+    if _req is None and _req_path is not None:
+        try:
+            _req = _open_channel(_req_path)
+        except (OSError, ValueError) as e:
+            print("spotd: warning: request file %s unusable (%s)" %
+                  (_req_path, e), file=sys.stderr, flush=True)
+            _req_path = None
+    return _req
+
+
+def _pending_seq():
+    """The seq of the request pending for this process, or 0."""
+    m = _mapped()
+    if m is None:
+        return 0
+    seq, served = _read_counters(m)
+    if seq > served and seq > _taken:
+        return seq
+    return 0
+
+
+def pending():
+    """True when spotd's request channel holds a request this process has
+    not taken yet (or the local flag is set). Local: no collective, does
+    not count as a poll and takes nothing; checkpoint_requested() is the
+    call for a training loop."""
+    return _pending_seq() > 0 or _flag.is_set()
+
+
 # ---------------------------------------------------------------- signal
 
 def _parse_signal(sig):
+    """A signal number (int) from an int, a number ("38"), a name ("USR1",
+    "SIGUSR2") or SIGRTMIN+N / SIGRTMAX-N. Real-time signals have no
+    signal.Signals member, so plain ints come back for them."""
+    def known(n):
+        try:
+            return signal.Signals(n)
+        except ValueError:
+            if 1 <= n < signal.NSIG:
+                return n
+            raise ValueError("unknown signal: %s" % sig) from None
     if isinstance(sig, int):
-        return sig  # real-time signals are not members of signal.Signals
+        return known(sig)
     name = str(sig).strip().upper()
     if name.isdigit():
-        return int(name)
+        return known(int(name))
     if not name.startswith("SIG"):
         name = "SIG" + name
+    for base in ("SIGRTMIN", "SIGRTMAX"):
+        if name.startswith(base) and name != base:
+            rest = name[len(base):]
+            if rest[:1] in "+-" and rest[1:].isdigit():
+                return known(int(getattr(signal, base)) + int(rest))
     try:
         return signal.Signals[name]
     except KeyError:
@@ -94,9 +230,10 @@ def _on_signal(signum, frame):
 
 
 def install(sig=None):
-    """Installs the checkpoint-signal handler (done at import): sig, else
-    $SPOTD_SIGNAL, else SIGUSR1. Only from the main thread. Returns the
-    signal."""
+    """Installs the checkpoint-signal handler: sig, else $SPOTD_SIGNAL,
+    else SIGUSR1. Done at import only when there is no request channel;
+    call it yourself to take the signal anyway. Only from the main thread.
+    Returns the signal (a signal.Signals, or an int for a real-time one)."""
     global _installed
     s = _parse_signal(sig or os.environ.get("SPOTD_SIGNAL") or "USR1")
     if _installed is not None and _installed != s:
@@ -111,16 +248,24 @@ def request():
     _flag.set()
 
 
+_dist_mod = []  # torch.distributed once torch is imported (a cache)
+
+
 def _dist():
     """torch.distributed when it is imported and initialised, else None.
     Never imports torch itself."""
-    if "torch" not in sys.modules:
-        return None
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return None
-    if not dist.is_available() or not dist.is_initialized():
+    if not _dist_mod:
+        if "torch" not in sys.modules:
+            return None
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            return None
+        if not dist.is_available():
+            return None
+        _dist_mod.append(dist)
+    dist = _dist_mod[0]
+    if not dist.is_initialized():
         return None
     return dist
 
@@ -137,17 +282,33 @@ def _agree_max(dist, value):
 
 
 def checkpoint_requested():
-    """True when a checkpoint was asked for since the last True (the signal,
-    or request()). Call it once per step at the safe point, on every rank
-    under torch.distributed: it is then a collective (one all_reduce) and
-    every rank gets the same answer."""
-    local = _flag.is_set()
+    """True when a checkpoint was asked for since the last True: a request
+    of spotd's channel this process has not taken, or the local flag (the
+    signal fallback, or request()). Call it once per step at the safe
+    point, on every rank under torch.distributed: it is then a collective
+    (one all_reduce) and every rank gets the same answer. A True takes
+    the pending request: it is not answered again, spotd marks it served
+    once the checkpoint is complete."""
+    global _taken
+    m = _req if _req is not None else _mapped()
+    seq = 0
+    if m is not None:
+        seq, served, polls = _U64X3.unpack_from(m, _OFF_SEQ)
+        _U64.pack_into(m, _OFF_POLLS, (polls + 1) & _U64_MASK)
+        if _U64X2.unpack_from(m, _OFF_SEQ) != (seq, served):
+            seq, served = _read_counters(m)  # spotd wrote in between
+        local = seq > served and seq > _taken
+    else:
+        local = False
+    local = local or _flag.is_set()
     dist = _dist()
     if dist is not None and dist.get_world_size() > 1:
         asked = _agree_max(dist, local) > 0
     else:
         asked = local
     if asked:
+        if seq > _taken:
+            _taken = seq
         _flag.clear()  # a signal during the save asks again
     return asked
 
@@ -452,9 +613,29 @@ def checkpoint(name=None, step=None, root=None):
     return Checkpoint(name=name, step=step, root=root)
 
 
-if threading.current_thread() is threading.main_thread():
-    try:
-        install()
-    except ValueError as e:  # a bad $SPOTD_SIGNAL
-        print("spotd: %s; using SIGUSR1" % e, file=sys.stderr)
-        install("USR1")
+def _setup():
+    """At import: the request channel when spotd offers one, else the
+    signal handler (main thread only)."""
+    global _req_path
+    path = os.environ.get("SPOTD_REQUEST_FILE")
+    if path:
+        try:
+            m = _open_channel(path)
+            att = _U64.unpack_from(m, _OFF_ATTACHED)[0]
+            _U64.pack_into(m, _OFF_ATTACHED, (att + 1) & _U64_MASK)
+            m.close()  # mapped for good at the first poll
+            _req_path = path
+            return  # served through the channel: no signal handler
+        except (OSError, ValueError) as e:
+            print("spotd: warning: request file %s unusable (%s); taking "
+                  "checkpoint requests by signal" % (path, e),
+                  file=sys.stderr, flush=True)
+    if threading.current_thread() is threading.main_thread():
+        try:
+            install()
+        except ValueError as e:  # a bad $SPOTD_SIGNAL
+            print("spotd: %s; using SIGUSR1" % e, file=sys.stderr)
+            install("USR1")
+
+
+_setup()

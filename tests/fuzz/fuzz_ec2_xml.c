@@ -9,6 +9,7 @@
 
 #include "ec2.h"
 #include "printable.h"
+#include "util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -20,6 +21,62 @@ check_item(const struct spot_ec2_item *it)
           sizeof(it->instance_id) ||
       strnlen(it->pool.type, sizeof(it->pool.type)) == sizeof(it->pool.type))
     __builtin_trap();
+  /* cut between whole characters: the code goes into the relaunch record */
+  if (!spot_utf8_valid(it->code) || !spot_utf8_valid(it->instance_id) ||
+      !spot_utf8_valid(it->pool.type) || !spot_utf8_valid(it->pool.az))
+    __builtin_trap();
+  check_printable(it->code);
+  check_printable(it->message);
+  check_printable(it->instance_id);
+}
+
+/* The relaunch record: whatever parses formats back, and what it formats
+ * parses to the same text again; a refusal says why in one line. Strings
+ * cut by spot_relaunch_record_fail/done still format. */
+static void
+check_record(const char *data, size_t size)
+{
+  struct spot_relaunch_record *r = malloc(sizeof(*r));
+  struct spot_relaunch_record *back = malloc(sizeof(*back));
+  struct spot_buf b, b2;
+  char err[256], s[256];
+
+  if (r == NULL || back == NULL)
+    goto out;
+  err[0] = '\0';
+  if (spot_relaunch_record_parse(data, size, r, err, sizeof(err)) == 0) {
+    if (r->n_failed > SPOT_RELAUNCH_FAILED_MAX ||
+        r->n_done > SPOT_RELAUNCH_DONE_MAX)
+      __builtin_trap();
+    spot_buf_init(&b, SPOT_RELAUNCH_RECORD_MAX);
+    spot_buf_init(&b2, SPOT_RELAUNCH_RECORD_MAX);
+    if (spot_relaunch_record_format(r, &b) != 0)
+      __builtin_trap();
+    if (spot_relaunch_record_parse(b.data, b.len, back, err, sizeof(err)) != 0)
+      __builtin_trap();
+    if (spot_relaunch_record_format(back, &b2) != 0 || b.len != b2.len ||
+        memcmp(b.data, b2.data, b.len) != 0)
+      __builtin_trap();
+    spot_buf_fini(&b2);
+    spot_buf_fini(&b);
+  } else if (err[0] == '\0' || strchr(err, '\n') != NULL) {
+    __builtin_trap();
+  }
+  /* the input as one string, cut to fit the fields */
+  memcpy(s, data, size < sizeof(s) - 1 ? size : sizeof(s) - 1);
+  s[size < sizeof(s) - 1 ? size : sizeof(s) - 1] = '\0';
+  if (spot_utf8_valid(s)) {
+    memset(r, 0, sizeof(*r));
+    spot_relaunch_record_fail(r, s, s, 1);
+    spot_relaunch_record_done(r, s, s, s, 2);
+    spot_buf_init(&b, SPOT_RELAUNCH_RECORD_MAX);
+    if (spot_relaunch_record_format(r, &b) != 0)
+      __builtin_trap();
+    spot_buf_fini(&b);
+  }
+out:
+  free(back);
+  free(r);
 }
 
 int
@@ -34,6 +91,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
       return 0;
     if (spot_ec2_reply_parse((const char *)data + 1, size - 1, r) == 0) {
       if (r->is_error && r->code[0] == '\0')
+        __builtin_trap();
+      if (!spot_utf8_valid(r->code))
         __builtin_trap();
       check_printable(r->code);
       check_printable(r->message);
@@ -51,22 +110,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     free(r);
   } else {
-    struct spot_relaunch_record *r = malloc(sizeof(*r));
-    struct spot_buf b;
-
-    if (r == NULL)
-      return 0;
-    if (spot_relaunch_record_parse((const char *)data + 1, size - 1, r) == 0) {
-      if (r->n_failed > SPOT_RELAUNCH_FAILED_MAX ||
-          r->n_done > SPOT_RELAUNCH_DONE_MAX)
-        __builtin_trap();
-      /* what we parse we can write back */
-      spot_buf_init(&b, SPOT_RELAUNCH_RECORD_MAX);
-      if (spot_relaunch_record_format(r, &b) != 0)
-        __builtin_trap();
-      spot_buf_fini(&b);
-    }
-    free(r);
+    check_record((const char *)data + 1, size - 1);
   }
   return 0;
 }

@@ -22,7 +22,8 @@ import spotlib as sl  # noqa: E402
 TRAINER = r'''
 import errno, json, os, signal, sys, time
 flag = [False]
-signal.signal(signal.SIGUSR1, lambda *a: flag.__setitem__(0, True))
+signal.signal(int(os.environ.get("SPOTD_SIGNAL") or signal.SIGUSR1),
+              lambda *a: flag.__setitem__(0, True))
 log = open(sys.argv[1], "a", buffering=1)
 log.write(json.dumps({"ev": "ready"}) + "\n")
 sizes = [1 << 20, 8 << 20, 8 << 20]

@@ -14,7 +14,21 @@
 6. Under torch.distributed (2 processes, gloo, when torch imports): only
    rank 1 gets the signal, both ranks see the request at the same step;
    one folder, written by local rank 0, marked once; an exception on rank
-   1 leaves no marker and rank 0 gets CheckpointAbandoned.
+   1 leaves no marker and rank 0 gets CheckpointAbandoned. The same
+   agreement when only rank 1's request channel holds a request.
+7. The request channel ($SPOTD_REQUEST_FILE, written here as spotd
+   would): a request made before the process started is taken once at its
+   first poll; taken is not answered again; once served a new process
+   does not take it; a new seq is; each checkpoint_requested() adds one
+   to polls; the process installs no signal handler (SIGUSR1 and the
+   real-time $SPOTD_SIGNAL keep their default) and counts itself in the file (attached); its first poll maps it; a
+   forked child keeps the mapping and sees the request; after exec the
+   new image maps it again at its first poll.
+8. Fallback: a missing or foreign request file prints one warning and the
+   signal handler ($SPOTD_SIGNAL, a real-time number here) is installed.
+9. `import spotd, spotd.hf, spotd.lightning, spotd.dcp` imports neither
+   torch nor a framework; without torch.distributed.checkpoint,
+   spotd.dcp.save() raises a RuntimeError that says so.
 No daemon, no S3.
 """
 import contextlib
@@ -24,6 +38,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -311,6 +326,45 @@ dist.destroy_process_group()
 """
 
 
+DIST_CHAN_WORKER = r"""
+import sys
+import spotd
+import torch.distributed as dist
+dist.init_process_group("gloo")
+r = dist.get_rank()
+seen = [s for s in range(1, 11) if spotd.checkpoint_requested()]
+print("rank=%d chan=%s seen=%s" % (r, spotd.request_channel() is not None,
+                                   seen), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def run_ranks(script, args, env_of, timeout=120):
+    """Starts ranks 0 and 1 of script (gloo on loopback); [(rc, output)]."""
+    port = str(free_port())
+    procs = []
+    for r in (0, 1):
+        e = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                 PYTHONPATH=srcdir_path("python"))
+        for k in ("SPOTD_SOCKET", "SPOTD_CKPT_DIR", "SPOTD_SIGNAL",
+                  "SPOTD_REQUEST_FILE"):
+            e.pop(k, None)
+        e.update(env_of(r))
+        procs.append(subprocess.Popen([PY3, script] + args, env=e,
+                                      stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+        outs.append((p.returncode, out))
+    return outs
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -327,25 +381,7 @@ def test_distributed(c, tmp):
     script = os.path.join(tmp, "worker.py")
     with open(script, "w") as f:
         f.write(DIST_WORKER)
-    port = str(free_port())
-    procs = []
-    for r in (0, 1):
-        e = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
-                 MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                 PYTHONPATH=srcdir_path("python"))
-        for k in ("SPOTD_SOCKET", "SPOTD_CKPT_DIR", "SPOTD_SIGNAL"):
-            e.pop(k, None)
-        procs.append(subprocess.Popen([PY3, script, root], env=e,
-                                      stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    outs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-        outs.append((p.returncode, out))
+    outs = run_ranks(script, [root], lambda r: {})
     detail = "\n".join("rc=%d\n%s" % o for o in outs)
     lines = [o[1].strip().splitlines()[-1] if o[1].strip() else ""
              for o in outs]
@@ -367,6 +403,261 @@ def test_distributed(c, tmp):
             not os.path.exists(os.path.join(root, "failing", MARKER)),
             "an exception on rank 1: no marker, rank 0 gets "
             "CheckpointAbandoned", detail)
+    # Only rank 1's request channel holds a request (rank 0 has none).
+    req = os.path.join(tmp, "rank1.req")
+    make_req(req, seq=1)
+    script = os.path.join(tmp, "chan_worker.py")
+    with open(script, "w") as f:
+        f.write(DIST_CHAN_WORKER)
+    outs = run_ranks(script, [], lambda r: {"SPOTD_REQUEST_FILE": req}
+                     if r == 1 else {})
+    detail = "\n".join("rc=%d\n%s" % o for o in outs)
+    lines = [o[1].strip().splitlines()[-1] if o[1].strip() else ""
+             for o in outs]
+    c.check(all(o[0] == 0 for o in outs) and
+            lines == ["rank=0 chan=False seen=[1]",
+                      "rank=1 chan=True seen=[1]"],
+            "a request in rank 1's channel only: both ranks agree at the "
+            "first poll, and only once", detail)
+
+
+REQ_SIZE = 4096
+
+
+def make_req(path, seq=0, served=0, polls=0, magic=b"SPOTDREQ", version=1):
+    """Writes a request file as spotd does."""
+    with open(path, "wb") as f:
+        f.write(magic + struct.pack("<IIQQQ", version, 0, seq, served, polls)
+                + b"\0" * (REQ_SIZE - 40))
+
+
+def set_req(path, **kv):
+    """Sets fields of an existing request file in place (seq, served,
+    polls), through the file as spotd's separate mapping would."""
+    offs = {"seq": 16, "served": 24, "polls": 32}
+    with open(path, "r+b") as f:
+        for k, v in kv.items():
+            f.seek(offs[k])
+            f.write(struct.pack("<Q", v))
+
+
+def read_req(path):
+    with open(path, "rb") as f:
+        d = f.read(REQ_SIZE)
+    return dict(zip(("seq", "served", "polls", "attached"),
+                    struct.unpack_from("<QQQQ", d, 16)))
+
+
+CHAN_CHILD = r"""
+import json, os, signal, sys
+import spotd
+def maps(pid):
+    with open("/proc/%d/maps" % pid) as f:
+        return os.environ["SPOTD_REQUEST_FILE"] in f.read()
+for line in sys.stdin:
+    cmd = line.split()
+    if cmd[0] == "poll":
+        out = spotd.checkpoint_requested()
+    elif cmd[0] == "pending":
+        out = spotd.pending()
+    elif cmd[0] == "info":
+        rt = int(os.environ.get("SPOTD_SIGNAL") or 0)
+        out = {"channel": spotd.request_channel(),
+               "usr1": signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL,
+               "rt": rt and signal.getsignal(rt) == signal.SIG_DFL,
+               "installed": spotd._installed is not None,
+               "mapped": maps(os.getpid())}
+    elif cmd[0] == "fork":
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            res = [maps(os.getpid()), spotd.checkpoint_requested(),
+                   spotd.checkpoint_requested()]
+            os.write(w, json.dumps(res).encode())
+            os._exit(0)
+        os.close(w)
+        data = b""
+        while True:
+            b = os.read(r, 4096)
+            if not b:
+                break
+            data += b
+        os.waitpid(pid, 0)
+        out = json.loads(data)
+    elif cmd[0] == "exec":
+        code = ("import os; "
+                "f = os.environ['SPOTD_REQUEST_FILE']; "
+                "m = lambda: f in open('/proc/self/maps').read(); "
+                "before = m(); import spotd; "
+                "print(before, m(), spotd.request_channel() == f, flush=True)")
+        sys.stdout.flush()
+        os.execv(sys.executable, [sys.executable, "-c", code])
+    print(json.dumps(out), flush=True)
+"""
+
+
+class ChanChild:
+    """A Python process that imports spotd with SPOTD_REQUEST_FILE=path
+    and answers one command per line (poll, pending, info, fork, exec)."""
+
+    def __init__(self, path, **extra):
+        e = dict(os.environ, PYTHONPATH=srcdir_path("python"),
+                 SPOTD_REQUEST_FILE=path)
+        for k in ("SPOTD_SIGNAL", "RANK", "WORLD_SIZE"):
+            e.pop(k, None)
+        e.update(extra)
+        self.p = subprocess.Popen([PY3, "-c", CHAN_CHILD], env=e, text=True,
+                                  stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE)
+
+    def ask(self, cmd):
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline()
+        if not line:
+            return None
+        if cmd == "exec":
+            return line.split()
+        return json.loads(line)
+
+    def close(self):
+        try:
+            self.p.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.p.wait(20)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+        return self.p.stderr.read()
+
+
+def test_channel(c, tmp):
+    req = os.path.join(tmp, "spotd.sock.req")
+    make_req(req, seq=1)  # made before the process could take it
+    ch = ChanChild(req, SPOTD_SIGNAL=str(signal.SIGRTMIN + 4))
+    try:
+        info = ch.ask("info")
+        c.check(info == {"channel": req, "usr1": True, "rt": True,
+                         "installed": False, "mapped": False},
+                "with the request file: no signal handler (SIGUSR1 and the "
+                "real-time SPOTD_SIGNAL at default), not mapped before the "
+                "first poll (a process that never polls takes the signal)",
+                repr(info))
+        c.check(read_req(req)["polls"] == 0, "no poll counted at import")
+        c.check(read_req(req)["attached"] == 1, "the import is counted "
+                "(attached)", repr(read_req(req)))
+        c.check(ch.ask("pending") is True,
+                "a request made before the process started is pending")
+        c.check(ch.ask("poll") is True, "its first poll takes it")
+        c.check(ch.ask("info")["mapped"] is True,
+                "mapped for good once it polled")
+        c.check(ch.ask("poll") is False and ch.ask("pending") is False,
+                "a taken request is not answered again")
+        c.check(read_req(req)["polls"] == 2,
+                "each checkpoint_requested() adds one to polls (pending() "
+                "does not)", repr(read_req(req)))
+        set_req(req, served=1)
+        c.check(ch.ask("poll") is False, "served: nothing pending")
+        set_req(req, seq=2)
+        c.check(ch.ask("poll") is True and ch.ask("poll") is False,
+                "a new request (seq 2) is taken once")
+        set_req(req, seq=3)
+        got = ch.ask("fork")
+        c.check(got == [True, True, False],
+                "a forked child keeps the mapping and takes the pending "
+                "request once", repr(got))
+        c.check(ch.ask("poll") is True,
+                "the parent still takes it (taken is per process)")
+        set_req(req, served=3)
+        got = ch.ask("exec")
+        c.check(got == ["False", "False", "True"],
+                "after exec the new image uses the channel again (mapped "
+                "at its first poll)", repr(got))
+    finally:
+        err = ch.close()
+    c.check(err == "", "no warning with a valid request file", err)
+    # Served before a new process started: it does not take it.
+    ch = ChanChild(req)
+    try:
+        c.check(ch.ask("poll") is False,
+                "a request served before the process started is not taken")
+    finally:
+        ch.close()
+    c.check(read_req(req)["seq"] == 3 and read_req(req)["served"] == 3,
+            "the helper never writes seq or served", repr(read_req(req)))
+
+
+def test_fallback(c, tmp):
+    rt = str(signal.SIGRTMIN + 4)
+    code = ("import os, signal, time, spotd\n"
+            "print(spotd.request_channel(), spotd._installed, "
+            "signal.getsignal(%s) is spotd._on_signal, "
+            "os.environ['SPOTD_REQUEST_FILE'] in open('/proc/self/maps')"
+            ".read())\n"
+            "os.kill(os.getpid(), %s)\n"
+            "time.sleep(0.05)\n"
+            "print(spotd.checkpoint_requested(), spotd.checkpoint_requested())\n"
+            % (rt, rt))
+    bad = os.path.join(tmp, "foreign.req")
+    make_req(bad, magic=b"NOTSPOTD")
+    short = os.path.join(tmp, "short.req")
+    with open(short, "wb") as f:
+        f.write(b"SPOTDREQ")
+    for what, path in (("a missing", os.path.join(tmp, "nope.req")),
+                       ("a foreign", bad), ("a short", short)):
+        cp = subprocess.run([PY3, "-c", code], capture_output=True, text=True,
+                            timeout=30, env=dict(
+                                os.environ, SPOTD_SIGNAL=rt,
+                                SPOTD_REQUEST_FILE=path,
+                                PYTHONPATH=srcdir_path("python")))
+        warn = [l for l in cp.stderr.splitlines() if "warning" in l]
+        c.check(cp.returncode == 0 and cp.stdout.split() ==
+                ["None", rt, "True", "False", "True", "False"] and len(warn) == 1 and
+                path in warn[0],
+                "%s request file: one warning, not left mapped, the real-time "
+                "SPOTD_SIGNAL %s handler sets the flag" % (what, rt),
+                cp.stdout + cp.stderr)
+    cp = subprocess.run([PY3, "-c", "import spotd; print(spotd._installed)"],
+                        capture_output=True, text=True, timeout=30,
+                        env=dict(os.environ, SPOTD_SIGNAL="RTMIN+4",
+                                 PYTHONPATH=srcdir_path("python")))
+    c.check(cp.stdout.strip() == rt, "SPOTD_SIGNAL=RTMIN+4 is %s" % rt,
+            cp.stdout + cp.stderr)
+
+
+def test_light_import(c, tmp):
+    code = ("import sys, spotd, spotd.hf, spotd.lightning, spotd.dcp\n"
+            "heavy = [m for m in ('torch', 'transformers', 'lightning', "
+            "'pytorch_lightning', 'numpy') if m in sys.modules]\n"
+            "print(heavy)\n")
+    cp = subprocess.run([PY3, "-c", code], capture_output=True, text=True,
+                        timeout=30, env=dict(os.environ,
+                                             PYTHONPATH=srcdir_path("python")))
+    c.check(cp.returncode == 0 and cp.stdout.strip() == "[]",
+            "import spotd and its integrations imports no torch, "
+            "transformers, lightning or numpy", cp.stdout + cp.stderr)
+    code = ("import spotd.dcp\n"
+            "try:\n    import torch.distributed.checkpoint\n"
+            "    print('has-dcp')\n"
+            "except ImportError:\n"
+            "    try:\n        spotd.dcp.save({}, step=1)\n"
+            "    except RuntimeError as e:\n        print(e)\n")
+    cp = subprocess.run([PY3, "-c", code], capture_output=True, text=True,
+                        timeout=60, env=dict(os.environ,
+                                             PYTHONPATH=srcdir_path("python")))
+    out = cp.stdout.strip()
+    if out == "has-dcp":
+        print("     (this torch has torch.distributed.checkpoint: fw_dcp "
+              "tests spotd.dcp)")
+    else:
+        c.check("needs torch.distributed.checkpoint (torch 2.0 or newer)"
+                in out and "this Python has " in out,
+                "spotd.dcp without DCP: a RuntimeError naming what is "
+                "missing and which torch is there", cp.stdout + cp.stderr)
 
 
 def main():
@@ -378,6 +669,9 @@ def main():
         test_no_spotd(c, tmp)
         test_signal(c, tmp)
         test_done_socket(c, tmp)
+        test_channel(c, tmp)
+        test_fallback(c, tmp)
+        test_light_import(c, tmp)
         test_distributed(c, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

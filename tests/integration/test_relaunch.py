@@ -361,7 +361,7 @@ want = False
 def usr1(s, f):
     global want
     want = True
-signal.signal(signal.SIGUSR1, usr1)
+signal.signal(int(os.environ.get("SPOTD_SIGNAL") or signal.SIGUSR1), usr1)
 step = 0
 while step < 600:
     time.sleep(0.05)

@@ -58,7 +58,7 @@ def usr1(signum, frame):
     want = True
     log("signal at %d run %s" % (step, run))
 
-signal.signal(signal.SIGUSR1, usr1)
+signal.signal(int(os.environ.get("SPOTD_SIGNAL") or signal.SIGUSR1), usr1)
 resume = os.environ.get("SPOTD_RESUME_DIR")
 if resume:
     with open(os.path.join(resume, "step")) as f:

@@ -47,7 +47,8 @@ def write_bytes(path, nbytes, seed, mode="wb"):
 
 
 def trainer_main(wd, once):
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
+    ck = int(os.environ.get("SPOTD_SIGNAL") or signal.SIGUSR1)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {ck, signal.SIGTERM})
     ckpt_dir = os.environ["SPOTD_CKPT_DIR"]
     log = open(os.path.join(wd, "trainer.jsonl"), "a")
 
@@ -71,7 +72,7 @@ def trainer_main(wd, once):
     emit("ready")
     n = 0
     while True:
-        info = signal.sigtimedwait({signal.SIGUSR1, signal.SIGTERM}, 1)
+        info = signal.sigtimedwait({ck, signal.SIGTERM}, 1)
         if info is None:
             continue
         if info.si_signo == signal.SIGTERM:

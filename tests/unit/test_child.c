@@ -299,6 +299,67 @@ test_stop_reaches_other_sessions(void **state)
   unlink(pidfile);
 }
 
+/* A worker whose parent exited (an orphan) is re-parented to the guard,
+ * a child subreaper, and so stays in the tree, not under PID 1. */
+static void
+test_orphan_stays_in_tree(void **state)
+{
+  char pidfile[] = "/tmp/test-child-XXXXXX", script[300];
+  int fd = mkstemp(pidfile), orphan;
+  struct spot_child_options o;
+  struct spot_child c;
+  struct run r = {0, -1};
+  struct spot_proc *v, p;
+  size_t n;
+  bool in = false;
+  uv_loop_t loop;
+  uv_timer_t t;
+  char *argv[] = {(char *)"/bin/sh", (char *)"-c", script, NULL};
+
+  (void)state;
+  assert_true(fd >= 0);
+  close(fd);
+  unlink(pidfile);
+  /* the subshell exits at once: its setsid'd child is an orphan */
+  snprintf(script, sizeof(script),
+           "(setsid /bin/sh -c 'echo $$ > %s.tmp; mv %s.tmp %s; "
+           "exec sleep 60' &); sleep 60",
+           pidfile, pidfile, pidfile);
+  assert_int_equal(uv_loop_init(&loop), 0);
+  assert_int_equal(spot_child_init(&c, &loop), 0);
+  memset(&o, 0, sizeof(o));
+  o.name = "test";
+  o.argv = argv;
+  o.grace_ms = 300;
+  o.exit_cb = exit_cb;
+  o.data = &r;
+  assert_int_equal(spot_child_spawn(&c, &o), 0);
+  orphan = read_pid_file(pidfile);
+  assert_true(orphan > 0);
+  for (int i = 0; i < 200; i++) { /* the subshell's exit takes a moment */
+    assert_int_equal(spot_proc_read(orphan, &p), 0);
+    if (p.ppid == c.guard_pid)
+      break;
+    usleep(10000);
+  }
+  assert_int_equal(p.ppid, c.guard_pid); /* the guard, not PID 1 */
+  assert_int_equal(spot_child_tree(&c, &v, &n), 0);
+  for (size_t i = 0; i < n; i++)
+    in = in || v[i].pid == orphan;
+  free(v);
+  assert_true(in);
+  uv_timer_init(&loop, &t);
+  t.data = &c;
+  uv_timer_start(&t, stop_cb, 10, 0);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(r.calls, 1);
+  assert_true(gone(orphan));
+  spot_child_close(&c);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&loop), 0);
+  unlink(pidfile);
+}
+
 /* spotd SIGKILLed: its guard kills the job, in every session. Here a
  * forked process plays spotd. */
 static void
@@ -354,6 +415,7 @@ main(int argc, char **argv)
       cmocka_unit_test(test_group_left_is_stopped),
       cmocka_unit_test(test_close_suppresses_callback),
       cmocka_unit_test(test_stop_reaches_other_sessions),
+      cmocka_unit_test(test_orphan_stays_in_tree),
       cmocka_unit_test(test_parent_killed),
   };
 

@@ -155,6 +155,35 @@ test_error_doc(void **state)
   free(r);
 }
 
+/* A code longer than its field is cut between whole characters, so the
+ * relaunch record it goes into can still be written. */
+static void
+test_long_code(void **state)
+{
+  struct spot_ec2_reply *r = calloc(1, sizeof(*r));
+  struct spot_relaunch_record *rec = calloc(1, sizeof(*rec));
+  struct spot_buf b;
+  char doc[512], code[80];
+
+  (void)state;
+  assert_non_null(r);
+  assert_non_null(rec);
+  memset(code, 'C', 62);
+  memcpy(code + 62, "\xd7\x9e\xd7\x9e", 5); /* 62 + 4 bytes */
+  snprintf(doc, sizeof(doc),
+           "<Response><Errors><Error><Code>%s</Code></Error></Errors>"
+           "</Response>",
+           code);
+  assert_int_equal(spot_ec2_reply_parse(doc, strlen(doc), r), 0);
+  assert_int_equal(strlen(r->code), 62);
+  spot_relaunch_record_fail(rec, "m5.large/us-east-1a", r->code, 1);
+  spot_buf_init(&b, SPOT_RELAUNCH_RECORD_MAX);
+  assert_int_equal(spot_relaunch_record_format(rec, &b), 0);
+  spot_buf_fini(&b);
+  free(rec);
+  free(r);
+}
+
 static void
 test_classify(void **state)
 {
@@ -213,7 +242,7 @@ test_record(void **state)
   spot_relaunch_record_done(r, "spotd-k", "i-1", "c5.large/us-east-1a", 4000);
   spot_buf_init(&b, SPOT_RELAUNCH_RECORD_MAX);
   assert_int_equal(spot_relaunch_record_format(r, &b), 0);
-  assert_int_equal(spot_relaunch_record_parse(b.data, b.len, back), 0);
+  assert_int_equal(spot_relaunch_record_parse(b.data, b.len, back, NULL, 0), 0);
   assert_int_equal(back->n_failed, 2);
   assert_int_equal(back->failed[1].at_ms, 3000);
   assert_non_null(spot_relaunch_record_find(back, "spotd-k"));
@@ -227,15 +256,16 @@ test_record(void **state)
   }
   assert_int_equal(r->n_failed, SPOT_RELAUNCH_FAILED_MAX);
   assert_string_equal(r->failed[0].pool, "t/z3");
-  assert_int_equal(spot_relaunch_record_parse("[]", 2, back), -EBADMSG);
-  assert_int_equal(spot_relaunch_record_parse("{", 1, back), -EBADMSG);
+  assert_int_equal(spot_relaunch_record_parse("[]", 2, back, NULL, 0),
+                   -EBADMSG);
+  assert_int_equal(spot_relaunch_record_parse("{", 1, back, NULL, 0), -EBADMSG);
   /* unknown keys and bad entries are skipped */
   assert_int_equal(spot_relaunch_record_parse(
                        "{\"x\":1,\"failed\":[1,{\"pool\":\"a\"},{\"pool\":"
                        "\"b\",\"code\":\"c\",\"at\":5}]}",
                        strlen("{\"x\":1,\"failed\":[1,{\"pool\":\"a\"},{"
                               "\"pool\":\"b\",\"code\":\"c\",\"at\":5}]}"),
-                       back),
+                       back, NULL, 0),
                    0);
   assert_int_equal(back->n_failed, 1);
   assert_string_equal(back->failed[0].pool, "b");
@@ -244,13 +274,153 @@ test_record(void **state)
   free(back);
 }
 
+/* Parses json; on success formats it and parses that back to the same
+ * text. Returns the parse's result, err its line. */
+static int
+round_trip(const char *json, size_t len, char *err, size_t errlen)
+{
+  struct spot_relaunch_record *r = calloc(1, sizeof(*r));
+  struct spot_relaunch_record *back = calloc(1, sizeof(*back));
+  struct spot_buf b, b2;
+  int rc;
+
+  assert_non_null(r);
+  assert_non_null(back);
+  err[0] = '\0';
+  rc = spot_relaunch_record_parse(json, len, r, err, errlen);
+  if (rc == 0) {
+    spot_buf_init(&b, SPOT_RELAUNCH_RECORD_MAX);
+    spot_buf_init(&b2, SPOT_RELAUNCH_RECORD_MAX);
+    assert_int_equal(spot_relaunch_record_format(r, &b), 0);
+    assert_int_equal(spot_relaunch_record_parse(b.data, b.len, back, NULL, 0),
+                     0);
+    assert_int_equal(spot_relaunch_record_format(back, &b2), 0);
+    assert_int_equal(b.len, b2.len);
+    assert_memory_equal(b.data, b2.data, b.len);
+    spot_buf_fini(&b2);
+    spot_buf_fini(&b);
+  } else {
+    assert_int_equal(rc, -EBADMSG);
+    assert_true(err[0] != '\0');
+    assert_null(strchr(err, '\n'));
+  }
+  free(back);
+  free(r);
+  return rc;
+}
+
+#define RT(lit, err) round_trip(lit, sizeof(lit) - 1, err, sizeof(err))
+
+/* A record must not parse unless it formats back: a string cut to its
+ * field could end inside a UTF-8 character (the fuzzer's find, in the
+ * corpus as record-key-cut-utf8). Over-long strings, NUL bytes and
+ * invalid UTF-8 are refused with one line. */
+static void
+test_record_round_trip(void **state)
+{
+  static const char fuzz_find[] =
+      "{\"version\":1,\"failed\":[{\"pool\":\"m0.larffCreateFlfffffffffffffff"
+      "fffffff0fffffffffffffffffffffffffffffffffffflaimed\",\"at\":4746}],"
+      "\"done\":[{\"key\":\"spotd1.0</priority></over></launchTemplateAst-"
+      "\xd7\x9e\",\"at\":400\x00}]}";
+  struct spot_relaunch_record *r = calloc(1, sizeof(*r));
+  struct spot_buf b;
+  char err[256], longs[200], json[400];
+
+  (void)state;
+  assert_non_null(r);
+  assert_int_equal(RT(fuzz_find, err), -EBADMSG);
+  assert_non_null(strstr(err, "NUL byte"));
+  /* the key alone, 48 bytes that a 47-byte cut would split */
+  assert_int_equal(
+      RT("{\"done\":[{\"key\":\"spotd1.0</priority></over></launchTemplateAst-"
+         "\xd7\x9e\",\"at\":400}]}",
+         err),
+      -EBADMSG);
+  assert_non_null(strstr(err, "done[0].key"));
+  /* the longest pool that fits, and one byte more */
+  memset(longs, 'p', sizeof(r->failed[0].pool) - 1);
+  longs[sizeof(r->failed[0].pool) - 1] = '\0';
+  snprintf(json, sizeof(json), "{\"failed\":[{\"pool\":\"%s\",\"at\":1}]}",
+           longs);
+  assert_int_equal(round_trip(json, strlen(json), err, sizeof(err)), 0);
+  snprintf(json, sizeof(json),
+           "{\"failed\":[{\"pool\":\"a\",\"at\":1},{\"pool\":\"%sq\",\"at\":"
+           "1}]}",
+           longs);
+  assert_int_equal(round_trip(json, strlen(json), err, sizeof(err)), -EBADMSG);
+  assert_non_null(strstr(err, "failed[1].pool"));
+  /* NUL bytes: escaped, raw in a string, raw between tokens */
+  assert_int_equal(RT("{\"failed\":[{\"pool\":\"a\\u0000b\",\"at\":1}]}", err),
+                   -EBADMSG);
+  assert_int_equal(RT("{\"failed\":[{\"pool\":\"a\x00b\",\"at\":1}]}", err),
+                   -EBADMSG);
+  assert_int_equal(RT("{\"failed\":[{\"pool\":\"a\",\"at\":1\x00}]}", err),
+                   -EBADMSG);
+  /* invalid UTF-8: a lone continuation byte, a lone surrogate escape */
+  assert_int_equal(RT("{\"done\":[{\"key\":\"k\x9e\",\"at\":1}]}", err),
+                   -EBADMSG);
+  assert_int_equal(RT("{\"done\":[{\"key\":\"k\\ud800\",\"at\":1}]}", err),
+                   -EBADMSG);
+  /* the error line of broken JSON keeps control bytes out */
+  assert_int_equal(RT("{\"x\x01", err), -EBADMSG);
+  assert_null(strchr(err, '\x01'));
+  /* whole characters that fit pass */
+  assert_int_equal(
+      RT("{\"done\":[{\"key\":\"\xd7\x9e\",\"instance\":\"i\",\"pool\":\"\xe2"
+         "\x82\xac\",\"at\":-9223372036854775808}]}",
+         err),
+      0);
+
+  /* fail() and done() cut between whole characters, so what they keep
+   * formats */
+  for (size_t skew = 0; skew < 4; skew++) {
+    size_t n = skew;
+
+    memset(longs, 'x', skew); /* moves where the cuts fall */
+    while (n + 4 < sizeof(longs)) {
+      memcpy(longs + n, "\xf0\x9f\x9a\x80", 4); /* U+1F680 */
+      n += 4;
+    }
+    longs[n] = '\0';
+    memset(r, 0, sizeof(*r));
+    spot_relaunch_record_fail(r, longs, longs, 1);
+    spot_relaunch_record_done(r, longs, longs, longs, 2);
+    assert_true(spot_utf8_valid(r->failed[0].pool));
+    assert_true(spot_utf8_valid(r->failed[0].code));
+    assert_true(spot_utf8_valid(r->done[0].key));
+    assert_true(spot_utf8_valid(r->done[0].instance));
+    assert_true(strlen(r->failed[0].pool) + 4 > sizeof(r->failed[0].pool) - 1);
+    spot_buf_init(&b, SPOT_RELAUNCH_RECORD_MAX);
+    assert_int_equal(spot_relaunch_record_format(r, &b), 0);
+    assert_int_equal(round_trip(b.data, b.len, err, sizeof(err)), 0);
+    spot_buf_fini(&b);
+  }
+  /* format refuses what JSON cannot carry, rather than failing as if out of
+   * memory */
+  memset(r, 0, sizeof(*r));
+  spot_relaunch_record_fail(r, "a", "c", 1);
+  spot_buf_init(&b, SPOT_RELAUNCH_RECORD_MAX);
+  r->failed[0].code[0] = '\xd7';
+  assert_int_equal(spot_relaunch_record_format(r, &b), -EINVAL);
+  memset(r->failed[0].code, 'c', sizeof(r->failed[0].code));
+  assert_int_equal(spot_relaunch_record_format(r, &b), -EINVAL);
+  spot_buf_fini(&b);
+  free(r);
+}
+
 int
 main(void)
 {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_form),      cmocka_unit_test(test_reply),
-      cmocka_unit_test(test_error_doc), cmocka_unit_test(test_classify),
-      cmocka_unit_test(test_token),     cmocka_unit_test(test_record),
+      cmocka_unit_test(test_form),
+      cmocka_unit_test(test_reply),
+      cmocka_unit_test(test_error_doc),
+      cmocka_unit_test(test_long_code),
+      cmocka_unit_test(test_classify),
+      cmocka_unit_test(test_token),
+      cmocka_unit_test(test_record),
+      cmocka_unit_test(test_record_round_trip),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

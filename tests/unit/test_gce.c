@@ -40,6 +40,26 @@ test_op(void **state)
   assert_int_equal(spot_gce_op_parse("{\"name\":\"x\"}", 12, &op), -EBADMSG);
 }
 
+/* A code longer than its field is cut between whole characters (it goes
+ * into the relaunch record, which must stay UTF-8). */
+static void
+test_long_code(void **state)
+{
+  struct spot_gce_op op;
+  char doc[512], code[128];
+  size_t n = sizeof(op.code) - 2; /* the last byte that fits starts a pair */
+
+  (void)state;
+  memset(code, 'C', n);
+  memcpy(code + n, "\xd7\x9e", 3);
+  snprintf(doc, sizeof(doc),
+           "{\"name\":\"o\",\"status\":\"DONE\",\"error\":{\"errors\":[{"
+           "\"code\":\"%s\"}]}}",
+           code);
+  assert_int_equal(spot_gce_op_parse(doc, strlen(doc), &op), 0);
+  assert_int_equal(strlen(op.code), n);
+}
+
 static void
 test_error_doc(void **state)
 {
@@ -160,9 +180,9 @@ int
 main(void)
 {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_op),    cmocka_unit_test(test_error_doc),
-      cmocka_unit_test(test_token), cmocka_unit_test(test_ids),
-      cmocka_unit_test(test_body),
+      cmocka_unit_test(test_op),        cmocka_unit_test(test_long_code),
+      cmocka_unit_test(test_error_doc), cmocka_unit_test(test_token),
+      cmocka_unit_test(test_ids),       cmocka_unit_test(test_body),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -82,6 +82,35 @@ test_strlcpy_and_bytes(void **state)
   assert_string_equal(spot_fmt_bytes(3ull << 30, out, sizeof(out)), "3.0 GiB");
 }
 
+/* Cuts fall between whole characters; what is valid stays valid. */
+static void
+test_utf8(void **state)
+{
+  char b[4];
+
+  (void)state;
+  assert_int_equal(spot_strlcpy_utf8(b, "ab\xd7\x9e", sizeof(b)), 4);
+  assert_string_equal(b, "ab");
+  assert_int_equal(spot_strlcpy_utf8(b, "a\xd7\x9e", sizeof(b)), 3);
+  assert_string_equal(b, "a\xd7\x9e");
+  spot_strlcpy_utf8(b, "\xf0\x9f\x9a\x80", sizeof(b));
+  assert_string_equal(b, "");
+  spot_strlcpy_utf8(b, "abcd", sizeof(b));
+  assert_string_equal(b, "abc");
+  spot_strlcpy_utf8(b, "\x9e\x9e\x9e\x9e\x9e", sizeof(b)); /* not UTF-8 */
+  assert_string_equal(b, "\x9e\x9e\x9e");
+  spot_strlcpy_utf8(b, "xyz", 1);
+  assert_string_equal(b, "");
+
+  assert_true(spot_utf8_valid(""));
+  assert_true(spot_utf8_valid("caf\xc3\xa9 \xf0\x9f\x98\x80 \xe2\x82\xac"));
+  assert_false(spot_utf8_valid("ab\xd7"));           /* cut short */
+  assert_false(spot_utf8_valid("\x9e"));             /* lone continuation */
+  assert_false(spot_utf8_valid("\xc0\xaf"));         /* overlong */
+  assert_false(spot_utf8_valid("\xed\xa0\x80"));     /* surrogate */
+  assert_false(spot_utf8_valid("\xf4\x90\x80\x80")); /* above U+10FFFF */
+}
+
 static void
 test_escape(void **state)
 {
@@ -159,6 +188,7 @@ main(void)
       cmocka_unit_test(test_parse_numbers),
       cmocka_unit_test(test_backoff_bounds),
       cmocka_unit_test(test_strlcpy_and_bytes),
+      cmocka_unit_test(test_utf8),
       cmocka_unit_test(test_escape),
       cmocka_unit_test(test_big_alloc),
   };

@@ -539,7 +539,9 @@ start_floor(struct spot_lease *l)
   if (asprintf(&latest, "%.*sLATEST", (int)(n - leaf), l->key) < 0)
     return -ENOMEM;
   set_state(l, LS_READING);
-  r = spot_s3_head(l->s3, l->bucket, latest, floor_cb, l, &l->s3op);
+  spot_buf_reset(&l->body);
+  r = spot_s3_get(l->s3, l->bucket, latest, 0, 0, NULL, &l->body, floor_cb, l,
+                  &l->s3op);
   free(latest);
   if (r < 0)
     snprintf(l->msg, sizeof(l->msg), "reading LATEST's order: %s",

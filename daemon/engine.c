@@ -20,6 +20,7 @@
  * decide_exit() is the one place that turns the outcome into the exit
  * status and the last line. */
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -144,6 +145,9 @@ static void
 decide_exit(struct spotd *d)
 {
   const char *last = d->last_commit[0] ? d->last_commit : NULL;
+  /* SIGTERM in a pod (SPOTD_TERMINATION_GRACE set) is the node going
+   * away: it ends as a preemption, 75 or 76, so the Job makes a new pod. */
+  bool stopped = d->drain_sigterm && !d->sigterm_reclaim;
   char when[32] = "";
 
   if (last != NULL)
@@ -161,26 +165,26 @@ decide_exit(struct spotd *d)
   }
   if (d->final.state == FINAL_COMMITTED &&
       strcmp(d->final.name, d->restored_name) == 0) {
-    d->exit_code = d->drain_sigterm ? 0 : SPOTD_EXIT_PREEMPTED;
+    d->exit_code = stopped ? 0 : SPOTD_EXIT_PREEMPTED;
     log_notice("%s before the trainer made a step: the job resumes from "
                "checkpoint %s, which it started from; no work is lost",
-               d->drain_sigterm ? "stopped" : "preempted", last);
+               stopped ? "stopped" : "preempted", last);
     return;
   }
   if (d->final.state == FINAL_COMMITTED) {
-    d->exit_code = d->drain_sigterm ? 0 : SPOTD_EXIT_PREEMPTED;
+    d->exit_code = stopped ? 0 : SPOTD_EXIT_PREEMPTED;
     log_notice("%s: the final checkpoint %s is committed; the job resumes "
                "from it",
-               d->drain_sigterm ? "stopped" : "preempted", last);
+               stopped ? "stopped" : "preempted", last);
     return;
   }
-  d->exit_code = d->drain_sigterm ? 128 + d->stop_signal : SPOTD_EXIT_PREEMPTED;
+  d->exit_code = stopped ? 128 + d->stop_signal : SPOTD_EXIT_PREEMPTED;
   if (last == NULL) {
-    if (!d->drain_sigterm)
+    if (!stopped)
       d->exit_code = SPOTD_EXIT_NOTHING_SAVED;
     log_err("%s: no checkpoint of job %s is committed: the next start "
             "begins from scratch",
-            d->drain_sigterm ? "stopped" : "preempted", d->cfg->job);
+            stopped ? "stopped" : "preempted", d->cfg->job);
   } else if (d->final.state == FINAL_NONE && !d->trainer_started) {
     log_notice("preempted before the trainer started: the job resumes from "
                "checkpoint %s (committed %s)",
@@ -188,7 +192,7 @@ decide_exit(struct spotd *d)
   } else {
     log_warn("%s without a final checkpoint: the job resumes from %s "
              "(committed %s); the work since then is lost",
-             d->drain_sigterm ? "stopped" : "preempted", last, when);
+             stopped ? "stopped" : "preempted", last, when);
   }
 }
 
@@ -382,9 +386,38 @@ spotd_trainer_exited(struct spotd *d)
   spotd_advance(d);
 }
 
+/* The time a SIGTERM leaves: SPOTD_TERMINATION_GRACE seconds when set
+ * (a Kubernetes pod sets it a little under its
+ * terminationGracePeriodSeconds), else SIGTERM_DRAIN_MS. The final
+ * checkpoint's estimate is checked against it (final_begin). With it set,
+ * the SIGTERM is the node's reclaim and the exit status a preemption's
+ * (decide_exit). */
+static uint64_t
+sigterm_grace_ms(struct spotd *d)
+{
+  const char *v = getenv("SPOTD_TERMINATION_GRACE");
+  int64_t s;
+
+  if (v == NULL || *v == '\0')
+    return SIGTERM_DRAIN_MS;
+  if (spot_parse_int64(v, 1, 86400, &s) < 0) {
+    log_warn("SPOTD_TERMINATION_GRACE '%.20s' is not 1 to 86400 seconds: "
+             "using %d s",
+             v, SIGTERM_DRAIN_MS / 1000);
+    return SIGTERM_DRAIN_MS;
+  }
+  log_info("SIGTERM grace: %" PRId64 " s (SPOTD_TERMINATION_GRACE): the node "
+           "is going away, this ends as a preemption",
+           s);
+  d->sigterm_reclaim = true;
+  return (uint64_t)s * 1000;
+}
+
 void
 spotd_on_signal(struct spotd *d, int signum)
 {
+  uint64_t ms;
+
   if (d->closing) {
     log_info("signal %d: already exiting", signum);
     return;
@@ -410,9 +443,9 @@ spotd_on_signal(struct spotd *d, int signum)
              signum);
   d->drain_sigterm = true;
   d->stop_signal = signum;
+  ms = sigterm_grace_ms(d);
   if (d->state == SPOTD_RUNNING)
-    start_drain(d, "sigterm", spot_now_mono_ms() + SIGTERM_DRAIN_MS,
-                spot_now_wall_ms() + SIGTERM_DRAIN_MS);
+    start_drain(d, "sigterm", spot_now_mono_ms() + ms, spot_now_wall_ms() + ms);
 }
 
 /* ------------------------------------------------------------- launch */

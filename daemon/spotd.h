@@ -294,6 +294,8 @@ struct spotd {
   uint64_t deadline_mono; /* 0 = none */
   int64_t deadline_wall;
   bool drain_sigterm; /* draining because of SIGTERM/SIGINT, no relaunch */
+  /* SPOTD_TERMINATION_GRACE set: a SIGTERM ends as a preemption */
+  bool sigterm_reclaim;
   uv_timer_t deadline_timer; /* the drain's deadline */
 
   /* the trainer and its checkpoints */

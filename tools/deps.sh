@@ -12,22 +12,48 @@ s3_pkgs=(ceph-mon ceph-osd radosgw ceph-common ceph-base uuid-runtime
   python3-boto3 curl)
 test_pkgs=(valgrind clang clang-tidy cppcheck libclang-rt-14-dev
   python3-torch slurm-wlm munge systemd-container awscli iproute2
-  python3-prometheus-client python3-pil)
+  python3-prometheus-client python3-pil python3-yaml nodejs)
 demo_pkgs=(python3-torch)
 # bench/: the pictures and the peers (aws s3 cp, its CRT client) it measures.
 bench_pkgs=(python3-matplotlib python3-numpy awscli)
 
 want=()
+k8s=0
 for what in "${@:-build}"; do
   case "$what" in
   build) want+=("${build_pkgs[@]}") ;;
   s3) want+=("${s3_pkgs[@]}") ;;
-  test) want+=("${build_pkgs[@]}" "${s3_pkgs[@]}" "${test_pkgs[@]}") ;;
+  test) want+=("${build_pkgs[@]}" "${s3_pkgs[@]}" "${test_pkgs[@]}") k8s=1 ;;
   demo) want+=("${build_pkgs[@]}" "${s3_pkgs[@]}" "${demo_pkgs[@]}") ;;
   bench) want+=("${build_pkgs[@]}" "${s3_pkgs[@]}" "${bench_pkgs[@]}") ;;
   *) echo "deps.sh: unknown set '$what'" >&2; exit 2 ;;
   esac
 done
+
+# The Kubernetes manifests' schema validator (deploy/kubernetes/check.py):
+# the npm package kubernetes-models, pinned, into the ignored .build-test/k8s.
+k8s_models() {
+  local dir
+  dir="$(cd "$(dirname "$0")/.." && pwd)/.build-test/k8s"
+  [ -f "$dir/node_modules/kubernetes-models/package.json" ] &&
+    grep -q '"version": "5.1.0"' "$dir/node_modules/kubernetes-models/package.json" &&
+    return 0
+  # Debian's nodejs comes without npm; a nodejs that bundles it conflicts
+  # with the npm package.
+  command -v npm >/dev/null ||
+    apt-get -o DPkg::Lock::Timeout=600 -q -y install npm >>/tmp/spotd-apt.log 2>&1 || {
+    echo "deps.sh: npm is missing and could not be installed" >&2
+    exit 1
+  }
+  mkdir -p "$dir"
+  echo "installing kubernetes-models@5.1.0 into $dir"
+  npm install --prefix "$dir" --no-audit --no-fund --no-save \
+    kubernetes-models@5.1.0 >/tmp/spotd-npm.log 2>&1 || {
+    tail -20 /tmp/spotd-npm.log >&2
+    echo "deps.sh: npm install kubernetes-models failed (log: /tmp/spotd-npm.log)" >&2
+    exit 1
+  }
+}
 
 missing=()
 for p in "${want[@]}"; do
@@ -35,7 +61,10 @@ for p in "${want[@]}"; do
     missing+=("$p")
   fi
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+if [ ${#missing[@]} -eq 0 ]; then
+  [ "$k8s" = 0 ] || k8s_models
+  exit 0
+fi
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "deps.sh: missing packages: ${missing[*]}; run as root or install them" >&2
@@ -53,3 +82,4 @@ if ! apt-get "${apt_opts[@]}" install "${missing[@]}" >/tmp/spotd-apt.log 2>&1; 
     exit 1
   }
 fi
+[ "$k8s" = 0 ] || k8s_models

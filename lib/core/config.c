@@ -234,11 +234,12 @@ static const struct key_def keys[] = {
      "zstd level (-1000 to 19; 1 suits checkpoints, negative is faster)."},
     {"rank", T_INT, OFF(rank), "K", "0", NULL, NULL, 0, 1023, NULL, NULL, 0,
      "Multi-node jobs: this node's rank, 0 to nranks - 1 ($SLURM_NODEID "
-     "inside an srun job step when the key is not given)."},
+     "inside an srun job step when the key is not given; else, with "
+     "$SPOTD_NRANKS set, $SPOTD_RANK or $JOB_COMPLETION_INDEX)."},
     {"nranks", T_INT, OFF(nranks), "N", "1", NULL, NULL, 1, 1024, NULL, NULL, 0,
      "Multi-node jobs: nodes running one spotd each and sharing job and "
      "store ($SLURM_STEP_NUM_NODES inside an srun job step when the key is "
-     "not given; a batch script is one node). With more "
+     "not given, else $SPOTD_NRANKS; a batch script is one node). With more "
      "than 1, each rank uploads its files under rank-K/ and rank 0 commits "
      "once every rank's part is in the store."},
     {"rank-wait", T_DURATION, OFF(rank_wait_ms), "SEC", "60", NULL, NULL, 100,
@@ -1274,24 +1275,34 @@ default_path(struct spot_config *cfg, const char *key, const char *env,
 /* rank and nranks default to Slurm's SLURM_NODEID and SLURM_STEP_NUM_NODES,
  * which describe a job step started with srun (one spotd per node). A
  * batch script (no step variables) runs on one node only: it stays a
- * single-rank job, or its pushes would wait for ranks that never come. */
+ * single-rank job, or its pushes would wait for ranks that never come.
+ * Outside a Slurm step, SPOTD_NRANKS set (a Kubernetes Indexed Job sets
+ * it from its completions) makes the node count explicit; the rank is
+ * then SPOTD_RANK, else the Job's JOB_COMPLETION_INDEX. */
 static void
 rank_default(struct spot_config *cfg, const char *key, const char *env,
              int64_t max, struct errs *e)
 {
   size_t idx = key_index(key);
   int64_t *field = (int64_t *)(void *)((char *)cfg + keys[idx].off);
+  bool rank = idx == key_index("rank");
   const char *v = getenv(env);
   int64_t n;
 
   if (cfg->origin_[idx] != SPOT_CONFIG_ORIGIN_DEFAULT)
     return;
-  *field = idx == key_index("rank") ? 0 : 1;
-  if (getenv("SLURM_STEP_NUM_NODES") == NULL)
-    return;
+  *field = rank ? 0 : 1;
+  if (getenv("SLURM_STEP_NUM_NODES") == NULL) {
+    if (getenv("SPOTD_NRANKS") == NULL)
+      return;
+    env = !rank                          ? "SPOTD_NRANKS"
+          : getenv("SPOTD_RANK") != NULL ? "SPOTD_RANK"
+                                         : "JOB_COMPLETION_INDEX";
+    v = getenv(env);
+  }
   if (v == NULL || *v == '\0')
     return;
-  if (spot_parse_int64(v, idx == key_index("rank") ? 0 : 1, max, &n) < 0) {
+  if (spot_parse_int64(v, rank ? 0 : 1, max, &n) < 0) {
     errs_add(e, "$%s: '%.40s' is not a valid %s (give --%s)", env, v, key, key);
     return;
   }

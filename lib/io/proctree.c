@@ -175,7 +175,7 @@ spot_proc_scan(struct spot_proc **out, size_t *n)
   DIR *dir = opendir("/proc");
 
   if (dir == NULL)
-    return -errno;
+    return errno > 0 ? -errno : -EIO;
   while ((de = readdir(dir)) != NULL) {
     struct spot_proc p;
     char *end;
@@ -208,12 +208,17 @@ spot_proc_scan(struct spot_proc **out, size_t *n)
 int
 spot_proc_tree(pid_t root, struct spot_proc **out, size_t *n)
 {
-  struct spot_proc *v;
-  size_t nv, k = 0;
+  struct spot_proc *v = NULL;
+  size_t nv = 0, k = 0;
   int r = spot_proc_scan(&v, &nv);
 
   if (r < 0)
     return r;
+  if (v == NULL) {
+    *out = NULL;
+    *n = 0;
+    return 0;
+  }
   nv = spot_proc_descendants(v, nv, root);
   for (size_t i = 0; i < nv; i++)
     if (v[i].state != 'Z' && v[i].state != 'X')

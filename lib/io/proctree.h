@@ -51,7 +51,7 @@ size_t spot_proc_descendants(struct spot_proc *procs, size_t n, pid_t root);
 
 /* ------------------------------------------------------------- /proc */
 
-/* Every process of the system (zombies included), allocated in *out
+/* Every process on this machine (zombies included), allocated in *out
  * (free() it). 0, or negative errno. */
 int spot_proc_scan(struct spot_proc **out, size_t *n);
 /* The descendants of root that run (zombies left out), parents first. */

@@ -105,6 +105,14 @@ def wait_ev(log, ev, timeout=20):
     return None
 
 
+def stop_now(d):
+    """Two SIGTERMs: stop at once, without a final checkpoint."""
+    d.send(signal.SIGTERM)
+    time.sleep(0.3)
+    d.send(signal.SIGTERM)
+    d.wait_exit(20)
+
+
 def file_case(c, s3, store, job, wd):
     tag = "file: "
     log = os.path.join(wd, "t.log")
@@ -138,10 +146,7 @@ def file_case(c, s3, store, job, wd):
                                r"reads? it; SIGRTMIN\+4 sent to 0"),
                 tag + "one line says who reads it and who got the signal")
     finally:
-        d.send(signal.SIGTERM)
-        time.sleep(0.3)
-        d.send(signal.SIGTERM)
-        d.wait_exit(20)
+        stop_now(d)
     c.check(not os.path.exists(req_file(d)), tag + "the file is removed at exit")
 
 
@@ -171,10 +176,7 @@ def early_case(c, s3, store, job, wd):
         c.check(seq == served == 1, tag + "served: a later process does "
                 "not take it again")
     finally:
-        d.send(signal.SIGTERM)
-        time.sleep(0.3)
-        d.send(signal.SIGTERM)
-        d.wait_exit(20)
+        stop_now(d)
 
 
 def committed_names(s3, store, job):

@@ -242,29 +242,41 @@ stop_cb(uv_timer_t *t)
   uv_close((uv_handle_t *)t, NULL);
 }
 
-/* A worker in a session of its own (torch 2.x's torchrun starts each
- * worker so) that ignores SIGTERM: stopping still reaches it (SIGTERM
- * to the tree, then SIGKILL after the grace). */
+static bool
+in_tree(const struct spot_child *c, int pid)
+{
+  struct spot_proc *v;
+  size_t n;
+  bool in = false;
+
+  assert_int_equal(spot_child_tree(c, &v, &n), 0);
+  for (size_t i = 0; i < n; i++)
+    in = in || v[i].pid == pid;
+  free(v);
+  return in;
+}
+
+/* Runs `sh -c body` with the pid file's name in $F (the worker writes
+ * its pid there); once the worker runs, checks it is in the tree
+ * (and re-parented to the guard if orphan), stops the child and checks
+ * the worker is gone. */
 static void
-test_stop_reaches_other_sessions(void **state)
+stop_tree_case(const char *body, bool orphan)
 {
   char pidfile[] = "/tmp/test-child-XXXXXX", script[300];
   int fd = mkstemp(pidfile), worker;
   struct spot_child_options o;
   struct spot_child c;
   struct run r = {0, -1};
-  uv_timer_t t;
+  struct spot_proc p;
   uv_loop_t loop;
+  uv_timer_t t;
   char *argv[] = {(char *)"/bin/sh", (char *)"-c", script, NULL};
 
-  (void)state;
   assert_true(fd >= 0);
   close(fd);
   unlink(pidfile);
-  snprintf(script, sizeof(script),
-           "setsid /bin/sh -c 'trap \"\" TERM; echo $$ > %s.tmp; "
-           "mv %s.tmp %s; exec sleep 60' & wait",
-           pidfile, pidfile, pidfile);
+  snprintf(script, sizeof(script), "export F=%s; %s", pidfile, body);
   assert_int_equal(uv_loop_init(&loop), 0);
   assert_int_equal(spot_child_init(&c, &loop), 0);
   memset(&o, 0, sizeof(o));
@@ -276,17 +288,15 @@ test_stop_reaches_other_sessions(void **state)
   assert_int_equal(spot_child_spawn(&c, &o), 0);
   worker = read_pid_file(pidfile);
   assert_true(worker > 0);
-  {
-    struct spot_proc *v;
-    size_t n;
-    bool in = false;
-
-    assert_int_equal(spot_child_tree(&c, &v, &n), 0);
-    for (size_t i = 0; i < n; i++)
-      in = in || v[i].pid == worker;
-    free(v);
-    assert_true(in);
+  for (int i = 0; orphan && i < 200; i++) { /* the parent's exit */
+    assert_int_equal(spot_proc_read(worker, &p), 0);
+    if (p.ppid == c.guard_pid)
+      break;
+    usleep(10000);
   }
+  if (orphan)
+    assert_int_equal(p.ppid, c.guard_pid); /* the guard, not PID 1 */
+  assert_true(in_tree(&c, worker));
   uv_timer_init(&loop, &t);
   t.data = &c;
   uv_timer_start(&t, stop_cb, 10, 0);
@@ -299,65 +309,28 @@ test_stop_reaches_other_sessions(void **state)
   unlink(pidfile);
 }
 
+/* A worker in a session of its own (torch 2.x's torchrun starts each
+ * worker so) that ignores SIGTERM: stopping still reaches it (SIGTERM
+ * to the tree, then SIGKILL after the grace). */
+static void
+test_stop_reaches_other_sessions(void **state)
+{
+  (void)state;
+  stop_tree_case("setsid /bin/sh -c 'trap \"\" TERM; echo $$ > $F.tmp; "
+                 "mv $F.tmp $F; exec sleep 60' & wait",
+                 false);
+}
+
 /* A worker whose parent exited (an orphan) is re-parented to the guard,
  * a child subreaper, and so stays in the tree, not under PID 1. */
 static void
 test_orphan_stays_in_tree(void **state)
 {
-  char pidfile[] = "/tmp/test-child-XXXXXX", script[300];
-  int fd = mkstemp(pidfile), orphan;
-  struct spot_child_options o;
-  struct spot_child c;
-  struct run r = {0, -1};
-  struct spot_proc *v, p;
-  size_t n;
-  bool in = false;
-  uv_loop_t loop;
-  uv_timer_t t;
-  char *argv[] = {(char *)"/bin/sh", (char *)"-c", script, NULL};
-
   (void)state;
-  assert_true(fd >= 0);
-  close(fd);
-  unlink(pidfile);
   /* the subshell exits at once: its setsid'd child is an orphan */
-  snprintf(script, sizeof(script),
-           "(setsid /bin/sh -c 'echo $$ > %s.tmp; mv %s.tmp %s; "
-           "exec sleep 60' &); sleep 60",
-           pidfile, pidfile, pidfile);
-  assert_int_equal(uv_loop_init(&loop), 0);
-  assert_int_equal(spot_child_init(&c, &loop), 0);
-  memset(&o, 0, sizeof(o));
-  o.name = "test";
-  o.argv = argv;
-  o.grace_ms = 300;
-  o.exit_cb = exit_cb;
-  o.data = &r;
-  assert_int_equal(spot_child_spawn(&c, &o), 0);
-  orphan = read_pid_file(pidfile);
-  assert_true(orphan > 0);
-  for (int i = 0; i < 200; i++) { /* the subshell's exit takes a moment */
-    assert_int_equal(spot_proc_read(orphan, &p), 0);
-    if (p.ppid == c.guard_pid)
-      break;
-    usleep(10000);
-  }
-  assert_int_equal(p.ppid, c.guard_pid); /* the guard, not PID 1 */
-  assert_int_equal(spot_child_tree(&c, &v, &n), 0);
-  for (size_t i = 0; i < n; i++)
-    in = in || v[i].pid == orphan;
-  free(v);
-  assert_true(in);
-  uv_timer_init(&loop, &t);
-  t.data = &c;
-  uv_timer_start(&t, stop_cb, 10, 0);
-  uv_run(&loop, UV_RUN_DEFAULT);
-  assert_int_equal(r.calls, 1);
-  assert_true(gone(orphan));
-  spot_child_close(&c);
-  uv_run(&loop, UV_RUN_DEFAULT);
-  assert_int_equal(uv_loop_close(&loop), 0);
-  unlink(pidfile);
+  stop_tree_case("(setsid /bin/sh -c 'echo $$ > $F.tmp; mv $F.tmp $F; "
+                 "exec sleep 60' &); sleep 60",
+                 true);
 }
 
 /* spotd SIGKILLed: its guard kills the job, in every session. Here a

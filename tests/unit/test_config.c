@@ -475,6 +475,44 @@ test_ranks(void **state)
       strstr(err, "$SLURM_STEP_NUM_NODES: 'x' is not a valid nranks"));
   unsetenv("SLURM_NODEID");
   unsetenv("SLURM_STEP_NUM_NODES");
+  spot_config_free(cfg);
+  cfg = spot_config_new();
+  assert_int_equal(spot_config_set(cfg, "job", "j", err, sizeof(err)), 0);
+  assert_int_equal(spot_config_set(cfg, "store", "s3://bkt", err, sizeof(err)),
+                   0);
+
+  /* a Kubernetes Indexed Job: the index alone stays one rank; the node
+   * count comes only from SPOTD_NRANKS */
+  setenv("JOB_COMPLETION_INDEX", "2", 1);
+  assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), 0);
+  assert_int_equal(cfg->rank, 0);
+  assert_int_equal(cfg->nranks, 1);
+  setenv("SPOTD_NRANKS", "3", 1);
+  assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), 0);
+  assert_int_equal(cfg->rank, 2);
+  assert_int_equal(cfg->nranks, 3);
+  setenv("SPOTD_RANK", "1", 1);
+  assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), 0);
+  assert_int_equal(cfg->rank, 1);
+  unsetenv("SPOTD_RANK");
+  setenv("JOB_COMPLETION_INDEX", "3", 1);
+  assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), -EINVAL);
+  assert_non_null(strstr(err, "rank 3 is not below nranks 3"));
+  setenv("JOB_COMPLETION_INDEX", "-1", 1);
+  assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), -EINVAL);
+  assert_non_null(
+      strstr(err, "$JOB_COMPLETION_INDEX: '-1' is not a valid rank"));
+  /* Slurm's step variables come first */
+  setenv("SLURM_NODEID", "0", 1);
+  setenv("SLURM_STEP_NUM_NODES", "2", 1);
+  assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), 0);
+  assert_int_equal(cfg->rank, 0);
+  assert_int_equal(cfg->nranks, 2);
+  unsetenv("SLURM_NODEID");
+  unsetenv("SLURM_STEP_NUM_NODES");
+  unsetenv("JOB_COMPLETION_INDEX");
+  unsetenv("SPOTD_NRANKS");
+  assert_int_equal(spot_config_set(cfg, "rank", "1", err, sizeof(err)), 0);
 
   assert_int_equal(spot_config_set(cfg, "nranks", "1", err, sizeof(err)), 0);
   assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), -EINVAL);

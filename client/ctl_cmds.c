@@ -205,13 +205,14 @@ print_status(const struct spot_proto_status *st)
   char a[32], b[32];
   char esc[SPOT_ESCAPE_SIZE(512)];
 
-  printf("state:        %s\n", st->state);
-  printf("job:          %s  (%s)\n", st->job, st->store);
-  printf("provider:     %s\n", st->provider);
+  printf("state:        %s\n", spotctl_esc(st->state));
+  printf("job:          %s  (%s)\n", spotctl_esc(st->job),
+         spotctl_esc(st->store));
+  printf("provider:     %s\n", spotctl_esc(st->provider));
   if (st->has_notice) {
-    printf("notice:       %s", st->notice.kind);
+    printf("notice:       %s", spotctl_esc(st->notice.kind));
     if (st->notice.deadline != NULL)
-      printf(", deadline %s", st->notice.deadline);
+      printf(", deadline %s", spotctl_esc(st->notice.deadline));
     if (st->notice.seconds_left >= 0)
       printf(" (%" PRId64 " s left)", st->notice.seconds_left);
     printf("\n");
@@ -226,7 +227,7 @@ print_status(const struct spot_proto_status *st)
     printf("trainer:      not running\n");
   if (st->has_last_commit)
     printf("last commit:  %s at %s (%" PRId64 " s of work at risk)\n",
-           E(st->last_commit.name), st->last_commit.time,
+           E(st->last_commit.name), spotctl_esc(st->last_commit.time),
            st->last_commit.age_s);
   else
     printf("last commit:  none (all work since start is at risk)\n");
@@ -240,9 +241,9 @@ print_status(const struct spot_proto_status *st)
     printf("\n");
   }
   for (size_t i = 0; i < st->n_relaunch; i++)
-    printf("relaunch:     %s %s: %s (status %d)\n", st->relaunch[i].time,
-           E(st->relaunch[i].reason), st->relaunch[i].ok ? "ok" : "FAILED",
-           st->relaunch[i].exit_status);
+    printf("relaunch:     %s %s: %s (status %d)\n",
+           spotctl_esc(st->relaunch[i].time), E(st->relaunch[i].reason),
+           st->relaunch[i].ok ? "ok" : "FAILED", st->relaunch[i].exit_status);
   for (size_t i = 0; i < st->n_warnings; i++)
     printf("warning:      %s\n", E(st->warnings[i]));
 }
@@ -264,9 +265,9 @@ print_lease(json_t *res)
     return;
   if (strcmp(state, "waiting") == 0 && holder != NULL)
     printf("lease:        waiting: held by %s until %s\n", E(holder),
-           until != NULL ? until : "?");
+           until != NULL ? spotctl_esc(until) : "?");
   else
-    printf("lease:        %s (epoch %" PRId64 ")\n", state,
+    printf("lease:        %s (epoch %" PRId64 ")\n", spotctl_esc(state),
            (int64_t)json_integer_value(json_object_get(l, "epoch")));
 }
 
@@ -349,7 +350,7 @@ spotctl_cmd_status(int argc, char **argv)
     return r;
   r = 0;
   if (o.json) {
-    char *s = json_dumps(msg.result, JSON_COMPACT);
+    char *s = json_dumps(msg.result, JSON_COMPACT | JSON_ENSURE_ASCII);
     if (s != NULL)
       printf("%s\n", s);
     free(s);
@@ -396,7 +397,7 @@ spotctl_cmd_checkpoint(int argc, char **argv)
   if (r != 0)
     return r;
   if (o.wait)
-    printf("committed %s\n", jstr(msg.result, "name"));
+    printf("committed %s\n", spotctl_esc(jstr(msg.result, "name")));
   else
     printf("checkpoint requested\n");
   json_decref(root);
@@ -439,7 +440,8 @@ spotctl_cmd_done(int argc, char **argv)
   r = request(&o, &req, &root, &msg);
   if (r != 0)
     return r;
-  printf("checkpoint %s handed to spotd\n", jstr(msg.result, "name"));
+  printf("checkpoint %s handed to spotd\n",
+         spotctl_esc(jstr(msg.result, "name")));
   json_decref(root);
   return r;
 }

@@ -204,13 +204,13 @@ print_runs(const struct spot_hist_summary *s)
       snprintf(lost + n, sizeof(lost) - n, " (%" PRId64 " st)", r->lost_steps);
     }
     snprintf(ck, sizeof(ck), "%u/%u", r->commits, r->checkpoints);
-    printf("%-3zu %-22.22s %-20s %-9s %-9s %-5s %-14s %s\n", i + 1, node, when,
-           trained, spot_hist_outcome_name(r->outcome), ck, lost,
-           spotctl_fmt_dur(r->gap_before_ms, gap, sizeof(gap)));
+    printf("%-3zu %-22.22s %-20s %-9s %-9s %-5s %-14s %s\n", i + 1,
+           spotctl_esc(node), when, trained, spot_hist_outcome_name(r->outcome),
+           ck, lost, spotctl_fmt_dur(r->gap_before_ms, gap, sizeof(gap)));
     if (r->noticed) {
       char at[32];
       spot_rfc3339_format(r->notice_ms, at, sizeof(at));
-      printf("    notice %s at %s%s\n", r->notice_kind, at,
+      printf("    notice %s at %s%s\n", spotctl_esc(r->notice_kind), at,
              r->final_committed ? ", final checkpoint committed"
                                 : ", no final checkpoint committed");
     }
@@ -223,8 +223,8 @@ print_summary(const char *job, const struct spot_hist_summary *s)
   char a[32], b[32], c[32];
   double train_s = (double)s->train_ms / 1000.0;
 
-  printf("Job %s: %zu run%s, %u preemption%s, %u crash%s\n\n", job, s->nruns,
-         s->nruns == 1 ? "" : "s", s->preemptions,
+  printf("Job %s: %zu run%s, %u preemption%s, %u crash%s\n\n", spotctl_esc(job),
+         s->nruns, s->nruns == 1 ? "" : "s", s->preemptions,
          s->preemptions == 1 ? "" : "s", s->crashes,
          s->crashes == 1 ? "" : "es");
   print_runs(s);
@@ -283,8 +283,8 @@ read_cb(const struct spot_history_read_result *res, void *data)
   if (res->skipped > 0)
     fprintf(stderr,
             "spotctl: warning: %u history objects were not valid "
-            "events and are left out\n",
-            res->skipped);
+            "events (malformed, or over %d bytes) and are left out\n",
+            res->skipped, SPOT_HIST_EVENT_MAX);
   if (spot_hist_summarize(res->events, res->n, sh->o->price_spot,
                           sh->o->price_on_demand, &sum) < 0) {
     sh->exit_code = spotctl_fail("history: out of memory");
@@ -300,7 +300,7 @@ read_cb(const struct spot_history_read_result *res, void *data)
       free(json);
     }
   } else if (res->n == 0) {
-    printf("Job %s: no history recorded\n", sh->s->c.job);
+    printf("Job %s: no history recorded\n", spotctl_esc(sh->s->c.job));
   } else {
     print_summary(sh->s->c.job, &sum);
   }

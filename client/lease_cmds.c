@@ -55,7 +55,10 @@ struct lctl {
   const char *owner, *latest_name;
   uint64_t seq, epoch;
   bool have_seq, have_epoch;
-  bool show, release, hold_forever;
+  bool show, release, hold_forever, reset;
+  int64_t grace_ms;
+  struct spot_s3_op *s3op; /* --reset's requests */
+  struct spot_buf body;
   int64_t hold_ms; /* < 0: do not hold */
 
   enum step step;
@@ -87,6 +90,10 @@ static const char lease_usage[] =
     "  --release          release it: after acquiring (and holding), or\n"
     "                     alone to release a lease held under --owner\n"
     "  --show             print who holds it and until when, change nothing\n"
+    "  --reset            delete a lease object that is damaged, released or\n"
+    "                     expired (never one held), so that the next holder\n"
+    "                     creates it again; its epoch then continues past\n"
+    "                     the epoch of LATEST's commit, so fencing holds\n"
     "  --set-latest NAME  move LATEST to checkpoint NAME with order\n"
     "                     EPOCH.SEQ, only forward (exit 4 if refused)\n"
     "  --seq N            the commit's sequence number (with --set-latest)\n"
@@ -108,6 +115,7 @@ enum {
   OPT_HOLD,
   OPT_RELEASE,
   OPT_SHOW,
+  OPT_RESET,
   OPT_SET_LATEST,
   OPT_SEQ,
   OPT_EPOCH,
@@ -128,6 +136,7 @@ static const struct option lease_opts[] = {
     {"hold", required_argument, NULL, OPT_HOLD},
     {"release", no_argument, NULL, OPT_RELEASE},
     {"show", no_argument, NULL, OPT_SHOW},
+    {"reset", no_argument, NULL, OPT_RESET},
     {"set-latest", required_argument, NULL, OPT_SET_LATEST},
     {"seq", required_argument, NULL, OPT_SEQ},
     {"epoch", required_argument, NULL, OPT_EPOCH},
@@ -201,6 +210,9 @@ take_opt(struct lctl *c, struct lease_args *a, int opt)
     return 0;
   case OPT_SHOW:
     c->show = true;
+    return 0;
+  case OPT_RESET:
+    c->reset = true;
     return 0;
   case OPT_SET_LATEST:
     c->latest_name = optarg;
@@ -289,8 +301,9 @@ print_lease(const char *word, const struct spot_lease_info *i)
   spot_rfc3339_format(i->expires_ms, until, sizeof(until));
   printf("%s owner=%s epoch=%" PRIu64 " state=%s expires=%s "
          "expires_ms=%" PRId64 " waited_ms=%" PRIu64 " at_ms=%" PRId64 "\n",
-         word, i->owner, i->epoch, i->released ? "released" : "held", until,
-         i->expires_ms, i->waited_ms, spot_now_wall_ms());
+         word, spotctl_esc(i->owner), i->epoch,
+         i->released ? "released" : "held", until, i->expires_ms, i->waited_ms,
+         spot_now_wall_ms());
   fflush(stdout);
 }
 
@@ -339,7 +352,7 @@ acquire_cb(const struct spot_lease_info *i, void *data)
   if (i->err == -EBUSY) {
     print_lease("busy", i);
     stop(c, EXIT_BUSY);
-    fprintf(stderr, "spotctl: lease: %s\n", i->message);
+    fprintf(stderr, "spotctl: lease: %s\n", spotctl_esc(i->message));
     return;
   }
   if (i->err < 0) {
@@ -357,10 +370,10 @@ adopt_cb(const struct spot_lease_info *i, void *data)
   struct lctl *c = data;
 
   if (i->err < 0) {
-    stop(c,
-         i->err == -ESTALE
-             ? (fprintf(stderr, "spotctl: lease: %s\n", i->message), EXIT_STALE)
-             : spotctl_fail("lease: %s", i->message));
+    stop(c, i->err == -ESTALE ? (fprintf(stderr, "spotctl: lease: %s\n",
+                                         spotctl_esc(i->message)),
+                                 EXIT_STALE)
+                              : spotctl_fail("lease: %s", i->message));
     return;
   }
   c->step = ST_RELEASE;
@@ -375,7 +388,7 @@ lost_cb(const struct spot_lease_info *i, void *data)
   printf("lost owner=%s epoch=%" PRIu64 " at_ms=%" PRId64 "\n", c->owner,
          spot_lease_epoch(c->lease), spot_now_wall_ms());
   fflush(stdout);
-  fprintf(stderr, "spotctl: lease: %s\n", i->message);
+  fprintf(stderr, "spotctl: lease: %s\n", spotctl_esc(i->message));
   stop(c, EXIT_STALE);
 }
 
@@ -385,7 +398,7 @@ release_cb(const struct spot_lease_info *i, void *data)
   struct lctl *c = data;
 
   if (i->err < 0) {
-    fprintf(stderr, "spotctl: lease: %s\n", i->message);
+    fprintf(stderr, "spotctl: lease: %s\n", spotctl_esc(i->message));
     stop(c, i->err == -ESTALE ? EXIT_STALE : SPOTCTL_EXIT_FAIL);
     return;
   }
@@ -399,17 +412,17 @@ latest_cb(const struct spot_latest_result *res, void *data)
   struct lctl *c = data;
 
   if (res->err < 0) {
-    printf("refused latest=%s order=%" PRIu64 ".%" PRIu64 "\n", res->name,
-           res->order.epoch, res->order.seq);
+    printf("refused latest=%s order=%" PRIu64 ".%" PRIu64 "\n",
+           spotctl_esc(res->name), res->order.epoch, res->order.seq);
     fflush(stdout);
-    fprintf(stderr, "spotctl: lease: %s\n", res->message);
+    fprintf(stderr, "spotctl: lease: %s\n", spotctl_esc(res->message));
     stop(c, res->err == -ESTALE ? EXIT_STALE : SPOTCTL_EXIT_FAIL);
     return;
   }
   printf("latest name=%s order=%" PRIu64 ".%" PRIu64 " moved=%d rounds=%u "
          "at_ms=%" PRId64 "\n",
-         res->name, res->order.epoch, res->order.seq, res->moved ? 1 : 0,
-         res->rounds, spot_now_wall_ms());
+         spotctl_esc(res->name), res->order.epoch, res->order.seq,
+         res->moved ? 1 : 0, res->rounds, spot_now_wall_ms());
   fflush(stdout);
   if (c->lease == NULL || !spot_lease_held(c->lease)) {
     stop(c, SPOTCTL_EXIT_OK);
@@ -463,7 +476,7 @@ set_latest(struct lctl *c)
   }
   o.epoch = c->lease != NULL ? spot_lease_epoch(c->lease) : c->epoch;
   o.seq = c->seq;
-  r = spot_latest_update(c->conn.s3, c->bucket, c->root, c->latest_name, o,
+  r = spot_latest_update(c->conn.s3, c->bucket, c->root, c->latest_name, o, -1,
                          c->owner, latest_cb, c, NULL);
   if (r < 0)
     stop(c, spotctl_fail("lease: --set-latest %s: %s", c->latest_name,
@@ -514,10 +527,88 @@ next(struct lctl *c)
 }
 
 /* Picks the first step. 0, or an exit status. */
+/* --reset: read the lease; refuse one that is held; delete the rest. */
+static void
+reset_del_cb(const struct spot_s3_result *res, void *data)
+{
+  struct lctl *c = data;
+  char line[512];
+
+  c->s3op = NULL;
+  if (res->err < 0 && res->err != -ENOENT) {
+    stop(c, spotctl_fail("lease: --reset: deleting %s: %s", c->key,
+                         spot_s3_strerror(res, line, sizeof(line))));
+    return;
+  }
+  printf("reset key=%s at_ms=%" PRId64 "\n", c->key, spot_now_wall_ms());
+  fflush(stdout);
+  fprintf(stderr,
+          "spotctl: lease: s3://%s/%s deleted; the next holder creates it "
+          "at an epoch past LATEST's commit\n",
+          c->bucket, c->key);
+  stop(c, SPOTCTL_EXIT_OK);
+}
+
+static void
+reset_get_cb(const struct spot_s3_result *res, void *data)
+{
+  struct lctl *c = data;
+  const char *keys[1] = {c->key};
+  struct spot_lease_doc d;
+  char err[200], line[512], until[32] = "?";
+  int r;
+
+  c->s3op = NULL;
+  if (res->err == -ENOENT) {
+    printf("none: no lease for this job\n");
+    stop(c, SPOTCTL_EXIT_OK);
+    return;
+  }
+  if (res->err < 0) {
+    stop(c, spotctl_fail("lease: --reset: reading %s: %s", c->key,
+                         spot_s3_strerror(res, line, sizeof(line))));
+    return;
+  }
+  if (spot_lease_doc_parse(spot_buf_str(&c->body), c->body.len, &d, err,
+                           sizeof(err)) == 0 &&
+      spot_lease_doc_judge(&d, "", "", spot_now_wall_ms(), c->grace_ms) ==
+          SPOT_LEASE_THEIRS) {
+    spot_rfc3339_format(d.expires_ms, until, sizeof(until));
+    fprintf(stderr,
+            "spotctl: lease: not resetting: held by %s (epoch %" PRIu64
+            ") until %s; release it or let it expire\n",
+            spotctl_esc(d.owner), d.epoch, until);
+    stop(c, EXIT_BUSY);
+    return;
+  }
+  r = spot_s3_delete_objects(c->conn.s3, c->bucket, keys, 1, reset_del_cb, c,
+                             &c->s3op);
+  if (r < 0)
+    stop(c, spotctl_fail("lease: --reset: %s", strerror(-r)));
+}
+
+static int
+start_reset(struct lctl *c)
+{
+  int r;
+
+  spot_buf_init(&c->body, SPOT_LEASE_JSON_MAX);
+  r = spot_s3_get(c->conn.s3, c->bucket, c->key, 0, 0, NULL, &c->body,
+                  reset_get_cb, c, &c->s3op);
+  if (r < 0)
+    return spotctl_fail("lease: --reset: %s", strerror(-r));
+  return 0;
+}
+
 static int
 start(struct lctl *c, struct lease_args *a)
 {
   int r;
+
+  if (c->reset) {
+    c->grace_ms = a->grace > 0 ? a->grace : SPOT_LEASE_GRACE_DEFAULT_MS;
+    return start_reset(c);
+  }
 
   if (c->have_epoch) { /* LATEST alone, as holder of --epoch */
     c->step = ST_LATEST;
@@ -557,6 +648,7 @@ close_all(struct lctl *c)
     uv_close((uv_handle_t *)&c->sigterm, NULL);
   }
   spotctl_s3_close(&c->conn);
+  spot_buf_fini(&c->body);
   free(c->bucket);
   free(c->prefix);
   free(c->job);

@@ -47,14 +47,29 @@ static const struct spotctl_cmd commands[] = {
 };
 
 /* Prints "spotctl: MESSAGE" and the trailer (a newline at least) to stderr,
- * returns status. */
+ * returns status. The message often carries strings from the network or
+ * the store, so all of it goes through spot_escape() (which leaves text
+ * already escaped unchanged): one line, no terminal sequence. */
 __attribute__((format(printf, 3, 0), nonnull(2, 3))) static int
 vfail(int status, const char *trailer, const char *fmt, va_list ap)
 {
+  char msg[2048], esc[SPOT_ESCAPE_SIZE(sizeof(msg))];
+
+  vsnprintf(msg, sizeof(msg), fmt, ap);
   fputs("spotctl: ", stderr);
-  vfprintf(stderr, fmt, ap);
+  fputs(spot_escape(msg, esc, sizeof(esc)), stderr);
   fputs(trailer, stderr);
   return status;
+}
+
+const char *
+spotctl_esc(const char *s)
+{
+  static char ring[8][SPOT_ESCAPE_SIZE(SPOTCTL_ESC_MAX)];
+  static unsigned next;
+  char *dst = ring[next++ % 8];
+
+  return spot_escape(s, dst, sizeof(ring[0]));
 }
 
 int

@@ -552,7 +552,7 @@ attempt(struct aws_relaunch *a, unsigned n, bool on_demand)
     if (cloud_key(&a->c, key, sizeof(key)) == 0)
       spot_relaunch_record_done(&a->c.rec, key, it->instance_id, name,
                                 spot_now_wall_ms());
-    printf("%s\n", it->instance_id);
+    printf("%s\n", spotctl_esc(it->instance_id));
     r = 0;
   } else {
     r = ATT_NO_CAPACITY;

@@ -25,7 +25,7 @@ relaunch_say(const char *fmt, ...)
 {
   struct timespec ts;
   struct tm tm;
-  char when[32] = "?";
+  char when[32] = "?", msg[SPOTCTL_ESC_MAX];
   va_list ap;
 
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -33,11 +33,12 @@ relaunch_say(const char *fmt, ...)
     size_t n = strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
     snprintf(when + n, sizeof(when) - n, ".%03ldZ", ts.tv_nsec / 1000000);
   }
-  fprintf(stderr, "spotctl relaunch %s: ", when);
   va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
-  fputc('\n', stderr);
+  /* names and messages from EC2 and GCE: one escaped line (spotd copies
+   * this output into its own log) */
+  fprintf(stderr, "spotctl relaunch %s: %s\n", when, spotctl_esc(msg));
 }
 
 int

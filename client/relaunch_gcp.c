@@ -523,7 +523,7 @@ run(struct gcp_relaunch *g)
     if (r == 0 && !g->c.dry_run) {
       relaunch_say("launched %s in %s (SPOT)", g->name, z);
       spot_relaunch_record_done(&g->c.rec, key, g->name, z, spot_now_wall_ms());
-      printf("%s\n", g->name);
+      printf("%s\n", spotctl_esc(g->name));
     }
     if (g->c.dry_run)
       break;

@@ -28,6 +28,11 @@ enum {
 /* Prints "spotctl: " + message + newline on stderr, returns
  * SPOTCTL_EXIT_FAIL. */
 int spotctl_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* spot_escape() of s into one of 8 static buffers, used in turn: for a
+ * string from the network or the store on its way to the terminal (up to
+ * SPOTCTL_ESC_MAX bytes of it; eight may share one printf). */
+#define SPOTCTL_ESC_MAX 1024
+const char *spotctl_esc(const char *s);
 int spotctl_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* For getopt_long's '?': names the unknown option (from optopt or
  * argv[optind - 1]) after cmd, as a usage error. */

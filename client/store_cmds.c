@@ -43,6 +43,7 @@ struct common_opts {
   uint64_t restore_timeout_ms;
   enum spot_store_compress compress;
   bool quiet, json, follow_symlinks, follow;
+  long long step; /* push --step, 0 none */
 };
 
 enum {
@@ -62,6 +63,7 @@ enum {
   OPT_TARGET_RATE,
   OPT_PACK_THRESHOLD,
   OPT_FOLLOW,
+  OPT_STEP,
 };
 
 static const struct option long_opts[] = {
@@ -84,6 +86,7 @@ static const struct option long_opts[] = {
     {"target-rate", required_argument, NULL, OPT_TARGET_RATE},
     {"pack-threshold", required_argument, NULL, OPT_PACK_THRESHOLD},
     {"follow", no_argument, NULL, OPT_FOLLOW},
+    {"step", required_argument, NULL, OPT_STEP},
     {NULL, 0, NULL, 0},
 };
 
@@ -220,6 +223,17 @@ parse_opts(int argc, char **argv, struct common_opts *o, const char *usage)
     case OPT_FOLLOW:
       o->follow = true;
       break;
+    case OPT_STEP: {
+      char *end;
+      errno = 0;
+      o->step = strtoll(optarg, &end, 10);
+      if (errno != 0 || end == optarg || *end != '\0' || o->step < 1 ||
+          o->step > ((long long)1 << 53))
+        return spotctl_usage("--step: expected a step from 1 to 2^53, got "
+                             "'%s'",
+                             optarg);
+      break;
+    }
     case OPT_COMPRESS:
       if (strcmp(optarg, "auto") == 0)
         o->compress = SPOT_STORE_COMPRESS_AUTO;
@@ -276,6 +290,7 @@ session_open(struct session *s, const char *url, const struct common_opts *o)
   s->cfg.restore_timeout_ms = o->restore_timeout_ms;
   s->cfg.follow_symlinks = o->follow_symlinks;
   s->cfg.follow = o->follow;
+  s->cfg.step = o->step;
   s->done = false;
   return 0;
 }
@@ -331,7 +346,7 @@ store_done_cb(const struct spot_store_result *res, void *data)
     return;
   }
   if (res->warning != NULL && res->warning[0] != '\0')
-    fprintf(stderr, "spotctl: warning: %s\n", res->warning);
+    fprintf(stderr, "spotctl: warning: %s\n", spotctl_esc(res->warning));
   if (!s->quiet)
     printf("%s %s: %" PRIu64 " files, %s -> %s stored (ratio %.2f) in %.1f s "
            "(%.0f MB/s), %u retries%s\n",
@@ -377,7 +392,10 @@ static const char push_usage[] =
     "                     any other link fails the push)\n"
     "  --follow           DIR is still being written: upload its files as\n"
     "                     they close, commit once DIR/SPOTD_COMPLETE exists\n"
-    "                     (files changed since are uploaded again)\n";
+    "                     (files changed since are uploaded again)\n"
+    "  --step N           the trainer's step this checkpoint holds (default:\n"
+    "                     what NAME states, as in step-000042): LATEST never\n"
+    "                     moves to a checkpoint older by step\n";
 
 int
 spotctl_cmd_push(int argc, char **argv)

@@ -10,15 +10,20 @@
  *              carries its epoch (store.h lease_owner/lease_epoch)
  *   RELEASING  after the final commit, once the trainer is gone: a waiting
  *              node proceeds at its next poll -> RELEASED
- *   LOST       a renewal found another writer, or could not renew in time:
- *              uploads stop, LATEST never moves, the trainer is stopped
- *              (SIGTERM) and spotd exits SPOTD_EXIT_LEASE_LOST
+ *   LOST       a renewal found another writer, or could not renew by the
+ *              local deadline (a timer independent of the request in
+ *              flight, lib/io/lease.c): uploads stop, LATEST never moves,
+ *              the trainer's processes are frozen at once (SIGSTOP: it
+ *              takes no further step, whatever it does with signals), then
+ *              killed (SIGKILL: nothing it would save could be committed),
+ *              and spotd exits SPOTD_EXIT_LEASE_LOST
  *
  * Taken after the store check and before the journal resume and the
  * restore (restore.c), so a node never restores while another runs the
  * job's trainer. */
 #include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -102,9 +107,16 @@ lost_cb(const struct spot_lease_info *i, void *data)
              i->message && i->message[0] ? i->message : strerror(-i->err));
   upload_cancel_all(d);
   d->exit_code = SPOTD_EXIT_LEASE_LOST;
-  if (trainer_running(d))
-    trainer_stop(d, d->cfg->grace_ms);
-  else
+  if (trainer_running(d)) {
+    /* The next holder may start its trainer from now on: not one more
+     * step here. SIGSTOP cannot be caught; SIGKILL follows at once. */
+    int n = spot_child_kill(&d->trainer, SIGSTOP);
+    if (n >= 0)
+      log_warn("froze the trainer (SIGSTOP to %d processes of its tree); "
+               "killing it",
+               n);
+    trainer_stop(d, 0);
+  } else
     spotd_fail(d, SPOTD_EXIT_LEASE_LOST);
 }
 

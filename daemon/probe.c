@@ -95,6 +95,7 @@ static void
 put_cb(const struct spot_s3_result *res, void *data)
 {
   struct spotd *d = data;
+  int64_t skew;
 
   d->restore.s3op = NULL;
   if (d->closing)
@@ -103,6 +104,13 @@ put_cb(const struct spot_s3_result *res, void *data)
     probe_fail(d, "PUT", res);
     return;
   }
+  skew = spot_s3_clock_skew_ms(res);
+  if (llabs(skew) > 1000)
+    log_warn("clock: this node's clock is %.1f s %s S3's (by its Date "
+             "header): leases allow %.1f s by default; fix the clock (NTP, "
+             "chrony)",
+             (double)llabs(skew) / 1000.0, skew > 0 ? "ahead of" : "behind",
+             SPOT_LEASE_GRACE_DEFAULT_MS / 1000.0);
   spot_buf_init(&d->restore.probe_body, 256);
   if (spot_s3_get(d->s3, d->store.bucket, d->restore.probe_key, 0, 0, NULL,
                   &d->restore.probe_body, get_cb, d, &d->restore.s3op) < 0) {

@@ -164,10 +164,14 @@ place(struct spotd *d, const struct spot_store_result *res)
   }
   spot_strlcpy(d->last_commit, res->name, sizeof(d->last_commit));
   spot_strlcpy(d->restored_name, res->name, sizeof(d->restored_name));
-  if (d->fb.nbad > 0)
+  if (d->fb.nbad > 0) {
     log_warn("restored checkpoint %s instead of the newest, which failed "
              "verification (see above)",
              res->name);
+    /* the trainer's next commits replace it, whatever its step */
+    spot_strlcpy(d->store.latest_damaged, d->fb.bad[0],
+                 sizeof(d->store.latest_damaged));
+  }
   d->last_commit_wall = spot_now_wall_ms();
   watch_mark_known(d, res->name);
   hist_restored(d, res);

@@ -343,8 +343,9 @@ prune_local(struct spotd *d, const char *keep)
     char path[4300];
 
     if (strcmp(n, keep) == 0 || strcmp(n, d->up.waiting) == 0 ||
-        (d->up.op != NULL && strcmp(n, d->up.name) == 0))
-      continue;
+        (d->up.op != NULL && strcmp(n, d->up.name) == 0) ||
+        spot_ckpt_name_step(n) > spot_ckpt_name_step(keep))
+      continue; /* newer by step: never removed for an older commit */
     snprintf(path, sizeof(path), "%s/%s", d->ckpt_dir, n);
     if (access(path, F_OK) == 0) {
       log_info("removing local checkpoint %s (committed %s is newer)", n, keep);
@@ -460,6 +461,24 @@ push_done_cb(const struct spot_store_result *res, void *data)
   start_waiting(d);
 }
 
+/* A folder older by the trainer's step than the checkpoint LATEST names
+ * as far as this spotd knows (the one it restored or last committed) is
+ * never uploaded: the store would refuse to move LATEST back to it. It
+ * stays in --ckpt-dir, for an operator to look at. */
+static bool
+older_than_committed(const struct spotd *d, const char *name)
+{
+  int64_t step = spot_ckpt_name_step(name);
+  int64_t ref = spot_ckpt_name_step(d->last_commit);
+
+  if (step < 0 || ref <= step)
+    return false;
+  log_info("not uploading checkpoint %s (step %" PRId64 "): %s (step %" PRId64
+           ") is newer; the folder is kept in %s",
+           name, step, d->last_commit, ref, d->ckpt_dir);
+  return true;
+}
+
 static void
 start_upload(struct spotd *d, const char *name, bool follow)
 {
@@ -467,6 +486,8 @@ start_upload(struct spotd *d, const char *name, bool follow)
   char dir[4300];
   int r;
 
+  if (older_than_committed(d, name))
+    return;
   snprintf(dir, sizeof(dir), "%s/%s", d->ckpt_dir, name);
   spot_strlcpy(u->name, name, sizeof(u->name));
   u->done_bytes = u->total_bytes = 0;

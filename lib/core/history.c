@@ -512,6 +512,15 @@ max64(int64_t a, int64_t b)
   return a > b ? a : b;
 }
 
+/* The totals add up to 10000 runs of up to 2^53 ms each: a sum that
+ * would overflow stays at INT64_MAX instead of wrapping negative. */
+static void
+add64(int64_t *sum, int64_t v)
+{
+  if (__builtin_add_overflow(*sum, v, sum))
+    *sum = v < 0 ? INT64_MIN : INT64_MAX;
+}
+
 #define SPOT_HIST_CAPTURE_SLACK_MS 2
 
 /* Outcome, lost work, times of one run once all events are in. */
@@ -549,9 +558,11 @@ close_run(struct spot_hist_summary *s, size_t i, const struct acc *a)
       r->lost_ms = 0;
       r->lost_steps = 0;
     }
-    s->lost_ms += r->lost_ms;
-    if (r->lost_steps >= 0)
-      s->lost_steps = max64(s->lost_steps, 0) + r->lost_steps;
+    add64(&s->lost_ms, r->lost_ms);
+    if (r->lost_steps >= 0) {
+      s->lost_steps = max64(s->lost_steps, 0);
+      add64(&s->lost_steps, r->lost_steps);
+    }
     if (r->outcome == SPOT_HIST_PREEMPTED)
       s->preemptions++;
     else
@@ -560,11 +571,11 @@ close_run(struct spot_hist_summary *s, size_t i, const struct acc *a)
   r->gap_before_ms = -1;
   if (i > 0) {
     r->gap_before_ms = max64(0, r->train_start_ms - s->runs[i - 1].end_ms);
-    s->gap_ms += r->gap_before_ms;
+    add64(&s->gap_ms, r->gap_before_ms);
     s->max_gap_ms = max64(s->max_gap_ms, r->gap_before_ms);
   }
-  s->node_ms += max64(0, r->end_ms - r->start_ms);
-  s->train_ms += max64(0, r->end_ms - r->train_start_ms);
+  add64(&s->node_ms, max64(0, r->end_ms - r->start_ms));
+  add64(&s->train_ms, max64(0, r->end_ms - r->train_start_ms));
 }
 
 static void
@@ -725,7 +736,7 @@ spot_hist_summary_json(const struct spot_hist_summary *s, const char *job,
       bad |= json_object_set(root, "events", evs) < 0;
   }
   if (!bad)
-    str = json_dumps(root, JSON_INDENT(1));
+    str = json_dumps(root, JSON_INDENT(1) | JSON_ENSURE_ASCII);
   json_decref(root);
   json_decref(runs);
   json_decref(evs);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "buf.h"
 #include "util.h"
@@ -139,6 +140,50 @@ spot_ckpt_name_valid(const char *name)
       return false;
   }
   return true;
+}
+
+static int64_t
+step_digits(const char *p)
+{
+  int64_t v = 0;
+
+  if (*p < '0' || *p > '9')
+    return -1;
+  for (; *p >= '0' && *p <= '9'; p++) {
+    if (v > ((int64_t)1 << 53) / 10)
+      return -1;
+    v = v * 10 + (*p - '0');
+  }
+  if (v > ((int64_t)1 << 53))
+    return -1;
+  return v;
+}
+
+int64_t
+spot_ckpt_name_step(const char *name)
+{
+  const char *last = NULL;
+
+  if (!spot_ckpt_name_valid(name))
+    return -1;
+  for (const char *p = name; *p != '\0'; p++)
+    if (strncasecmp(p, "step", 4) == 0)
+      last = p;
+  if (last != NULL) {
+    const char *d = last + 4;
+    int64_t v;
+
+    if (*d == '-' || *d == '_' || *d == '=' || *d == '.')
+      d++;
+    v = step_digits(d);
+    /* the number must end the name or be followed by a separator */
+    while (*d >= '0' && *d <= '9')
+      d++;
+    if (v >= 0 && (*d == '\0' || *d == '-' || *d == '_' || *d == '.'))
+      return v;
+    return -1;
+  }
+  return strspn(name, "0123456789") == strlen(name) ? step_digits(name) : -1;
 }
 
 bool

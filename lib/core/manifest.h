@@ -164,6 +164,13 @@ struct spot_manifest {
  * one: .spotd-resume, .spotd-journal, the restore's temporary folder).
  * The one check push, list, restore and the manifest parser share. */
 bool spot_ckpt_name_valid(const char *name);
+/* The trainer's step a checkpoint name states, or -1 when it states none:
+ * the decimal number after the last "step" in the name (any case, then an
+ * optional '-', '_', '=' or '.'), as in step-000042, global_step1200 or
+ * ckpt_step=5; else the whole name when it is a number ("1200"). At most
+ * 2^53. Only a stated step orders checkpoints by training progress (see
+ * latest.h); other names are ordered by commit alone. */
+int64_t spot_ckpt_name_step(const char *name);
 /* The rules above in words, for messages. */
 #define SPOT_CKPT_NAME_RULES                                                   \
   "1-128 printable ASCII characters, no space, '/', '\\' or '..', not "        \

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -21,13 +22,30 @@ spot_now_mono_ms(void)
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+#if defined(SPOT_FAULT_POINTS) && SPOT_FAULT_POINTS
+/* Test builds: $SPOTD_FAULT_CLOCK_MS shifts this process's wall clock, a
+ * node whose clock is off (see spot_fault_point()). Read once, before
+ * main, so no thread ever races on it. */
+static int64_t clock_offset_ms;
+
+__attribute__((constructor)) static void
+clock_offset_init(void)
+{
+  const char *v = getenv("SPOTD_FAULT_CLOCK_MS");
+
+  clock_offset_ms = v != NULL ? strtoll(v, NULL, 10) : 0;
+}
+#else
+static const int64_t clock_offset_ms = 0;
+#endif
+
 int64_t
 spot_now_wall_ms(void)
 {
   struct timespec ts;
 
   clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + clock_offset_ms;
 }
 
 size_t
@@ -472,4 +490,25 @@ spot_big_free(void *p, size_t n)
 {
   if (p != NULL)
     munmap(p, (n + 4095) & ~(size_t)4095);
+}
+
+void
+spot_fault_point(const char *name)
+{
+#if defined(SPOT_FAULT_POINTS) && SPOT_FAULT_POINTS
+  const char *want = getenv("SPOTD_FAULT");
+  size_t n = strlen(name);
+  bool stop;
+
+  if (want == NULL || strncmp(want, name, n) != 0 ||
+      (want[n] != '\0' && strcmp(want + n, ":stop") != 0))
+    return;
+  stop = want[n] != '\0';
+  fprintf(stderr, "fault point %s: %s pid %d\n", name,
+          stop ? "stopping" : "killing", (int)getpid());
+  fflush(stderr);
+  kill(getpid(), stop ? SIGSTOP : SIGKILL);
+#else
+  (void)name;
+#endif
 }

@@ -69,6 +69,17 @@ void spot_rm_tree(const char *path);
  * SPOT_ESCAPE_SIZE(n) fits the escape of n bytes. */
 #define SPOT_ESCAPE_SIZE(n) (4 * (n) + 1)
 const char *spot_escape(const char *src, char *dst, size_t size);
+/* A fault point for tests: when the build has fault points (the tests
+ * are built: SPOT_FAULT_POINTS) and $SPOTD_FAULT names this point, logs
+ * one line and kills this process with SIGKILL, exactly there ("NAME:stop":
+ * stops it with SIGSTOP instead, until a SIGCONT). Points:
+ * "before-commit" (a push about to check its lease and write its
+ * manifest), "after-manifest" (a commit's manifest written, LATEST not yet
+ * moved).
+ * Also $SPOTD_FAULT_CLOCK_MS: spot_now_wall_ms() runs that many ms ahead
+ * (negative: behind), a node whose clock is off.
+ * Without fault points it does nothing and reads no environment. */
+void spot_fault_point(const char *name);
 /* Writes fmt into err (when err is not NULL and errlen > 0): the one
  * helper behind every "(char *err, size_t errlen)" out-parameter. */
 void spot_set_err(char *err, size_t errlen, const char *fmt, ...)

@@ -630,7 +630,8 @@ read_get_cb(const struct spot_s3_result *res, void *data)
       op->n++;
     else
       op->skipped++;
-  } else if (res->err == -EMSGSIZE || res->err == -ENOENT) {
+  } else if (res->err == -E2BIG || res->err == -EMSGSIZE ||
+             res->err == -ENOENT) {
     op->skipped++; /* too big to be an event, or pruned meanwhile */
   } else {
     read_fail(op, res->err, "reading a history event", res);

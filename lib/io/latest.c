@@ -39,6 +39,11 @@ struct spot_latest_op {
   enum latest_state state;
   char *bucket, *lease_key, *latest_key, *name, *owner;
   struct spot_latest_order order;
+  bool ordered;           /* order is not 0.0: compared, and written */
+  bool fence_only;        /* spot_latest_fence(): the lease read alone */
+  uint64_t max_cur_epoch; /* refuse when LATEST's epoch is past it (0: no) */
+  char damaged[SPOT_CKPT_NAME_MAX + 1]; /* no step rule against it */
+  int64_t step; /* the trainer's step of ours, -1 unknown */
   spot_latest_cb cb;
   void *data;
   struct spot_s3_op *s3op;
@@ -48,6 +53,7 @@ struct spot_latest_op {
   char cur_name[SPOT_CKPT_NAME_MAX + 1];
   char cur_etag[160]; /* bare */
   struct spot_latest_order cur_order;
+  int64_t cur_step; /* its step, -1 unknown */
   /* the last PUT */
   char sent_etag[160]; /* the If-Match target, bare ("" for a create) */
   bool form_flipped, moved;
@@ -97,6 +103,7 @@ finish(struct spot_latest_op *op, int err)
   res.moved = op->moved;
   res.name = op->exists ? op->cur_name : "";
   res.order = op->cur_order;
+  res.step = op->exists ? op->cur_step : -1;
   res.rounds = op->rounds;
   if (err < 0 && err != -ECANCELED)
     log_info("latest: %s", op->msg);
@@ -117,13 +124,20 @@ static int
 start_put(struct spot_latest_op *op)
 {
   struct spot_s3_put_opts o;
-  char etag[170], order[48];
+  char etag[170], order[48], step[24];
   int r = 0;
 
   memset(&o, 0, sizeof(o));
   spot_lease_doc_order_format(op->order, order, sizeof(order));
-  o.meta_name = SPOT_LATEST_ORDER_META;
-  o.meta_value = order;
+  snprintf(step, sizeof(step), "%" PRId64, op->step);
+  if (op->ordered) {
+    o.meta_name = SPOT_LATEST_ORDER_META;
+    o.meta_value = order;
+  }
+  if (op->step >= 0) {
+    o.meta2_name = SPOT_LATEST_STEP_META;
+    o.meta2_value = step;
+  }
   if (!op->exists) {
     o.flags = SPOT_S3_IF_NONE_MATCH;
     op->sent_etag[0] = '\0';
@@ -163,8 +177,9 @@ check_lease(struct spot_latest_op *op, const struct spot_s3_result *res)
   if (strcmp(d.owner, op->owner) != 0 || d.epoch != op->order.epoch ||
       d.released || spot_now_wall_ms() > d.expires_ms) {
     snprintf(op->msg, sizeof(op->msg),
-             "not moving LATEST to %s: writer %s at epoch %" PRIu64
+             "%s %s: writer %s at epoch %" PRIu64
              " is fenced (lease: %s, epoch %" PRIu64 ", %s)",
+             op->fence_only ? "not committing" : "not moving LATEST to",
              op->name, op->owner, op->order.epoch, d.owner, d.epoch,
              d.released                          ? "released"
              : spot_now_wall_ms() > d.expires_ms ? "expired"
@@ -172,6 +187,24 @@ check_lease(struct spot_latest_op *op, const struct spot_s3_result *res)
     return -ESTALE;
   }
   return 0;
+}
+
+/* The step of what LATEST names: its spotd-step header, else what its
+ * name states, else -1. */
+static int64_t
+latest_step(const char *meta, const char *name)
+{
+  char v[32], *end;
+  long long n;
+
+  if (spot_s3_meta_get(meta, SPOT_LATEST_STEP_META, v, sizeof(v)) == 0) {
+    errno = 0;
+    n = strtoll(v, &end, 10);
+    if (errno == 0 && end != v && *end == '\0' && n >= 0 &&
+        n <= ((long long)1 << 53))
+      return n;
+  }
+  return spot_ckpt_name_step(name);
 }
 
 /* The LATEST read: remember it; 0 to write, 1 when done, < 0 refused. */
@@ -185,6 +218,7 @@ take_latest(struct spot_latest_op *op, const struct spot_s3_result *res)
   op->exists = res->err == 0;
   op->cur_name[0] = '\0';
   op->cur_order.epoch = op->cur_order.seq = 0;
+  op->cur_step = -1;
   if (!op->exists)
     return 0;
   if (n > SPOT_CKPT_NAME_MAX)
@@ -200,18 +234,36 @@ take_latest(struct spot_latest_op *op, const struct spot_s3_result *res)
       spot_lease_doc_order_parse(v, &op->cur_order) < 0)
     log_warn("latest: ignoring a bad %s \"%s\" on %s", SPOT_LATEST_ORDER_META,
              v, op->latest_key);
+  op->cur_step = latest_step(res->meta, op->cur_name);
   c = spot_lease_doc_order_cmp(op->order, op->cur_order);
-  if (c == 0 && strcmp(op->cur_name, op->name) == 0) {
+  if ((c == 0 || !op->ordered) && strcmp(op->cur_name, op->name) == 0) {
     if (op->rounds > 0)
       op->moved = true; /* our PUT landed; its answer was lost or a 412 */
     return 1;
   }
-  if (c <= 0) {
+  if (op->ordered && c <= 0) {
     snprintf(op->msg, sizeof(op->msg),
              "not moving LATEST backwards: it names %s (order %" PRIu64
              ".%" PRIu64 "), ours %s is %" PRIu64 ".%" PRIu64,
              op->cur_name, op->cur_order.epoch, op->cur_order.seq, op->name,
              op->order.epoch, op->order.seq);
+    return -ESTALE;
+  }
+  if (op->max_cur_epoch > 0 && op->cur_order.epoch > op->max_cur_epoch) {
+    snprintf(op->msg, sizeof(op->msg),
+             "not moving LATEST to %s: it moved on since %s was written (it "
+             "names %s at epoch %" PRIu64 ", %s was written at epoch %" PRIu64
+             ")",
+             op->name, op->name, op->cur_name, op->cur_order.epoch, op->name,
+             op->max_cur_epoch);
+    return -ESTALE;
+  }
+  if (op->step >= 0 && op->cur_step > op->step &&
+      strcmp(op->cur_name, op->damaged) != 0) {
+    snprintf(op->msg, sizeof(op->msg),
+             "not moving LATEST back in training: it names %s (step %" PRId64
+             "), ours %s is step %" PRId64,
+             op->cur_name, op->cur_step, op->name, op->step);
     return -ESTALE;
   }
   return 0;
@@ -268,7 +320,9 @@ s3_cb(const struct spot_s3_result *res, void *data)
   switch (op->state) {
   case LT_LEASE:
     r = check_lease(op, res);
-    if (r == 0)
+    if (r == 0 && op->fence_only)
+      r = 1;
+    else if (r == 0)
       r = start_get(op, LT_READ, op->latest_key);
     break;
   case LT_READ:
@@ -312,8 +366,8 @@ join(const char *root, const char *leaf)
 int
 spot_latest_update(struct spot_s3 *s3, const char *bucket, const char *root,
                    const char *name, struct spot_latest_order order,
-                   const char *lease_owner, spot_latest_cb cb, void *data,
-                   struct spot_latest_op **out)
+                   int64_t step, const char *lease_owner, spot_latest_cb cb,
+                   void *data, struct spot_latest_op **out)
 {
   struct spot_latest_op *op;
   int r;
@@ -327,6 +381,8 @@ spot_latest_update(struct spot_s3 *s3, const char *bucket, const char *root,
     return -ENOMEM;
   op->s3 = s3;
   op->order = order;
+  op->ordered = order.epoch > 0 || order.seq > 0;
+  op->step = step >= 0 ? step : spot_ckpt_name_step(name);
   op->cb = cb;
   op->data = data;
   spot_buf_init(&op->body, SPOT_LEASE_JSON_MAX);
@@ -358,4 +414,38 @@ spot_latest_cancel(struct spot_latest_op *op)
   if (op == NULL || op->state == LT_DONE)
     return;
   spot_s3_cancel(op->s3op); /* s3_cb finishes with -ECANCELED */
+}
+
+void
+spot_latest_set_max_epoch(struct spot_latest_op *op, uint64_t epoch)
+{
+  if (op != NULL)
+    op->max_cur_epoch = epoch;
+}
+
+int
+spot_latest_fence(struct spot_s3 *s3, const char *bucket, const char *root,
+                  const char *name, uint64_t epoch, const char *lease_owner,
+                  spot_latest_cb cb, void *data, struct spot_latest_op **out)
+{
+  struct spot_latest_order o = {epoch, 0};
+  struct spot_latest_op *op = NULL;
+  int r;
+
+  if (lease_owner == NULL)
+    return -EINVAL;
+  r = spot_latest_update(s3, bucket, root, name, o, -1, lease_owner, cb, data,
+                         &op);
+  if (r == 0)
+    op->fence_only = true; /* before its lease read is answered */
+  if (out != NULL)
+    *out = op;
+  return r;
+}
+
+void
+spot_latest_set_damaged(struct spot_latest_op *op, const char *name)
+{
+  if (op != NULL && name != NULL)
+    spot_strlcpy(op->damaged, name, sizeof(op->damaged));
 }

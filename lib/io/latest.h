@@ -24,6 +24,17 @@
  * since a new holder's first commit carries a higher epoch, it can never
  * move LATEST back past the new holder's commits.
  *
+ * Training progress: a checkpoint never replaces one that is older by the
+ * trainer's step. The step of ours is the one given, else what the name
+ * states (spot_ckpt_name_step); the step of what LATEST names is its
+ * x-amz-meta-spotd-step, else what its name states. When either is
+ * unknown, the order alone decides. The step is checked after the order,
+ * so fencing comes first; a newer epoch does not let an older step in.
+ *
+ * Order 0.0 means an unordered writer (spotctl push without a lease): the
+ * order is neither compared nor written (LATEST then reads as 0.0, as a
+ * plain PUT leaves it), only the step rule applies.
+ *
  * Callback contract as in s3.h: returns < 0 and never calls back, or 0
  * and calls back exactly once (-ECANCELED after spot_latest_cancel). */
 #ifndef SPOT_LATEST_H
@@ -37,6 +48,7 @@
 
 #define SPOT_LATEST_KEY "LATEST"
 #define SPOT_LATEST_ROUNDS_MAX 64 /* compare-and-swap attempts */
+#define SPOT_LATEST_STEP_META "spotd-step"
 
 struct spot_latest_result {
   /* 0: LATEST names ours (moved, or already did); -ESTALE: refused (LATEST
@@ -47,6 +59,7 @@ struct spot_latest_result {
   bool moved;          /* we wrote it */
   const char *name;    /* what LATEST named when we last read it ("" none) */
   struct spot_latest_order order; /* its order */
+  int64_t step;                   /* its step, -1 unknown */
   unsigned rounds;                /* PUTs tried */
 };
 
@@ -54,12 +67,27 @@ struct spot_latest_op;
 typedef void (*spot_latest_cb)(const struct spot_latest_result *res,
                                void *data);
 
-/* root is "PREFIX/JOB" (or "JOB"); name a spot_ckpt_name_valid() name.
+/* root is "PREFIX/JOB" (or "JOB"); name a spot_ckpt_name_valid() name;
+ * step the trainer's step of the checkpoint, < 0: what its name states.
  * lease_owner NULL: no lease check. Strings are copied. */
 int spot_latest_update(struct spot_s3 *s3, const char *bucket, const char *root,
                        const char *name, struct spot_latest_order order,
-                       const char *lease_owner, spot_latest_cb cb, void *data,
-                       struct spot_latest_op **op);
+                       int64_t step, const char *lease_owner, spot_latest_cb cb,
+                       void *data, struct spot_latest_op **op);
+/* Also refuse (-ESTALE) when LATEST's epoch is past epoch: for publishing
+ * a manifest an earlier run wrote at that epoch, which must not replace
+ * anything committed since. Call right after spot_latest_update(). */
+void spot_latest_set_max_epoch(struct spot_latest_op *op, uint64_t epoch);
+/* A checkpoint found damaged (restore fallback): the step rule does not
+ * keep LATEST on it. Call right after spot_latest_update(). */
+void spot_latest_set_damaged(struct spot_latest_op *op, const char *name);
+/* The lease check alone (fencing before a manifest is written): calls back
+ * with 0 when ROOT/LEASE is held, unexpired, by lease_owner at epoch, else
+ * -ESTALE with one line (or an S3 error). name is only for messages. */
+int spot_latest_fence(struct spot_s3 *s3, const char *bucket, const char *root,
+                      const char *name, uint64_t epoch, const char *lease_owner,
+                      spot_latest_cb cb, void *data,
+                      struct spot_latest_op **op);
 /* Legal until the callback has run; the callback runs with -ECANCELED
  * before this returns. */
 void spot_latest_cancel(struct spot_latest_op *op);

@@ -111,11 +111,19 @@ struct spot_lease {
   uint64_t last_holder_epoch;
 
   struct pending w;
+  uint64_t acq_epoch; /* the epoch an acquire will write, before the floor */
+  /* this node's clock against S3's Date, from the last answer */
+  int64_t skew_ms;
+  bool skew_known, skew_warned;
   bool freeing;
   struct spot_s3_op *s3op;
   struct spot_buf body; /* GET */
   char msg[512];
   uv_timer_t poll_timer, renew_timer;
+  /* Fires at deadline_ms whatever is in flight: a renewal stuck in S3
+   * retries (up to minutes) must not keep a lease the next holder may
+   * already have taken. */
+  uv_timer_t deadline_timer;
   unsigned pending_closes;
 };
 
@@ -123,6 +131,7 @@ static void read_cb(const struct spot_s3_result *res, void *data);
 static void write_cb(const struct spot_s3_result *res, void *data);
 static void confirm_cb(const struct spot_s3_result *res, void *data);
 static void judge_and_act(struct spot_lease *l);
+static void arm_deadline(struct spot_lease *l);
 
 static void
 set_state(struct spot_lease *l, enum lease_state s)
@@ -199,6 +208,7 @@ lose(struct spot_lease *l, int err, const char *why)
   struct spot_lease_info info;
 
   uv_timer_stop(&l->renew_timer);
+  uv_timer_stop(&l->deadline_timer);
   set_state(l, LS_LOST);
   l->our_nonce[0] = '\0';
   snprintf(l->msg, sizeof(l->msg),
@@ -312,14 +322,57 @@ take_read(struct spot_lease *l, const struct spot_s3_result *res)
                            sizeof(err));
   if (r < 0) {
     snprintf(l->msg, sizeof(l->msg),
-             "s3://%s/%s is not a spotd lease: %s (delete it to reset)",
-             l->bucket, l->key, err);
+             "s3://%s/%s is not a spotd lease: %s (reset it with: "
+             "spotctl lease s3://%s/%.*s --reset)",
+             l->bucket, l->key, err, l->bucket,
+             (int)(strlen(l->key) > strlen(SPOT_LEASE_KEY)
+                       ? strlen(l->key) - strlen(SPOT_LEASE_KEY) - 1
+                       : strlen(l->key)),
+             l->key);
     return r;
   }
   l->cur_exists = true;
   if (spot_lease_doc_etag_bare(res->etag, l->cur_etag, sizeof(l->cur_etag)) < 0)
     l->cur_etag[0] = '\0';
   return 0;
+}
+
+/* The local deadline: the last confirmed write's send time + ttl. Not
+ * renewed by then, whatever is in flight, the lease is lost here: the
+ * request is cancelled and lost_cb runs at once, so the holder stops
+ * before a taker (who waits until expires_ms + grace on its own clock)
+ * may start. */
+static void
+deadline_timer_cb(uv_timer_t *t)
+{
+  struct spot_lease *l =
+      spot_container_of(t, struct spot_lease, deadline_timer);
+  struct spot_s3_op *op;
+
+  if (l->state != LS_HELD && l->state != LS_RENEWING &&
+      l->state != LS_CONFIRMING && l->state != LS_RELEASING)
+    return;
+  if (l->state == LS_CONFIRMING && l->w.kind == W_ACQUIRE)
+    return;
+  if (spot_now_mono_ms() < l->deadline_ms) { /* renewed meanwhile */
+    arm_deadline(l);
+    return;
+  }
+  op = l->s3op;
+  l->s3op = NULL;
+  spot_s3_cancel(op); /* its callback sees -ECANCELED and returns */
+  lose(l, -ETIMEDOUT,
+       "not renewed before its local deadline (a renewal request was still "
+       "in flight)");
+}
+
+static void
+arm_deadline(struct spot_lease *l)
+{
+  uint64_t now = spot_now_mono_ms();
+
+  uv_timer_start(&l->deadline_timer, deadline_timer_cb,
+                 l->deadline_ms > now ? l->deadline_ms - now : 0, 0);
 }
 
 static void
@@ -409,6 +462,93 @@ wait_for_holder(struct spot_lease *l)
   uv_timer_start(&l->poll_timer, poll_timer_cb, next, 0);
 }
 
+/* This node's clock against S3's, from every answer on the lease (each
+ * renewal included): a warning past 1 s, once until it comes back. */
+static void
+note_skew(struct spot_lease *l, const struct spot_s3_result *res)
+{
+  int64_t sk = spot_s3_clock_skew_ms(res);
+
+  if (res->date_ms <= 0)
+    return;
+  l->skew_ms = sk;
+  l->skew_known = true;
+  if (llabs(sk) <= 1000) {
+    l->skew_warned = false;
+    return;
+  }
+  if (!l->skew_warned)
+    log_warn("clock: this node's clock is %.1f s %s S3's (lease s3://%s/%s); "
+             "a lease allows %.1f s: fix the clock (NTP, chrony)",
+             (double)llabs(sk) / 1000.0, sk > 0 ? "ahead of" : "behind",
+             l->bucket, l->key, (double)l->grace_ms / 1000.0);
+  l->skew_warned = true;
+}
+
+/* The fencing state LATEST carries: a new epoch is always past the epoch
+ * of LATEST's order, so a lease object deleted or recreated (an operator's
+ * reset, `spotctl lease --reset`) continues the epochs instead of starting
+ * again at 1, below every commit LATEST would then refuse as backwards. */
+static void
+floor_cb(const struct spot_s3_result *res, void *data)
+{
+  struct spot_lease *l = data;
+  struct spot_latest_order o = {0, 0};
+  char v[64], line[512];
+  uint64_t epoch = l->acq_epoch;
+  int r;
+
+  l->s3op = NULL;
+  note_skew(l, res);
+  if (res->err == -ECANCELED)
+    return; /* whoever cancelled finishes */
+  if (res->err < 0 && res->err != -ENOENT) {
+    snprintf(l->msg, sizeof(l->msg), "reading LATEST's order: %s",
+             spot_s3_strerror(res, line, sizeof(line)));
+    fail_user(l, res->err);
+    return;
+  }
+  if (res->err == 0 &&
+      spot_s3_meta_get(res->meta, SPOT_LATEST_ORDER_META, v, sizeof(v)) == 0 &&
+      spot_lease_doc_order_parse(v, &o) == 0 && o.epoch >= epoch) {
+    if (o.epoch == UINT64_MAX) {
+      snprintf(l->msg, sizeof(l->msg), "lease epoch overflow");
+      fail_user(l, -EOVERFLOW);
+      return;
+    }
+    log_info("lease: s3://%s/%s would start at epoch %" PRIu64
+             ", LATEST's commit is at epoch %" PRIu64 ": taking epoch %" PRIu64,
+             l->bucket, l->key, epoch, o.epoch, o.epoch + 1);
+    epoch = o.epoch + 1;
+  }
+  r = start_write(l, W_ACQUIRE, epoch, false);
+  if (r < 0)
+    fail_user(l, r);
+}
+
+static int
+start_floor(struct spot_lease *l)
+{
+  size_t n = strlen(l->key), leaf = strlen(SPOT_LEASE_KEY);
+  char *latest;
+  int r;
+
+  /* ROOT/LEASE -> ROOT/LATEST */
+  if (n < leaf || strcmp(l->key + n - leaf, SPOT_LEASE_KEY) != 0)
+    return start_write(l, W_ACQUIRE, l->acq_epoch, false);
+  if (asprintf(&latest, "%.*sLATEST", (int)(n - leaf), l->key) < 0)
+    return -ENOMEM;
+  set_state(l, LS_READING);
+  spot_buf_reset(&l->body);
+  r = spot_s3_get(l->s3, l->bucket, latest, 0, 0, NULL, &l->body, floor_cb, l,
+                  &l->s3op);
+  free(latest);
+  if (r < 0)
+    snprintf(l->msg, sizeof(l->msg), "reading LATEST's order: %s",
+             strerror(-r));
+  return r;
+}
+
 /* After a read in an acquire: take it, or wait for its holder. */
 static void
 judge_and_act(struct spot_lease *l)
@@ -423,6 +563,20 @@ judge_and_act(struct spot_lease *l)
     wait_for_holder(l);
     return;
   }
+  if (l->skew_known && llabs(l->skew_ms) > l->grace_ms) {
+    /* Expiry times are wall-clock times: a node this far off would take
+     * over a healthy holder (ahead) or write a lease others see expired
+     * early (behind). */
+    snprintf(l->msg, sizeof(l->msg),
+             "refusing to take the job lease: this node's clock is %.1f s "
+             "%s S3's, more than the lease grace of %.1f s (fix the clock: "
+             "NTP, chrony)",
+             (double)llabs(l->skew_ms) / 1000.0,
+             l->skew_ms > 0 ? "ahead of" : "behind",
+             (double)l->grace_ms / 1000.0);
+    fail_user(l, -ERANGE);
+    return;
+  }
   epoch = spot_lease_doc_next_epoch(l->cur_exists ? &l->cur : NULL, v);
   if (epoch == 0) {
     snprintf(l->msg, sizeof(l->msg), "lease epoch overflow");
@@ -433,7 +587,8 @@ judge_and_act(struct spot_lease *l)
     log_info("lease: s3://%s/%s of %s (epoch %" PRIu64 ") expired: taking "
              "it over",
              l->bucket, l->key, l->cur.owner, l->cur.epoch);
-  r = start_write(l, W_ACQUIRE, epoch, false);
+  l->acq_epoch = epoch;
+  r = start_floor(l);
   if (r < 0)
     fail_user(l, r);
 }
@@ -459,6 +614,7 @@ adopt(struct spot_lease *l)
   l->deadline_ms = spot_now_mono_ms() + (left > 0 ? (uint64_t)left : 0);
   set_state(l, LS_HELD);
   uv_timer_start(&l->renew_timer, renew_timer_cb, l->renew_ms, 0);
+  arm_deadline(l);
   finish_user(l, 0);
 }
 
@@ -470,6 +626,7 @@ read_cb(const struct spot_s3_result *res, void *data)
   int r;
 
   l->s3op = NULL;
+  note_skew(l, res);
   if (res->err == -ECANCELED)
     return; /* whoever cancelled finishes */
   if (res->err < 0 && res->err != -ENOENT) {
@@ -533,6 +690,7 @@ write_landed(struct spot_lease *l, const char *etag)
   l->epoch = l->w.doc.epoch;
   set_state(l, LS_HELD);
   uv_timer_start(&l->renew_timer, renew_timer_cb, l->renew_ms, 0);
+  arm_deadline(l);
   if (l->w.kind == W_ACQUIRE) {
     spot_rfc3339_format(l->cur.expires_ms, until, sizeof(until));
     log_info("lease: acquired s3://%s/%s epoch %" PRIu64 " until %s", l->bucket,
@@ -578,6 +736,7 @@ write_cb(const struct spot_s3_result *res, void *data)
   int r;
 
   l->s3op = NULL;
+  note_skew(l, res);
   if (res->err == -ECANCELED)
     return;
   if (res->err == 0) {
@@ -619,6 +778,7 @@ confirm_cb(const struct spot_s3_result *res, void *data)
   int r;
 
   l->s3op = NULL;
+  note_skew(l, res);
   if (res->err == -ECANCELED)
     return;
   if (res->err < 0 && res->err != -ENOENT) {
@@ -711,6 +871,7 @@ spot_lease_new(uv_loop_t *loop, const struct spot_lease_config *cfg,
   spot_buf_init(&l->body, BODY_CAP);
   uv_timer_init(loop, &l->poll_timer);
   uv_timer_init(loop, &l->renew_timer);
+  uv_timer_init(loop, &l->deadline_timer);
   *out = l;
   return 0;
 }
@@ -880,9 +1041,12 @@ spot_lease_free(struct spot_lease *l)
   spot_s3_cancel(op);
   uv_timer_stop(&l->poll_timer);
   uv_timer_stop(&l->renew_timer);
+  uv_timer_stop(&l->deadline_timer);
   l->poll_timer.data = l;
   l->renew_timer.data = l;
-  l->pending_closes = 2;
+  l->deadline_timer.data = l;
+  l->pending_closes = 3;
   uv_close((uv_handle_t *)&l->poll_timer, close_cb);
   uv_close((uv_handle_t *)&l->renew_timer, close_cb);
+  uv_close((uv_handle_t *)&l->deadline_timer, close_cb);
 }

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <strings.h>
 
 #include <openssl/evp.h>
@@ -125,7 +126,8 @@ struct spot_s3_op {
   uint64_t off, len, got;
   bool sent_range;
   char if_match[160];
-  char meta_hdr[320]; /* put_ex: "x-amz-meta-NAME: VALUE" or "" */
+  char meta_hdr[320];  /* put_ex: "x-amz-meta-NAME: VALUE" or "" */
+  char meta2_hdr[320]; /* put_ex: a second one, or "" */
   char resp_meta[1024];
   spot_s3_sink_cb sink;
   struct spot_buf *into;
@@ -144,6 +146,7 @@ struct spot_s3_op {
   /* result storage, alive during the callback */
   struct spot__s3_xml_result xml;
   char etag[160];
+  int64_t date_ms, sent_wall_ms, recv_wall_ms; /* see spot_s3_result */
   char code[128];
   char message[512];
   long status;
@@ -482,6 +485,9 @@ finish(struct spot_s3_op *op, int err)
   res.bucket = op->bucket;
   res.key = op->key;
   res.etag = op->etag;
+  res.date_ms = op->date_ms;
+  res.sent_wall_ms = op->sent_wall_ms;
+  res.recv_wall_ms = op->recv_wall_ms;
   res.meta = op->resp_meta;
   if (err == 0) {
     res.content_length = op->content_length;
@@ -656,6 +662,8 @@ build_headers(struct spot_s3_op *op, const struct spot_creds *creds)
     r = add_header(op, "If-Match: %s", op->if_match);
   if (r == 0 && op->meta_hdr[0] != '\0')
     r = add_header(op, "%s", op->meta_hdr);
+  if (r == 0 && op->meta2_hdr[0] != '\0')
+    r = add_header(op, "%s", op->meta2_hdr);
   return r;
 }
 
@@ -749,6 +757,7 @@ attempt(struct spot_s3_op *op)
   } else if (strcmp(kinds[op->kind].method, "GET") != 0) {
     SETOPT(CURLOPT_CUSTOMREQUEST, kinds[op->kind].method);
   }
+  op->sent_wall_ms = spot_now_wall_ms();
   r = spot_http_add(s3->http, op->easy, done_cb, op);
   if (r < 0)
     return r;
@@ -803,6 +812,36 @@ copy_escaped(char *dst, size_t size, const char *src)
   spot_escape(src, dst, size);
 }
 
+/* An HTTP Date (RFC 9110 IMF-fixdate, "Sun, 06 Nov 1994 08:49:37 GMT")
+ * in ms since the epoch, or 0. */
+static int64_t
+http_date_ms(const char *v)
+{
+  struct tm tm;
+  const char *end;
+  time_t t;
+
+  memset(&tm, 0, sizeof(tm));
+  end = strptime(v, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+  if (end == NULL || *end != '\0')
+    return 0;
+  t = timegm(&tm);
+  return t > 0 ? (int64_t)t * 1000 : 0;
+}
+
+int64_t
+spot_s3_clock_skew_ms(const struct spot_s3_result *res)
+{
+  if (res == NULL || res->date_ms <= 0 || res->sent_wall_ms <= 0 ||
+      res->recv_wall_ms < res->sent_wall_ms)
+    return 0;
+  if (res->sent_wall_ms > res->date_ms + 1000)
+    return res->sent_wall_ms - (res->date_ms + 1000); /* ahead */
+  if (res->recv_wall_ms < res->date_ms)
+    return res->recv_wall_ms - res->date_ms; /* behind */
+  return 0;
+}
+
 static void
 done_cb(CURL *easy, CURLcode rc, void *data)
 {
@@ -824,6 +863,11 @@ done_cb(CURL *easy, CURLcode rc, void *data)
         h != NULL)
       copy_str(op->etag, sizeof(op->etag), h->value);
     collect_meta(op);
+    op->recv_wall_ms = spot_now_wall_ms();
+    op->date_ms = 0;
+    if (curl_easy_header(easy, "Date", 0, CURLH_HEADER, -1, &h) == CURLHE_OK &&
+        h != NULL)
+      op->date_ms = http_date_ms(h->value);
   }
   if (op->kind == OP_GET && op->if_match[0] == '\0' && op->etag[0] != '\0')
     copy_str(op->if_match, sizeof(op->if_match), op->etag);
@@ -1109,6 +1153,16 @@ meta_text_ok(const char *s, size_t max)
   return true;
 }
 
+/* Both or neither, printable, a name without ':'. */
+static bool
+meta_ok(const char *name, const char *value)
+{
+  if ((name != NULL) != (value != NULL))
+    return false;
+  return name == NULL || (meta_text_ok(name, 64) && strchr(name, ':') == NULL &&
+                          meta_text_ok(value, 200));
+}
+
 int
 spot_s3_put_ex(struct spot_s3 *s3, const char *bucket, const char *key,
                const void *data, size_t len,
@@ -1122,10 +1176,8 @@ spot_s3_put_ex(struct spot_s3 *s3, const char *bucket, const char *key,
     return -EINVAL;
   if (opts->if_match != NULL && !meta_text_ok(opts->if_match, 150))
     return -EINVAL;
-  if ((opts->meta_name != NULL) != (opts->meta_value != NULL) ||
-      (opts->meta_name != NULL && (!meta_text_ok(opts->meta_name, 64) ||
-                                   strchr(opts->meta_name, ':') != NULL ||
-                                   !meta_text_ok(opts->meta_value, 200))))
+  if (!meta_ok(opts->meta_name, opts->meta_value) ||
+      !meta_ok(opts->meta2_name, opts->meta2_value))
     return -EINVAL;
   r = object_op_new(s3, OP_PUT, bucket, key, NULL, cb, cbdata, &o);
   if (r != 0)
@@ -1139,6 +1191,9 @@ spot_s3_put_ex(struct spot_s3 *s3, const char *bucket, const char *key,
   if (opts->meta_name != NULL)
     snprintf(o->meta_hdr, sizeof(o->meta_hdr), "x-amz-meta-%s: %s",
              opts->meta_name, opts->meta_value);
+  if (opts->meta2_name != NULL)
+    snprintf(o->meta2_hdr, sizeof(o->meta2_hdr), "x-amz-meta-%s: %s",
+             opts->meta2_name, opts->meta2_value);
   return op_start(o, op);
 }
 

@@ -87,7 +87,18 @@ struct spot_s3_result {
   /* get, head, put_ex: the x-amz-meta-* response headers as
    * "x-amz-meta-NAME: VALUE\n" lines ("" if none); see spot_s3_meta_get */
   const char *meta;
+  /* The server's Date header (ms since the epoch, whole seconds; 0 when
+   * none) and this host's wall clock when the answered attempt was sent
+   * and when its answer came: see spot_s3_clock_skew_ms(). */
+  int64_t date_ms, sent_wall_ms, recv_wall_ms;
 };
+
+/* How far this host's wall clock is from the server's, at least (ms;
+ * > 0: ahead, < 0: behind), from one answer: the server stamped Date
+ * somewhere in [date, date + 1 s) while the local clock was in [sent,
+ * recv], so only a gap outside that counts. 0 when they agree within
+ * that or the answer had no Date. */
+int64_t spot_s3_clock_skew_ms(const struct spot_s3_result *res);
 
 typedef void (*spot_s3_cb)(const struct spot_s3_result *res, void *data);
 /* GET body sink: return 0 to continue, negative errno to abort the
@@ -122,11 +133,13 @@ int spot_s3_put(struct spot_s3 *s3, const char *bucket, const char *key,
  * unquoted ETag, AWS the quoted one, see spot_s3_if_match_unquoted); a
  * failed condition ends with -EEXIST (412) or -ENOENT (AWS: no such key).
  * meta_name ("spotd-order") and meta_value are sent as
- * x-amz-meta-NAME: VALUE (printable ASCII only). */
+ * x-amz-meta-NAME: VALUE (printable ASCII only); meta2_* likewise, a
+ * second header. */
 struct spot_s3_put_opts {
   unsigned flags;       /* enum spot_s3_put_flags */
   const char *if_match; /* NULL: none */
   const char *meta_name, *meta_value;
+  const char *meta2_name, *meta2_value;
 };
 int spot_s3_put_ex(struct spot_s3 *s3, const char *bucket, const char *key,
                    const void *data, size_t len,

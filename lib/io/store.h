@@ -126,15 +126,21 @@ struct spot_store_config {
    * failing on a symlink that is not a relative link inside the folder
    * (spotctl push --follow-symlinks). */
   bool follow_symlinks;
-  /* push: how the commit moves LATEST. lease_owner NULL (spotctl push): a
-   * plain PUT, as before. Else (spotd) only through spot_latest_update()
-   * (latest.h): a compare-and-swap that only moves LATEST forward, with
-   * order (lease_epoch, lease_seq), refused unless ROOT/LEASE is held by
-   * lease_owner at lease_epoch; a refusal fails the push with -ESTALE
-   * ("LATEST not moved") although its manifest is written. The manifest
-   * records lease_epoch ("epoch"). */
+  /* push: how the commit moves LATEST: always through
+   * spot_latest_update() (latest.h), a compare-and-swap that never moves
+   * LATEST to a checkpoint older by the trainer's step (step > 0, else
+   * what the name states). lease_owner NULL (spotctl push): no order and
+   * no fencing beyond that. Else (spotd) also with order (lease_epoch,
+   * lease_seq), refused unless ROOT/LEASE is held by lease_owner at
+   * lease_epoch. A refusal fails the push with -ESTALE ("LATEST not
+   * moved") although its manifest is written. The manifest records
+   * lease_epoch ("epoch"). */
   const char *lease_owner;
   uint64_t lease_epoch, lease_seq;
+  int64_t step;
+  /* A checkpoint the caller found damaged (spotd's restore fallback):
+   * when LATEST names it, the step rule does not keep LATEST on it. */
+  char latest_damaged[129]; /* SPOT_CKPT_NAME_MAX + 1 */
   /* push: non-empty files smaller than this (and than part_size) are
    * packed together into pack objects of up to SPOT_STORE_PACK_PARTS
    * parts, each file one zstd frame (lib/core/manifest.h "Packs");

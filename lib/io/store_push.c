@@ -459,12 +459,20 @@ finish(struct push_op *op)
 
 /* ------------------------------------------------------------ requests */
 
+static int put_latest(struct push_op *op);
+static void publish_read(struct push_op *op);
+
 static void
 check_cb(const struct spot_s3_result *res, void *data)
 {
   struct push_op *op = data;
 
   spot__store_s3_done(&op->b, &op->s3op, res);
+  if (res->err == 0 && op->resume.attempt_from_journal &&
+      op->b.cfg.c.nranks <= 1 && !spot__store_cancelled(&op->b)) {
+    publish_read(op); /* ours, killed before LATEST? */
+    return;
+  }
   if (res->err == 0)
     fail_msg(op, -EEXIST,
              "checkpoint %s of job %s is already committed; pick another name",
@@ -472,6 +480,68 @@ check_cb(const struct spot_s3_result *res, void *data)
   else if (res->err != -ENOENT)
     spot__store_fail_s3(&op->b, "checking the checkpoint name", res);
   spot__push_advance(op);
+}
+
+/* The manifest an earlier run of this push wrote, read whole: ours when
+ * it names objects under our journaled attempt's folder (16 random hex
+ * digits no other push uses). Then only LATEST is left to do. */
+static void
+publish_cb(const struct spot_s3_result *res, void *data)
+{
+  struct push_op *op = data;
+  struct spot_manifest *m = NULL;
+  char err[200], needle[SPOT__STORE_ATTEMPT_LEN + 3];
+  bool ours = false;
+
+  spot__store_s3_done(&op->b, &op->s3op, res);
+  snprintf(needle, sizeof(needle), "%s/", op->attempt);
+  if (res->err == 0 &&
+      spot_manifest_parse(spot_buf_str(&op->body), op->body.len, &m, err,
+                          sizeof(err)) == 0) {
+    for (size_t i = 0; !ours && i < m->nfiles; i++)
+      ours = m->files[i].key != NULL &&
+             strncmp(m->files[i].key, needle, strlen(needle)) == 0;
+    for (size_t i = 0; !ours && i < m->npacks; i++)
+      ours = strncmp(m->packs[i].key, needle, strlen(needle)) == 0;
+    op->publish_epoch = m->epoch;
+    spot_manifest_free(m);
+  }
+  if (res->err < 0 && res->err != -ECANCELED)
+    spot__store_fail_s3(&op->b, "reading the checkpoint's manifest", res);
+  else if (res->err == 0 && !ours)
+    fail_msg(op, -EEXIST,
+             "checkpoint %s of job %s is already committed; pick another name",
+             op->b.name, op->b.cfg.job);
+  if (op->b.err < 0 || res->err < 0) {
+    spot__push_advance(op);
+    return;
+  }
+  log_info("push name=%s: an earlier run committed its manifest (attempt "
+           "%s, epoch %" PRIu64 ") but was stopped before LATEST: "
+           "publishing it",
+           op->b.name, op->attempt, op->publish_epoch);
+  op->publish = true;
+  if (put_latest(op) == 1)
+    finish(op);
+}
+
+static void
+publish_read(struct push_op *op)
+{
+  char *key = spot__store_key(&op->b.cfg.c, op->b.name, SPOT_MANIFEST_NAME);
+  int r = -ENOMEM;
+
+  spot_buf_reset(&op->body);
+  if (key != NULL)
+    r = spot_s3_get(op->b.cfg.c.s3, op->b.cfg.bucket, key, 0, 0, NULL,
+                    &op->body, publish_cb, op, &op->s3op);
+  free(key);
+  if (r < 0) {
+    fail_msg(op, r, "reading the checkpoint's manifest: %s", strerror(-r));
+    spot__push_advance(op);
+  } else {
+    op->b.active_s3++;
+  }
 }
 
 /* A 1-byte GET rather than HEAD: a refused GET carries the S3 code
@@ -546,7 +616,56 @@ commit_cb(const struct spot_s3_result *res, void *data)
     spot__store_fail_s3(&op->b, "writing the manifest", res);
   else
     op->commit_ms = spot_now_mono_ms() - op->b.start_ms;
+  if (op->b.err == 0)
+    spot_fault_point("after-manifest");
   spot__push_advance(op);
+}
+
+static void
+fence_cb(const struct spot_latest_result *res, void *data)
+{
+  struct push_op *op = data;
+
+  op->b.active_s3--;
+  op->latest_op = NULL;
+  if (res->err == -ECANCELED) {
+    spot__store_fail(&op->b, -ECANCELED);
+  } else if (res->err < 0) {
+    fail_msg(op, res->err == -ESTALE ? -ESTALE : res->err,
+             "checkpoint %s not committed (no manifest written): %s",
+             op->b.name, res->message);
+  } else {
+    op->fenced = true;
+    spot__push_commit(op);
+    return;
+  }
+  spot__push_advance(op);
+}
+
+/* With a lease: read it just before the manifest, so a writer that lost
+ * it writes nothing more (the LATEST update checks it again). 0 when the
+ * read runs, 1 when there is nothing to check. */
+static int
+fence(struct push_op *op)
+{
+  const struct spot_store_config *c = &op->b.cfg.c;
+  char root[1200];
+  int r;
+
+  if (c->lease_owner == NULL || op->fenced)
+    return 1;
+  snprintf(root, sizeof(root), "%s%s%s", c->prefix, c->prefix[0] ? "/" : "",
+           c->job);
+  r = spot_latest_fence(c->s3, op->b.cfg.bucket, root, op->b.name,
+                        c->lease_epoch, c->lease_owner, fence_cb, op,
+                        &op->latest_op);
+  if (r < 0) {
+    fail_msg(op, r, "checking the lease before the commit: %s", strerror(-r));
+    spot__push_advance(op);
+    return 0;
+  }
+  op->b.active_s3++;
+  return 0;
 }
 
 void
@@ -557,6 +676,10 @@ spot__push_commit(struct push_op *op)
 
   spot__push_set_state(op, PUSH_COMMIT);
   spot__store_progress(&op->b, SPOT_STORE_PHASE_COMMIT);
+  if (!op->fenced)
+    spot_fault_point("before-commit");
+  if (fence(op) == 0)
+    return;
   key = spot__store_key(&op->b.cfg.c, op->b.name, SPOT_MANIFEST_NAME);
   if (key != NULL)
     r = spot_s3_put(op->b.cfg.c.s3, op->b.cfg.bucket, key, op->manifest_json,
@@ -569,22 +692,6 @@ spot__push_commit(struct push_op *op)
     return;
   }
   op->b.active_s3++;
-}
-
-static void
-latest_cb(const struct spot_s3_result *res, void *data)
-{
-  struct push_op *op = data;
-  char tmp[512];
-
-  spot__store_s3_done(&op->b, &op->s3op, res);
-  /* The checkpoint is committed; LATEST lags. Readers fall back to the
-   * newest manifest, so this is a warning. */
-  if (res->err < 0)
-    snprintf(op->warning, sizeof(op->warning),
-             "committed, but updating LATEST failed: %s",
-             spot_s3_strerror(res, tmp, sizeof(tmp)));
-  spot__push_advance(op);
 }
 
 static void
@@ -606,7 +713,8 @@ fenced_cb(const struct spot_latest_result *res, void *data)
   spot__push_advance(op);
 }
 
-/* LATEST through the fenced, forward-only compare-and-swap (latest.h). */
+/* LATEST through the forward-only compare-and-swap (latest.h), fenced
+ * by the lease when there is one. */
 static int
 put_latest_fenced(struct push_op *op)
 {
@@ -617,8 +725,15 @@ put_latest_fenced(struct push_op *op)
 
   snprintf(root, sizeof(root), "%s%s%s", c->prefix, c->prefix[0] ? "/" : "",
            c->job);
+  if (c->lease_owner == NULL)
+    order.epoch = order.seq = 0; /* unordered: the step rule alone */
   r = spot_latest_update(c->s3, op->b.cfg.bucket, root, op->b.name, order,
-                         c->lease_owner, fenced_cb, op, &op->latest_op);
+                         c->step > 0 ? c->step : -1, c->lease_owner, fenced_cb,
+                         op, &op->latest_op);
+  if (r == 0 && op->publish)
+    spot_latest_set_max_epoch(op->latest_op, op->publish_epoch);
+  if (r == 0 && c->latest_damaged[0] != '\0')
+    spot_latest_set_damaged(op->latest_op, c->latest_damaged);
   if (r < 0) {
     snprintf(op->warning, sizeof(op->warning),
              "committed, but updating LATEST failed: %s", strerror(-r));
@@ -632,26 +747,10 @@ put_latest_fenced(struct push_op *op)
 static int
 put_latest(struct push_op *op)
 {
-  char *key;
-  int r = -ENOMEM;
-
   log_debug("committed checkpoint name=%s job=%s files=%zu", op->b.name,
             op->b.cfg.job, op->nfiles);
   spot__push_set_state(op, PUSH_LATEST);
-  if (op->b.cfg.c.lease_owner != NULL)
-    return put_latest_fenced(op);
-  key = spot__store_key(&op->b.cfg.c, NULL, "LATEST");
-  if (key != NULL)
-    r = spot_s3_put(op->b.cfg.c.s3, op->b.cfg.bucket, key, op->b.name,
-                    strlen(op->b.name), 0, latest_cb, op, &op->s3op);
-  free(key);
-  if (r < 0) {
-    snprintf(op->warning, sizeof(op->warning),
-             "committed, but updating LATEST failed: %s", strerror(-r));
-    return 1;
-  }
-  op->b.active_s3++;
-  return 0;
+  return put_latest_fenced(op);
 }
 
 /* --------------------------------------------------- abort after error */

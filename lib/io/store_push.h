@@ -112,6 +112,7 @@ struct resume {
   unsigned resumed_parts;
   char **orphan_keys, **orphan_ids; /* uploads of this name not resumed */
   size_t norphans, orphan_idx;
+  bool attempt_from_journal; /* op->attempt is a journaled push's */
 };
 
 enum ranks_state {
@@ -197,6 +198,11 @@ struct push_op {
   char *manifest_json;
   struct spot_s3_op *s3op; /* the one sequential op (check, commit, ...) */
   struct spot_latest_op *latest_op; /* a fenced LATEST update */
+  bool fenced; /* the lease was read, ours, just before the commit */
+  /* an earlier run of this push (same journaled attempt) wrote the
+   * manifest but not LATEST: publish it, at most past this epoch */
+  bool publish;
+  uint64_t publish_epoch;
   struct spot_buf body;
 
   /* throughput figures for the raw/compress choice */

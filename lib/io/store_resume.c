@@ -54,6 +54,7 @@ spot__resume_init(struct push_op *op)
       spot_strlcpy(op->attempt, j->attempt, sizeof(op->attempt));
     else
       op->attempt[0] = '\0';
+    op->resume.attempt_from_journal = j->attempt != NULL;
     spot__journal_free(j);
   }
   return 0;

@@ -1,12 +1,14 @@
 /* libFuzzer target: the EC2 reply parser (lib/ec2.c) and the relaunch
  * record parser. The first byte picks which, the rest is the body. Checks
- * the invariants relaunch_aws.c relies on. */
+ * the invariants relaunch_aws.c relies on, and that what it prints
+ * (instance ids, codes, messages) comes out of spot_escape() printable. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ec2.h"
+#include "printable.h"
 #include "util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -23,6 +25,9 @@ check_item(const struct spot_ec2_item *it)
   if (!spot_utf8_valid(it->code) || !spot_utf8_valid(it->instance_id) ||
       !spot_utf8_valid(it->pool.type) || !spot_utf8_valid(it->pool.az))
     __builtin_trap();
+  check_printable(it->code);
+  check_printable(it->message);
+  check_printable(it->instance_id);
 }
 
 /* The relaunch record: whatever parses formats back, and what it formats
@@ -89,6 +94,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         __builtin_trap();
       if (!spot_utf8_valid(r->code))
         __builtin_trap();
+      check_printable(r->code);
+      check_printable(r->message);
+      check_printable(r->fleet_id);
       if (r->n_instances > SPOT_EC2_ITEMS_MAX ||
           r->n_errors > SPOT_EC2_ITEMS_MAX)
         __builtin_trap();

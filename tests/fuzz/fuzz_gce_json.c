@@ -1,11 +1,14 @@
 /* libFuzzer target: the GCE document parsers (lib/gce.c): Operation and
  * error documents, the token document, and the insert body built from a
- * template document. Checks the invariants relaunch_gcp.c relies on. */
+ * template document. Checks the invariants relaunch_gcp.c relies on, and
+ * that what it prints (names, codes, messages) comes out of spot_escape()
+ * printable. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "gce.h"
+#include "printable.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -22,6 +25,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
       __builtin_trap();
     if ((unsigned)spot_gce_classify(&op) >= SPOT_GCE_CLASS_LAST)
       __builtin_trap();
+    check_printable(op.name);
+    check_printable(op.status);
+    check_printable(op.code);
+    check_printable(op.message);
+    check_printable(op.api_status);
   }
   if (spot_gce_token_parse(p, size, tok, sizeof(tok)) == 0 &&
       (tok[0] == '\0' || strpbrk(tok, "\r\n ") != NULL))

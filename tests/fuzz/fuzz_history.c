@@ -1,12 +1,14 @@
 /* libFuzzer target for the job history: an untrusted event must be
  * rejected cleanly or accepted, and an accepted one must encode, parse
  * back and encode to the same text; a list of accepted events must
- * summarize. */
+ * summarize, with no negative total. Every string spotctl history prints
+ * comes out of spot_escape() printable (printable.h). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "history.h"
+#include "printable.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -33,13 +35,18 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
       free(j1);
       free(j2);
+      check_printable(ev[n].owner);
+      check_printable(ev[n].host);
+      check_printable(ev[n].kind);
+      check_printable(ev[n].checkpoint);
       n++;
     }
     off += len + 1;
   }
   spot_hist_sort(ev, n);
   if (spot_hist_summarize(ev, n, 0.5, 1.5, &s) == 0) {
-    if (s.nruns > n || s.lost_ms < 0 || s.gap_ms < 0)
+    if (s.nruns > n || s.lost_ms < 0 || s.gap_ms < 0 || s.train_ms < 0 ||
+        s.node_ms < 0 || s.wall_ms < 0)
       abort();
     if (spot_hist_summary_json(&s, "job", ev, n, &j1) == 0)
       free(j1);

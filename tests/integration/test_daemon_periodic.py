@@ -143,11 +143,13 @@ def scan_order(c, wd):
     newest by its marker's mtime is committed, not the one readdir lists
     last, and an older one found after a newer one is never uploaded.
     The names are shuffled against the completion order, and each folder
-    is made in completion order (tmpfs lists the newest first)."""
+    is made in completion order (tmpfs lists the newest first). The names
+    state no step (save-a...), so the completion order alone ranks them;
+    a name that states one is ranked by it (test_commit_order)."""
     tag = "scan order: "
     store, job, prefix = sl.daemon_job("scanorder")
     work = os.path.join(wd, "s")
-    names = ["step-%06d" % (100 + i) for i in range(6)]
+    names = ["save-%s" % ch for ch in "abcdef"]
     random.shuffle(names)  # names[k] completed k-th
     now = time.time()
     for k, n in enumerate(names):

@@ -13,6 +13,16 @@ escaped (spot_escape), never as a forged line or a terminal sequence.
    store's keys (characters XML 1.0 can carry in a listing):
    `spotctl list` (table and --json) prints it escaped, and the JSON still
    parses.
+4. History events written straight into the real Ceph with ESC, OSC, CR,
+   newlines and bidi characters in a host and a notice kind, beside an
+   object over the event size limit and a malformed one: `spotctl history`
+   prints one escaped table, counts the two it skipped, and --json stays
+   ASCII.
+5. `spotctl relaunch --backend aws` and `--backend gcp` against a server
+   whose answers carry a forged "spotd: info: committed checkpoint" line,
+   ESC and bidi characters: one escaped line each, nothing forged.
+6. `spotctl lease --set-latest` refused by a LATEST whose body holds ESC
+   and a newline: the name it prints is escaped.
 """
 import http.server
 import json
@@ -150,6 +160,163 @@ def list_names(c, wd):
         sl.s3_cleanup(prefix)
 
 
+HOSTILE = "x\x1b]0;pwn\x07\r\n" + FORGED + " \u202e\u2028\x9b2J\x1b[31m"
+
+
+def history(c, wd):
+    url, prefix = sl.unique_job("escape-history")
+    t0 = 1764748800000
+    evs = [
+        {"v": 1, "type": "run_start", "time_ms": t0, "owner": "node-a",
+         "seq": 0, "host": HOSTILE},
+        {"v": 1, "type": "notice", "time_ms": t0 + 60000, "owner": "node-a",
+         "seq": 1, "kind": "k\x1b]0;p\x07\r\n\u202e", "step": 10},
+        {"v": 1, "type": "run_end", "time_ms": t0 + 90000, "owner": "node-a",
+         "seq": 2, "outcome": "preempted", "committed": False},
+    ]
+    hist = prefix + "history/"
+    try:
+        for i, e in enumerate(evs):
+            sl.s3_put(hist + "%013d-node-a-%06d.json" % (e["time_ms"], i),
+                      json.dumps(e).encode())
+        big = dict(evs[0], seq=7, host="h", pad="y" * 5000)
+        sl.s3_put(hist + "%013d-node-a-%06d.json" % (t0 + 1, 7),
+                  json.dumps(big).encode())
+        sl.s3_put(hist + "%013d-node-a-%06d.json" % (t0 + 2, 8), b"{not json")
+        cp = sl.spotctl("history", url)
+        out = cp.stdout + cp.stderr
+        c.check(cp.returncode == 0, "history with hostile and oversized "
+                "events: exit 0 (an object over 4 KiB is skipped, not fatal)",
+                "rc=%d %r" % (cp.returncode, out[:600]))
+        c.check(not raw_controls(out) and "\u2028" not in out and
+                "\r" not in out.replace("\\r", ""),
+                "history: no raw control, CR or separator", repr(out[:600]))
+        c.check(not any(l.startswith(FORGED) for l in out.splitlines()),
+                "history: no forged line", repr(out[:600]))
+        c.check("\\x1b]0;pwn\\x07" in out and "\\u202e" in out and
+                "notice k\\x1b]0;p\\x07\\r\\n\\u202e" in out,
+                "history: host and notice kind shown escaped",
+                repr(out[:600]))
+        c.check("2 history objects were not valid" in cp.stderr,
+                "history: the oversized and the malformed object counted",
+                cp.stderr)
+        cp = sl.spotctl("history", url, "--json")
+        ok = cp.returncode == 0 and all(ord(ch) < 0x80 for ch in cp.stdout)
+        try:
+            doc = json.loads(cp.stdout)
+            ok = ok and doc["runs"][0]["host"] == HOSTILE
+        except (ValueError, KeyError, IndexError) as e:
+            ok = False
+            cp.stdout += " unparsable: %r" % e
+        c.check(ok, "history --json: ASCII only, the host intact once "
+                "decoded", repr(cp.stdout[:400]))
+    finally:
+        sl.s3_cleanup(prefix)
+
+
+class EvilCloud(http.server.BaseHTTPRequestHandler):
+    """EC2 and GCE (and GCE's metadata server) with hostile strings."""
+    LINE = "bad\n" + "spotd: info: committed checkpoint step-999\x1b[2K\u202e"
+
+    def log_message(self, *a):
+        pass
+
+    def send(self, code, ctype, body):
+        body = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def answer(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        if n:
+            self.rfile.read(n)
+        p = self.path
+        if "service-accounts/default/token" in p:
+            self.send(200, "application/json", json.dumps(
+                {"access_token": "tok", "expires_in": 3600,
+                 "token_type": "Bearer"}))
+        elif p.endswith("/project/project-id"):
+            self.send(200, "text/plain", "proj")
+        elif "/computeMetadata/" in p:
+            self.send(404, "text/plain", "no")
+        elif "/compute/v1/" in p:
+            self.send(400, "application/json", json.dumps(
+                {"error": {"code": 400, "message": self.LINE,
+                           "status": "INVALID\x1b[2J",
+                           "errors": [{"reason": "r\u009b", "message":
+                                       self.LINE}]}}))
+        else:
+            # XML 1.0 cannot carry ESC: a C1 CSI and the bidi override.
+            # A fleet that "launched" an instance with a forged id.
+            line = self.LINE.replace("\x1b", "\u009b")
+            self.send(200, "text/xml",
+                      "<?xml version=\"1.0\"?><CreateFleetResponse>"
+                      "<requestId>r</requestId><fleetId>fleet&#10;%s"
+                      "</fleetId><fleetInstanceSet><item>"
+                      "<launchTemplateAndOverrides><overrides>"
+                      "<instanceType>m5.large</instanceType>"
+                      "<availabilityZone>us-east-1a</availabilityZone>"
+                      "</overrides></launchTemplateAndOverrides>"
+                      "<lifecycle>spot</lifecycle><instanceIds><item>i-1%s"
+                      "</item></instanceIds><instanceType>m5.large"
+                      "</instanceType></item></fleetInstanceSet>"
+                      "</CreateFleetResponse>" % (line, line))
+
+    do_GET = do_PUT = do_POST = answer
+
+
+def relaunch(c, wd):
+    server, url = sl.serve_http(EvilCloud)
+    env = dict(os.environ, SPOTD_JOB="job", SPOTD_STORE="s3://bkt/p/job",
+               SPOTD_CHECKPOINT="step-1", SPOTD_REASON="manual",
+               SPOTD_DEADLINE="", AWS_ACCESS_KEY_ID="AKIDEXAMPLE",
+               AWS_SECRET_ACCESS_KEY="not-a-real-secret-0000000000000000",
+               AWS_REGION="us-east-1")
+    try:
+        for backend, extra in (
+                ("aws", ["--launch-template", "t", "--instance-types",
+                         "m5.large", "--zones", "us-east-1a",
+                         "--ec2-endpoint", url]),
+                ("gcp", ["--instance-template", "t", "--zones",
+                         "us-central1-a", "--compute-endpoint", url])):
+            cp = sl.spotctl("relaunch", "--backend", backend, "--no-record",
+                            "--metadata-url", url, "--timeout", "10", *extra,
+                            env=env, timeout=60)
+            out = cp.stdout + cp.stderr
+            lines = out.splitlines()
+            c.check(not raw_controls(out) and
+                    not any(l.startswith("spotd:") for l in lines) and
+                    "bad\\nspotd: info: committed" in out,
+                    "relaunch %s: hostile answers escaped, no forged line"
+                    % backend, "rc=%d %r" % (cp.returncode, out[:1500]))
+    finally:
+        sl.stop_http(server)
+
+
+def lease_latest(c, wd):
+    url, prefix = sl.unique_job("escape-lease")
+    try:
+        # a LATEST ahead of ours by the trainer's step (99 > 1), so the
+        # update is refused and spotctl prints the name it found
+        sl.s3().put_object(Bucket=os.environ["SPOT_TEST_S3_BUCKET"],
+                           Key=prefix + "LATEST",
+                           Body=b"name\x1b[2J\n" + FORGED.encode(),
+                           Metadata={"spotd-step": "99"})
+        cp = sl.spotctl("lease", url, "--owner", "esc-test", "--ttl", "30",
+                        "--no-wait", "--set-latest", "step-1", "--seq", "1",
+                        "--release")
+        out = cp.stdout + cp.stderr
+        c.check("name\\x1b[2J" in out and not raw_controls(out) and
+                not any(l.startswith(FORGED) for l in out.splitlines()),
+                "lease --set-latest: LATEST's name printed escaped",
+                "rc=%d %r" % (cp.returncode, out[:600]))
+    finally:
+        sl.s3_cleanup(prefix)
+
+
 def main():
     sl.store_env()
     c = sl.Checks()
@@ -157,6 +324,9 @@ def main():
         s3_errors(c, wd)
         manifest_path(c, wd)
         list_names(c, wd)
+        history(c, wd)
+        relaunch(c, wd)
+        lease_latest(c, wd)
     c.finish()
 
 

@@ -302,6 +302,39 @@ test_crash_and_running(void **state)
   spot_hist_summary_fini(NULL);
 }
 
+/* Totals over many long runs stay positive: 2000 runs that each span the
+ * whole range the parser accepts (2^53 ms) add up past INT64_MAX, which
+ * must saturate, not wrap into a negative "time training". */
+static void
+test_summary_saturates(void **state)
+{
+  enum { RUNS = 2000 };
+  const int64_t far = (int64_t)1 << 53;
+  struct spot_hist_event *ev = calloc(2 * RUNS, sizeof(*ev));
+  struct spot_hist_summary s;
+  char owner[16];
+
+  (void)state;
+  assert_non_null(ev);
+  for (int i = 0; i < RUNS; i++) {
+    snprintf(owner, sizeof(owner), "n%d", i);
+    spot_hist_event_init(&ev[2 * i], SPOT_HIST_RUN_START, 0, owner, 0);
+    spot_hist_event_init(&ev[2 * i + 1], SPOT_HIST_NOTICE, far, owner, 1);
+    ev[2 * i + 1].step = far;
+  }
+  spot_hist_sort(ev, 2 * RUNS);
+  assert_int_equal(spot_hist_summarize(ev, 2 * RUNS, 1, 2, &s), 0);
+  assert_int_equal(s.nruns, RUNS);
+  assert_true(s.train_ms == INT64_MAX);
+  assert_true(s.node_ms == INT64_MAX);
+  assert_true(s.lost_ms == INT64_MAX);
+  assert_true(s.lost_steps == INT64_MAX);
+  assert_true(s.wall_ms == far);
+  assert_true(s.cost_on_demand >= 0);
+  spot_hist_summary_fini(&s);
+  free(ev);
+}
+
 int
 main(void)
 {
@@ -310,6 +343,7 @@ main(void)
       cmocka_unit_test(test_bad_events),
       cmocka_unit_test(test_summary),
       cmocka_unit_test(test_crash_and_running),
+      cmocka_unit_test(test_summary_saturates),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -769,6 +769,31 @@ test_names(void **state)
   assert_false(spot_manifest_path_valid(NULL));
 }
 
+static void
+test_name_step(void **state)
+{
+  (void)state;
+  assert_true(spot_ckpt_name_step("step-000042") == 42);
+  assert_true(spot_ckpt_name_step("global_step1200") == 1200);
+  assert_true(spot_ckpt_name_step("ckpt_step=5") == 5);
+  assert_true(spot_ckpt_name_step("STEP.7-final") == 7);
+  assert_true(spot_ckpt_name_step("epoch3-step-100") == 100);
+  assert_true(spot_ckpt_name_step("1200") == 1200);
+  assert_true(spot_ckpt_name_step("step-0") == 0);
+  /* no stated step */
+  assert_true(spot_ckpt_name_step("final") == -1);
+  assert_true(spot_ckpt_name_step("ckpt-2025") == -1);
+  assert_true(spot_ckpt_name_step("step-12b") == -1);
+  assert_true(spot_ckpt_name_step("step-") == -1);
+  assert_true(spot_ckpt_name_step("step-99999999999999999999") == -1);
+  assert_true(spot_ckpt_name_step("step-9007199254740993") == -1);
+  assert_true(spot_ckpt_name_step("step-9007199254740992") ==
+              ((int64_t)1 << 53));
+  assert_true(spot_ckpt_name_step("") == -1);
+  assert_true(spot_ckpt_name_step(NULL) == -1);
+  assert_true(spot_ckpt_name_step("../step-1") == -1);
+}
+
 int
 main(void)
 {
@@ -785,6 +810,7 @@ main(void)
       cmocka_unit_test(test_packs_parse),
       cmocka_unit_test(test_packs_build),
       cmocka_unit_test(test_packs_reject),
+      cmocka_unit_test(test_name_step),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -70,12 +70,16 @@ def same_file(a, b):
 
 
 class Checks:
-    """Collects named checks; finish() exits 0 or 1."""
+    """Collects named checks; finish() exits 0 or 1. A script whose checks
+    never ran (an early return, a loop over nothing) fails: passing means
+    that something was checked."""
 
     def __init__(self):
         self.failed = []
+        self.ran = 0
 
     def check(self, cond, what, detail=""):
+        self.ran += 1
         if cond:
             print("ok   " + what)
         else:
@@ -88,8 +92,26 @@ class Checks:
         if self.failed:
             print("%d check(s) failed: %s" % (len(self.failed), ", ".join(self.failed)))
             sys.exit(1)
-        print("all checks passed")
+        if self.ran == 0:
+            print("FAIL no check ran")
+            sys.exit(1)
+        print("all %d checks passed" % self.ran)
         sys.exit(0)
+
+
+class CheckFailed(Exception):
+    """A failed expect()."""
+
+
+EXPECTED = [0]  # expect() calls so far, for runners that count them
+
+
+def expect(cond, detail=""):
+    """Raises CheckFailed(detail) unless cond. What tests use instead of a
+    bare `assert`, which python -O (PYTHONOPTIMIZE) removes."""
+    EXPECTED[0] += 1
+    if not cond:
+        raise CheckFailed(detail if isinstance(detail, str) else repr(detail))
 
 
 # ------------------------------------------------------------------ store
@@ -589,7 +611,7 @@ class EmulatorProc:
             self.p.kill()
             raise RuntimeError("the emulator did not start")
         self.url = line.split()[-1]
-        assert self.url.startswith("http://127."), self.url
+        expect(self.url.startswith("http://127."), self.url)
 
     def control(self, what, **params):
         """POST /__emulate/WHAT?params (notice, rebalance, ...)."""
@@ -599,7 +621,7 @@ class EmulatorProc:
             self.url + "/__emulate/" + what + ("?" + q if q else ""),
             method="POST", data=b"")
         with urllib.request.urlopen(req, timeout=10) as r:
-            assert r.status == 200, (what, r.status)
+            expect(r.status == 200, (what, r.status))
 
     def state(self):
         import urllib.request

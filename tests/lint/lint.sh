@@ -26,6 +26,23 @@ banned)
     echo "banned functions used (see STYLE.md)"
     exit 1
   fi
+  # No bare assert in the Python tests: python -O (PYTHONOPTIMIZE) drops
+  # it, and the test then passes without checking. Use Checks.check() or
+  # expect() of tests/integration/spotlib.py.
+  mapfile -t pytests < <(git ls-files 'tests/*.py' 2>/dev/null ||
+    find tests -name '*.py')
+  /usr/bin/python3 - "${pytests[@]}" <<'PY' || exit 1
+import ast, sys
+bad = 0
+for f in sys.argv[1:]:
+    with open(f, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), f)
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Assert):
+            print("%s:%d: bare assert in a test (use an explicit check)" % (f, n.lineno))
+            bad += 1
+sys.exit(1 if bad else 0)
+PY
   ;;
 layers)
   # lib/core is pure: it includes neither libuv, libcurl nor an io/ header.

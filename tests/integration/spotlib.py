@@ -143,7 +143,24 @@ def store_env():
     endpoint, bucket = need_env("SPOT_TEST_S3_ENDPOINT", "SPOT_TEST_S3_BUCKET")
     os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
     os.environ["AWS_ENDPOINT_URL"] = endpoint
+    private_relaunch_state()
     return endpoint, bucket
+
+
+def private_relaunch_state():
+    """Points SPOTCTL_STATE_DIR at a folder of this test's own (removed at
+    exit) unless the test chose one. `spotctl relaunch` keeps one marker per
+    preemption there, named by job, checkpoint, reason and deadline; in the
+    machine-wide default (/tmp/spotd-relaunch-UID) a test running at the
+    same time with the same names would find it and skip its relaunch."""
+    if os.environ.get("SPOTCTL_STATE_DIR"):
+        return
+    import atexit
+    import shutil
+    import tempfile
+    d = tempfile.mkdtemp(prefix="spotd-test-relaunch-")
+    atexit.register(shutil.rmtree, d, True)
+    os.environ["SPOTCTL_STATE_DIR"] = d
 
 
 def unique_job(test):

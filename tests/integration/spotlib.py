@@ -163,6 +163,24 @@ def private_relaunch_state():
     os.environ["SPOTCTL_STATE_DIR"] = d
 
 
+def free_port():
+    """A loopback port free right now (bound to port 0, then closed)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_one_node():
+    """torchrun's options for a single-node job with its rendezvous on a
+    free loopback port. --standalone puts it on localhost:29400, which any
+    other torchrun on the machine (a test running at the same time) may
+    hold."""
+    import uuid
+    return ["--nnodes", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+            "127.0.0.1:%d" % free_port(), "--rdzv_id", uuid.uuid4().hex]
+
+
 def unique_job(test):
     """A job root nobody else uses: (url, key_prefix). Pid and time make
     reruns and parallel runs not collide."""

@@ -70,12 +70,16 @@ def same_file(a, b):
 
 
 class Checks:
-    """Collects named checks; finish() exits 0 or 1."""
+    """Collects named checks; finish() exits 0 or 1. A script whose checks
+    never ran (an early return, a loop over nothing) fails: passing means
+    that something was checked."""
 
     def __init__(self):
         self.failed = []
+        self.ran = 0
 
     def check(self, cond, what, detail=""):
+        self.ran += 1
         if cond:
             print("ok   " + what)
         else:
@@ -88,8 +92,26 @@ class Checks:
         if self.failed:
             print("%d check(s) failed: %s" % (len(self.failed), ", ".join(self.failed)))
             sys.exit(1)
-        print("all checks passed")
+        if self.ran == 0:
+            print("FAIL no check ran")
+            sys.exit(1)
+        print("all %d checks passed" % self.ran)
         sys.exit(0)
+
+
+class CheckFailed(Exception):
+    """A failed expect()."""
+
+
+EXPECTED = [0]  # expect() calls so far, for runners that count them
+
+
+def expect(cond, detail=""):
+    """Raises CheckFailed(detail) unless cond. What tests use instead of a
+    bare `assert`, which python -O (PYTHONOPTIMIZE) removes."""
+    EXPECTED[0] += 1
+    if not cond:
+        raise CheckFailed(detail if isinstance(detail, str) else repr(detail))
 
 
 # ------------------------------------------------------------------ store
@@ -121,7 +143,42 @@ def store_env():
     endpoint, bucket = need_env("SPOT_TEST_S3_ENDPOINT", "SPOT_TEST_S3_BUCKET")
     os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
     os.environ["AWS_ENDPOINT_URL"] = endpoint
+    private_relaunch_state()
     return endpoint, bucket
+
+
+def private_relaunch_state():
+    """Points SPOTCTL_STATE_DIR at a folder of this test's own (removed at
+    exit) unless the test chose one. `spotctl relaunch` keeps one marker per
+    preemption there, named by job, checkpoint, reason and deadline; in the
+    machine-wide default (/tmp/spotd-relaunch-UID) a test running at the
+    same time with the same names would find it and skip its relaunch."""
+    if os.environ.get("SPOTCTL_STATE_DIR"):
+        return
+    import atexit
+    import shutil
+    import tempfile
+    d = tempfile.mkdtemp(prefix="spotd-test-relaunch-")
+    atexit.register(shutil.rmtree, d, True)
+    os.environ["SPOTCTL_STATE_DIR"] = d
+
+
+def free_port():
+    """A loopback port free right now (bound to port 0, then closed)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_one_node():
+    """torchrun's options for a single-node job with its rendezvous on a
+    free loopback port. --standalone puts it on localhost:29400, which any
+    other torchrun on the machine (a test running at the same time) may
+    hold."""
+    import uuid
+    return ["--nnodes", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+            "127.0.0.1:%d" % free_port(), "--rdzv_id", uuid.uuid4().hex]
 
 
 def unique_job(test):
@@ -589,7 +646,7 @@ class EmulatorProc:
             self.p.kill()
             raise RuntimeError("the emulator did not start")
         self.url = line.split()[-1]
-        assert self.url.startswith("http://127."), self.url
+        expect(self.url.startswith("http://127."), self.url)
 
     def control(self, what, **params):
         """POST /__emulate/WHAT?params (notice, rebalance, ...)."""
@@ -599,7 +656,7 @@ class EmulatorProc:
             self.url + "/__emulate/" + what + ("?" + q if q else ""),
             method="POST", data=b"")
         with urllib.request.urlopen(req, timeout=10) as r:
-            assert r.status == 200, (what, r.status)
+            expect(r.status == 200, (what, r.status))
 
     def state(self):
         import urllib.request

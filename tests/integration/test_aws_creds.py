@@ -28,15 +28,11 @@ BUILD = os.environ.get("SPOT_BUILDDIR",
 DRIVER = os.path.join(BUILD, "tests", "integration", "aws_creds")
 
 ROLE = "spot-test-role"
-FAILURES = []
+CHECKS = sl.Checks()
 
 
 def check(cond, what):
-    if cond:
-        print("ok   " + what)
-    else:
-        print("FAIL " + what)
-        FAILURES.append(what)
+    CHECKS.check(cond, what)
 
 
 def sha12(s):
@@ -395,8 +391,7 @@ def main():
             except FileNotFoundError:
                 pass
         os.rmdir(home)
-    print("%d checks failed" % len(FAILURES))
-    return 1 if FAILURES else 0
+    CHECKS.finish()
 
 
 if __name__ == "__main__":

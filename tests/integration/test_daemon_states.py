@@ -63,6 +63,9 @@ def relaunch_sigterm_twice(c, wd):
                       args=["--relaunch", "%s %s" % (sl.PY3, hook)],
                       trainer=["--step-sleep", 0.05])
         c.check(sl.wait_state(d, "running", 20) is not None, tag + "running")
+        # the trainer's handler is installed (spotd starts it with the
+        # signal ignored): a notice before would go unanswered
+        c.check(d.wait_event("start", 20) is not None, tag + "the trainer started")
         emu.control("notice", deadline=40)
         st = sl.wait_state(d, "relaunching", 20)
         c.check(st is not None and st.get("last_commit", {}).get("name"),

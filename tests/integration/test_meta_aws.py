@@ -6,38 +6,38 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from metalib import Emulator, Watch, log, run, stats  # noqa: E402
+from metalib import Emulator, Watch, expect, log, run, stats  # noqa: E402
 
 
 def test_contract():
     """The emulator serves the documented IMDSv2 contract."""
     e = Emulator("aws")
     st, _, _ = e.request("/latest/api/token", method="PUT")
-    assert st == 400, st  # TTL header missing
+    expect(st == 400, st)  # TTL header missing
     for bad in ("0", "21601", "x"):
         st, _, _ = e.request("/latest/api/token", method="PUT", headers={
             "X-aws-ec2-metadata-token-ttl-seconds": bad})
-        assert st == 400, (bad, st)
+        expect(st == 400, (bad, st))
     st, tok, h = e.request("/latest/api/token", method="PUT", headers={
         "X-aws-ec2-metadata-token-ttl-seconds": "21600"})
-    assert st == 200 and tok, st
-    assert h.get("X-aws-ec2-metadata-token-ttl-seconds") == "21600", h
+    expect(st == 200 and tok, st)
+    expect(h.get("X-aws-ec2-metadata-token-ttl-seconds") == "21600", h)
     st, _, _ = e.request("/latest/meta-data/instance-id")
-    assert st == 401, st  # IMDSv2 required by default
+    expect(st == 401, st)  # IMDSv2 required by default
     st, _, _ = e.request("/latest/meta-data/instance-id",
                          headers={"X-aws-ec2-metadata-token": "bogus"})
-    assert st == 401, st
+    expect(st == 401, st)
     auth = {"X-aws-ec2-metadata-token": tok}
     st, _, _ = e.request("/latest/meta-data/spot/instance-action",
                          headers=auth)
-    assert st == 404, st  # nothing pending
+    expect(st == 404, st)  # nothing pending
     e.control("notice", action="stop", deadline="120")
     st, body, _ = e.request("/latest/meta-data/spot/instance-action",
                             headers=auth)
-    assert st == 200 and '"action": "stop"' in body, (st, body)
+    expect(st == 200 and '"action": "stop"' in body, (st, body))
     e.control("fault", token_expire="0")
     st, _, _ = e.request("/latest/meta-data/instance-id", headers=auth)
-    assert st == 401, st  # forced expiry
+    expect(st == 401, st)  # forced expiry
     e.stop()
 
 
@@ -54,20 +54,20 @@ def test_notice_deadline_and_latency():
         t0 = time.time()
         e.control("notice", action=action, deadline="120")
         idx, n = w.notice(8, start)
-        assert n is not None, "notice %d not detected" % i
+        expect(n is not None, "notice %d not detected" % i)
         start = idx + 1
-        assert n["kind"] == action, n
-        assert n["reason"] == "aws-spot-" + action, n
+        expect(n["kind"] == action, n)
+        expect(n["reason"] == "aws-spot-" + action, n)
         deadline = int(n["deadline_wall_ms"])
-        assert abs(deadline - (t0 + 120) * 1000) < 1500, (deadline, t0)
-        assert 115000 < int(n["deadline_in_ms"]) <= 121000, n
+        expect(abs(deadline - (t0 + 120) * 1000) < 1500, (deadline, t0))
+        expect(115000 < int(n["deadline_in_ms"]) <= 121000, n)
         lat.append(int(n["wall_ms"]) - t0 * 1000)
         time.sleep(1.1)  # the next notice gets a new time, so a new id
     med = stats("aws detection latency (poll 1 s)", lat)
-    assert max(lat) < 1000 + 1200, lat  # generous: poll interval + slack
-    assert med < 1500, med
+    expect(max(lat) < 1000 + 1200, lat)  # generous: poll interval + slack
+    expect(med < 1500, med)
     # each notice once, though it stays visible for many polls
-    assert len(w.notices()) == 8, w.notices()
+    expect(len(w.notices()) == 8, w.notices())
     w.stop()
     e.stop()
 
@@ -80,16 +80,16 @@ def test_rebalance_and_maintenance():
     e.control("maintenance", after="0", deadline="600", cancelled="1")
     e.control("rebalance")
     _, n = w.notice(5)
-    assert n is not None and n["kind"] == "rebalance", n
-    assert n["deadline_wall_ms"] == "0", n
+    expect(n is not None and n["kind"] == "rebalance", n)
+    expect(n["deadline_wall_ms"] == "0", n)
     time.sleep(2)
-    assert not [l for l in w.notices() if "maintenance" in l], w.notices()
+    expect(not [l for l in w.notices() if "maintenance" in l], w.notices())
     e.control("maintenance", after="0", deadline="600", cancel_after="3")
     _, n = w.notice(5, 0, "kind=maintenance")
-    assert n is not None and n["reason"] == "aws-maintenance", n
-    assert n["id"].startswith("instance-event-"), n
+    expect(n is not None and n["reason"] == "aws-maintenance", n)
+    expect(n["id"].startswith("instance-event-"), n)
     time.sleep(3.5)  # cancelled after 3 s: no second report
-    assert len([l for l in w.notices() if "maintenance" in l]) == 1
+    expect(len([l for l in w.notices() if "maintenance" in l]) == 1)
     w.stop()
     e.stop()
 
@@ -101,9 +101,9 @@ def test_token_expiry_mid_run():
     time.sleep(5)
     e.control("notice")
     _, n = w.notice(5)
-    assert n is not None, "notice missed after token expiry"
-    assert w.err.matching("HTTP 401, fetching a new token"), "no 401 seen"
-    assert not w.out.matching("^warning "), w.out.matching("^warning ")
+    expect(n is not None, "notice missed after token expiry")
+    expect(w.err.matching("HTTP 401, fetching a new token"), "no 401 seen")
+    expect(not w.out.matching("^warning "), w.out.matching("^warning "))
     w.stop()
     e.stop()
 
@@ -117,22 +117,22 @@ def test_throttle_stall_reset():
     time.sleep(3)
     e.control("notice", action="terminate")
     _, n = w.notice(30)
-    assert n is not None, "notice missed under throttling"
-    assert w.err.matching("HTTP 503"), "throttling not logged"
+    expect(n is not None, "notice missed under throttling")
+    expect(w.err.matching("HTTP 503"), "throttling not logged")
     e.control("fault", clear="1")
-    assert w.healthy(10), "warning not cleared after throttling"
+    expect(w.healthy(10), "warning not cleared after throttling")
     mark = w.out.count()
     e.control("fault", stall="3")
     _, line = w.out.wait("^warning ", 20, mark)
-    assert line is not None and "timed out" in line, line
+    expect(line is not None and "timed out" in line, line)
     time.sleep(1)
     e.control("fault", clear="1")
     time.sleep(1.2)  # the old notice time is in the id: move to a new second
     e.control("notice", action="stop")
     _, n = w.notice(30, 0, "kind=stop")
-    assert n is not None, "notice missed after stalls"
-    assert w.healthy(10), "warning not cleared after stalls"
-    assert w.p.poll() is None, "meta_watch died"
+    expect(n is not None, "notice missed after stalls")
+    expect(w.healthy(10), "warning not cleared after stalls")
+    expect(w.p.poll() is None, "meta_watch died")
     w.stop()
     e.stop()
 
@@ -144,11 +144,11 @@ def test_malformed():
     e.control("fault", malformed="1")
     e.control("notice")  # hidden behind garbage for now
     time.sleep(3)
-    assert w.err.matching("malformed document"), "garbage not logged"
-    assert not w.notices()
+    expect(w.err.matching("malformed document"), "garbage not logged")
+    expect(not w.notices())
     e.control("fault", clear="1")
     _, n = w.notice(10)
-    assert n is not None, "notice missed after garbage"
+    expect(n is not None, "notice missed after garbage")
     w.stop()
     e.stop()
 
@@ -158,10 +158,10 @@ def test_lifecycle_imdsv1():
     e = Emulator("aws", "--imdsv2", "optional")
     w = Watch(e.url, "aws", "--poll-ms", "300", "--lifecycle", "--imdsv1")
     time.sleep(1)
-    assert not w.notices()  # InService
+    expect(not w.notices())  # InService
     e.control("lifecycle", state="Terminated")
     _, n = w.notice(5)
-    assert n is not None and n["reason"] == "aws-asg-terminate", n
+    expect(n is not None and n["reason"] == "aws-asg-terminate", n)
     w.stop()
     e.stop()
 
@@ -173,8 +173,8 @@ def test_auto_none():
     out = subprocess.run(
         [META_WATCH, "--provider", "auto", "--url", "http://127.0.0.1:9",
          "--duration", "2"], capture_output=True, text=True, timeout=20)
-    assert "provider none" in out.stdout, out.stdout
-    assert "loop_close=0" in out.stdout and out.returncode == 0, out
+    expect("provider none" in out.stdout, out.stdout)
+    expect("loop_close=0" in out.stdout and out.returncode == 0, out)
 
 
 run([test_contract, test_notice_deadline_and_latency,

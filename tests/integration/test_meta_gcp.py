@@ -6,7 +6,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from metalib import Emulator, Watch, cycle_faults, run, stats  # noqa: E402
+from metalib import Emulator, Watch, cycle_faults, expect, run, stats  # noqa: E402
 
 KEY = "/computeMetadata/v1/instance/preempted"
 FLAVOR = {"Metadata-Flavor": "Google"}
@@ -15,29 +15,29 @@ FLAVOR = {"Metadata-Flavor": "Google"}
 def test_contract():
     e = Emulator("gcp")
     st, _, _ = e.request(KEY)
-    assert st == 403, st  # header missing
+    expect(st == 403, st)  # header missing
     st, _, _ = e.request(KEY, headers={"Metadata-Flavor": "Google",
                                        "X-Forwarded-For": "1.2.3.4"})
-    assert st == 403, st
+    expect(st == 403, st)
     st, body, h = e.request(KEY, headers=FLAVOR)
-    assert st == 200 and body == "FALSE", (st, body)
-    assert h.get("Metadata-Flavor") == "Google", h
+    expect(st == 200 and body == "FALSE", (st, body))
+    expect(h.get("Metadata-Flavor") == "Google", h)
     etag = h["ETag"]
     # same ETag: blocks until timeout_sec, then the same value
     t0 = time.time()
     st, body, h2 = e.request(
         KEY + "?wait_for_change=true&last_etag=%s&timeout_sec=1" % etag,
         headers=FLAVOR)
-    assert st == 200 and body == "FALSE" and h2["ETag"] == etag
-    assert 0.9 < time.time() - t0 < 3, time.time() - t0
+    expect(st == 200 and body == "FALSE" and h2["ETag"] == etag)
+    expect(0.9 < time.time() - t0 < 3, time.time() - t0)
     # a change ends the wait early with a new ETag
     e.control("notice", after="0.5")
     t0 = time.time()
     st, body, h3 = e.request(
         KEY + "?wait_for_change=true&last_etag=%s&timeout_sec=30" % etag,
         headers=FLAVOR)
-    assert body == "TRUE" and h3["ETag"] != etag, (body, h3)
-    assert time.time() - t0 < 3
+    expect(body == "TRUE" and h3["ETag"] != etag, (body, h3))
+    expect(time.time() - t0 < 3)
     e.stop()
 
 
@@ -48,10 +48,10 @@ def test_preempted_deadline():
     t0 = time.time()
     e.control("notice")
     _, n = w.notice(5)
-    assert n is not None, "preemption not detected"
-    assert n["kind"] == "preempt" and n["reason"] == "gcp-preempted", n
+    expect(n is not None, "preemption not detected")
+    expect(n["kind"] == "preempt" and n["reason"] == "gcp-preempted", n)
     detect = int(n["wall_ms"])
-    assert abs(int(n["deadline_wall_ms"]) - (detect + 30000)) < 100, n
+    expect(abs(int(n["deadline_wall_ms"]) - (detect + 30000)) < 100, n)
     stats("gcp preempted latency (long poll)", [detect - t0 * 1000])
     w.stop()
     e.stop()
@@ -68,15 +68,15 @@ def test_maintenance_latency_and_dedup():
         t0 = time.time()
         e.control("maintenance", deadline="60")
         idx, n = w.notice(5, start)
-        assert n is not None, "maintenance %d not detected" % i
+        expect(n is not None, "maintenance %d not detected" % i)
         start = idx + 1
-        assert n["kind"] == "maintenance", n
+        expect(n["kind"] == "maintenance", n)
         lat.append(int(n["wall_ms"]) - t0 * 1000)
         time.sleep(0.3)
         e.control("cancel")  # back to NONE: the next one is new
     med = stats("gcp maintenance-event latency (long poll)", lat)
-    assert med < 1000, lat  # generous; the target is 200 ms
-    assert len(w.notices()) == 8
+    expect(med < 1000, lat)  # generous; the target is 200 ms
+    expect(len(w.notices()) == 8)
     w.stop()
     e.stop()
 
@@ -91,17 +91,17 @@ def test_faults():
     mark = w.err.count()
     e.control("fault", clear="1", stall="6")
     _, line = w.err.wait("timed out", 20, mark)
-    assert line is not None, "stall not logged"
+    expect(line is not None, "stall not logged")
     e.control("fault", clear="1", stall="6", stall_fraction="0.5")
     time.sleep(4)
     e.control("fault", clear="1")
     e.control("notice")
     _, n = w.notice(30)
-    assert n is not None, "preemption missed after faults"
-    assert w.err.matching("HTTP 503"), "throttling not logged"
-    assert w.err.matching("malformed document"), "garbage not logged"
-    assert w.err.matching("timed out"), "stall not logged"
-    assert w.p.poll() is None
+    expect(n is not None, "preemption missed after faults")
+    expect(w.err.matching("HTTP 503"), "throttling not logged")
+    expect(w.err.matching("malformed document"), "garbage not logged")
+    expect(w.err.matching("timed out"), "stall not logged")
+    expect(w.p.poll() is None)
     w.stop()
     e.stop()
 

@@ -46,7 +46,8 @@ RESUMED_RE = re.compile(PFX + r"resumed from (\S+) at step (\d+)$")
 
 
 def torchrun_cmd(logdir, train_args):
-    cmd = [TORCHRUN, "--standalone", "--nproc_per_node", "2", "--redirects",
+    cmd = [TORCHRUN] + sl.torchrun_one_node() + [
+           "--nproc_per_node", "2", "--redirects",
            "1", "--tee", "1", "--log_dir", logdir, TRAIN] + \
         [str(a) for a in train_args]
     if os.environ.get("SPOTD_TEST_TORCHRUN_WRAPPER") == "1":

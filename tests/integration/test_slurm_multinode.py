@@ -76,7 +76,7 @@ class Emulator(sl.EmulatorProc):
             self.p.kill()
             raise RuntimeError("the emulator did not start")
         self.url = line.split()[-1]
-        assert self.url.startswith("http://%s:" % bind), self.url
+        sl.expect(self.url.startswith("http://%s:" % bind), self.url)
 
 
 def final_files(work, job, rank):
@@ -105,7 +105,8 @@ def flat(x):
 gap = 0.0
 for i in range(1, len(sys.argv), 2):
     a = flat(torch.load(sys.argv[i])); b = flat(torch.load(sys.argv[i + 1]))
-    assert len(a) == len(b)
+    if len(a) != len(b):
+        sys.exit("%s and %s hold different tensors" % (sys.argv[i], sys.argv[i + 1]))
     for x, y in zip(a, b):
         gap = max(gap, (x - y).abs().max().item() if x.numel() else 0.0)
 print(gap)

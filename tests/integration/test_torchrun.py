@@ -26,7 +26,7 @@ DDP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ddp_trainer.py")
 def torchrun(wd, module=False):
     launcher = ([sl.PY3, "-m", "torch.distributed.run"] if module
                 else ["/usr/bin/torchrun"])
-    return launcher + ["--standalone", "--nproc_per_node", "2",
+    return launcher + sl.torchrun_one_node() + ["--nproc_per_node", "2",
             "--redirects", "1", "--tee", "1", "--log_dir", os.path.join(wd, "tlogs"),
             DDP, os.path.join(wd, "ddp.log")]
 

@@ -485,6 +485,29 @@ note_skew(struct spot_lease *l, const struct spot_s3_result *res)
   l->skew_warned = true;
 }
 
+/* The start of a GET's callback: the request is over. True when the
+ * answer ends the user's operation: cancelled (whoever cancelled
+ * finishes), or an error other than a missing object (failed, the
+ * message starting with what). */
+static bool
+get_failed(struct spot_lease *l, const struct spot_s3_result *res,
+           const char *what)
+{
+  char line[512];
+
+  l->s3op = NULL;
+  note_skew(l, res);
+  if (res->err == -ECANCELED)
+    return true;
+  if (res->err < 0 && res->err != -ENOENT) {
+    snprintf(l->msg, sizeof(l->msg), "%s%s", what,
+             spot_s3_strerror(res, line, sizeof(line)));
+    fail_user(l, res->err);
+    return true;
+  }
+  return false;
+}
+
 /* The fencing state LATEST carries: a new epoch is always past the epoch
  * of LATEST's order, so a lease object deleted or recreated (an operator's
  * reset, `spotctl lease --reset`) continues the epochs instead of starting
@@ -494,20 +517,12 @@ floor_cb(const struct spot_s3_result *res, void *data)
 {
   struct spot_lease *l = data;
   struct spot_latest_order o = {0, 0};
-  char v[64], line[512];
+  char v[64];
   uint64_t epoch = l->acq_epoch;
   int r;
 
-  l->s3op = NULL;
-  note_skew(l, res);
-  if (res->err == -ECANCELED)
-    return; /* whoever cancelled finishes */
-  if (res->err < 0 && res->err != -ENOENT) {
-    snprintf(l->msg, sizeof(l->msg), "reading LATEST's order: %s",
-             spot_s3_strerror(res, line, sizeof(line)));
-    fail_user(l, res->err);
+  if (get_failed(l, res, "reading LATEST's order: "))
     return;
-  }
   if (res->err == 0 &&
       spot_s3_meta_get(res->meta, SPOT_LATEST_ORDER_META, v, sizeof(v)) == 0 &&
       spot_lease_doc_order_parse(v, &o) == 0 && o.epoch >= epoch) {
@@ -622,19 +637,10 @@ static void
 read_cb(const struct spot_s3_result *res, void *data)
 {
   struct spot_lease *l = data;
-  char line[512];
   int r;
 
-  l->s3op = NULL;
-  note_skew(l, res);
-  if (res->err == -ECANCELED)
-    return; /* whoever cancelled finishes */
-  if (res->err < 0 && res->err != -ENOENT) {
-    snprintf(l->msg, sizeof(l->msg), "%s",
-             spot_s3_strerror(res, line, sizeof(line)));
-    fail_user(l, res->err);
+  if (get_failed(l, res, ""))
     return;
-  }
   r = take_read(l, res);
   if (r < 0) {
     fail_user(l, r);

@@ -54,6 +54,7 @@ struct spot_latest_op {
   char cur_etag[160]; /* bare */
   struct spot_latest_order cur_order;
   int64_t cur_step; /* its step, -1 unknown */
+  unsigned retries; /* of every request */
   /* the last PUT */
   char sent_etag[160]; /* the If-Match target, bare ("" for a create) */
   bool form_flipped, moved;
@@ -105,6 +106,7 @@ finish(struct spot_latest_op *op, int err)
   res.order = op->cur_order;
   res.step = op->exists ? op->cur_step : -1;
   res.rounds = op->rounds;
+  res.retries = op->retries;
   if (err < 0 && err != -ECANCELED)
     log_info("latest: %s", op->msg);
   op->cb(&res, op->data);
@@ -304,6 +306,7 @@ s3_cb(const struct spot_s3_result *res, void *data)
   int r;
 
   op->s3op = NULL;
+  op->retries += res->retries;
   if (res->err == -ECANCELED) {
     snprintf(op->msg, sizeof(op->msg), "cancelled");
     finish(op, -ECANCELED);

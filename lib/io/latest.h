@@ -61,6 +61,7 @@ struct spot_latest_result {
   struct spot_latest_order order; /* its order */
   int64_t step;                   /* its step, -1 unknown */
   unsigned rounds;                /* PUTs tried */
+  unsigned retries;               /* S3 retries, all requests together */
 };
 
 struct spot_latest_op;

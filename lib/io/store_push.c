@@ -627,6 +627,7 @@ fence_cb(const struct spot_latest_result *res, void *data)
   struct push_op *op = data;
 
   op->b.active_s3--;
+  op->b.retries += res->retries;
   op->latest_op = NULL;
   if (res->err == -ECANCELED) {
     spot__store_fail(&op->b, -ECANCELED);
@@ -700,6 +701,7 @@ fenced_cb(const struct spot_latest_result *res, void *data)
   struct push_op *op = data;
 
   op->b.active_s3--;
+  op->b.retries += res->retries;
   op->latest_op = NULL;
   if (res->err == -ESTALE)
     fail_msg(op, -ESTALE,

@@ -71,7 +71,7 @@ def relaunch_sigterm_twice(c, wd):
         c.check(st is not None and st.get("last_commit", {}).get("name"),
                 tag + "relaunching, the final checkpoint committed", repr(st))
         end = time.time() + 10
-        while time.time() < end and not os.path.exists(pidfile):
+        while time.time() < end and not sl.read_text(pidfile).strip():
             time.sleep(0.05)
         hook_pid = int(sl.read_text(pidfile) or 0)
         c.check(hook_pid > 0, tag + "the relaunch step runs (pid %d)" % hook_pid)

@@ -69,15 +69,7 @@ def main():
                 "Trainer integration (spotd.hf) is not tested here" % sl.PY3)
     c = sl.Checks()
     with tempfile.TemporaryDirectory(prefix="spotd-hf-") as tmp:
-        root = os.path.join(tmp, "ckpt")
-        req = os.path.join(tmp, "spotd.sock.req")
-        with open(req, "wb") as f:
-            f.write(b"SPOTDREQ" + struct.pack("<IIQQQ", 1, 0, 1, 0, 0) +
-                    b"\0" * (4096 - 40))
-        env = dict(os.environ, SPOTD_CKPT_DIR=root, SPOTD_REQUEST_FILE=req,
-                   CUDA_VISIBLE_DEVICES="", PYTHONPATH=sl.srcdir_path("python"))
-        for k in ("SPOTD_SOCKET", "SPOTD_RESUME_DIR", "RANK", "WORLD_SIZE"):
-            env.pop(k, None)
+        env, root, req = sl.played_request_env(tmp)
         cp = sl.run([sl.PY3, "-c", RUN, "8"], timeout=600, env=env)
         out = cp.stdout.strip().splitlines()
         got = json.loads(out[-1]) if cp.returncode == 0 and out else {}

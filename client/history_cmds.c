@@ -291,6 +291,15 @@ read_cb(const struct spot_history_read_result *res, void *data)
     return;
   }
   sh->exit_code = SPOTCTL_EXIT_OK;
+  if (res->n == 0 && res->skipped == 0) {
+    /* A job name mistyped looks the same: say so, and fail. */
+    sh->exit_code = spotctl_fail("history: job %s has no history in the "
+                                 "store (no such job, or spotd never ran "
+                                 "it)",
+                                 spotctl_esc(sh->s->c.job));
+    spot_hist_summary_fini(&sum);
+    return;
+  }
   if (sh->o->json) {
     if (spot_hist_summary_json(&sum, sh->s->c.job, res->events, res->n, &json) <
         0) {

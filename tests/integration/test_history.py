@@ -160,6 +160,14 @@ try:
                 notice[0]["deadline_ms"] == at(1753.5), "the notice's fields are stored",
                 repr(notice))
 
+        # A job with no history (a mistyped name): one line, exit 1.
+        cp = ctl("history", url + "-no-such-job")
+        c.check(cp.returncode == 1 and cp.stdout == "" and
+                len(cp.stderr.splitlines()) == 1 and
+                "has no history in the store" in cp.stderr,
+                "a job with no history fails with one line",
+                repr((cp.returncode, cp.stdout, cp.stderr)))
+
         # The table.
         cp = ctl("history", url, "--price-spot", "0.40", "--price-on-demand", "1.21")
         out = cp.stdout

@@ -291,9 +291,10 @@ ckpt_timer_cb(uv_timer_t *t)
     return;
   request_end(d);
   spotd_warn(d,
-             "the trainer did not complete a checkpoint within %.0f s of "
-             "the signal",
-             (double)d->cfg->ckpt_timeout_ms / 1000.0);
+             "no checkpoint completed within %.0f s of request %llu: no "
+             "folder of %s got its SPOTD_COMPLETE marker",
+             (double)d->cfg->ckpt_timeout_ms / 1000.0,
+             (unsigned long long)d->req.seq, d->ckpt_dir);
   upload_follow_drop(d, "checkpoint timeout");
   /* A SIGTERM drain waited on this very request. */
   if (d->state == SPOTD_DRAINING)

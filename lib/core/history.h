@@ -23,6 +23,9 @@
  *               exit_code, exit_signal
  *   relaunch    backend, result, reason
  *   lease       action ("acquired", "renewed", "lost", "released"), epoch
+ *   restart     the trainer failed and is started again in place:
+ *               restart_count (this restart, 1..), exit_code,
+ *               exit_signal, checkpoint (resumed from), seconds (backoff)
  * step is the trainer's step when it reports one (-1 unknown). */
 #ifndef SPOT_HISTORY_H
 #define SPOT_HISTORY_H
@@ -46,6 +49,7 @@ enum spot_hist_type {
   SPOT_HIST_RUN_END,
   SPOT_HIST_RELAUNCH,
   SPOT_HIST_LEASE,
+  SPOT_HIST_RESTART,
   SPOT_HIST_LAST,
 };
 
@@ -153,6 +157,7 @@ struct spot_hist_summary {
   size_t nruns;
   unsigned preemptions, crashes, notices, checkpoints, commits, failed;
   unsigned relaunches, relaunch_failures, lease_changes;
+  unsigned restarts; /* a failed trainer started again in place */
   int64_t first_ms, last_ms;
   int64_t wall_ms;    /* first event -> last event */
   int64_t node_ms;    /* sum of runs' start -> end: what the nodes cost */

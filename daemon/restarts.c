@@ -166,10 +166,8 @@ restart_after_crash(struct spotd *d)
   d->exit_code = -1;
   spotd_warn(d,
              "the trainer failed (%s): restart %" PRId64 " of %" PRId64
-             " in %.1f s, from checkpoint %s",
-             what, c->used, d->cfg->max_restarts, (double)c->wait_ms / 1000.0,
-             d->last_commit[0] ? d->last_commit : "none (from scratch)");
-  hist_restart(d);
+             " in %.1f s, from the newest committed checkpoint",
+             what, c->used, d->cfg->max_restarts, (double)c->wait_ms / 1000.0);
   c->step = CRASH_BACKOFF;
   uv_timer_start(&c->timer, backoff_cb, c->wait_ms, 0);
   return true;
@@ -179,6 +177,7 @@ static void
 relaunch_now(struct spotd *d)
 {
   d->crash.step = CRASH_NONE;
+  hist_restart(d); /* the checkpoint it resumes from is known now */
   d->restarts.count++;
   /* written at the start like a relaunch's: a fresh job's count too */
   d->restarts.fetched = true;

@@ -308,18 +308,18 @@ count_entries(int fd, bool top, int depth)
     if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
         (top && strcmp(e->d_name, SPOTD_COMPLETE) == 0))
       continue;
-    if (fstatat(dirfd(dh), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-      n = -1;
-    } else if (S_ISDIR(st.st_mode)) {
+    bool ok = fstatat(dirfd(dh), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0;
+
+    if (ok && S_ISDIR(st.st_mode)) {
       int sub = openat(dirfd(dh), e->d_name,
                        O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
       int64_t k = sub < 0 ? -1 : count_entries(sub, false, depth + 1);
 
       n = k < 0 ? -1 : n + k;
-    } else if (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) {
+    } else if (ok && (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode))) {
       n++;
     } else {
-      n = -1;
+      n = -1; /* unreadable, or a fifo, socket, device */
     }
   }
   closedir(dh);

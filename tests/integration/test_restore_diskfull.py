@@ -15,7 +15,8 @@ The job has a small good step-000010 and a 3 MiB step-000020 (the newest).
    lets it go on: the same exit 74 and line, and no partial folder left.
 3. a read-only --ckpt-dir: exit 74, the line says so, no fallback.
 4. an old local copy of step-000020 that the disk can hold only once:
-   spotd removes it before the download and restores step-000020.
+   spotd removes it before the download and restores step-000020; the
+   partial download a killed spotd left there is removed too.
 """
 import os
 import re
@@ -180,6 +181,11 @@ def main():
             sl.skip("cannot mount a tmpfs (needs root)")
         mounted.append(ckpt)
         shutil.copytree(src20, os.path.join(ckpt, "step-000020"))
+        # what a spotd killed during its restore leaves behind
+        left = os.path.join(ckpt, "..spotd-resume.spotd-restore-Ab12Cd")
+        os.makedirs(os.path.join(left, "sub"))
+        with open(os.path.join(left, "sub", "part"), "wb") as f:
+            f.write(b"x" * 4096)
         c.check(free_bytes(ckpt) < BIG,
                 "replace: the disk cannot hold a second copy of step-000020")
         d = sl.Daemon(node, store, job, trainer=["--step-sleep", 0.05])
@@ -189,6 +195,9 @@ def main():
         c.check(bool(d.err.matching(r"removed the old local copy \S+/step-000020")),
                 "replace: spotd says it removed the old local copy first",
                 d.log()[-1500:])
+        c.check(not os.path.exists(left),
+                "replace: the partial download a killed spotd left is removed",
+                repr(os.listdir(ckpt)))
         d.send(signal.SIGTERM)
         d.wait_exit(60)
     finally:

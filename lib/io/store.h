@@ -216,12 +216,12 @@ struct spot_store_result {
    * files). */
   uint64_t ckpt_raw_bytes, ckpt_stored_bytes;
   unsigned ckpt_nranks;
-  /* restore: err came from the local file system (no space, a quota, a
-   * read-only or unwritable folder, an I/O error: writing, creating,
-   * syncing or renaming next to dir), not from the store; the message
-   * then names the folder, the bytes the checkpoint needs there and the
-   * bytes free (need_bytes, free_bytes; 0 when unknown). A checkpoint
-   * that does not fit fails this way before anything is fetched. */
+  /* restore: err came from the local disk, not from the store: no
+   * space, a quota, a read-only or unwritable folder, an I/O error while
+   * writing, creating, syncing or renaming next to dir. The message then
+   * names the folder, the bytes the checkpoint needs there and the bytes
+   * free (need_bytes, free_bytes; 0 when unknown). A checkpoint that does
+   * not fit fails this way before anything is fetched. */
   bool local;
   uint64_t need_bytes, free_bytes;
 };

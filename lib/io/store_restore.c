@@ -160,7 +160,8 @@ local_figures(struct restore_op *op)
   uint64_t avail, block;
   size_t n = strlen(op->b.msg);
 
-  if (op->precheck || op->m == NULL ||
+  /* a target in the way is no matter of space */
+  if (op->precheck || op->m == NULL || op->b.err == -EEXIST ||
       spot_fs_avail(op->parent, &avail, &block) < 0)
     return;
   op->avail = avail;
@@ -398,9 +399,9 @@ check_space(struct restore_op *op)
   }
   op->precheck = true;
   disk_fail(op, -ENOSPC,
-            "no space for checkpoint %s in %s: it needs %" PRIu64
+            "checkpoint %s does not fit in %s (%s): it needs %" PRIu64
             " bytes, %" PRIu64 " are free; nothing was fetched",
-            op->b.name, op->parent, op->need, op->avail);
+            op->b.name, op->parent, strerror(ENOSPC), op->need, op->avail);
   return -1;
 }
 

@@ -184,8 +184,12 @@ place(struct spotd *d, const struct spot_store_result *res)
   if (access(dst, F_OK) == 0)
     spot_rm_tree(dst);
   if (rename(tmp, dst) < 0) {
-    log_err("restore: moving %s to %s: %s", tmp, dst, strerror(errno));
-    return -errno;
+    int e = errno;
+
+    log_err("restore: the local disk failed, not the store: moving %s to "
+            "%s: %s; no older checkpoint is restored",
+            tmp, dst, strerror(e));
+    return -e;
   }
   log_info("restored checkpoint %s into %s (%" PRIu64 " bytes in %.1f s)",
            res->name, dst, res->raw_bytes, (double)res->elapsed_ms / 1000.0);
@@ -274,7 +278,7 @@ restore_finished(struct spotd *d, const struct spot_store_result *res)
     return;
   }
   if (place(d, res) < 0) {
-    fail(d);
+    fail_code(d, SPOTD_EXIT_IOERR);
     return;
   }
   set_state(d, RESTORE_COUNTING);

@@ -11,9 +11,15 @@
  *   COUNTING    the store's RESTARTS (restarts.c)
  *   DONE        then spotd_launch(); or FAILED (exit 1) or CANCELLED
  *
+ * A restore that fails on the local disk (res->local: no space, read-only,
+ * no permission) ends the start with exit 74 and one line with the bytes
+ * needed and free; a checkpoint of another rank count with exit 65. Only
+ * damage in the store itself makes fallback.c try an older checkpoint.
+ *
  * Once spotd is closing (a signal during the startup), every callback of
  * this operation only records CANCELLED: the exit status the signal set
  * stays. */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -86,11 +92,49 @@ cancelled(struct spotd *d)
   return true;
 }
 
+/* The folders a restore downloads into: spotd's own and the store's
+ * temporary one next to it (".NAME.spotd-restore-XXXXXX"). */
+#define RESUME_DIR ".spotd-resume"
+#define RESUME_PARTIAL "..spotd-resume.spotd-restore-"
+
+/* Removes what a restore left half-downloaded in the checkpoint folder:
+ * a spotd killed during its restore leaves it, and nothing else would
+ * ever remove it. */
+static void
+remove_partial(struct spotd *d)
+{
+  char path[4400];
+  DIR *dir;
+  struct dirent *de;
+
+  snprintf(path, sizeof(path), "%s/" RESUME_DIR, d->ckpt_dir);
+  if (access(path, F_OK) == 0)
+    spot_rm_tree(path);
+  dir = opendir(d->ckpt_dir);
+  if (dir == NULL)
+    return;
+  while ((de = readdir(dir)) != NULL) {
+    if (strncmp(de->d_name, RESUME_PARTIAL, strlen(RESUME_PARTIAL)) != 0)
+      continue;
+    snprintf(path, sizeof(path), "%s/%s", d->ckpt_dir, de->d_name);
+    log_info("removing %s, an incomplete restore download", path);
+    spot_rm_tree(path);
+  }
+  closedir(dir);
+}
+
+static void
+fail_code(struct spotd *d, int exit_code)
+{
+  set_state(d, RESTORE_FAILED);
+  remove_partial(d);
+  spotd_fail(d, exit_code);
+}
+
 static void
 fail(struct spotd *d)
 {
-  set_state(d, RESTORE_FAILED);
-  spotd_fail(d, SPOTD_EXIT_ERROR);
+  fail_code(d, SPOTD_EXIT_ERROR);
 }
 
 static void
@@ -135,13 +179,17 @@ restore_place(struct spotd *d, const struct spot_store_result *res)
 {
   char tmp[4300], dst[4300], mine[4400];
 
-  snprintf(tmp, sizeof(tmp), "%s/.spotd-resume", d->ckpt_dir);
+  snprintf(tmp, sizeof(tmp), "%s/" RESUME_DIR, d->ckpt_dir);
   snprintf(dst, sizeof(dst), "%s/%s", d->ckpt_dir, res->name);
   if (access(dst, F_OK) == 0)
     spot_rm_tree(dst);
   if (rename(tmp, dst) < 0) {
-    log_err("restore: moving %s to %s: %s", tmp, dst, strerror(errno));
-    return -errno;
+    int e = errno;
+
+    log_err("restore: the local disk failed, not the store: moving %s to "
+            "%s: %s; no older checkpoint is restored",
+            tmp, dst, strerror(e));
+    return -e;
   }
   log_info("restored checkpoint %s into %s (%" PRIu64 " bytes in %.1f s)",
            res->name, dst, res->raw_bytes, (double)res->elapsed_ms / 1000.0);
@@ -179,9 +227,9 @@ restore_place(struct spotd *d, const struct spot_store_result *res)
 }
 
 void
-restore_failed(struct spotd *d)
+restore_failed(struct spotd *d, int exit_code)
 {
-  fail(d);
+  fail_code(d, exit_code);
 }
 
 static void
@@ -203,15 +251,34 @@ restore_finished(struct spotd *d, const struct spot_store_result *res)
     done(d);
     return;
   }
+  if (res->err < 0 && res->local) {
+    /* The disk, not the store: an older checkpoint would roll the
+     * training back for nothing, and calling the store damaged could get
+     * good checkpoints deleted. */
+    bool full = res->err == -ENOSPC || res->err == -EDQUOT;
+
+    log_err("restore: the local disk failed, not the store: %s; no older "
+            "checkpoint is restored: %s %s or give --ckpt-dir %s, then start "
+            "again",
+            res->message, full ? "free space in" : "make writable", d->ckpt_dir,
+            full ? "a disk with room" : "another folder");
+    fail_code(d, SPOTD_EXIT_IOERR);
+    return;
+  }
+  if (res->err == -EXDEV) { /* the rank count: the message says both */
+    log_err("restore: %s", res->message);
+    fail_code(d, SPOTD_EXIT_DATAERR);
+    return;
+  }
   if (res->err < 0) {
-    if (fallback_next(d, res))
+    if (fallback_damage(res) && fallback_next(d, res))
       return;
     log_err("restore failed: %s", res->message);
     fail(d);
     return;
   }
   if (restore_place(d, res) < 0) {
-    fail(d);
+    fail_code(d, SPOTD_EXIT_IOERR);
     return;
   }
   set_state(d, RESTORE_COUNTING);
@@ -230,9 +297,11 @@ begin_restore(struct spotd *d)
   }
   set_state(d, RESTORE_RESTORING);
   spotd_set_state(d, SPOTD_RESTORING);
-  snprintf(tmp, sizeof(tmp), "%s/.spotd-resume", d->ckpt_dir);
-  if (access(tmp, F_OK) == 0)
-    spot_rm_tree(tmp);
+  remove_partial(d);
+  snprintf(tmp, sizeof(tmp), "%s/" RESUME_DIR, d->ckpt_dir);
+  /* place() replaces CKPT_DIR/NAME: the store may remove that old copy
+   * first when the checkpoint fits only without it */
+  d->store.replace_parent = d->ckpt_dir;
   /* The trainer waits for this restore: start many transfers at once. */
   d->store.parallel_start = SPOT_STORE_PARALLEL_URGENT;
   r = spot_store_restore(d->loop, &d->store, NULL, tmp, NULL, restore_done_cb,

@@ -63,6 +63,12 @@
 #define SPOTD_EXIT_SOFTWARE 70
 /* The training command could not be started. */
 #define SPOTD_EXIT_NO_COMMAND 127
+/* The store's data cannot be used (EX_DATAERR): no committed checkpoint
+ * verifies, or the checkpoint's rank count is not this job's --nranks. */
+#define SPOTD_EXIT_DATAERR 65
+/* The local disk failed the restore (EX_IOERR): no space, a quota, a
+ * read-only or unwritable --ckpt-dir, an I/O error. The store is fine. */
+#define SPOTD_EXIT_IOERR 74
 
 enum spotd_state {
   SPOTD_INIT,
@@ -466,10 +472,14 @@ void restore_leased(struct spotd *d);
 int restore_place(struct spotd *d, const struct spot_store_result *res);
 /* A restore (the newest, or a fallback's) ended. */
 void restore_finished(struct spotd *d, const struct spot_store_result *res);
-void restore_failed(struct spotd *d);
+void restore_failed(struct spotd *d, int exit_code);
 /* fallback.c: the restore failed: true when an older checkpoint is being
- * tried (restore_finished() follows), false to fail. */
+ * tried (restore_finished() follows), false to fail. Only for damage in
+ * the store (fallback_damage()). */
 bool fallback_next(struct spotd *d, const struct spot_store_result *res);
+/* Whether the restore failed on damage in the store itself, the only
+ * failure an older checkpoint is tried for. */
+bool fallback_damage(const struct spot_store_result *res);
 
 /* lease.c */
 /* 0: acquiring, restore_leased() follows (or spotd fails); 1: this node

@@ -335,23 +335,41 @@ spotd_request_checkpoint(struct spotd *d, const char *why)
 
 /* ------------------------------------------------------------ uploads */
 
-/* Local copies older than the newest commit are not needed any more. */
+/* Local copies older than the newest commit are not needed any more,
+ * but for the --keep-local N - 1 newest of them (by step): each takes its
+ * full size on the local disk. */
 static void
 prune_local(struct spotd *d, const char *keep)
 {
-  for (size_t i = 0; i < d->nknown; i++) {
+  const char *old[SPOTD_NAMES_MAX];
+  size_t nold = 0, spare = (size_t)d->cfg->keep_local - 1;
+
+  for (size_t i = 0; i < d->nknown && nold < SPOTD_NAMES_MAX; i++) {
     const char *n = d->known[i];
     char path[4300];
+    size_t j;
 
     if (strcmp(n, keep) == 0 || strcmp(n, d->up.waiting) == 0 ||
         (d->up.op != NULL && strcmp(n, d->up.name) == 0) ||
         spot_ckpt_name_step(n) > spot_ckpt_name_step(keep))
       continue; /* newer by step: never removed for an older commit */
     snprintf(path, sizeof(path), "%s/%s", d->ckpt_dir, n);
-    if (access(path, F_OK) == 0) {
-      log_info("removing local checkpoint %s (committed %s is newer)", n, keep);
-      spot_rm_tree(path);
-    }
+    if (access(path, F_OK) != 0)
+      continue;
+    /* newest first */
+    for (j = nold;
+         j > 0 && spot_ckpt_name_step(old[j - 1]) < spot_ckpt_name_step(n); j--)
+      old[j] = old[j - 1];
+    old[j] = n;
+    nold++;
+  }
+  for (size_t i = spare; i < nold; i++) {
+    char path[4300];
+
+    snprintf(path, sizeof(path), "%s/%s", d->ckpt_dir, old[i]);
+    log_info("removing local checkpoint %s (committed %s is newer)", old[i],
+             keep);
+    spot_rm_tree(path);
   }
 }
 

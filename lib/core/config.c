@@ -203,6 +203,11 @@ static const struct key_def keys[] = {
      "only after the marker (trainers that rewrite files in place)."},
     {"keep", T_INT, OFF(keep), "N", "3", NULL, NULL, 1, 10000, NULL, NULL, 0,
      "Committed checkpoints kept in the store."},
+    {"keep-local", T_INT, OFF(keep_local), "N", "1", NULL, NULL, 1, 10000, NULL,
+     NULL, 0,
+     "Checkpoints kept in the checkpoint folder: the newest committed and "
+     "the N-1 newest before it. Each takes its full size on the local "
+     "disk."},
     {"endpoint", T_STRING, OFF(endpoint), "URL", NULL,
      "AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, or the regional AWS endpoint",
      "http://127.0.0.1:7480", 0, 0, NULL, check_url, 0,

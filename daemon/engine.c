@@ -658,6 +658,7 @@ spotd_close(struct spotd *d)
   if (d->restore.s3op != NULL)
     spot_s3_cancel(d->restore.s3op);
   relaunch_close(d);
+  runjoin_close(d);
   fanout_close(d);
   lease_close(d);
   spot_child_close(&d->trainer);

@@ -437,6 +437,17 @@ spotd_on_signal(struct spotd *d, int signum)
     log_notice("signal %d: already stopping for the %s notice, finishing "
                "that (again to stop now)",
                signum, d->reason);
+    /* With the final checkpoint committed the trainer has nothing left to
+     * do, and whoever sent this (Slurm at a requeue) kills what is left
+     * once its own wait is over: stop the trainer now, so the job lease
+     * is released while there is time (the next node need not wait for
+     * its TTL). */
+    if (d->final.state == FINAL_COMMITTED && trainer_running(d)) {
+      log_info("the final checkpoint %s is committed: stopping the trainer "
+               "now, then releasing the job lease",
+               d->last_commit);
+      trainer_stop(d, 0);
+    }
     return;
   }
   log_notice("signal %d: final checkpoint, then stop (again to stop now)",

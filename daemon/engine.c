@@ -474,6 +474,17 @@ spotd_on_signal(struct spotd *d, int signum)
     log_notice("signal %d: already stopping for the %s notice, finishing "
                "that (again to stop now)",
                signum, d->reason);
+    /* With the final checkpoint committed the trainer has nothing left to
+     * do, and whoever sent this (Slurm at a requeue) kills what is left
+     * once its own wait is over: stop the trainer now, so the job lease
+     * is released while there is time (the next node need not wait for
+     * its TTL). */
+    if (d->final.state == FINAL_COMMITTED && trainer_running(d)) {
+      log_info("the final checkpoint %s is committed: stopping the trainer "
+               "now, then releasing the job lease",
+               d->last_commit);
+      trainer_stop(d, 0);
+    }
     return;
   }
   log_notice("signal %d: final checkpoint, then stop (again to stop now)",
@@ -719,6 +730,7 @@ spotd_close(struct spotd *d)
     spot_s3_cancel(d->restore.s3op);
   relaunch_close(d);
   restart_close(d);
+  runjoin_close(d);
   fanout_close(d);
   lease_close(d);
   spot_child_close(&d->trainer);

@@ -9,6 +9,7 @@
  *               the restore brings the newest checkpoint back
  *   RESTORING   the newest committed checkpoint into CKPT_DIR/NAME
  *   COUNTING    the store's RESTARTS (restarts.c)
+ *   JOINING     a multi-node job outside Slurm: the run id (runjoin.c)
  *   DONE        then spotd_launch(); or FAILED (exit 1) or CANCELLED
  *
  * A restore that fails on the local disk (res->local: no space, read-only,
@@ -33,11 +34,12 @@
 #include "util.h"
 
 static const char *const names[] = {
-    [RESTORE_NONE] = "none",         [RESTORE_CONNECTING] = "connecting",
-    [RESTORE_PROBING] = "probing",   [RESTORE_LEASING] = "leasing",
-    [RESTORE_RESUMING] = "resuming", [RESTORE_RESTORING] = "restoring",
-    [RESTORE_COUNTING] = "counting", [RESTORE_DONE] = "done",
-    [RESTORE_FAILED] = "failed",     [RESTORE_CANCELLED] = "cancelled",
+    [RESTORE_NONE] = "none",           [RESTORE_CONNECTING] = "connecting",
+    [RESTORE_PROBING] = "probing",     [RESTORE_LEASING] = "leasing",
+    [RESTORE_RESUMING] = "resuming",   [RESTORE_RESTORING] = "restoring",
+    [RESTORE_COUNTING] = "counting",   [RESTORE_JOINING] = "joining",
+    [RESTORE_DONE] = "done",           [RESTORE_FAILED] = "failed",
+    [RESTORE_CANCELLED] = "cancelled",
 };
 _Static_assert(SPOT_ARRAY_SIZE(names) == RESTORE_STATE_LAST, "names");
 
@@ -46,14 +48,17 @@ static const unsigned legal[RESTORE_STATE_LAST] = {
     [RESTORE_NONE] = B(RESTORE_CONNECTING),
     [RESTORE_CONNECTING] = B(RESTORE_PROBING) | B(RESTORE_FAILED),
     [RESTORE_PROBING] = B(RESTORE_LEASING) | B(RESTORE_RESUMING) |
-                        B(RESTORE_RESTORING) | B(RESTORE_DONE) |
-                        B(RESTORE_FAILED),
-    [RESTORE_LEASING] = B(RESTORE_RESUMING) | B(RESTORE_RESTORING) |
+                        B(RESTORE_RESTORING) | B(RESTORE_JOINING) |
                         B(RESTORE_DONE) | B(RESTORE_FAILED),
-    [RESTORE_RESUMING] = B(RESTORE_RESTORING) | B(RESTORE_DONE),
-    [RESTORE_RESTORING] =
-        B(RESTORE_COUNTING) | B(RESTORE_DONE) | B(RESTORE_FAILED),
-    [RESTORE_COUNTING] = B(RESTORE_DONE),
+    [RESTORE_LEASING] = B(RESTORE_RESUMING) | B(RESTORE_RESTORING) |
+                        B(RESTORE_JOINING) | B(RESTORE_DONE) |
+                        B(RESTORE_FAILED),
+    [RESTORE_RESUMING] =
+        B(RESTORE_RESTORING) | B(RESTORE_JOINING) | B(RESTORE_DONE),
+    [RESTORE_RESTORING] = B(RESTORE_COUNTING) | B(RESTORE_JOINING) |
+                          B(RESTORE_DONE) | B(RESTORE_FAILED),
+    [RESTORE_COUNTING] = B(RESTORE_JOINING) | B(RESTORE_DONE),
+    [RESTORE_JOINING] = B(RESTORE_DONE) | B(RESTORE_FAILED),
 };
 
 const char *
@@ -140,8 +145,27 @@ fail(struct spotd *d)
 static void
 done(struct spotd *d)
 {
+  if (runjoin_needed(d)) {
+    set_state(d, RESTORE_JOINING);
+    runjoin_start(d); /* restore_joined() follows */
+    return;
+  }
   set_state(d, RESTORE_DONE);
   spotd_launch(d);
+}
+
+void
+restore_joined(struct spotd *d, int err)
+{
+  if (d->closing) {
+    set_state(d, RESTORE_CANCELLED);
+    return;
+  }
+  if (err < 0) {
+    fail(d);
+    return;
+  }
+  done(d);
 }
 
 void

@@ -103,6 +103,7 @@ enum restore_state {
   RESTORE_RESUMING,   /* the upload a killed spotd left */
   RESTORE_RESTORING,
   RESTORE_COUNTING, /* GET RESTARTS */
+  RESTORE_JOINING,  /* multi-node outside Slurm: agree the run (runjoin.c) */
   RESTORE_DONE,
   RESTORE_FAILED,
   RESTORE_CANCELLED,
@@ -195,6 +196,22 @@ struct crash_restart {
   char dir[4300];                /* the local copy checked */
   char why[300];                 /* why the local copy does not verify */
   struct spot_store_op *restore; /* the download when it does not */
+};
+
+/* runjoin.c: the LIST of ROOT/runs/, reduced. */
+struct runjoin_scan {
+  uint64_t newest;     /* the newest run with a marker, 0 none */
+  bool mine_in_newest; /* ... and it has this rank's */
+};
+
+struct run_join {
+  struct spot_s3_op *op, *del_op;
+  struct runjoin_scan scan;
+  char *prefix; /* ROOT/runs/ while listing */
+  unsigned pages;
+  uint64_t run; /* the run joined (or being joined) */
+  bool joined;
+  char body[64]; /* PUT runs/G/rank-K: lives until done */
 };
 
 struct relaunch_step {
@@ -346,6 +363,7 @@ struct spotd {
   struct restore_op restore;
   struct restarts restarts;
   struct crash_restart crash;
+  struct run_join run;
   char resume_dir[4200];
   char *ckpt_dir;    /* absolute */
   char *journal_dir; /* CKPT_DIR/.spotd-journal: uploads in progress */
@@ -517,6 +535,17 @@ void restart_advance(struct spotd *d);
 /* A notice or SIGTERM while RESTARTING: no restart; what runs stops. */
 void restart_abandon(struct spotd *d);
 void restart_close(struct spotd *d);
+
+/* runjoin.c: the run id of a multi-node job outside Slurm. */
+bool runjoin_needed(const struct spotd *d);
+void runjoin_start(struct spotd *d); /* then restore_joined() */
+void runjoin_close(struct spotd *d);
+void restore_joined(struct spotd *d, int err);
+int runjoin_parse_key(const char *rel, uint64_t *run, unsigned *rank);
+void runjoin_decide_init(struct runjoin_scan *s);
+void runjoin_decide_add(struct runjoin_scan *s, uint64_t run, unsigned rank,
+                        unsigned mine);
+uint64_t runjoin_decide(const struct runjoin_scan *s);
 
 /* fanout.c (multi-node, nranks > 1; no-ops on one node) */
 void fanout_init(struct spotd *d);

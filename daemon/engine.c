@@ -159,7 +159,7 @@ decide_exit(struct spotd *d)
       log_err("the trainer finished but checkpoint %s could not be "
               "committed; the last committed checkpoint is %s",
               d->up.failed, last ? last : "none");
-      d->exit_code = SPOTD_EXIT_ERROR;
+      d->exit_code = SPOTD_EXIT_UNAVAILABLE;
     }
     return;
   }

@@ -72,7 +72,7 @@ try_next(struct spotd *d)
           "starting from scratch over a damaged store (fix or delete the "
           "damaged checkpoints)",
           d->cfg->job);
-  restore_failed(d);
+  restore_failed(d, SPOTD_EXIT_DATAERR);
 }
 
 static void
@@ -85,7 +85,7 @@ list_cb(const struct spot_store_list_result *res, void *data)
     return;
   if (res->err < 0) {
     log_err("restore: listing the job's checkpoints: %s", res->message);
-    restore_failed(d);
+    restore_failed(d, SPOTD_EXIT_UNAVAILABLE);
     return;
   }
   d->fb.ncands = 0;

@@ -2,14 +2,14 @@
  *
  *   CONNECTING  credentials and the S3 client
  *   PROBING     the store check (probe.c): write, read, delete under the
- *               job root, or exit 1 with one line
+ *               job root, or exit 69 with one line
  *   LEASING     the job lease (lease.c): wait while another node holds
  *               it, then take it (rank 0 only in a multi-node job)
  *   RESUMING    a push a killed spotd left (journal.c), finished first so
  *               the restore brings the newest checkpoint back
  *   RESTORING   the newest committed checkpoint into CKPT_DIR/NAME
  *   COUNTING    the store's RESTARTS (restarts.c)
- *   DONE        then spotd_launch(); or FAILED (exit 1) or CANCELLED
+ *   DONE        then spotd_launch(); or FAILED (spotd_fail()) or CANCELLED
  *
  * Once spotd is closing (a signal during the startup), every callback of
  * this operation only records CANCELLED: the exit status the signal set
@@ -87,10 +87,10 @@ cancelled(struct spotd *d)
 }
 
 static void
-fail(struct spotd *d)
+fail(struct spotd *d, int exit_code)
 {
   set_state(d, RESTORE_FAILED);
-  spotd_fail(d, SPOTD_EXIT_ERROR);
+  spotd_fail(d, exit_code);
 }
 
 static void
@@ -179,9 +179,9 @@ place(struct spotd *d, const struct spot_store_result *res)
 }
 
 void
-restore_failed(struct spotd *d)
+restore_failed(struct spotd *d, int exit_code)
 {
-  fail(d);
+  fail(d, exit_code);
 }
 
 static void
@@ -207,11 +207,11 @@ restore_finished(struct spotd *d, const struct spot_store_result *res)
     if (fallback_next(d, res))
       return;
     log_err("restore failed: %s", res->message);
-    fail(d);
+    fail(d, SPOTD_EXIT_ERROR);
     return;
   }
   if (place(d, res) < 0) {
-    fail(d);
+    fail(d, SPOTD_EXIT_ERROR);
     return;
   }
   set_state(d, RESTORE_COUNTING);
@@ -240,7 +240,7 @@ begin_restore(struct spotd *d)
   if (r < 0) {
     d->restore.op = NULL;
     log_err_errno(r, "restore");
-    fail(d);
+    fail(d, SPOTD_EXIT_ERROR);
   }
 }
 
@@ -298,7 +298,7 @@ aws_ready_cb(int err, const char *msg, void *data)
     return;
   if (err < 0) {
     log_err("%s", msg[0] ? msg : strerror(-err));
-    fail(d);
+    fail(d, SPOTD_EXIT_ERROR);
     return;
   }
   memset(&sc, 0, sizeof(sc));
@@ -306,7 +306,7 @@ aws_ready_cb(int err, const char *msg, void *data)
   r = spot_s3_new(d->http, &sc, &d->s3);
   if (r < 0) {
     log_err_errno(r, "S3 client");
-    fail(d);
+    fail(d, SPOTD_EXIT_ERROR);
     return;
   }
   d->store.s3 = d->s3;
@@ -321,7 +321,8 @@ restore_probed(struct spotd *d, int err)
   if (d->closing)
     return;
   if (err < 0) {
-    fail(d);
+    /* The probe said why in one line: the store is not available. */
+    fail(d, SPOTD_EXIT_UNAVAILABLE);
     return;
   }
   set_state(d, RESTORE_LEASING);

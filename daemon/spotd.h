@@ -47,16 +47,35 @@
 #define SPOTD_WATCH_MAX 64 /* subfolders watched for SPOTD_COMPLETE */
 #define SPOTD_COMPLETE "SPOTD_COMPLETE"
 
-/* Exit statuses (README "Exit status"). */
-#define SPOTD_EXIT_ERROR 1
+/* Exit statuses (README "Exit status"). Apart from the trainer's own
+ * status (mirrored) and a signal's 128+N, spotd's statuses lie in the
+ * sysexits range, so a trainer's usual 1 or 2 is never taken for one. */
+/* A bad command line: an unknown option, no training command (EX_USAGE). */
+#define SPOTD_EXIT_USAGE 64
+/* The store's data cannot be used: no committed checkpoint verifies, or
+ * it was written by another rank count (EX_DATAERR). */
+#define SPOTD_EXIT_DATAERR 65
+/* The store or the job lease is not available: the lease held elsewhere
+ * (--no-lease-wait, --lease-wait), the store unusable at start, or the
+ * trainer's last checkpoint not committed (EX_UNAVAILABLE). */
+#define SPOTD_EXIT_UNAVAILABLE 69
+/* The trainer kept failing: --max-restarts used up (EX_SOFTWARE). */
+#define SPOTD_EXIT_SOFTWARE 70
+/* Any other failure of spotd itself (EX_OSERR). */
+#define SPOTD_EXIT_ERROR 71
+/* The job lease was lost while running (another node took it over):
+ * nothing more was committed, the trainer was stopped (README). */
+#define SPOTD_EXIT_LEASE_LOST 73
+/* A local I/O error while restoring into the checkpoint folder: no space,
+ * quota, read-only, permission, EIO (EX_IOERR). */
+#define SPOTD_EXIT_IOERR 74
 /* A preemption handled: the final checkpoint (or, said in the last line,
  * an earlier one) is committed: resume later (EX_TEMPFAIL). */
 #define SPOTD_EXIT_PREEMPTED 75
 /* A notice came and no checkpoint of the job is committed at all. */
 #define SPOTD_EXIT_NOTHING_SAVED 76
-/* The job lease was lost while running (another node took it over):
- * nothing more was committed, the trainer was stopped (README). */
-#define SPOTD_EXIT_LEASE_LOST 73
+/* A bad config file or option value (EX_CONFIG). */
+#define SPOTD_EXIT_CONFIG 78
 /* The training command could not be started. */
 #define SPOTD_EXIT_NO_COMMAND 127
 
@@ -427,7 +446,7 @@ void restore_leased(struct spotd *d);
 
 /* A restore (the newest, or a fallback's) ended. */
 void restore_finished(struct spotd *d, const struct spot_store_result *res);
-void restore_failed(struct spotd *d);
+void restore_failed(struct spotd *d, int exit_code);
 /* fallback.c: the restore failed: true when an older checkpoint is being
  * tried (restore_finished() follows), false to fail. */
 bool fallback_next(struct spotd *d, const struct spot_store_result *res);

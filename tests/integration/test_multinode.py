@@ -217,8 +217,8 @@ def main():
                             env={"AWS_EC2_METADATA_DISABLED": "true"})
             rc = bad.wait_exit(60)
             line = bad.wait_log(r"committed by 2 ranks and this job runs 3", 5)
-            c.check(rc == 1 and line is not None and "--reshard" in line,
-                    "nranks 3 after a 2-rank commit: refused, exit 1 (%s)" % rc,
+            c.check(rc == 71 and line is not None and "--reshard" in line,
+                    "nranks 3 after a 2-rank commit: refused, exit 71 (%s)" % rc,
                     line)
             lst = os.path.join(wd, "reshard.txt")
             rs = sl.Daemon(os.path.join(wd, "reshard"), store, job,

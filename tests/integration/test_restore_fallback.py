@@ -1,8 +1,8 @@
 """A corrupted newest commit (issue 12 item 2): spotd says so loudly,
 restores the newest checkpoint that verifies, starts the trainer from it,
 and `spotctl status --json` shows a warning naming the bad checkpoint and
-"restored" naming the one restored. With every commit damaged it exits 1
-instead of starting from scratch."""
+"restored" naming the one restored. With every commit damaged it exits 65
+(the store's data cannot be used) instead of starting from scratch."""
 import json
 import os
 import signal
@@ -77,8 +77,8 @@ def main():
             d2 = sl.Daemon(os.path.join(wd, "node2"), store2, job2,
                            trainer=["--step-sleep", 0.05])
             rc = d2.wait_exit(40)
-            c.check(rc == 1 and d2.events("start") == [],
-                    "all commits damaged: exit 1, no trainer", "rc=%s" % rc)
+            c.check(rc == 65 and d2.events("start") == [],
+                    "all commits damaged: exit 65, no trainer", "rc=%s" % rc)
             c.check(bool(d2.err.matching(r"no committed checkpoint .* verifies")),
                     "it says no committed checkpoint verifies",
                     d2.log()[-1000:])

@@ -146,6 +146,9 @@ struct upload {
   char name[256];
   char waiting[256];
   uint64_t log_ms; /* last progress line, ms into the upload */
+  /* ms into the upload when all the trainer had written was uploaded and
+   * its SPOTD_COMPLETE marker had not come yet; 0: not waiting */
+  uint64_t marker_wait_ms;
   uint64_t done_bytes, total_bytes;
   double rate;
   double last_bps; /* raw bytes/s of the last push */

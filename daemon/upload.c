@@ -365,6 +365,26 @@ upload_progress_cb(const struct spot_store_progress *p, void *data)
   u->done_bytes = p->raw_done;
   u->total_bytes = p->raw_total;
   u->rate = secs > 0 ? (double)p->raw_done / secs : 0;
+  /* Following a folder the trainer still writes: once all it wrote is
+   * uploaded, what is left is the trainer's save, not the upload (100% at
+   * 0 MB/s would say otherwise). */
+  if (p->phase == SPOT_STORE_PHASE_TRANSFER && p->marker_pending &&
+      p->raw_done >= p->raw_total) {
+    if (u->marker_wait_ms == 0)
+      u->marker_wait_ms = p->elapsed_ms > 0 ? p->elapsed_ms : 1;
+    if (p->elapsed_ms >= u->log_ms + 2000) {
+      char done[32];
+
+      u->log_ms = p->elapsed_ms;
+      log_info("uploading %s: the %s written so far is uploaded; waiting for "
+               "the trainer's %s marker (%.0f s)",
+               p->name, spot_fmt_bytes(p->raw_done, done, sizeof(done)),
+               SPOTD_COMPLETE,
+               (double)(p->elapsed_ms - u->marker_wait_ms) / 1000.0);
+    }
+    return;
+  }
+  u->marker_wait_ms = 0;
   /* One progress line every 2 s for long uploads. */
   if (p->phase == SPOT_STORE_PHASE_TRANSFER && p->raw_total > 0 &&
       p->elapsed_ms >= u->log_ms + 2000) {
@@ -494,6 +514,7 @@ start_upload(struct spotd *d, const char *name, bool follow)
   u->done_bytes = u->total_bytes = 0;
   u->rate = 0;
   u->log_ms = 0;
+  u->marker_wait_ms = 0;
   /* This spotd holds the job lease, so it is the job's only writer:
    * uploads begun before it started belong to a dead or fenced
    * predecessor and are aborted by the retention step. The ranks of a

@@ -188,6 +188,9 @@ struct spot_store_progress {
   uint64_t elapsed_ms;
   unsigned retries;
   unsigned parallel; /* transfers allowed in flight now (0: not started) */
+  /* push following a folder (cfg follow): SPOT_STORE_MARKER not seen yet,
+   * so raw_total is only what the trainer wrote so far */
+  bool marker_pending;
 };
 
 struct spot_store_result {

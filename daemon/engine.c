@@ -151,7 +151,7 @@ decide_exit(struct spotd *d)
   char when[32] = "";
 
   if (last != NULL)
-    spot_rfc3339_format(d->last_commit_wall, when, sizeof(when));
+    spot_rfc3339_format(d->last_commit_made, when, sizeof(when));
   if (d->state == SPOTD_FINISHING) {
     /* The trainer exited by itself: its status, unless it succeeded and
      * its last checkpoint could not be committed. */

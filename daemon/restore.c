@@ -173,6 +173,10 @@ place(struct spotd *d, const struct spot_store_result *res)
                  sizeof(d->store.latest_damaged));
   }
   d->last_commit_wall = spot_now_wall_ms();
+  /* The restored checkpoint was committed by an earlier run: the last
+   * line names that time, not this restore's. */
+  d->last_commit_made =
+      res->created_ms > 0 ? res->created_ms : d->last_commit_wall;
   watch_mark_known(d, res->name);
   hist_restored(d, res);
   return 0;

@@ -356,7 +356,9 @@ struct spotd {
 
   /* last commit */
   char last_commit[256];
-  int64_t last_commit_wall;
+  int64_t last_commit_wall; /* committed, or restored, by this spotd */
+  int64_t last_commit_made; /* when last_commit was committed (a restored
+                               one: its manifest's time) */
   /* the checkpoint restored at startup ("" none) */
   char restored_name[256];
 

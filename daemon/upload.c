@@ -417,6 +417,7 @@ committed(struct spotd *d, const char *name,
     spotd_warn(d, "%s", res->warning);
   spot_strlcpy(d->last_commit, name, sizeof(d->last_commit));
   d->last_commit_wall = spot_now_wall_ms();
+  d->last_commit_made = d->last_commit_wall;
   d->up.failed[0] = '\0';
   if (secs > 0 && res->raw_bytes > 0) {
     d->up.last_bps = (double)res->raw_bytes / secs;

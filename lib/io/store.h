@@ -213,6 +213,8 @@ struct spot_store_result {
    * files). */
   uint64_t ckpt_raw_bytes, ckpt_stored_bytes;
   unsigned ckpt_nranks;
+  int64_t created_ms; /* restore: when the checkpoint was committed (its
+                         manifest's "created"), 0 if unknown */
 };
 
 struct spot_store_entry {

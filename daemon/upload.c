@@ -405,14 +405,24 @@ committed(struct spotd *d, const char *name,
           const struct spot_store_result *res)
 {
   double secs = (double)res->elapsed_ms / 1000.0;
+  /* Multi-node, rank 0: the line describes the checkpoint committed (every
+   * rank's files, as its manifest lists them), then this rank's share. */
+  bool merged = res->ckpt_files > 0;
+  uint64_t files = merged ? res->ckpt_files : res->files;
+  uint64_t raw = merged ? res->ckpt_raw_bytes : res->raw_bytes;
+  uint64_t stored = merged ? res->ckpt_stored_bytes : res->stored_bytes;
+  char own[128] = "";
 
+  if (merged)
+    snprintf(own, sizeof(own),
+             "; rank %u uploaded files=%" PRIu64 " raw=%" PRIu64
+             " stored=%" PRIu64,
+             d->store.rank, res->files, res->raw_bytes, res->stored_bytes);
   log_info("committed checkpoint name=%s files=%" PRIu64 " raw=%" PRIu64
-           " stored=%" PRIu64 " ratio=%.2f in %.1f s (%u retries)",
-           name, res->files, res->raw_bytes, res->stored_bytes,
-           res->stored_bytes > 0
-               ? (double)res->raw_bytes / (double)res->stored_bytes
-               : 1.0,
-           secs, res->retries);
+           " stored=%" PRIu64 " ratio=%.2f in %.1f s (%u retries)%s",
+           name, files, raw, stored,
+           stored > 0 ? (double)raw / (double)stored : 1.0, secs, res->retries,
+           own);
   if (res->warning != NULL && res->warning[0] != '\0')
     spotd_warn(d, "%s", res->warning);
   spot_strlcpy(d->last_commit, name, sizeof(d->last_commit));

@@ -210,7 +210,10 @@ struct spot_store_result {
   /* restore: the whole checkpoint's bytes and the rank count that
    * committed it (cfg nranks > 0); files, raw_bytes and stored_bytes above
    * are what this rank restored (multi-node: its rank-K/ and shared
-   * files). */
+   * files). push by rank 0 of a multi-node job: ckpt_files and the bytes
+   * are the merged manifest's (every rank's), the fields above this
+   * rank's own upload; 0 for any other push. */
+  uint64_t ckpt_files;
   uint64_t ckpt_raw_bytes, ckpt_stored_bytes;
   unsigned ckpt_nranks;
   int64_t created_ms; /* restore: when the checkpoint was committed (its

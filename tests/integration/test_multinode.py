@@ -154,6 +154,14 @@ def main():
                     "rank-1/step"]
             c.check(paths == want, "MANIFEST.json lists both ranks' files",
                     repr(paths))
+            line = d0.wait_log(r"committed checkpoint name=%s files=" % name, 5)
+            got = re.search(r"files=(\d+) .*; rank 0 uploaded files=(\d+)",
+                            line or "")
+            c.check(got is not None and int(got.group(1)) == len(paths) and
+                    int(got.group(2)) == len([p for p in paths
+                                              if p.startswith("rank-0/")]),
+                    "rank 0's commit line counts the manifest's files, then "
+                    "its own", line)
             # rank-K/<attempt>/<path>.zst (store.h: per-attempt keys), or
             # a small file's pack rank-K/<attempt>/packs/pack-N.pack
             c.check(len(fkeys) == len(want) and
@@ -217,8 +225,8 @@ def main():
                             env={"AWS_EC2_METADATA_DISABLED": "true"})
             rc = bad.wait_exit(60)
             line = bad.wait_log(r"committed by 2 ranks and this job runs 3", 5)
-            c.check(rc == 71 and line is not None and "--reshard" in line,
-                    "nranks 3 after a 2-rank commit: refused, exit 71 (%s)" % rc,
+            c.check(rc == 65 and line is not None and "--reshard" in line,
+                    "nranks 3 after a 2-rank commit: refused, exit 65 (%s)" % rc,
                     line)
             lst = os.path.join(wd, "reshard.txt")
             rs = sl.Daemon(os.path.join(wd, "reshard"), store, job,

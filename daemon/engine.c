@@ -602,6 +602,8 @@ spotd_start(struct spotd *d)
   int r;
 
   d->exit_code = -1;
+  d->steps.step = -1;
+  d->steps.rate = -1;
   d->start_wall_ms = spot_now_wall_ms();
   uv_timer_init(d->loop, &d->interval_timer);
   uv_timer_init(d->loop, &d->ckpt_timer);

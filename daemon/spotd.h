@@ -326,6 +326,14 @@ struct spotd {
   /* the trainer and its checkpoints */
   struct spot_child trainer;
   bool trainer_started;
+  /* The trainer's step reports (control "step"), for `spotctl status`:
+   * the rate is measured over at least STEPS_RATE_MS between reports. */
+  struct {
+    int64_t step; /* -1: none reported */
+    int64_t ref_step;
+    uint64_t ref_ms;
+    double rate; /* steps per second, -1 until measured */
+  } steps;
   struct restore_op restore;
   struct restarts restarts;
   char resume_dir[4200];
@@ -418,6 +426,8 @@ void spotd_close(struct spotd *d);
 /* Milliseconds to the drain's deadline (UINT64_MAX: none). */
 uint64_t spotd_ms_left(const struct spotd *d);
 json_t *spotd_status_json(struct spotd *d);
+/* status.c: a step the trainer reported. */
+void status_step(struct spotd *d, int64_t step);
 
 /* upload.c: checkpoint requests, uploads, the final checkpoint rule */
 void spotd_request_checkpoint(struct spotd *d, const char *why);

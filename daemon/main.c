@@ -72,14 +72,14 @@ usage(FILE *f)
              "without spotd's systemd variables.\n"
              "Exit status: the trainer's; 0 after SIGTERM with the final "
              "checkpoint committed;\n64 a bad command line; 65 the store's "
-             "checkpoints cannot be used; 69 the store\nor the job lease is "
-             "not available (or the last checkpoint could not be committed);"
-             "\n70 --max-restarts used up; 71 spotd's own failure; 73 the "
-             "lease lost; 74 a local\nI/O error at restore; 75 after a "
-             "handled preemption (a committed checkpoint to\nresume from); 76 "
-             "after a notice with nothing committed; 78 a bad config;\n127 "
-             "the command could not be started; 128+N after signal N without "
-             "a final\ncommit (README \"Exit status\").\n");
+             "checkpoints cannot be used; 69 the\nstore or the job lease is "
+             "not available, or the last checkpoint could not be\ncommitted; "
+             "70 --max-restarts used up; 71 spotd's own failure; 73 the lease"
+             "\nlost; 74 a local I/O error at restore; 75 after a handled "
+             "preemption (a\ncommitted checkpoint to resume from); 76 after a "
+             "notice with nothing\ncommitted; 78 a bad config; 127 the command "
+             "could not be started; 128+N\nafter signal N without a final "
+             "commit (README \"Exit status\").\n");
 }
 
 static void

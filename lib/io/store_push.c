@@ -447,8 +447,9 @@ finish(struct push_op *op)
   res.files = op->nfiles - op->npacks;
   res.raw_bytes = op->b.raw_total;
   res.stored_bytes = op->manifest != NULL ? op->manifest->total_stored : 0;
-  if (op->ranks.state == RANKS_MERGED) { /* files, raw_bytes: this rank's */
+  if (op->ranks.state == RANKS_MERGED) /* files, raw_bytes: this rank's */
     res.stored_bytes = op->ranks.own_stored;
+  if (op->ranks.state == RANKS_MERGED && op->manifest != NULL) {
     res.ckpt_files = op->manifest->nfiles;
     res.ckpt_raw_bytes = op->manifest->total_raw;
     res.ckpt_stored_bytes = op->manifest->total_stored;

@@ -159,7 +159,7 @@ decide_exit(struct spotd *d)
   char when[32] = "";
 
   if (last != NULL)
-    spot_rfc3339_format(d->last_commit_wall, when, sizeof(when));
+    spot_rfc3339_format(d->last_commit_made, when, sizeof(when));
   if (d->state == SPOTD_FINISHING) {
     /* The trainer exited by itself: its status, unless it succeeded and
      * its last checkpoint could not be committed. */
@@ -178,7 +178,7 @@ decide_exit(struct spotd *d)
       log_err("the trainer finished but checkpoint %s could not be "
               "committed; the last committed checkpoint is %s",
               d->up.failed, last ? last : "none");
-      d->exit_code = SPOTD_EXIT_ERROR;
+      d->exit_code = SPOTD_EXIT_UNAVAILABLE;
     }
     return;
   }
@@ -672,6 +672,8 @@ spotd_start(struct spotd *d)
   int r;
 
   d->exit_code = -1;
+  d->steps.step = -1;
+  d->steps.rate = -1;
   d->start_wall_ms = spot_now_wall_ms();
   uv_timer_init(d->loop, &d->interval_timer);
   uv_timer_init(d->loop, &d->ckpt_timer);

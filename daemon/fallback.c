@@ -117,7 +117,7 @@ list_cb(const struct spot_store_list_result *res, void *data)
     return;
   if (res->err < 0) {
     log_err("restore: listing the job's checkpoints: %s", res->message);
-    restore_failed(d, SPOTD_EXIT_ERROR);
+    restore_failed(d, SPOTD_EXIT_UNAVAILABLE);
     return;
   }
   d->fb.ncands = 0;

@@ -145,7 +145,9 @@ acquired_cb(const struct spot_lease_info *i, void *data)
       log_err("job lease: %s",
               i->message && i->message[0] ? i->message : strerror(-i->err));
     }
-    spotd_fail(d, SPOTD_EXIT_ERROR);
+    /* Held elsewhere, waited past --lease-wait, or the store refused the
+     * lease: not spotd's own failure. */
+    spotd_fail(d, SPOTD_EXIT_UNAVAILABLE);
     return;
   }
   set_state(d, JOB_LEASE_HELD);

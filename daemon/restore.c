@@ -2,7 +2,7 @@
  *
  *   CONNECTING  credentials and the S3 client
  *   PROBING     the store check (probe.c): write, read, delete under the
- *               job root, or exit 1 with one line
+ *               job root, or exit 69 with one line
  *   LEASING     the job lease (lease.c): wait while another node holds
  *               it, then take it (rank 0 only in a multi-node job)
  *   RESUMING    a push a killed spotd left (journal.c), finished first so
@@ -10,7 +10,7 @@
  *   RESTORING   the newest committed checkpoint into CKPT_DIR/NAME
  *   COUNTING    the store's RESTARTS (restarts.c)
  *   JOINING     a multi-node job outside Slurm: the run id (runjoin.c)
- *   DONE        then spotd_launch(); or FAILED (exit 1) or CANCELLED
+ *   DONE        then spotd_launch(); or FAILED (spotd_fail()) or CANCELLED
  *
  * A restore that fails on the local disk (res->local: no space, read-only,
  * no permission) ends the start with exit 74 and one line with the bytes
@@ -137,9 +137,9 @@ fail_code(struct spotd *d, int exit_code)
 }
 
 static void
-fail(struct spotd *d)
+fail(struct spotd *d, int exit_code)
 {
-  fail_code(d, SPOTD_EXIT_ERROR);
+  fail_code(d, exit_code);
 }
 
 static void
@@ -162,7 +162,7 @@ restore_joined(struct spotd *d, int err)
     return;
   }
   if (err < 0) {
-    fail(d);
+    fail(d, SPOTD_EXIT_UNAVAILABLE); /* the store could not be listed */
     return;
   }
   done(d);
@@ -245,6 +245,10 @@ restore_place(struct spotd *d, const struct spot_store_result *res)
                  sizeof(d->store.latest_damaged));
   }
   d->last_commit_wall = spot_now_wall_ms();
+  /* The restored checkpoint was committed by an earlier run: the last
+   * line names that time, not this restore's. */
+  d->last_commit_made =
+      res->created_ms > 0 ? res->created_ms : d->last_commit_wall;
   watch_mark_known(d, res->name);
   hist_restored(d, res);
   return 0;
@@ -298,7 +302,7 @@ restore_finished(struct spotd *d, const struct spot_store_result *res)
     if (fallback_damage(res) && fallback_next(d, res))
       return;
     log_err("restore failed: %s", res->message);
-    fail(d);
+    fail(d, SPOTD_EXIT_ERROR);
     return;
   }
   if (restore_place(d, res) < 0) {
@@ -333,7 +337,7 @@ begin_restore(struct spotd *d)
   if (r < 0) {
     d->restore.op = NULL;
     log_err_errno(r, "restore");
-    fail(d);
+    fail(d, SPOTD_EXIT_ERROR);
   }
 }
 
@@ -391,7 +395,7 @@ aws_ready_cb(int err, const char *msg, void *data)
     return;
   if (err < 0) {
     log_err("%s", msg[0] ? msg : strerror(-err));
-    fail(d);
+    fail(d, SPOTD_EXIT_ERROR);
     return;
   }
   memset(&sc, 0, sizeof(sc));
@@ -399,7 +403,7 @@ aws_ready_cb(int err, const char *msg, void *data)
   r = spot_s3_new(d->http, &sc, &d->s3);
   if (r < 0) {
     log_err_errno(r, "S3 client");
-    fail(d);
+    fail(d, SPOTD_EXIT_ERROR);
     return;
   }
   d->store.s3 = d->s3;
@@ -414,7 +418,8 @@ restore_probed(struct spotd *d, int err)
   if (d->closing)
     return;
   if (err < 0) {
-    fail(d);
+    /* The probe said why in one line: the store is not available. */
+    fail(d, SPOTD_EXIT_UNAVAILABLE);
     return;
   }
   set_state(d, RESTORE_LEASING);

@@ -49,26 +49,37 @@
 #define SPOTD_WATCH_MAX 64 /* subfolders watched for SPOTD_COMPLETE */
 #define SPOTD_COMPLETE "SPOTD_COMPLETE"
 
-/* Exit statuses (README "Exit status"). */
-#define SPOTD_EXIT_ERROR 1
+/* Exit statuses (README "Exit status"). Apart from the trainer's own
+ * status (mirrored) and a signal's 128+N, spotd's statuses lie in the
+ * sysexits range, so a trainer's usual 1 or 2 is never taken for one. */
+/* A bad command line: an unknown option, no training command (EX_USAGE). */
+#define SPOTD_EXIT_USAGE 64
+/* The store's data cannot be used: no committed checkpoint verifies, or
+ * it was written by another rank count (EX_DATAERR). */
+#define SPOTD_EXIT_DATAERR 65
+/* The store or the job lease is not available: the lease held elsewhere
+ * (--no-lease-wait, --lease-wait), the store unusable at start, or the
+ * trainer's last checkpoint not committed (EX_UNAVAILABLE). */
+#define SPOTD_EXIT_UNAVAILABLE 69
+/* The trainer kept failing: --max-restarts used up (EX_SOFTWARE). */
+#define SPOTD_EXIT_SOFTWARE 70
+/* Any other failure of spotd itself (EX_OSERR). */
+#define SPOTD_EXIT_ERROR 71
+/* The job lease was lost while running (another node took it over):
+ * nothing more was committed, the trainer was stopped (README). */
+#define SPOTD_EXIT_LEASE_LOST 73
+/* A local I/O error while restoring into the checkpoint folder: no space,
+ * quota, read-only, permission, EIO (EX_IOERR). */
+#define SPOTD_EXIT_IOERR 74
 /* A preemption handled: the final checkpoint (or, said in the last line,
  * an earlier one) is committed: resume later (EX_TEMPFAIL). */
 #define SPOTD_EXIT_PREEMPTED 75
 /* A notice came and no checkpoint of the job is committed at all. */
 #define SPOTD_EXIT_NOTHING_SAVED 76
-/* The job lease was lost while running (another node took it over):
- * nothing more was committed, the trainer was stopped (README). */
-#define SPOTD_EXIT_LEASE_LOST 73
-/* The trainer kept failing and --max-restarts were used up (EX_SOFTWARE). */
-#define SPOTD_EXIT_SOFTWARE 70
+/* A bad config file or option value (EX_CONFIG). */
+#define SPOTD_EXIT_CONFIG 78
 /* The training command could not be started. */
 #define SPOTD_EXIT_NO_COMMAND 127
-/* The store's data cannot be used (EX_DATAERR): no committed checkpoint
- * verifies, or the checkpoint's rank count is not this job's --nranks. */
-#define SPOTD_EXIT_DATAERR 65
-/* The local disk failed the restore (EX_IOERR): no space, a quota, a
- * read-only or unwritable --ckpt-dir, an I/O error. The store is fine. */
-#define SPOTD_EXIT_IOERR 74
 
 enum spotd_state {
   SPOTD_INIT,
@@ -139,6 +150,9 @@ struct upload {
   char name[256];
   char waiting[256];
   uint64_t log_ms; /* last progress line, ms into the upload */
+  /* ms into the upload when all the trainer had written was uploaded and
+   * its SPOTD_COMPLETE marker had not come yet; 0: not waiting */
+  uint64_t marker_wait_ms;
   uint64_t done_bytes, total_bytes;
   double rate;
   double last_bps; /* raw bytes/s of the last push */
@@ -360,6 +374,14 @@ struct spotd {
   /* the trainer and its checkpoints */
   struct spot_child trainer;
   bool trainer_started;
+  /* The trainer's step reports (control "step"), for `spotctl status`:
+   * the rate is measured over at least STEPS_RATE_MS between reports. */
+  struct {
+    int64_t step; /* -1: none reported */
+    int64_t ref_step;
+    uint64_t ref_ms;
+    double rate; /* steps per second, -1 until measured */
+  } steps;
   struct restore_op restore;
   struct restarts restarts;
   struct crash_restart crash;
@@ -392,7 +414,9 @@ struct spotd {
 
   /* last commit */
   char last_commit[256];
-  int64_t last_commit_wall;
+  int64_t last_commit_wall; /* committed, or restored, by this spotd */
+  int64_t last_commit_made; /* when last_commit was committed (a restored
+                               one: its manifest's time) */
   /* the checkpoint restored at startup ("" none) */
   char restored_name[256];
 
@@ -454,6 +478,8 @@ void spotd_close(struct spotd *d);
 /* Milliseconds to the drain's deadline (UINT64_MAX: none). */
 uint64_t spotd_ms_left(const struct spotd *d);
 json_t *spotd_status_json(struct spotd *d);
+/* status.c: a step the trainer reported. */
+void status_step(struct spotd *d, int64_t step);
 
 /* upload.c: checkpoint requests, uploads, the final checkpoint rule */
 void spotd_request_checkpoint(struct spotd *d, const char *why);

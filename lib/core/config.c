@@ -281,10 +281,10 @@ static const struct key_def keys[] = {
     {"lease-wait", T_STRING, OFF(lease_wait), "SEC|forever", NULL, "forever",
      "forever", 0, 0, NULL, check_lease_wait, 0,
      "How long to wait for the job lease another node holds before giving "
-     "up (exit 1); `spotctl status` names the holder meanwhile."},
+     "up (exit 69); `spotctl status` names the holder meanwhile."},
     {"no-lease-wait", T_BOOL, OFF(no_lease_wait), NULL, "false", NULL, NULL, 0,
      0, NULL, NULL, 0,
-     "Refuse at once (exit 1, naming the holder and its expiry) when "
+     "Refuse at once (exit 69, naming the holder and its expiry) when "
      "another node holds the job lease."},
     {"socket", T_STRING, OFF(socket), "PATH", NULL,
      "$RUNTIME_DIRECTORY/spotd.sock or ./spotd.sock", "/run/spotd/spotd.sock",

@@ -194,6 +194,9 @@ struct spot_store_progress {
   uint64_t elapsed_ms;
   unsigned retries;
   unsigned parallel; /* transfers allowed in flight now (0: not started) */
+  /* push following a folder (cfg follow): SPOT_STORE_MARKER not seen yet,
+   * so raw_total is only what the trainer wrote so far */
+  bool marker_pending;
 };
 
 struct spot_store_result {
@@ -213,7 +216,10 @@ struct spot_store_result {
   /* restore: the whole checkpoint's bytes and the rank count that
    * committed it (cfg nranks > 0); files, raw_bytes and stored_bytes above
    * are what this rank restored (multi-node: its rank-K/ and shared
-   * files). */
+   * files). push by rank 0 of a multi-node job: ckpt_files and the bytes
+   * are the merged manifest's (every rank's), the fields above this
+   * rank's own upload; 0 for any other push. */
+  uint64_t ckpt_files;
   uint64_t ckpt_raw_bytes, ckpt_stored_bytes;
   unsigned ckpt_nranks;
   /* restore: err came from the local disk, not from the store: no
@@ -224,6 +230,8 @@ struct spot_store_result {
    * not fit fails this way before anything is fetched. */
   bool local;
   uint64_t need_bytes, free_bytes;
+  int64_t created_ms; /* restore: when the checkpoint was committed (its
+                         manifest's "created"), 0 if unknown */
 };
 
 struct spot_store_entry {

@@ -91,6 +91,7 @@ struct spot__store_op {
 
   uint64_t start_ms;
   uint64_t raw_total, raw_done, stored_done;
+  bool marker_pending; /* push: following, SPOT_STORE_MARKER not seen */
   unsigned retries;
   uv_timer_t progress_timer;
   /* Every second: the op's deadline (deadline_ms, 0 = none) and each

@@ -192,6 +192,7 @@ finish(struct restore_op *op)
   res.ckpt_raw_bytes = op->m != NULL ? op->ckpt_raw : 0;
   res.ckpt_stored_bytes = op->m != NULL ? op->ckpt_stored : 0;
   res.ckpt_nranks = op->ckpt_nranks;
+  res.created_ms = op->m != NULL ? op->m->created_ms : 0;
   spot__store_finish(&op->b, &res);
 }
 

@@ -155,6 +155,14 @@ def main():
                     "rank-1/step"]
             c.check(paths == want, "MANIFEST.json lists both ranks' files",
                     repr(paths))
+            line = d0.wait_log(r"committed checkpoint name=%s files=" % name, 5)
+            got = re.search(r"files=(\d+) .*; rank 0 uploaded files=(\d+)",
+                            line or "")
+            c.check(got is not None and int(got.group(1)) == len(paths) and
+                    int(got.group(2)) == len([p for p in paths
+                                              if p.startswith("rank-0/")]),
+                    "rank 0's commit line counts the manifest's files, then "
+                    "its own", line)
             # rank-K/<attempt>/<path>.zst (store.h: per-attempt keys), or
             # a small file's pack rank-K/<attempt>/packs/pack-N.pack
             c.check(len(fkeys) == len(want) and

@@ -2,9 +2,9 @@
 restores the newest checkpoint that verifies, starts the trainer from it,
 and `spotctl status --json` shows a warning naming the bad checkpoint and
 "restored" naming the one restored. With every commit damaged it exits 65
-instead of starting from scratch. A checkpoint of another rank count
-(--nranks) is not damage: exit 65 with a line saying both counts, nothing
-older tried."""
+(the store's data cannot be used) instead of starting from scratch. A
+checkpoint of another rank count (--nranks) is not damage: exit 65 with a
+line saying both counts, nothing older tried."""
 import json
 import os
 import signal

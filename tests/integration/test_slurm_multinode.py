@@ -66,12 +66,12 @@ echo "batch end run=$run"
 
 
 class Emulator(sl.EmulatorProc):
-    """`spotctl emulate --provider aws` on the cluster's bridge address,
+    """`spotd-emulate --provider aws` on the cluster's bridge address,
     which the nodes' namespaces reach."""
 
     def __init__(self, bind):  # noqa: super().__init__ insists on 127.x
         self.p = subprocess.Popen(
-            [sl.spotctl_exe(), "emulate", "--provider", "aws", "--port", "0",
+            [sl.spotd_emulate_exe(), "--provider", "aws", "--port", "0",
              "--bind", bind], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         sl._STARTED.append(self.p)
         self.out = sl.LineLog(self.p.stdout, "[emulate] ")

@@ -7,7 +7,7 @@ three nodes, each `srun spotd run ... -- python3 train_ddp.py` (PyTorch
 DDP, gloo, one process per node, MASTER_ADDR = node1's namespace address,
 the Python helper `spotd`):
   - the reference job runs uninterrupted (no metadata);
-  - the preempted job's spotd on node K watches its own `spotctl emulate`
+  - the preempted job's spotd on node K watches its own spotd-emulate
     (on the cluster's bridge address, reachable from the namespaces) and
     relaunches with `spotctl relaunch --backend slurm`.
 Once the preempted job trains, only node2's emulator publishes a notice.

@@ -51,8 +51,8 @@ spotctl_cmd_forward(int argc, char **argv)
     err = errno;
   }
   if (err == ENOENT)
-    return spotctl_fail("%s: %s not found beside spotctl (%s) nor on PATH; "
-                        "install it with spotctl",
+    return spotctl_fail("%s: %s not found beside spotctl (in %s) nor on "
+                        "PATH; install it with spotctl",
                         name, prog, n > 0 ? self : "?");
   return spotctl_fail("%s: cannot run %s: %s", name, prog, strerror(err));
 }

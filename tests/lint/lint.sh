@@ -5,8 +5,8 @@
 set -uo pipefail
 check=$1 src=$2 build=$3
 cd "$src"
-mapfile -t csrc < <(git ls-files 'lib/*.c' 'daemon/*.c' 'client/*.c' 2>/dev/null ||
-  find lib daemon client -name '*.c')
+mapfile -t csrc < <(git ls-files 'lib/*.c' 'daemon/*.c' 'client/*.c' 'emulate/*.c' 2>/dev/null ||
+  find lib daemon client emulate -name '*.c')
 mapfile -t allc < <(git ls-files '*.c' '*.h' 2>/dev/null | grep -v '^tests/fuzz/corpus/')
 
 case "$check" in
@@ -52,6 +52,17 @@ layers)
   pat+=')[>"]'
   if grep -nE "$pat" lib/core/*.c lib/core/*.h; then
     echo "lib/core must not include libuv, libcurl or lib/io headers"
+    exit 1
+  fi
+  # The client runs on every training node: no HTTP server, no emulator
+  # code (that is spotd-emulate, emulate/, which spotctl only execs), and
+  # the emulator stands on lib/ alone, not on the client's files.
+  if grep -nE '#include [<"](microhttpd\.h|emulate[a-z_]*\.h)[>"]' client/*.c client/*.h; then
+    echo "client/ must not include the HTTP server or emulate/ headers"
+    exit 1
+  fi
+  if grep -nE '#include "(spotctl|relaunch_cloud)\.h"' emulate/*.c emulate/*.h; then
+    echo "emulate/ must not include client/ headers"
     exit 1
   fi
   ;;

@@ -339,10 +339,7 @@ static void
 claimed(struct spotd *d, bool run_it)
 {
   d->fan.claim_state = run_it ? FANOUT_CLAIM_WON : FANOUT_CLAIM_LOST;
-  if (run_it && relaunch_start(d) == 0)
-    return;
-  spotd_set_state(d, SPOTD_STOPPING);
-  spotd_advance(d);
+  spotd_relaunch_claimed(d, run_it);
 }
 
 static void

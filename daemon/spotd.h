@@ -465,6 +465,14 @@ void spotd_warn(struct spotd *d, const char *fmt, ...)
 void spotd_on_signal(struct spotd *d, int signum);
 /* Something the engine waits on changed: move on if it can. */
 void spotd_advance(struct spotd *d);
+/* Events of the sub-operations; the engine decides what follows.
+ * fanout.c: the job-wide relaunch claim is decided (run_it: this rank
+ * runs the step). relaunch.c: the relaunch step ended (or never started).
+ * lease.c: the job lease is lost: uploads are cancelled, the trainer is
+ * frozen and killed, and spotd exits 73. */
+void spotd_relaunch_claimed(struct spotd *d, bool run_it);
+void spotd_relaunch_ended(struct spotd *d);
+void spotd_lease_lost(struct spotd *d);
 /* The startup is done: start the trainer (or not, after a notice). */
 void spotd_launch(struct spotd *d);
 /* RESTARTING, the checkpoint in place: start the trainer again. */

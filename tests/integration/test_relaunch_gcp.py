@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""spotctl relaunch --backend gcp (issue 16) against `spotctl emulate
+"""spotctl relaunch --backend gcp (README "Relaunch on AWS / GCP") against `spotctl emulate
 --provider gcp` (metadata server + the compute v1 API; bearer tokens the
 metadata server issued are required), the store on the real Ceph.
 

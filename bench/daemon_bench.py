@@ -18,8 +18,8 @@ project and starts and stops the local Ceph RGW (tests/s3server.sh).
      upload+commit   -> "committed checkpoint name=NAME"
    Then the same checkpoint folder alone with `spotctl push`, with
    `tar | zstd -T0 -1 | aws s3 cp -` and with `aws s3 cp --recursive`.
-   The server is warmed with one upload first (VERIFIED.md: the first is
-   25-40% slower). Median of --runs runs.
+   The server is warmed with one upload first (measured against Ceph:
+   the first is 25-40% slower). Median of --runs runs.
 2. Idle cost: spotd with `sleep 100000` as the trainer, polling the AWS
    emulator at its default 1 Hz, for --idle-minutes: VmRSS (and RssAnon,
    RssFile) from /proc/PID/status and utime+stime from /proc/PID/stat

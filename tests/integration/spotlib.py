@@ -129,7 +129,7 @@ def store_env():
 
     With SPOT_TEST_FAKE_S3=1 the server is fakes3.FakeS3 in this process
     (loopback, in memory): the quick loop of the daemon's state-machine
-    tests, which do not need S3 semantics (README "Tests")."""
+    tests, which do not need S3 semantics (README "Building and testing")."""
     global _FAKE_S3
     if os.environ.get("SPOT_TEST_FAKE_S3") == "1" and _FAKE_S3 is None:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""spotctl relaunch --backend aws (issue 16) against `spotd-emulate
+"""spotctl relaunch --backend aws (README "Relaunch on AWS / GCP") against
+`spotd-emulate
 --provider aws` (IMDS + the EC2 Query API, SigV4 checked by the emulator
 with the same keys as the real Ceph store).
 

@@ -11,8 +11,10 @@ mapfile -t allc < <(git ls-files '*.c' '*.h' 2>/dev/null | grep -v '^tests/fuzz/
 
 case "$check" in
 banned)
-  # STYLE.md: no strcpy, strcat, sprintf, atoi, strtok, system, signal,
-  # curl_easy_perform in our code.
+  # Banned in our C code: unbounded writes (strcpy, strcat, sprintf),
+  # conversions that hide errors (atoi), hidden state (strtok), a shell or a
+  # process-wide disposition (system, signal) and a transfer that blocks the
+  # loop (curl_easy_perform).
   # String literals and comments are blanked first, so prose may name them.
   rc=0
   for f in "${allc[@]}"; do
@@ -23,7 +25,7 @@ banned)
     fi
   done
   if [ $rc -ne 0 ]; then
-    echo "banned functions used (see STYLE.md)"
+    echo "banned functions used (the list is in tests/lint/lint.sh)"
     exit 1
   fi
   # No bare assert in the Python tests: python -O (PYTHONOPTIMIZE) drops

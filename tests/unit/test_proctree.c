@@ -122,7 +122,7 @@ wait_until_file(const char *path)
 {
   struct timespec ts = {0, 10 * 1000 * 1000};
 
-  for (int i = 0; i < 500 && access(path, F_OK) != 0; i++)
+  for (int i = 0; i < 3000 && access(path, F_OK) != 0; i++) /* 30 s */
     nanosleep(&ts, NULL);
   assert_int_equal(access(path, F_OK), 0);
 }

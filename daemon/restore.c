@@ -89,6 +89,7 @@ cancelled(struct spotd *d)
 static void
 fail(struct spotd *d)
 {
+  hist_refused(d, "restore");
   set_state(d, RESTORE_FAILED);
   spotd_fail(d, SPOTD_EXIT_ERROR);
 }

@@ -455,6 +455,10 @@ take_lease(struct spot_hist_summary *s, struct spot_hist_node *r, struct acc *a,
               strcmp(e->action, "failed") == 0)) {
     a->lease_closed = true;
     r->lease_wait_ms = max64(0, e->time_ms - r->lease_from_ms);
+    /* Nothing trains while it waits: a fresh start (no restore follows)
+     * trains from here. */
+    if (r->restore_from_ms < 0)
+      r->train_start_ms = max64(r->train_start_ms, e->time_ms);
   }
 }
 
@@ -743,8 +747,9 @@ close_run(struct work *w, size_t k)
     first = false;
     run->start_ms = nd->start_ms < run->start_ms ? nd->start_ms : run->start_ms;
     run->end_ms = max64(run->end_ms, nd->end_ms);
+    /* The ranks train together: from when the last of them is ready. */
     if (nd->outcome != SPOT_HIST_REFUSED) {
-      if (!trained_any || nd->train_start_ms < run->train_start_ms)
+      if (!trained_any || nd->train_start_ms > run->train_start_ms)
         run->train_start_ms = nd->train_start_ms;
       trained_any = true;
     }

@@ -147,7 +147,7 @@ struct spot_hist_node {
   int64_t lease_wait_ms;   /* lease "waiting" -> "held"/"failed", 0 none */
   int64_t lease_from_ms;   /* when that wait began (-1 none) */
   int64_t restore_from_ms; /* restore begun (-1 nothing restored) */
-  int64_t train_start_ms;  /* after the restore */
+  int64_t train_start_ms;  /* after the restore (or the lease wait) */
   int64_t end_ms;          /* run_end, else the owner's last event */
   enum spot_hist_outcome outcome;
   const char *refused; /* outcome REFUSED: why, e.g. "lease-held" */
@@ -177,9 +177,12 @@ struct spot_hist_run {
   const char *run_id; /* "" single node */
   size_t nnodes;      /* nodes with node.run == this run's index */
   const char *owner, *host, *restored, *notice_kind; /* its first node's */
-  int64_t start_ms, train_start_ms, end_ms; /* earliest, earliest, latest */
-  enum spot_hist_outcome outcome;           /* preempted > crashed > running >
-                                               stopped > exited > refused */
+  int64_t start_ms;                                  /* the earliest node's */
+  int64_t train_start_ms;         /* the last node ready to train (ranks train
+                                     together) */
+  int64_t end_ms;                 /* the latest node's */
+  enum spot_hist_outcome outcome; /* preempted > crashed > running >
+                                     stopped > exited > refused */
   const char *refused;
   bool noticed;
   int64_t notice_ms;

@@ -467,9 +467,10 @@ test_multinode_runs(void **state)
   assert_string_equal(s.runs[0].run_id, "job.0");
   assert_int_equal(s.runs[0].outcome, SPOT_HIST_PREEMPTED);
   assert_int_equal(s.runs[1].outcome, SPOT_HIST_EXITED);
-  /* The job trained 0..700 s and 1100..2000 s of its 2000 s. */
+  /* The job trained from when its last rank was ready: 1..700 s and
+   * 1100..2000 s of its 2000 s. */
   assert_true(s.wall_ms == S(2000));
-  assert_true(s.train_ms == S(700) + S(900));
+  assert_true(s.train_ms == S(699) + S(900));
   assert_true(s.train_ms <= s.wall_ms);
   /* Both nodes cost: 2 x 700 s, then 2 x ~1000 s. */
   assert_true(s.node_ms == S(700) + S(699) + S(998) + S(997));
@@ -483,7 +484,7 @@ test_multinode_runs(void **state)
     assert_int_equal(s.nodes[i].rank, (int64_t)(i % 2));
   }
   /* On demand, each rank needs its own node. */
-  assert_float_equal(s.cost_on_demand, 2.0 * (1600.0 - 202.0) / 3600.0 * 3.0,
+  assert_float_equal(s.cost_on_demand, 2.0 * (1599.0 - 202.0) / 3600.0 * 3.0,
                      1e-9);
   spot_hist_summary_fini(&s);
 
@@ -591,6 +592,16 @@ test_lease_wait(void **state)
   assert_true(s.runs[0].lease_wait_ms == S(60));
   assert_true(s.lease_wait_ms == S(60));
   assert_float_equal(s.runs[0].restore_s, 10.0, 1e-9);
+  spot_hist_summary_fini(&s);
+
+  /* A fresh start (nothing to restore) trains once it holds the lease. */
+  ev[3] = ev[4];
+  n = 4;
+  assert_int_equal(spot_hist_summarize(ev, n, 0, 0, &s), 0);
+  assert_true(s.nodes[0].restore_from_ms == -1);
+  assert_true(s.nodes[0].train_start_ms == T0 + S(65));
+  assert_true(s.train_ms == S(35));
+  assert_true(s.lease_wait_ms == S(60));
   spot_hist_summary_fini(&s);
 }
 

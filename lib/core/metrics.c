@@ -147,8 +147,9 @@ get_series(struct family *f, const char *const *labels, bool create,
   char *key = NULL;
   int r = render_labels(f, labels, &key);
 
-  if (r < 0)
-    return r;
+  /* (key is set whenever r is 0; the analyzer cannot tell.) */
+  if (r < 0 || key == NULL)
+    return r < 0 ? r : -ENOMEM;
   for (size_t i = 0; i < f->nseries; i++)
     if (strcmp(f->series[i].labels, key) == 0) {
       free(key);

@@ -530,10 +530,10 @@ static const char *
 outcome(const struct spotd *d)
 {
   /* Never started: a refusal (lease, restore, command), whatever the exit
-   * status says; a notice or a SIGTERM before the start stays what it
+   * status says; a notice or a signal before the start stays what it
    * is. */
   if (!d->trainer_started && !d->have_notice && !d->drain_sigterm)
-    return "refused";
+    return d->signals_seen > 0 ? "stopped" : "refused";
   if (d->have_notice && !d->drain_sigterm)
     return "preempted";
   if (d->drain_sigterm)

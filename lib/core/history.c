@@ -590,9 +590,24 @@ has_rank(const struct spot_hist_summary *s, size_t run, int64_t rank)
   return false;
 }
 
+/* Whether node i started while a node of run k was still alive. */
+static bool
+overlaps(const struct work *w, size_t k, size_t i)
+{
+  const struct spot_hist_summary *s = w->s;
+
+  for (size_t j = 0; j < i; j++)
+    if (s->nodes[j].run == k && s->nodes[i].start_ms <= w->accs[j].last_ms)
+      return true;
+  return false;
+}
+
 /* Puts every node into a run: the ranks of one multi-node run share its
  * run id. A run id seen again with a rank it already has is a new run
- * (the same id reused by a later start). */
+ * (the same id reused by a later start). Without --run-id or Slurm the id
+ * comes from the RESTARTS count, which ranks read at slightly different
+ * times and may see differently: a rank the newest multi-node run lacks,
+ * started while that run's nodes were alive, is one of its nodes too. */
 static int
 group_nodes(struct work *w)
 {
@@ -600,7 +615,7 @@ group_nodes(struct work *w)
 
   for (size_t i = 0; i < s->nnodes; i++) {
     struct spot_hist_node *nd = &s->nodes[i];
-    size_t run = SIZE_MAX;
+    size_t run = SIZE_MAX, last = s->nruns - 1;
 
     if (nd->run_id[0] != '\0')
       for (size_t k = s->nruns; k-- > 0;)
@@ -609,6 +624,10 @@ group_nodes(struct work *w)
             run = k;
           break;
         }
+    if (run == SIZE_MAX && nd->run_id[0] != '\0' && s->nruns > 0 &&
+        s->runs[last].run_id[0] != '\0' && !has_rank(s, last, nd->rank) &&
+        overlaps(w, last, i))
+      run = last;
     if (run == SIZE_MAX) {
       if (s->nruns == w->runs_alloc) {
         size_t na = w->runs_alloc ? w->runs_alloc * 2 : 8;

@@ -496,6 +496,18 @@ test_multinode_runs(void **state)
   assert_int_equal(s.nruns, 2);
   assert_int_equal(s.preemptions, 1);
   spot_hist_summary_fini(&s);
+
+  /* Ranks that read different RESTARTS counts (no --run-id): rank 1 of
+   * the second run says r2, rank 0 r1; they ran together, one run. */
+  n = two_nodes(ev, "r1");
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(ev[i].owner, "b1") == 0 && ev[i].type == SPOT_HIST_RUN_START)
+      SPOT_HIST_SET(&ev[i], run, "r2");
+  spot_hist_sort(ev, n);
+  assert_int_equal(spot_hist_summarize(ev, n, 0, 0, &s), 0);
+  assert_int_equal(s.nruns, 2);
+  assert_int_equal(s.runs[1].nnodes, 2);
+  spot_hist_summary_fini(&s);
 }
 
 /* A start refused because another node holds the job lease: a refused

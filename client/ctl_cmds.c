@@ -248,7 +248,8 @@ print_status(const struct spot_proto_status *st)
     printf("warning:      %s\n", E(st->warnings[i]));
 }
 
-/* The optional "lease" and "restored" members (lib spotd's status). */
+/* The optional "lease", "restored" and "restarts" members (lib spotd's
+ * status). */
 static void
 print_lease(json_t *res)
 {
@@ -258,9 +259,25 @@ print_lease(json_t *res)
   const char *holder = json_string_value(json_object_get(l, "holder"));
   const char *until = json_string_value(json_object_get(l, "expires"));
   const char *restored = json_string_value(json_object_get(res, "restored"));
+  json_t *rs = json_object_get(res, "restarts");
 
   if (restored != NULL)
     printf("restored:     %s\n", E(restored));
+  if (json_is_object(rs)) {
+    json_t *ls = json_object_get(rs, "last_status");
+    json_t *sg = json_object_get(rs, "last_signal");
+
+    printf("restarts:     %" PRId64 " of %" PRId64 " used",
+           (int64_t)json_integer_value(json_object_get(rs, "used")),
+           (int64_t)json_integer_value(json_object_get(rs, "max")));
+    if (json_is_integer(sg))
+      printf(" (last failure: signal %" PRId64 ")",
+             (int64_t)json_integer_value(sg));
+    else if (json_is_integer(ls))
+      printf(" (last failure: status %" PRId64 ")",
+             (int64_t)json_integer_value(ls));
+    printf("\n");
+  }
   if (state == NULL)
     return;
   if (strcmp(state, "waiting") == 0 && holder != NULL)

@@ -273,6 +273,10 @@ print_summary(const char *job, const struct spot_hist_summary *s)
          train_s > 0 ? 100.0 * s->save_s / train_s : 0.0, s->upload_s);
   printf("  %-16s %u (%u failed)\n", "relaunches", s->relaunches,
          s->relaunch_failures);
+  if (s->restarts > 0)
+    printf("  %-16s %u (the trainer failed and was started again in "
+           "place)\n",
+           "trainer restarts", s->restarts);
   if (s->priced)
     printf("  %-16s spot %.2f (%s of nodes at %.3f/h) vs on-demand %.2f "
            "(%s of useful training at %.3f/h): %s %.2f (%.0f%%)\n",

@@ -5,6 +5,10 @@
  *   RESTORING    a journaled upload, then the newest committed checkpoint
  *   RUNNING      the trainer runs; periodic and requested checkpoints are
  *                signalled, complete folders are pushed (upload.c)
+ *   RESTARTING   the trainer failed on its own with restarts left
+ *                (restarts.c): the backoff, the pending upload, the newest
+ *                commit, then RUNNING again; a notice or a signal drains
+ *                (nothing runs to ask) instead
  *   DRAINING     a notice (or SIGTERM): the final checkpoint (upload.c)
  *                before the deadline (its own timer), else the last commit
  *   RELAUNCHING  ack the notice (Azure), run the relaunch step
@@ -15,7 +19,8 @@
  *
  * Only spotd_set_state() changes the state: it logs the transition, tells
  * systemd (STATUS=) and refuses what the table below does not allow, so
- * the state only moves forward; once closing it stays EXITING.
+ * the state only moves forward (but RESTARTING back to RUNNING, once per
+ * restart); once closing it stays EXITING.
  * spotd_advance() moves on when the state's work is done, and
  * decide_exit() is the one place that turns the outcome into the exit
  * status and the last line. */
@@ -42,8 +47,8 @@
 #define SIGTERM_DRAIN_MS 90000
 
 static const char *const state_names[] = {
-    "init",        "connecting", "restoring", "running", "draining",
-    "relaunching", "stopping",   "finishing", "exiting",
+    "init",     "connecting",  "restoring", "running",   "restarting",
+    "draining", "relaunching", "stopping",  "finishing", "exiting",
 };
 _Static_assert(SPOT_ARRAY_SIZE(state_names) == SPOTD_STATE_LAST, "state_names");
 
@@ -53,7 +58,10 @@ static const unsigned legal[SPOTD_STATE_LAST] = {
     [SPOTD_CONNECTING] = B(SPOTD_RESTORING) | B(SPOTD_RUNNING) |
                          B(SPOTD_DRAINING) | B(SPOTD_EXITING),
     [SPOTD_RESTORING] = B(SPOTD_RUNNING) | B(SPOTD_DRAINING) | B(SPOTD_EXITING),
-    [SPOTD_RUNNING] = B(SPOTD_DRAINING) | B(SPOTD_FINISHING) | B(SPOTD_EXITING),
+    [SPOTD_RUNNING] = B(SPOTD_RESTARTING) | B(SPOTD_DRAINING) |
+                      B(SPOTD_FINISHING) | B(SPOTD_EXITING),
+    [SPOTD_RESTARTING] =
+        B(SPOTD_RUNNING) | B(SPOTD_DRAINING) | B(SPOTD_EXITING),
     [SPOTD_DRAINING] =
         B(SPOTD_RELAUNCHING) | B(SPOTD_STOPPING) | B(SPOTD_EXITING),
     [SPOTD_RELAUNCHING] = B(SPOTD_STOPPING) | B(SPOTD_EXITING),
@@ -155,6 +163,17 @@ decide_exit(struct spotd *d)
   if (d->state == SPOTD_FINISHING) {
     /* The trainer exited by itself: its status, unless it succeeded and
      * its last checkpoint could not be committed. */
+    if (d->crash.exhausted) {
+      log_err("the trainer failed again (%s %d) and all %" PRId64
+              " restarts are used: giving up; the last committed checkpoint "
+              "is %s",
+              d->crash.last_signal ? "signal" : "status",
+              d->crash.last_signal ? d->crash.last_signal
+                                   : d->crash.last_status,
+              d->crash.used, last ? last : "none");
+      d->exit_code = SPOTD_EXIT_SOFTWARE;
+      return;
+    }
     if (d->exit_code == 0 && d->up.failed[0] != '\0') {
       log_err("the trainer finished but checkpoint %s could not be "
               "committed; the last committed checkpoint is %s",
@@ -179,6 +198,16 @@ decide_exit(struct spotd *d)
     return;
   }
   d->exit_code = stopped ? 128 + d->stop_signal : SPOTD_EXIT_PREEMPTED;
+  if (last != NULL && d->crash.interrupted) {
+    /* Nothing ran to checkpoint: the newest commit is all there is, and
+     * the failed trainer made no step since. */
+    if (stopped)
+      d->exit_code = 0;
+    log_notice("%s while restarting the failed trainer (nothing was "
+               "running): the job resumes from checkpoint %s (committed %s)",
+               stopped ? "stopped" : "preempted", last, when);
+    return;
+  }
   if (last == NULL) {
     if (!stopped)
       d->exit_code = SPOTD_EXIT_NOTHING_SAVED;
@@ -257,7 +286,10 @@ notice_cb(struct spot_meta *m, const struct spot_notice *n, void *data)
     return; /* already acting on one */
   d->have_notice = true;
   d->notice = *n;
-  if (d->state == SPOTD_RUNNING || d->state == SPOTD_DRAINING)
+  if (d->state == SPOTD_RESTARTING)
+    restart_abandon(d);
+  if (d->state == SPOTD_RUNNING || d->state == SPOTD_DRAINING ||
+      d->state == SPOTD_RESTARTING)
     start_drain(d, n->reason, n->deadline_mono_ms, n->deadline_wall_ms);
   else if (d->state == SPOTD_CONNECTING || d->state == SPOTD_RESTORING)
     log_warn("notice before the trainer started: it will not be started");
@@ -347,6 +379,9 @@ spotd_advance(struct spotd *d)
     decide_exit(d);
     spotd_close(d);
     return;
+  case SPOTD_RESTARTING:
+    restart_advance(d);
+    return;
   case SPOTD_FINISHING:
     if (!upload_idle(d) || lease_releasing(d))
       return;
@@ -378,7 +413,9 @@ spotd_trainer_exited(struct spotd *d)
   if (d->state == SPOTD_RUNNING) {
     if (d->exit_code != 0 && fanout_exit_check(d))
       return; /* a peer's preemption, or spotd_trainer_exited() again */
-    if (d->exit_code != 0)
+    if (d->exit_code != 0 && restart_after_crash(d))
+      return; /* RESTARTING: spotd_advance() moves on */
+    if (d->exit_code != 0 && d->cfg->max_restarts == 0)
       spotd_warn(d, "the trainer failed (status %d): not relaunching",
                  d->exit_code);
     spotd_set_state(d, SPOTD_FINISHING);
@@ -444,7 +481,9 @@ spotd_on_signal(struct spotd *d, int signum)
   d->drain_sigterm = true;
   d->stop_signal = signum;
   ms = sigterm_grace_ms(d);
-  if (d->state == SPOTD_RUNNING)
+  if (d->state == SPOTD_RESTARTING)
+    restart_abandon(d);
+  if (d->state == SPOTD_RUNNING || d->state == SPOTD_RESTARTING)
     start_drain(d, "sigterm", spot_now_mono_ms() + ms, spot_now_wall_ms() + ms);
 }
 
@@ -492,6 +531,26 @@ spotd_launch(struct spotd *d)
   spotd_set_state(d, SPOTD_RUNNING);
   spotd_notify(d, "READY=1\nSTATUS=running, trainer pid %d",
                (int)d->trainer.pid);
+}
+
+void
+spotd_relaunch_trainer(struct spotd *d)
+{
+  if (d->closing || d->state != SPOTD_RESTARTING)
+    return;
+  if (trainer_start(d) < 0) {
+    spotd_fail(d, SPOTD_EXIT_NO_COMMAND);
+    return;
+  }
+  restarts_record(d);
+  hist_restarted(d);
+  /* The watch stayed on: the folder is the same. */
+  if (d->cfg->interval_ms > 0)
+    uv_timer_start(&d->interval_timer, interval_cb, d->cfg->interval_ms,
+                   d->cfg->interval_ms);
+  spotd_set_state(d, SPOTD_RUNNING);
+  spotd_notify(d, "STATUS=running, trainer pid %d (restart %" PRId64 ")",
+               (int)d->trainer.pid, d->crash.used);
 }
 
 /* -------------------------------------------------------------- start */
@@ -608,6 +667,7 @@ spotd_start(struct spotd *d)
   uv_timer_init(d->loop, &d->ckpt_timer);
   uv_timer_init(d->loop, &d->deadline_timer);
   uv_timer_init(d->loop, &d->relaunch.timer);
+  restarts_init(d);
   spot_child_init(&d->trainer, d->loop);
   spot_child_init(&d->relaunch.child, d->loop);
   fanout_init(d);
@@ -659,6 +719,7 @@ spotd_close(struct spotd *d)
   if (d->restore.s3op != NULL)
     spot_s3_cancel(d->restore.s3op);
   relaunch_close(d);
+  restart_close(d);
   fanout_close(d);
   lease_close(d);
   spot_child_close(&d->trainer);

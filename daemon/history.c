@@ -14,6 +14,8 @@
  *   hist_pushed()     CHECKPOINT (committed or not)
  *   hist_notice()     NOTICE
  *   hist_relaunched() RELAUNCH
+ *   hist_restart()    RESTART: the trainer failed, a restart begins
+ *   hist_restarted()  ... and the trainer runs again (the metric)
  *   hist_step()       the trainer's step (control socket "step"); a
  *                     changed step goes into a PROGRESS event at most
  *                     every metrics-interval, so the step a killed spotd's
@@ -460,6 +462,31 @@ hist_relaunched(struct spotd *d, bool ok)
   SPOT_HIST_SET(&ev, result, ok ? "ok" : "failed");
   SPOT_HIST_SET(&ev, reason, d->reason);
   emit(d, &ev);
+}
+
+void
+hist_restart(struct spotd *d)
+{
+  struct spot_hist_event ev;
+
+  if (!event(d, &ev, SPOT_HIST_RESTART))
+    return;
+  ev.restart_count = d->crash.used;
+  ev.exit_code = d->crash.last_signal ? -1 : d->crash.last_status;
+  ev.exit_signal = d->crash.last_signal;
+  ev.seconds = (double)d->crash.wait_ms / 1000.0;
+  SPOT_HIST_SET(&ev, checkpoint, d->last_commit);
+  emit(d, &ev);
+  flush_soon(d->hist);
+}
+
+void
+hist_restarted(struct spotd *d)
+{
+  if (live(d)) {
+    spot_metrics_add(d->hist->m, SPOT_M_TRAINER_RESTARTS, NULL, 1);
+    flush_soon(d->hist);
+  }
 }
 
 void

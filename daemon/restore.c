@@ -131,8 +131,8 @@ restored_record(struct spotd *d, const struct spot_store_result *res)
 
 /* The restored folder becomes CKPT_DIR/NAME; SPOTD_RESUME_DIR points at
  * it (multi-node: at its rank-N subfolder), absolute. */
-static int
-place(struct spotd *d, const struct spot_store_result *res)
+int
+restore_place(struct spotd *d, const struct spot_store_result *res)
 {
   char tmp[4300], dst[4300], mine[4400];
 
@@ -211,7 +211,7 @@ restore_finished(struct spotd *d, const struct spot_store_result *res)
     fail(d);
     return;
   }
-  if (place(d, res) < 0) {
+  if (restore_place(d, res) < 0) {
     fail(d);
     return;
   }

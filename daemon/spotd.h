@@ -9,7 +9,9 @@
  *   restore.c  the startup: credentials, journal resume, restore
  *              (enum restore_state)
  *   journal.c  the journal scan: an upload a killed spotd left
- *   restarts.c the store's RESTARTS counter (SPOTD_RESTART_COUNT)
+ *   restarts.c the store's RESTARTS counter (SPOTD_RESTART_COUNT), and the
+ *              restart of a failed trainer (--max-restarts): backoff,
+ *              the newest commit (its local copy when it verifies), start
  *   relaunch.c the relaunch step (enum relaunch_state, its own timer)
  *   trainer.c  the training command on lib/io/child.c
  *   request.c  the checkpoint request: the request file, the signal to the
@@ -57,6 +59,8 @@
 /* The job lease was lost while running (another node took it over):
  * nothing more was committed, the trainer was stopped (README). */
 #define SPOTD_EXIT_LEASE_LOST 73
+/* The trainer kept failing and --max-restarts were used up (EX_SOFTWARE). */
+#define SPOTD_EXIT_SOFTWARE 70
 /* The training command could not be started. */
 #define SPOTD_EXIT_NO_COMMAND 127
 
@@ -65,6 +69,7 @@ enum spotd_state {
   SPOTD_CONNECTING, /* credentials, metadata detection */
   SPOTD_RESTORING,  /* restoring the newest committed checkpoint */
   SPOTD_RUNNING,    /* trainer running, watching */
+  SPOTD_RESTARTING, /* the trainer failed: backoff, restore, start again */
   SPOTD_DRAINING,   /* a notice (or SIGTERM): final checkpoint + upload */
   SPOTD_RELAUNCHING,
   SPOTD_STOPPING,  /* stopping the trainer */
@@ -156,6 +161,34 @@ struct restarts {
   bool fetched;         /* count is the store's + 1: record it at launch */
   struct spot_buf body; /* GET ROOT/RESTARTS */
   char buf[32];         /* PUT ROOT/RESTARTS: lives until done */
+};
+
+/* restarts.c: the restart of a failed trainer (--max-restarts). */
+enum crash_step {
+  CRASH_NONE,
+  CRASH_BACKOFF,   /* the backoff timer runs */
+  CRASH_WAITING,   /* backoff over; an upload still runs: wait for it */
+  CRASH_MANIFEST,  /* GET of the newest commit's manifest */
+  CRASH_VERIFYING, /* the local copy checked on the thread pool */
+  CRASH_DOWNLOAD,  /* the restore of the newest commit */
+};
+
+struct crash_restart {
+  enum crash_step step;
+  uv_timer_t timer;       /* the backoff */
+  int64_t used;           /* restarts done */
+  int last_status;        /* the trainer's last failure: exit status */
+  int last_signal;        /* ... or the signal that killed it (0 none) */
+  uint64_t wait_ms;       /* this backoff */
+  bool exhausted;         /* failed with every restart used: exit 70 */
+  bool interrupted;       /* a notice or a signal came while restarting */
+  struct spot_s3_op *get; /* the manifest */
+  struct spot_buf body;
+  uv_work_t work;                /* the local copy's check */
+  struct spot_manifest *m;       /* parsed manifest, for the check */
+  char dir[4300];                /* the local copy checked */
+  char why[300];                 /* why the local copy does not verify */
+  struct spot_store_op *restore; /* the download when it does not */
 };
 
 struct relaunch_step {
@@ -306,6 +339,7 @@ struct spotd {
   bool trainer_started;
   struct restore_op restore;
   struct restarts restarts;
+  struct crash_restart crash;
   char resume_dir[4200];
   char *ckpt_dir;    /* absolute */
   char *journal_dir; /* CKPT_DIR/.spotd-journal: uploads in progress */
@@ -385,6 +419,8 @@ void spotd_on_signal(struct spotd *d, int signum);
 void spotd_advance(struct spotd *d);
 /* The startup is done: start the trainer (or not, after a notice). */
 void spotd_launch(struct spotd *d);
+/* RESTARTING, the checkpoint in place: start the trainer again. */
+void spotd_relaunch_trainer(struct spotd *d);
 /* A fatal error: exit status, one line already logged, close. */
 void spotd_fail(struct spotd *d, int exit_code);
 void spotd_trainer_exited(struct spotd *d);
@@ -425,6 +461,9 @@ void restore_probed(struct spotd *d, int err);
 /* The job lease is held (or skipped): journal resume, restore. */
 void restore_leased(struct spotd *d);
 
+/* A restore's folder into CKPT_DIR/NAME, SPOTD_RESUME_DIR set (0 or
+ * negative errno, logged). */
+int restore_place(struct spotd *d, const struct spot_store_result *res);
 /* A restore (the newest, or a fallback's) ended. */
 void restore_finished(struct spotd *d, const struct spot_store_result *res);
 void restore_failed(struct spotd *d);
@@ -458,6 +497,16 @@ void restarts_fetch(struct spotd *d);
 void restore_counted(struct spotd *d);
 /* The trainer started: PUT the count. */
 void restarts_record(struct spotd *d);
+void restarts_init(struct spotd *d);
+/* The trainer failed on its own while running: true when it is restarted
+ * (state RESTARTING, spotd_advance() moves on); false when no restart is
+ * left (crash.exhausted once some were allowed). */
+bool restart_after_crash(struct spotd *d);
+/* RESTARTING: the backoff is over and no upload runs: restore, start. */
+void restart_advance(struct spotd *d);
+/* A notice or SIGTERM while RESTARTING: no restart; what runs stops. */
+void restart_abandon(struct spotd *d);
+void restart_close(struct spotd *d);
 
 /* fanout.c (multi-node, nranks > 1; no-ops on one node) */
 void fanout_init(struct spotd *d);
@@ -536,6 +585,9 @@ void hist_pushed(struct spotd *d, const char *name,
 void hist_notice(struct spotd *d, const struct spot_notice *n);
 void hist_meta_error(struct spotd *d);
 void hist_relaunched(struct spotd *d, bool ok);
+/* The trainer failed and restarts (RESTART); then started again. */
+void hist_restart(struct spotd *d);
+void hist_restarted(struct spotd *d);
 void hist_step(struct spotd *d, int64_t step);
 /* A lease change: action "acquired", "renewed", "lost" or "released". */
 void hist_lease(struct spotd *d, const char *action, int64_t epoch);

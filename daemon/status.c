@@ -108,5 +108,18 @@ spotd_status_json(struct spotd *d)
     lease_status(d, j);
   if (j != NULL && d->restored_name[0] != '\0')
     json_object_set_new(j, "restored", json_string(d->restored_name));
+  /* --max-restarts: {used, max, last_status|last_signal} */
+  if (j != NULL && d->cfg->max_restarts > 0) {
+    json_t *r = json_pack("{s:I, s:I}", "used", (json_int_t)d->crash.used,
+                          "max", (json_int_t)d->cfg->max_restarts);
+
+    if (r != NULL && d->crash.used > 0)
+      json_object_set_new(
+          r, d->crash.last_signal ? "last_signal" : "last_status",
+          json_integer(d->crash.last_signal ? d->crash.last_signal
+                                            : d->crash.last_status));
+    if (r != NULL)
+      json_object_set_new(j, "restarts", r);
+  }
   return j;
 }

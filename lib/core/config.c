@@ -175,6 +175,17 @@ static const struct key_def keys[] = {
      NULL, NULL, 0,
      "Time between SIGTERM and SIGKILL when stopping the trainer; cut short "
      "to end before a notice's deadline."},
+    {"max-restarts", T_INT, OFF(max_restarts), "N", "0", NULL, NULL, 0, 1000,
+     NULL, NULL, 0,
+     "Start the trainer again when it fails on its own (a non-zero status "
+     "or a signal, not during a stop), at most N times, each from the "
+     "newest committed checkpoint; then exit 70. 0: spotd exits with the "
+     "trainer's status. One node only (nranks 1)."},
+    {"restart-backoff", T_DURATION, OFF(restart_backoff_ms), "SEC", "10", NULL,
+     NULL, 0, MS(3600), NULL, NULL, 0,
+     "Wait before restarting a failed trainer: SEC before the first "
+     "restart, twice the previous wait before each next one, at most 300 s "
+     "(or SEC when it is longer)."},
     {"relaunch", T_STRING, OFF(relaunch), "CMD", NULL, "none",
      "spotctl relaunch --backend slurm", 0, 0, NULL, check_args, F_MULTILINE,
      "Run after the final checkpoint is committed, with SPOTD_JOB, "
@@ -1326,6 +1337,13 @@ spot_config_validate(struct spot_config *cfg, unsigned flags, char *err,
              "rank %" PRId64 " is not below nranks %" PRId64
              " (ranks are 0 to nranks - 1)",
              cfg->rank, cfg->nranks);
+  /* A restart of one rank's trainer alone cannot rejoin the others'
+   * collective: a multi-node job is relaunched as a whole instead. */
+  if (cfg->max_restarts > 0 && cfg->nranks > 1)
+    errs_add(&e,
+             "max-restarts %" PRId64 " needs a one-node job (nranks is "
+             "%" PRId64 "): a multi-node job restarts as a whole",
+             cfg->max_restarts, cfg->nranks);
   if (cfg->job == NULL)
     errs_add(&e, "job is required (--job ID, or 'job = ID' in [spotd])");
   if (cfg->store == NULL) {
@@ -1739,4 +1757,17 @@ spot_config_split_args(const char *s, char ***out_argv, int *out_argc,
   *out_argv = argv;
   *out_argc = argc;
   return 0;
+}
+
+uint64_t
+spot_config_restart_backoff_ms(uint64_t base_ms, unsigned k)
+{
+  uint64_t cap = base_ms > SPOT_CONFIG_BACKOFF_CAP_MS
+                     ? base_ms
+                     : SPOT_CONFIG_BACKOFF_CAP_MS;
+  uint64_t ms = base_ms;
+
+  for (unsigned i = 1; i < k && ms < cap; i++)
+    ms *= 2;
+  return ms < cap ? ms : cap;
 }

@@ -100,11 +100,13 @@ struct spot_config {
       *vm_name; /* Azure: this VM's name in scheduled events; NULL = ask IMDS */
   /* the trainer */
   char *ckpt_dir;
-  uint64_t interval_ms;     /* 0 = no periodic checkpoints */
-  int signal;               /* signal number */
-  int signal_target;        /* enum spot_config_signal_target */
-  uint64_t ckpt_timeout_ms; /* periodic checkpoint wait; 0 = forever */
-  uint64_t grace_ms;        /* SIGTERM -> SIGKILL */
+  uint64_t interval_ms;        /* 0 = no periodic checkpoints */
+  int signal;                  /* signal number */
+  int signal_target;           /* enum spot_config_signal_target */
+  uint64_t ckpt_timeout_ms;    /* periodic checkpoint wait; 0 = forever */
+  uint64_t grace_ms;           /* SIGTERM -> SIGKILL */
+  int64_t max_restarts;        /* restarts of a failed trainer, 0 none */
+  uint64_t restart_backoff_ms; /* before the first; doubles, capped */
   char *relaunch;
   bool restore; /* restore the newest checkpoint before launch */
   bool overlap; /* upload a requested checkpoint's files while it is written */
@@ -146,6 +148,13 @@ struct spot_config {
   unsigned char origin_[SPOT_CONFIG_MAX_KEYS];
   int line_[SPOT_CONFIG_MAX_KEYS];
 };
+
+/* restart-backoff's longest wait, unless restart-backoff is longer. */
+#define SPOT_CONFIG_BACKOFF_CAP_MS ((uint64_t)300 * 1000)
+/* The wait before restart k (1, 2, ...) of a failed trainer: base_ms,
+ * doubled for each restart before it, at most SPOT_CONFIG_BACKOFF_CAP_MS
+ * or base_ms when that is longer. Pure. */
+uint64_t spot_config_restart_backoff_ms(uint64_t base_ms, unsigned k);
 
 /* lease-wait in milliseconds: 0 = forever (the default). 0 or -EINVAL. */
 int spot_config_lease_wait(const struct spot_config *cfg, uint64_t *ms);

@@ -16,7 +16,8 @@ static const char *const type_names[SPOT_HIST_LAST] = {
     [SPOT_HIST_RUN_START] = "run_start",   [SPOT_HIST_RESTORE] = "restore",
     [SPOT_HIST_CHECKPOINT] = "checkpoint", [SPOT_HIST_NOTICE] = "notice",
     [SPOT_HIST_RUN_END] = "run_end",       [SPOT_HIST_RELAUNCH] = "relaunch",
-    [SPOT_HIST_LEASE] = "lease",           [SPOT_HIST_PROGRESS] = "progress",
+    [SPOT_HIST_LEASE] = "lease",           [SPOT_HIST_RESTART] = "restart",
+    [SPOT_HIST_PROGRESS] = "progress",
 };
 
 static const char *const outcome_names[SPOT_HIST_OUTCOME_LAST] = {
@@ -47,16 +48,17 @@ static const struct field {
     {"instance_type", F_STR, OFF(instance_type), SZ(instance_type), 0,
      T(RUN_START)},
     {"zone", F_STR, OFF(zone), SZ(zone), 0, T(RUN_START)},
-    {"restart_count", F_I64, OFF(restart_count), 0, 0, T(RUN_START)},
+    {"restart_count", F_I64, OFF(restart_count), 0, 0,
+     T(RUN_START) | T(RESTART)},
     {"run", F_STR, OFF(run), SZ(run), 0, T(RUN_START)},
     {"rank", F_I64, OFF(rank), 0, -1, T(RUN_START)},
     {"nranks", F_I64, OFF(nranks), 0, 0, T(RUN_START)},
     {"checkpoint", F_STR, OFF(checkpoint), SZ(checkpoint), 0,
-     T(RESTORE) | T(CHECKPOINT)},
+     T(RESTORE) | T(CHECKPOINT) | T(RESTART)},
     {"raw_bytes", F_U64, OFF(raw_bytes), 0, 0, T(RESTORE) | T(CHECKPOINT)},
     {"stored_bytes", F_U64, OFF(stored_bytes), 0, 0,
      T(RESTORE) | T(CHECKPOINT)},
-    {"seconds", F_DBL, OFF(seconds), 0, 0, T(RESTORE)},
+    {"seconds", F_DBL, OFF(seconds), 0, 0, T(RESTORE) | T(RESTART)},
     {"reason", F_STR, OFF(reason), SZ(reason), 0,
      T(CHECKPOINT) | T(RELAUNCH) | T(RUN_END)},
     {"save_s", F_DBL, OFF(save_s), 0, 0, T(CHECKPOINT)},
@@ -66,8 +68,8 @@ static const struct field {
     {"deadline_ms", F_I64, OFF(deadline_ms), 0, -1, T(NOTICE)},
     {"outcome", F_STR, OFF(outcome), SZ(outcome), 0, T(RUN_END)},
     {"lost_s", F_DBL, OFF(lost_s), 0, -1, T(RUN_END)},
-    {"exit_code", F_I64, OFF(exit_code), 0, -1, T(RUN_END)},
-    {"exit_signal", F_I64, OFF(exit_signal), 0, 0, T(RUN_END)},
+    {"exit_code", F_I64, OFF(exit_code), 0, -1, T(RUN_END) | T(RESTART)},
+    {"exit_signal", F_I64, OFF(exit_signal), 0, 0, T(RUN_END) | T(RESTART)},
     {"backend", F_STR, OFF(backend), SZ(backend), 0, T(RELAUNCH)},
     {"result", F_STR, OFF(result), SZ(result), 0, T(RELAUNCH)},
     {"action", F_STR, OFF(action), SZ(action), 0, T(LEASE)},
@@ -565,6 +567,9 @@ take_event(struct work *w, const struct spot_hist_event *e)
   case SPOT_HIST_LEASE:
     take_lease(s, r, a, e);
     break;
+  case SPOT_HIST_RESTART:
+    s->restarts++;
+    break;
   default:
     break;
   }
@@ -1031,20 +1036,21 @@ static json_t *
 summary_json(const struct spot_hist_summary *s)
 {
   json_t *o = json_pack(
-      "{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:f,s:f,s:f,"
-      "s:f,s:I,s:f,s:f,s:f,s:f,s:f,s:f}",
+      "{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:f,s:f,"
+      "s:f,s:f,s:I,s:f,s:f,s:f,s:f,s:f,s:f}",
       "runs", (int)s->trained_runs, "preemptions", (int)s->preemptions,
       "crashes", (int)s->crashes, "refused", (int)s->refused, "nodes",
       (int)s->nnodes, "notices", (int)s->notices, "checkpoints",
       (int)s->checkpoints, "commits", (int)s->commits, "failed_checkpoints",
       (int)s->failed, "relaunches", (int)s->relaunches, "relaunch_failures",
       (int)s->relaunch_failures, "lease_changes", (int)s->lease_changes,
-      "first_ms", (json_int_t)s->first_ms, "last_ms", (json_int_t)s->last_ms,
-      "wall_s", secs(s->wall_ms), "node_s", secs(s->node_ms), "train_s",
-      secs(s->train_ms), "lost_s", secs(s->lost_ms), "lost_steps",
-      (json_int_t)s->lost_steps, "lease_wait_s", secs(s->lease_wait_ms),
-      "gap_s", secs(s->gap_ms), "max_gap_s", secs(s->max_gap_ms), "save_s",
-      s->save_s, "upload_s", s->upload_s, "overhead", s->overhead);
+      "restarts", (int)s->restarts, "first_ms", (json_int_t)s->first_ms,
+      "last_ms", (json_int_t)s->last_ms, "wall_s", secs(s->wall_ms), "node_s",
+      secs(s->node_ms), "train_s", secs(s->train_ms), "lost_s",
+      secs(s->lost_ms), "lost_steps", (json_int_t)s->lost_steps, "lease_wait_s",
+      secs(s->lease_wait_ms), "gap_s", secs(s->gap_ms), "max_gap_s",
+      secs(s->max_gap_ms), "save_s", s->save_s, "upload_s", s->upload_s,
+      "overhead", s->overhead);
 
   if (o != NULL && s->priced) {
     json_t *c =

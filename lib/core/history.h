@@ -26,6 +26,9 @@
  *   relaunch    backend, result, reason
  *   lease       action ("waiting", "acquired"/"held", "renewed", "lost",
  *               "released", "failed"), epoch
+ *   restart     the trainer failed and is started again in place:
+ *               restart_count (this restart, 1..), exit_code,
+ *               exit_signal, checkpoint (resumed from), seconds (backoff)
  *   progress    step (the trainer's newest reported step, written now and
  *               then so that the step a killed node reached is known)
  * step is the trainer's step when it reports one (-1 unknown).
@@ -55,6 +58,7 @@ enum spot_hist_type {
   SPOT_HIST_RUN_END,
   SPOT_HIST_RELAUNCH,
   SPOT_HIST_LEASE,
+  SPOT_HIST_RESTART,
   SPOT_HIST_PROGRESS,
   SPOT_HIST_LAST,
 };
@@ -205,6 +209,7 @@ struct spot_hist_summary {
   unsigned trained_runs; /* runs that were not refused */
   unsigned preemptions, crashes, refused, notices, checkpoints, commits, failed;
   unsigned relaunches, relaunch_failures, lease_changes;
+  unsigned restarts; /* a failed trainer started again in place */
   int64_t first_ms, last_ms;
   int64_t wall_ms;       /* first event -> last event */
   int64_t node_ms;       /* sum of nodes' start -> end: what the nodes cost */

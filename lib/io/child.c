@@ -406,12 +406,24 @@ spot_child_init(struct spot_child *c, uv_loop_t *loop)
 
 /* The guard left: the command and everything it started are gone. */
 static void
+proc_closed_cb(uv_handle_t *h)
+{
+  struct spot_child *c =
+      spot_container_of((uv_process_t *)h, struct spot_child, proc);
+
+  c->proc_open = false;
+}
+
+static void
 exit_cb(uv_process_t *p, int64_t status, int term_signal)
 {
   struct spot_child *c = spot_container_of(p, struct spot_child, proc);
 
   if (c->state == SPOT_CHILD_CLOSED)
     return;
+  /* The handle is done: closed now, so the same child can be spawned
+   * again (a restarted trainer) without a second live handle on it. */
+  uv_close((uv_handle_t *)&c->proc, proc_closed_cb);
   c->exit_status = status;
   c->term_signal = term_signal;
   uv_timer_stop(&c->timer);
@@ -455,6 +467,11 @@ spot_child_spawn(struct spot_child *c, const struct spot_child_options *o)
   size_t n = 0;
   int r;
 
+  if (c->proc_open) {
+    log_err("cannot start the %s: the previous one's handle is still open",
+            o->name);
+    return -EBUSY;
+  }
   r = self_exe(self_path, sizeof(self_path));
   if (r < 0) {
     log_err_errno(r, "cannot start the %s: /proc/self/exe", o->name);
@@ -591,8 +608,8 @@ spot_child_close(struct spot_child *c)
   set_state(c, SPOT_CHILD_CLOSED);
   uv_timer_stop(&c->timer);
   uv_close((uv_handle_t *)&c->timer, NULL);
-  if (c->proc_open)
-    uv_close((uv_handle_t *)&c->proc, NULL);
+  if (c->proc_open && !uv_is_closing((uv_handle_t *)&c->proc))
+    uv_close((uv_handle_t *)&c->proc, proc_closed_cb);
 }
 
 int

@@ -116,6 +116,43 @@ test_status_and_signal(void **state)
   assert_int_equal(r.status, 127);
 }
 
+/* A child that exited is spawned again (spotd restarts a failed trainer
+ * with the same struct): each run reports its own status, and the loop
+ * ends with no handle left over. */
+static void
+test_respawn(void **state)
+{
+  char *a1[] = {(char *)"/bin/sh", (char *)"-c", (char *)"exit 5", NULL};
+  char *a2[] = {(char *)"/bin/sh", (char *)"-c", (char *)"exit 6", NULL};
+  struct spot_child_options o;
+  struct spot_child c;
+  struct run r = {0, -1};
+  uv_loop_t loop;
+
+  (void)state;
+  assert_int_equal(uv_loop_init(&loop), 0);
+  assert_int_equal(spot_child_init(&c, &loop), 0);
+  memset(&o, 0, sizeof(o));
+  o.name = "test";
+  o.argv = a1;
+  o.grace_ms = 1000;
+  o.exit_cb = exit_cb;
+  o.data = &r;
+  assert_int_equal(spot_child_spawn(&c, &o), 0);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(r.calls, 1);
+  assert_int_equal(r.status, 5);
+  o.argv = a2;
+  assert_int_equal(spot_child_spawn(&c, &o), 0);
+  assert_true(spot_child_running(&c));
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(r.calls, 2);
+  assert_int_equal(r.status, 6);
+  spot_child_close(&c);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
 static void
 test_no_leaked_fds(void **state)
 {
@@ -384,6 +421,7 @@ main(int argc, char **argv)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_env),
       cmocka_unit_test(test_status_and_signal),
+      cmocka_unit_test(test_respawn),
       cmocka_unit_test(test_no_leaked_fds),
       cmocka_unit_test(test_group_left_is_stopped),
       cmocka_unit_test(test_close_suppresses_callback),

@@ -894,6 +894,54 @@ test_error_buffer_cap(void **state)
   spot_config_free(cfg);
 }
 
+/* --restart-backoff: doubles per restart, capped at 300 s unless the base
+ * itself is longer; 0 restarts at once. */
+static void
+test_restart_backoff(void **state)
+{
+  (void)state;
+  assert_int_equal(spot_config_restart_backoff_ms(10000, 1), 10000);
+  assert_int_equal(spot_config_restart_backoff_ms(10000, 2), 20000);
+  assert_int_equal(spot_config_restart_backoff_ms(10000, 3), 40000);
+  assert_int_equal(spot_config_restart_backoff_ms(10000, 5), 160000);
+  assert_int_equal(spot_config_restart_backoff_ms(10000, 6), 300000);
+  assert_int_equal(spot_config_restart_backoff_ms(10000, 1000), 300000);
+  assert_int_equal(spot_config_restart_backoff_ms(0, 7), 0);
+  assert_int_equal(spot_config_restart_backoff_ms(600000, 1), 600000);
+  assert_int_equal(spot_config_restart_backoff_ms(600000, 9), 600000);
+  assert_int_equal(spot_config_restart_backoff_ms(1, 0), 1);
+}
+
+/* max-restarts: 0 by default; refused on a multi-node job. */
+static void
+test_max_restarts(void **state)
+{
+  struct spot_config *cfg = spot_config_new();
+  char err[1024];
+
+  (void)state;
+  assert_int_equal(cfg->max_restarts, 0);
+  assert_int_equal(cfg->restart_backoff_ms, 10000);
+  assert_int_equal(spot_config_set(cfg, "job", "j", err, sizeof(err)), 0);
+  assert_int_equal(
+      spot_config_set(cfg, "store", "s3://bkt/p", err, sizeof(err)), 0);
+  assert_int_equal(spot_config_set(cfg, "max-restarts", "2", err, sizeof(err)),
+                   0);
+  assert_int_equal(
+      spot_config_set(cfg, "restart-backoff", "1500ms", err, sizeof(err)), 0);
+  assert_int_equal(cfg->restart_backoff_ms, 1500);
+  assert_int_equal(spot_config_set(cfg, "max-restarts", "-1", err, sizeof(err)),
+                   -EINVAL);
+  assert_int_equal(spot_config_set(cfg, "nranks", "2", err, sizeof(err)), 0);
+  assert_int_equal(spot_config_validate(cfg, 0, err, sizeof(err)), -EINVAL);
+  assert_non_null(strstr(err, "max-restarts 2 needs a one-node job"));
+  assert_int_equal(spot_config_set(cfg, "nranks", "1", err, sizeof(err)), 0);
+  if (spot_config_validate(cfg, 0, err, sizeof(err)) != 0)
+    fail_msg("%s", err);
+  assert_int_equal(cfg->max_restarts, 2);
+  spot_config_free(cfg);
+}
+
 static void
 test_names(void **state)
 {
@@ -931,6 +979,8 @@ main(void)
       cmocka_unit_test(test_effective_round_trip),
       cmocka_unit_test(test_error_buffer_cap),
       cmocka_unit_test(test_names),
+      cmocka_unit_test(test_restart_backoff),
+      cmocka_unit_test(test_max_restarts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

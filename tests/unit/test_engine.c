@@ -31,6 +31,30 @@ test_engine_forward_only(void **state)
   assert_string_equal(spotd_state_name(d.state), "exiting");
 }
 
+/* A failed trainer's restart: RUNNING -> RESTARTING -> RUNNING, as often
+ * as it takes; from RESTARTING a notice or a signal drains, nothing
+ * else. */
+static void
+test_engine_restarting(void **state)
+{
+  struct spotd d;
+
+  (void)state;
+  memset(&d, 0, sizeof(d));
+  assert_true(spotd_set_state(&d, SPOTD_CONNECTING));
+  assert_true(spotd_set_state(&d, SPOTD_RUNNING));
+  assert_true(spotd_set_state(&d, SPOTD_RESTARTING));
+  assert_string_equal(spotd_state_name(d.state), "restarting");
+  assert_false(spotd_set_state(&d, SPOTD_FINISHING));
+  assert_false(spotd_set_state(&d, SPOTD_STOPPING));
+  assert_false(spotd_set_state(&d, SPOTD_RESTORING));
+  assert_true(spotd_set_state(&d, SPOTD_RUNNING));
+  assert_true(spotd_set_state(&d, SPOTD_RESTARTING));
+  assert_true(spotd_set_state(&d, SPOTD_DRAINING));
+  assert_false(spotd_set_state(&d, SPOTD_RESTARTING));
+  assert_int_equal(d.state, SPOTD_DRAINING);
+}
+
 static void
 test_final_rule(void **state)
 {
@@ -69,6 +93,7 @@ main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_engine_forward_only),
+      cmocka_unit_test(test_engine_restarting),
       cmocka_unit_test(test_final_rule),
   };
 

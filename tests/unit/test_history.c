@@ -277,7 +277,11 @@ test_crash_and_running(void **state)
   spot_hist_event_init(&ev[n], SPOT_HIST_CHECKPOINT, T0 + S(100), "a", 1);
   ev[n].save_s = 1;
   ev[n++].committed = true;
-  spot_hist_event_init(&ev[n++], SPOT_HIST_LEASE, T0 + S(300), "a", 2);
+  /* its trainer failed once and was restarted in place */
+  spot_hist_event_init(&ev[n], SPOT_HIST_RESTART, T0 + S(200), "a", 2);
+  ev[n].restart_count = 1;
+  ev[n++].exit_code = 3;
+  spot_hist_event_init(&ev[n++], SPOT_HIST_LEASE, T0 + S(300), "a", 3);
   spot_hist_event_init(&ev[n++], SPOT_HIST_RUN_START, T0 + S(400), "b", 0);
   spot_hist_sort(ev, n);
   assert_int_equal(spot_hist_summarize(ev, n, 0, 0, &s), 0);
@@ -287,6 +291,7 @@ test_crash_and_running(void **state)
   assert_int_equal(s.crashes, 1);
   assert_int_equal(s.preemptions, 0);
   assert_int_equal(s.lease_changes, 1);
+  assert_int_equal(s.restarts, 1);
   /* Last seen at 300 s; the commit held the state of 99 s. */
   assert_true(s.runs[0].lost_ms == S(201));
   assert_true(s.runs[0].lost_steps == -1);

@@ -196,13 +196,14 @@ print_runs(const struct spot_hist_summary *s)
     char when[32], trained[32], lost[48], gap[32], ck[16], node[48];
 
     if (r->nnodes > 1)
-      snprintf(node, sizeof(node), "%zu nodes (run %s)", r->nnodes,
-               spotctl_esc(r->run_id));
+      snprintf(node, sizeof(node), "%zu nodes", r->nnodes);
     else
       snprintf(node, sizeof(node), "%s",
                spotctl_esc(r->host[0] != '\0' ? r->host : r->owner));
     spot_rfc3339_format(r->start_ms, when, sizeof(when));
-    spotctl_fmt_dur(r->end_ms - r->train_start_ms, trained, sizeof(trained));
+    spotctl_fmt_dur(
+        r->outcome == SPOT_HIST_REFUSED ? -1 : r->end_ms - r->train_start_ms,
+        trained, sizeof(trained));
     spotctl_fmt_dur(r->lost_ms, lost, sizeof(lost));
     if (r->lost_steps >= 0) {
       size_t n = strlen(lost);
@@ -219,6 +220,8 @@ print_runs(const struct spot_hist_summary *s)
       printf("    waited %s for the job lease\n",
              spotctl_fmt_dur(r->lease_wait_ms, w, sizeof(w)));
     }
+    if (r->nnodes > 1)
+      printf("    run id %s\n", spotctl_esc(r->run_id));
     for (size_t k = 0; r->nnodes > 1 && k < s->nnodes; k++) {
       const struct spot_hist_node *nd = &s->nodes[k];
       if (nd->run != i)

@@ -29,6 +29,7 @@
 #define AXIS_H 40
 #define LEGEND_H 56 /* two rows */
 #define CRASH_W 10
+#define REFUSED_MIN_W 6
 #define LANES_MAX 40
 
 struct rgb {
@@ -218,8 +219,12 @@ draw_node(struct plot *p, const struct spot_hist_node *r, double top)
 
   cairo_set_antialias(cr, CAIRO_ANTIALIAS_NONE);
   if (r->outcome == SPOT_HIST_REFUSED) {
-    /* Never trained: a thin bar from its start to its end. */
-    box(cr, x_of(p, r->start_ms), y + BAR_H / 3.0, xe, BAR_H / 3.0, refused_c);
+    /* Never trained: a thin bar from its start to its end, wide enough to
+     * see however short the attempt. */
+    double xs = x_of(p, r->start_ms);
+    box(cr, xs, y + BAR_H / 3.0,
+        xe > xs + REFUSED_MIN_W ? xe : xs + REFUSED_MIN_W, BAR_H / 3.0,
+        refused_c);
     cairo_set_antialias(cr, CAIRO_ANTIALIAS_DEFAULT);
     return;
   }

@@ -199,6 +199,7 @@ hist_open(struct spotd *d)
   if (!live(d) || h->w != NULL)
     return;
   memset(&o, 0, sizeof(o));
+  o.replace_progress = true;
   r = spot_history_new(d->loop, &d->store, &o, report_cb, h, &h->w);
   if (r < 0) {
     h->w = NULL;

@@ -68,6 +68,10 @@ struct spot_history_options {
   const char *owner;  /* NULL: spot_history_default_owner() */
   unsigned queue_max; /* events waiting, 0 = SPOT_HISTORY_QUEUE_DEFAULT */
   unsigned keep;      /* events kept in the store, 0 = default */
+  /* spotd: once a PROGRESS event is written, delete the previous one this
+   * writer wrote (only the newest counts; frequent ones would crowd the
+   * other events out of the `keep` newest). */
+  bool replace_progress;
 };
 
 struct spot_history;

@@ -225,6 +225,14 @@ print_status(const struct spot_proto_status *st)
            st->trainer.pid, st->trainer.uptime_s, st->trainer.restart_count);
   else
     printf("trainer:      not running\n");
+  if (st->has_trainer && st->trainer.step >= 0) {
+    printf("progress:     step %" PRId64, st->trainer.step);
+    if (st->trainer.steps_per_s >= 0)
+      printf(", %.2f steps/s", st->trainer.steps_per_s);
+    if (st->trainer.steps_at_risk >= 0)
+      printf(", %" PRId64 " steps at risk", st->trainer.steps_at_risk);
+    printf("\n");
+  }
   if (st->has_last_commit)
     printf("last commit:  %s at %s (%" PRId64 " s of work at risk)\n",
            E(st->last_commit.name), spotctl_esc(st->last_commit.time),

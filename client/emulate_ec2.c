@@ -341,6 +341,7 @@ check_sig(struct MHD_Connection *c, const char *body, size_t len)
 
 struct ovr {
   char type[32], az[32], subnet[32];
+  bool az_given; /* the request named the zone (not only a subnet) */
   double prio;
   int order;
 };
@@ -375,10 +376,13 @@ lt_and_overrides(struct spot_buf *b, const struct ovr *o)
                    "<launchTemplateId>" LT_ID "</launchTemplateId>"
                    "<version>1</version></launchTemplateSpecification>"
                    "<overrides>");
+  /* EC2 echoes the override as requested: an override that named a
+   * subnet comes back with its subnetId and no availabilityZone. */
   spot_buf_printf(b, "<instanceType>%s</instanceType>", o->type);
   if (o->subnet[0] != '\0')
     spot_buf_printf(b, "<subnetId>%s</subnetId>", o->subnet);
-  spot_buf_printf(b, "<availabilityZone>%s</availabilityZone>", o->az);
+  if (o->az_given)
+    spot_buf_printf(b, "<availabilityZone>%s</availabilityZone>", o->az);
   if (o->prio > 0)
     spot_buf_printf(b, "<priority>%.1f</priority>", o->prio);
   spot_buf_appends(b, "</overrides></launchTemplateAndOverrides>");
@@ -426,6 +430,7 @@ read_overrides(const struct kv *f, struct ovr *ov, json_t *jl)
       spot_strlcpy(o->az, subnet_az(s) ? subnet_az(s) : "", sizeof(o->az));
     } else {
       snprintf(o->az, sizeof(o->az), "%s", z != NULL ? z : g.az0);
+      o->az_given = z != NULL;
     }
     o->prio = p != NULL ? strtod(p, NULL) : 0;
     o->order = i;

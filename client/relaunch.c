@@ -794,12 +794,14 @@ find_scontrol(char *buf, size_t size)
 /* ---------------------------------------------------------- arguments */
 
 static const char relaunch_usage[] =
-    "Usage: spotctl relaunch --backend exec|slurm [OPTIONS] [-- CMD [ARG...]]\n"
+    "Usage: spotctl relaunch --backend exec|slurm|aws|gcp [OPTIONS]\n"
+    "                        [-- CMD [ARG...]]\n"
     "\n"
     "Ask for new capacity after spotd committed the final checkpoint. spotd\n"
     "runs it as its relaunch step; it can be run by hand with the same\n"
-    "variables: SPOTD_JOB, SPOTD_STORE, SPOTD_CHECKPOINT, SPOTD_REASON,\n"
-    "SPOTD_DEADLINE (RFC 3339, may be empty).\n"
+    "variables: SPOTD_JOB (the job id), SPOTD_STORE (the job root,\n"
+    "s3://BUCKET/PREFIX/JOB: --store and the job id), SPOTD_CHECKPOINT,\n"
+    "SPOTD_REASON, SPOTD_DEADLINE (RFC 3339, may be empty).\n"
     "\n"
     "Backends:\n"
     "  exec -- CMD...     run CMD with those variables; its status is ours\n"
@@ -810,7 +812,7 @@ static const char relaunch_usage[] =
     "                     ('spotctl relaunch --backend gcp --help')\n"
     "\n"
     "Options:\n"
-    "  --backend NAME     exec or slurm (required)\n"
+    "  --backend NAME     exec, slurm, aws or gcp (required)\n"
     "  --dry-run          print what would be done, do nothing\n"
     "  --timeout SEC      time for everything (default: SPOTD_DEADLINE\n"
     "                     minus 5 s, else 60 s); then SIGTERM, SIGKILL\n"
@@ -896,14 +898,15 @@ parse_args(int argc, char **argv, struct relaunch *r)
     }
   }
   if (backend == NULL)
-    return spotctl_usage("relaunch: --backend exec|slurm is required");
+    return spotctl_usage("relaunch: --backend exec|slurm|aws|gcp is "
+                         "required");
   r->backend = BACKEND_LAST;
   for (int i = 0; i < BACKEND_LAST; i++)
     if (strcmp(backend, backend_names[i]) == 0)
       r->backend = (enum backend)i;
   if (r->backend == BACKEND_LAST)
-    return spotctl_usage("relaunch: unknown backend '%s' (expected exec or "
-                         "slurm)",
+    return spotctl_usage("relaunch: unknown backend '%s' (expected exec, "
+                         "slurm, aws or gcp)",
                          backend);
   r->cmd = argv + optind;
   r->ncmd = argc - optind;

@@ -279,7 +279,10 @@ read_this_pool(struct aws_relaunch *a)
 /* --------------------------------------------------------------- pools */
 
 /* A pool's name for the record: the template's type is taken to be this
- * instance's (the usual case: one template per job). */
+ * instance's (the usual case: one template per job). EC2 echoes an
+ * override that named a subnet without its zone: the zone is the one
+ * --subnets gave that subnet, so a failed pool is recorded (and skipped)
+ * under the name it was asked by. */
 static const char *
 pool_key(const struct aws_relaunch *a, const struct spot_ec2_pool *p, char *buf,
          size_t size)
@@ -288,6 +291,10 @@ pool_key(const struct aws_relaunch *a, const struct spot_ec2_pool *p, char *buf,
 
   if (q.type[0] == '\0')
     spot_strlcpy(q.type, a->reclaimed.type, sizeof(q.type));
+  for (size_t i = 0; q.az[0] == '\0' && q.subnet[0] != '\0' && i < a->n_pools;
+       i++)
+    if (strcmp(a->pools[i].subnet, q.subnet) == 0)
+      spot_strlcpy(q.az, a->pools[i].az, sizeof(q.az));
   return spot_ec2_pool_name(&q, buf, size);
 }
 

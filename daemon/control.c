@@ -245,6 +245,7 @@ cmd_step(struct ctl_conn *c, const struct spot_proto_msg *m,
          struct spot_buf *out)
 {
   hist_step(c->d, m->u.step.step);
+  status_step(c->d, m->u.step.step);
   spot_proto_encode_ok(out, m->id, NULL);
   return 0;
 }

@@ -159,7 +159,7 @@ decide_exit(struct spotd *d)
   char when[32] = "";
 
   if (last != NULL)
-    spot_rfc3339_format(d->last_commit_wall, when, sizeof(when));
+    spot_rfc3339_format(d->last_commit_made, when, sizeof(when));
   if (d->state == SPOTD_FINISHING) {
     /* The trainer exited by itself: its status, unless it succeeded and
      * its last checkpoint could not be committed. */
@@ -178,7 +178,7 @@ decide_exit(struct spotd *d)
       log_err("the trainer finished but checkpoint %s could not be "
               "committed; the last committed checkpoint is %s",
               d->up.failed, last ? last : "none");
-      d->exit_code = SPOTD_EXIT_ERROR;
+      d->exit_code = SPOTD_EXIT_UNAVAILABLE;
     }
     return;
   }
@@ -474,6 +474,17 @@ spotd_on_signal(struct spotd *d, int signum)
     log_notice("signal %d: already stopping for the %s notice, finishing "
                "that (again to stop now)",
                signum, d->reason);
+    /* With the final checkpoint committed the trainer has nothing left to
+     * do, and whoever sent this (Slurm at a requeue) kills what is left
+     * once its own wait is over: stop the trainer now, so the job lease
+     * is released while there is time (the next node need not wait for
+     * its TTL). */
+    if (d->final.state == FINAL_COMMITTED && trainer_running(d)) {
+      log_info("the final checkpoint %s is committed: stopping the trainer "
+               "now, then releasing the job lease",
+               d->last_commit);
+      trainer_stop(d, 0);
+    }
     return;
   }
   log_notice("signal %d: final checkpoint, then stop (again to stop now)",
@@ -662,6 +673,8 @@ spotd_start(struct spotd *d)
   int r;
 
   d->exit_code = -1;
+  d->steps.step = -1;
+  d->steps.rate = -1;
   d->start_wall_ms = spot_now_wall_ms();
   uv_timer_init(d->loop, &d->interval_timer);
   uv_timer_init(d->loop, &d->ckpt_timer);
@@ -720,6 +733,7 @@ spotd_close(struct spotd *d)
     spot_s3_cancel(d->restore.s3op);
   relaunch_close(d);
   restart_close(d);
+  runjoin_close(d);
   fanout_close(d);
   lease_close(d);
   spot_child_close(&d->trainer);

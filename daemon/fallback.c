@@ -1,11 +1,13 @@
-/* Restore fallback (issue 12 item 2): when the newest commit fails
+/* Restore fallback: when the newest commit fails
  * verification at restore (a checksum mismatch, a missing or undecodable
  * object, an unreadable manifest), spotd says so loudly, lists the job's
  * committed checkpoints and restores the newest one that verifies. The
  * status shows a warning naming the bad checkpoint and "restored" names
  * the one restored. Runs inside the startup's RESTORING state
  * (restore.c): every operation lives in d->restore.op, so closing cancels
- * it. */
+ * it. Nothing else falls back: not the local disk (restore.c exits 74),
+ * not the network or the server, not a rank count (65): an older
+ * checkpoint there would silently roll the training back. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +19,31 @@
 #include "util.h"
 
 static void try_next(struct spotd *d);
+
+bool
+fallback_damage(const struct spot_store_result *res)
+{
+  if (res->local)
+    return false;
+  switch (-res->err) {
+  case EILSEQ:       /* a checksum mismatch */
+  case EBADMSG:      /* undecodable, shorter than the manifest, bad LATEST */
+  case ENOENT:       /* an object or the manifest missing */
+  case EINVAL:       /* an invalid manifest */
+  case E2BIG:        /* a frame larger than a part may be */
+  case EFBIG:        /* a manifest over its limit */
+  case EMSGSIZE:     /* an object longer than the manifest says */
+  case ERANGE:       /* a ranged read past the object's end */
+  case EEXIST:       /* the manifest's paths collide */
+  case ENOTDIR:      /* (ditto) */
+  case ELOOP:        /* (ditto) */
+  case ENAMETOOLONG: /* (ditto) */
+  case EISDIR:       /* (ditto) */
+    return true;
+  default: /* the network, the server, permissions, a timeout, memory */
+    return false;
+  }
+}
 
 static bool
 is_bad(const struct spotd *d, const char *name)
@@ -66,13 +93,18 @@ try_next(struct spotd *d)
     if (r == 0)
       return;
     d->restore.op = NULL;
-    mark_bad(d, name);
+    /* not a verdict on the checkpoint (memory): stop here */
+    log_err("restore: starting the restore of %s: %s", name, strerror(-r));
+    restore_failed(d, SPOTD_EXIT_ERROR);
+    return;
   }
+  /* Reached only through fallback_next(), for damage in the store: every
+   * checkpoint tried failed verification. */
   log_err("restore: no committed checkpoint of job %s verifies; not "
           "starting from scratch over a damaged store (fix or delete the "
           "damaged checkpoints)",
           d->cfg->job);
-  restore_failed(d);
+  restore_failed(d, SPOTD_EXIT_DATAERR);
 }
 
 static void
@@ -85,7 +117,7 @@ list_cb(const struct spot_store_list_result *res, void *data)
     return;
   if (res->err < 0) {
     log_err("restore: listing the job's checkpoints: %s", res->message);
-    restore_failed(d);
+    restore_failed(d, SPOTD_EXIT_UNAVAILABLE);
     return;
   }
   d->fb.ncands = 0;

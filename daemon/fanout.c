@@ -20,8 +20,9 @@
  *                 is committed), not as a failed trainer.
  *
  * RUN names this run of the job (--run-id, else SLURM_JOB_ID and
- * SLURM_RESTART_COUNT, else the RESTARTS count), so a requeued run never
- * sees the notice of the run before it. */
+ * SLURM_RESTART_COUNT, else the run the ranks agreed through the store,
+ * runjoin.c), so a requeued run never sees the notice of the run before
+ * it. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -93,7 +94,7 @@ fanout_run_id(struct spotd *d)
   else if (job != NULL && job[0] != '\0')
     snprintf(f->run, sizeof(f->run), "%s.%s", job,
              rc != NULL && rc[0] != '\0' ? rc : "0");
-  else
+  else /* runjoin.c sets it before launch; a store error fails the start */
     snprintf(f->run, sizeof(f->run), "r%lld", (long long)d->restarts.count);
   if (!run_id_valid(f->run)) {
     spotd_warn(d, "run id '%.64s' is not 1-64 of [A-Za-z0-9._-]: using r0",

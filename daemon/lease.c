@@ -64,25 +64,14 @@ set_state(struct spotd *d, enum job_lease_state s)
                                    : 0);
 }
 
-/* instance id / boot id / host:pid: unique per process, readable. */
+/* instance id / boot id / pid namespace / host:pid: unique per process,
+ * readable, and tells a holder on this machine that is gone. */
 static void
 make_owner(struct spotd *d)
 {
-  char boot[64] = "", host[128] = "";
-  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
-
-  if (f != NULL) {
-    if (fgets(boot, sizeof(boot), f) == NULL)
-      boot[0] = '\0';
-    fclose(f);
-  }
-  boot[strcspn(boot, "\n")] = '\0';
-  if (gethostname(host, sizeof(host) - 1) < 0)
-    spot_strlcpy(host, "unknown", sizeof(host));
-  host[sizeof(host) - 1] = '\0';
-  snprintf(d->jl.owner, sizeof(d->jl.owner), "%s%s%s/%s:%ld", d->jl.instance_id,
-           d->jl.instance_id[0] ? "/" : "", boot[0] ? boot : "no-boot-id", host,
-           (long)getpid());
+  if (spot_lease_local_owner(d->jl.instance_id, d->jl.owner,
+                             sizeof(d->jl.owner)) < 0)
+    snprintf(d->jl.owner, sizeof(d->jl.owner), "spotd:%ld", (long)getpid());
 }
 
 static void
@@ -161,7 +150,9 @@ acquired_cb(const struct spot_lease_info *i, void *data)
       log_err("job lease: %s",
               i->message && i->message[0] ? i->message : strerror(-i->err));
     }
-    spotd_fail(d, SPOTD_EXIT_ERROR);
+    /* Held elsewhere, waited past --lease-wait, or the store refused the
+     * lease: not spotd's own failure. */
+    spotd_fail(d, SPOTD_EXIT_UNAVAILABLE);
     return;
   }
   set_state(d, JOB_LEASE_HELD);

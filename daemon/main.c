@@ -71,11 +71,15 @@ usage(FILE *f)
              "starts with the checkpoint\nsignal ignored, in its own session, "
              "without spotd's systemd variables.\n"
              "Exit status: the trainer's; 0 after SIGTERM with the final "
-             "checkpoint committed;\n75 after a handled preemption (a "
-             "committed checkpoint to resume from); 76 after\na notice with "
-             "nothing committed; 128+N after signal N without a final commit;"
-             "\n1 on spotd's own errors or when the last checkpoint could not "
-             "be committed.\n");
+             "checkpoint committed;\n64 a bad command line; 65 the store's "
+             "checkpoints cannot be used; 69 the\nstore or the job lease is "
+             "not available, or the last checkpoint could not be\ncommitted; "
+             "70 --max-restarts used up; 71 spotd's own failure; 73 the lease"
+             "\nlost; 74 a local I/O error at restore; 75 after a handled "
+             "preemption (a\ncommitted checkpoint to resume from); 76 after a "
+             "notice with nothing\ncommitted; 78 a bad config; 127 the command "
+             "could not be started; 128+N\nafter signal N without a final "
+             "commit (README \"Exit status\").\n");
 }
 
 static void
@@ -134,7 +138,7 @@ run_daemon(struct spot_config *cfg, char **argv)
   r = uv_loop_init(&loop);
   if (r < 0) {
     log_err("event loop: %s", uv_strerror(r));
-    return 1;
+    return SPOTD_EXIT_ERROR;
   }
   d.loop = &loop;
   jlog_start(&d);
@@ -157,7 +161,7 @@ run_daemon(struct spot_config *cfg, char **argv)
 
   r = spotd_start(&d);
   if (r < 0) {
-    d.exit_code = 1;
+    d.exit_code = SPOTD_EXIT_ERROR;
     spotd_close(&d);
   }
   /* Runs until spotd_close() has closed the engine's handles. The signal
@@ -186,7 +190,7 @@ run_daemon(struct spot_config *cfg, char **argv)
   if (r != 0) {
     log_err("internal: event loop not empty at exit: %s", uv_strerror(r));
     jlog_stop();
-    return 70;
+    return SPOTD_EXIT_ERROR;
   }
   free(d.journal_dir);
   free(d.ckpt_dir);
@@ -195,7 +199,7 @@ run_daemon(struct spot_config *cfg, char **argv)
   request_fini(&d);
   log_info("exit status %d", d.exit_code);
   jlog_stop();
-  return d.exit_code < 0 ? 1 : d.exit_code;
+  return d.exit_code < 0 ? SPOTD_EXIT_ERROR : d.exit_code;
 }
 
 static void
@@ -221,7 +225,7 @@ parse_options(int argc, char **argv, struct spot_config *cfg,
   if (spot_config_build_options(opts, SPOT_ARRAY_SIZE(opts), extra_opts,
                                 SPOT_ARRAY_SIZE(extra_opts)) < 0) {
     fprintf(stderr, "spotd: internal: option table too small\n");
-    return 1;
+    return SPOTD_EXIT_ERROR;
   }
   opterr = 0;
   while ((c = getopt_long(argc, argv, "+c:nh", opts, NULL)) != -1) {
@@ -230,7 +234,7 @@ parse_options(int argc, char **argv, struct spot_config *cfg,
     if (key != NULL) {
       if (spot_config_set(cfg, key, optarg, err, sizeof(err)) < 0) {
         fprintf(stderr, "spotd: %s\n", err);
-        return 2;
+        return SPOTD_EXIT_CONFIG; /* a known option with a bad value */
       }
       continue;
     }
@@ -257,7 +261,7 @@ parse_options(int argc, char **argv, struct spot_config *cfg,
         fprintf(stderr, "spotd: unknown option or missing value: '%s'\n",
                 argv[optind - 1]);
       fprintf(stderr, "Try 'spotd --help'.\n");
-      return 2;
+      return SPOTD_EXIT_USAGE;
     }
   }
   return -1;
@@ -302,24 +306,27 @@ load_config(struct spot_config *cfg, const char *config_path, int argc,
   if (config_path != NULL &&
       spot_config_load_file(cfg, config_path, err, sizeof(err)) < 0) {
     fprintf(stderr, "%s\n", err);
-    return 2;
+    return SPOTD_EXIT_CONFIG;
   }
   if (optind < argc && strcmp(argv[optind - 1], "--") != 0 && !run) {
     fprintf(stderr,
             "spotd: unexpected argument '%s' (the training command "
             "goes after '--' with 'spotd run')\n",
             argv[optind]);
-    return 2;
+    return SPOTD_EXIT_USAGE;
   }
+  /* The job or store the instance's metadata should name is missing. */
   if (job_from(cfg) < 0)
-    return 2;
+    return SPOTD_EXIT_CONFIG;
   if (spot_config_validate(cfg, optind < argc ? 0 : SPOT_CONFIG_NEED_COMMAND,
                            err, sizeof(err)) < 0) {
     fprintf(stderr, "%s\n", err);
-    if (optind >= argc && cfg->command == NULL && !check)
+    if (optind >= argc && cfg->command == NULL && !check) {
       fprintf(stderr, "spotd: no training command: use 'spotd run [OPTIONS] "
                       "-- COMMAND' or 'command =' in the config\n");
-    return 2;
+      return SPOTD_EXIT_USAGE;
+    }
+    return SPOTD_EXIT_CONFIG;
   }
   if (check) {
     printf("configuration OK\n");
@@ -341,7 +348,7 @@ run_command(struct spot_config *cfg, int argc, char **argv)
     return run_daemon(cfg, argv + optind);
   if (spot_config_split_args(cfg->command, &cmd, &cmdc, err, sizeof(err)) < 0) {
     fprintf(stderr, "spotd: command: %s\n", err);
-    return 2;
+    return SPOTD_EXIT_CONFIG;
   }
   status = run_daemon(cfg, cmd);
   spot_config_free_args(cmd);
@@ -373,7 +380,7 @@ main(int argc, char **argv)
   cfg = spot_config_new();
   if (cfg == NULL) {
     fprintf(stderr, "spotd: out of memory\n");
-    return 1;
+    return SPOTD_EXIT_ERROR;
   }
   status = parse_options(argc, argv, cfg, &config_path, &check);
   if (status < 0)

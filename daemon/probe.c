@@ -2,7 +2,7 @@
  * deletes a tiny probe object under the job root. A bucket typo, missing
  * permissions or a wrong endpoint would otherwise only show at the first
  * upload, after training from scratch. One line says what is wrong and
- * spotd exits 1.
+ * spotd exits 69 (SPOTD_EXIT_UNAVAILABLE).
  *
  * Part of the startup (restore.c): PUT -> GET -> DELETE, then
  * restore_probed(). After close its callbacks do nothing. */

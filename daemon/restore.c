@@ -2,18 +2,25 @@
  *
  *   CONNECTING  credentials and the S3 client
  *   PROBING     the store check (probe.c): write, read, delete under the
- *               job root, or exit 1 with one line
+ *               job root, or exit 69 with one line
  *   LEASING     the job lease (lease.c): wait while another node holds
  *               it, then take it (rank 0 only in a multi-node job)
  *   RESUMING    a push a killed spotd left (journal.c), finished first so
  *               the restore brings the newest checkpoint back
  *   RESTORING   the newest committed checkpoint into CKPT_DIR/NAME
  *   COUNTING    the store's RESTARTS (restarts.c)
- *   DONE        then spotd_launch(); or FAILED (exit 1) or CANCELLED
+ *   JOINING     a multi-node job outside Slurm: the run id (runjoin.c)
+ *   DONE        then spotd_launch(); or FAILED (spotd_fail()) or CANCELLED
+ *
+ * A restore that fails on the local disk (res->local: no space, read-only,
+ * no permission) ends the start with exit 74 and one line with the bytes
+ * needed and free; a checkpoint of another rank count with exit 65. Only
+ * damage in the store itself makes fallback.c try an older checkpoint.
  *
  * Once spotd is closing (a signal during the startup), every callback of
  * this operation only records CANCELLED: the exit status the signal set
  * stays. */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -27,11 +34,12 @@
 #include "util.h"
 
 static const char *const names[] = {
-    [RESTORE_NONE] = "none",         [RESTORE_CONNECTING] = "connecting",
-    [RESTORE_PROBING] = "probing",   [RESTORE_LEASING] = "leasing",
-    [RESTORE_RESUMING] = "resuming", [RESTORE_RESTORING] = "restoring",
-    [RESTORE_COUNTING] = "counting", [RESTORE_DONE] = "done",
-    [RESTORE_FAILED] = "failed",     [RESTORE_CANCELLED] = "cancelled",
+    [RESTORE_NONE] = "none",           [RESTORE_CONNECTING] = "connecting",
+    [RESTORE_PROBING] = "probing",     [RESTORE_LEASING] = "leasing",
+    [RESTORE_RESUMING] = "resuming",   [RESTORE_RESTORING] = "restoring",
+    [RESTORE_COUNTING] = "counting",   [RESTORE_JOINING] = "joining",
+    [RESTORE_DONE] = "done",           [RESTORE_FAILED] = "failed",
+    [RESTORE_CANCELLED] = "cancelled",
 };
 _Static_assert(SPOT_ARRAY_SIZE(names) == RESTORE_STATE_LAST, "names");
 
@@ -40,14 +48,17 @@ static const unsigned legal[RESTORE_STATE_LAST] = {
     [RESTORE_NONE] = B(RESTORE_CONNECTING),
     [RESTORE_CONNECTING] = B(RESTORE_PROBING) | B(RESTORE_FAILED),
     [RESTORE_PROBING] = B(RESTORE_LEASING) | B(RESTORE_RESUMING) |
-                        B(RESTORE_RESTORING) | B(RESTORE_DONE) |
-                        B(RESTORE_FAILED),
-    [RESTORE_LEASING] = B(RESTORE_RESUMING) | B(RESTORE_RESTORING) |
+                        B(RESTORE_RESTORING) | B(RESTORE_JOINING) |
                         B(RESTORE_DONE) | B(RESTORE_FAILED),
-    [RESTORE_RESUMING] = B(RESTORE_RESTORING) | B(RESTORE_DONE),
-    [RESTORE_RESTORING] =
-        B(RESTORE_COUNTING) | B(RESTORE_DONE) | B(RESTORE_FAILED),
-    [RESTORE_COUNTING] = B(RESTORE_DONE),
+    [RESTORE_LEASING] = B(RESTORE_RESUMING) | B(RESTORE_RESTORING) |
+                        B(RESTORE_JOINING) | B(RESTORE_DONE) |
+                        B(RESTORE_FAILED),
+    [RESTORE_RESUMING] =
+        B(RESTORE_RESTORING) | B(RESTORE_JOINING) | B(RESTORE_DONE),
+    [RESTORE_RESTORING] = B(RESTORE_COUNTING) | B(RESTORE_JOINING) |
+                          B(RESTORE_DONE) | B(RESTORE_FAILED),
+    [RESTORE_COUNTING] = B(RESTORE_JOINING) | B(RESTORE_DONE),
+    [RESTORE_JOINING] = B(RESTORE_DONE) | B(RESTORE_FAILED),
 };
 
 const char *
@@ -86,19 +97,76 @@ cancelled(struct spotd *d)
   return true;
 }
 
+/* The folders a restore downloads into: spotd's own and the store's
+ * temporary one next to it (".NAME.spotd-restore-XXXXXX"). */
+#define RESUME_DIR ".spotd-resume"
+#define RESUME_PARTIAL "..spotd-resume.spotd-restore-"
+
+/* Removes what a restore left half-downloaded in the checkpoint folder:
+ * a spotd killed during its restore leaves it, and nothing else would
+ * ever remove it. */
 static void
-fail(struct spotd *d)
+remove_partial(struct spotd *d)
+{
+  char path[4400];
+  DIR *dir;
+  struct dirent *de;
+
+  snprintf(path, sizeof(path), "%s/" RESUME_DIR, d->ckpt_dir);
+  if (access(path, F_OK) == 0)
+    spot_rm_tree(path);
+  dir = opendir(d->ckpt_dir);
+  if (dir == NULL)
+    return;
+  while ((de = readdir(dir)) != NULL) {
+    if (strncmp(de->d_name, RESUME_PARTIAL, strlen(RESUME_PARTIAL)) != 0)
+      continue;
+    snprintf(path, sizeof(path), "%s/%s", d->ckpt_dir, de->d_name);
+    log_info("removing %s, an incomplete restore download", path);
+    spot_rm_tree(path);
+  }
+  closedir(dir);
+}
+
+static void
+fail_code(struct spotd *d, int exit_code)
 {
   hist_refused(d, "restore");
   set_state(d, RESTORE_FAILED);
-  spotd_fail(d, SPOTD_EXIT_ERROR);
+  remove_partial(d);
+  spotd_fail(d, exit_code);
+}
+
+static void
+fail(struct spotd *d, int exit_code)
+{
+  fail_code(d, exit_code);
 }
 
 static void
 done(struct spotd *d)
 {
+  if (runjoin_needed(d)) {
+    set_state(d, RESTORE_JOINING);
+    runjoin_start(d); /* restore_joined() follows */
+    return;
+  }
   set_state(d, RESTORE_DONE);
   spotd_launch(d);
+}
+
+void
+restore_joined(struct spotd *d, int err)
+{
+  if (d->closing) {
+    set_state(d, RESTORE_CANCELLED);
+    return;
+  }
+  if (err < 0) {
+    fail(d, SPOTD_EXIT_UNAVAILABLE); /* the store could not be listed */
+    return;
+  }
+  done(d);
 }
 
 void
@@ -136,13 +204,17 @@ restore_place(struct spotd *d, const struct spot_store_result *res)
 {
   char tmp[4300], dst[4300], mine[4400];
 
-  snprintf(tmp, sizeof(tmp), "%s/.spotd-resume", d->ckpt_dir);
+  snprintf(tmp, sizeof(tmp), "%s/" RESUME_DIR, d->ckpt_dir);
   snprintf(dst, sizeof(dst), "%s/%s", d->ckpt_dir, res->name);
   if (access(dst, F_OK) == 0)
     spot_rm_tree(dst);
   if (rename(tmp, dst) < 0) {
-    log_err("restore: moving %s to %s: %s", tmp, dst, strerror(errno));
-    return -errno;
+    int e = errno;
+
+    log_err("restore: the local disk failed, not the store: moving %s to "
+            "%s: %s; no older checkpoint is restored",
+            tmp, dst, strerror(e));
+    return -e;
   }
   log_info("restored checkpoint %s into %s (%" PRIu64 " bytes in %.1f s)",
            res->name, dst, res->raw_bytes, (double)res->elapsed_ms / 1000.0);
@@ -174,15 +246,19 @@ restore_place(struct spotd *d, const struct spot_store_result *res)
                  sizeof(d->store.latest_damaged));
   }
   d->last_commit_wall = spot_now_wall_ms();
+  /* The restored checkpoint was committed by an earlier run: the last
+   * line names that time, not this restore's. */
+  d->last_commit_made =
+      res->created_ms > 0 ? res->created_ms : d->last_commit_wall;
   watch_mark_known(d, res->name);
   hist_restored(d, res);
   return 0;
 }
 
 void
-restore_failed(struct spotd *d)
+restore_failed(struct spotd *d, int exit_code)
 {
-  fail(d);
+  fail_code(d, exit_code);
 }
 
 static void
@@ -204,15 +280,34 @@ restore_finished(struct spotd *d, const struct spot_store_result *res)
     done(d);
     return;
   }
+  if (res->err < 0 && res->local) {
+    /* The disk, not the store: an older checkpoint would roll the
+     * training back for nothing, and calling the store damaged could get
+     * good checkpoints deleted. */
+    bool full = res->err == -ENOSPC || res->err == -EDQUOT;
+
+    log_err("restore: the local disk failed, not the store: %s; no older "
+            "checkpoint is restored: %s %s or give --ckpt-dir %s, then start "
+            "again",
+            res->message, full ? "free space in" : "make writable", d->ckpt_dir,
+            full ? "a disk with room" : "another folder");
+    fail_code(d, SPOTD_EXIT_IOERR);
+    return;
+  }
+  if (res->err == -EXDEV) { /* the rank count: the message says both */
+    log_err("restore: %s", res->message);
+    fail_code(d, SPOTD_EXIT_DATAERR);
+    return;
+  }
   if (res->err < 0) {
-    if (fallback_next(d, res))
+    if (fallback_damage(res) && fallback_next(d, res))
       return;
     log_err("restore failed: %s", res->message);
-    fail(d);
+    fail(d, SPOTD_EXIT_ERROR);
     return;
   }
   if (restore_place(d, res) < 0) {
-    fail(d);
+    fail_code(d, SPOTD_EXIT_IOERR);
     return;
   }
   set_state(d, RESTORE_COUNTING);
@@ -231,9 +326,11 @@ begin_restore(struct spotd *d)
   }
   set_state(d, RESTORE_RESTORING);
   spotd_set_state(d, SPOTD_RESTORING);
-  snprintf(tmp, sizeof(tmp), "%s/.spotd-resume", d->ckpt_dir);
-  if (access(tmp, F_OK) == 0)
-    spot_rm_tree(tmp);
+  remove_partial(d);
+  snprintf(tmp, sizeof(tmp), "%s/" RESUME_DIR, d->ckpt_dir);
+  /* place() replaces CKPT_DIR/NAME: the store may remove that old copy
+   * first when the checkpoint fits only without it */
+  d->store.replace_parent = d->ckpt_dir;
   /* The trainer waits for this restore: start many transfers at once. */
   d->store.parallel_start = SPOT_STORE_PARALLEL_URGENT;
   r = spot_store_restore(d->loop, &d->store, NULL, tmp, NULL, restore_done_cb,
@@ -241,7 +338,7 @@ begin_restore(struct spotd *d)
   if (r < 0) {
     d->restore.op = NULL;
     log_err_errno(r, "restore");
-    fail(d);
+    fail(d, SPOTD_EXIT_ERROR);
   }
 }
 
@@ -299,7 +396,7 @@ aws_ready_cb(int err, const char *msg, void *data)
     return;
   if (err < 0) {
     log_err("%s", msg[0] ? msg : strerror(-err));
-    fail(d);
+    fail(d, SPOTD_EXIT_ERROR);
     return;
   }
   memset(&sc, 0, sizeof(sc));
@@ -307,7 +404,7 @@ aws_ready_cb(int err, const char *msg, void *data)
   r = spot_s3_new(d->http, &sc, &d->s3);
   if (r < 0) {
     log_err_errno(r, "S3 client");
-    fail(d);
+    fail(d, SPOTD_EXIT_ERROR);
     return;
   }
   d->store.s3 = d->s3;
@@ -322,7 +419,8 @@ restore_probed(struct spotd *d, int err)
   if (d->closing)
     return;
   if (err < 0) {
-    fail(d);
+    /* The probe said why in one line: the store is not available. */
+    fail(d, SPOTD_EXIT_UNAVAILABLE);
     return;
   }
   set_state(d, RESTORE_LEASING);

@@ -49,18 +49,35 @@
 #define SPOTD_WATCH_MAX 64 /* subfolders watched for SPOTD_COMPLETE */
 #define SPOTD_COMPLETE "SPOTD_COMPLETE"
 
-/* Exit statuses (README "Exit status"). */
-#define SPOTD_EXIT_ERROR 1
+/* Exit statuses (README "Exit status"). Apart from the trainer's own
+ * status (mirrored) and a signal's 128+N, spotd's statuses lie in the
+ * sysexits range, so a trainer's usual 1 or 2 is never taken for one. */
+/* A bad command line: an unknown option, no training command (EX_USAGE). */
+#define SPOTD_EXIT_USAGE 64
+/* The store's data cannot be used: no committed checkpoint verifies, or
+ * it was written by another rank count (EX_DATAERR). */
+#define SPOTD_EXIT_DATAERR 65
+/* The store or the job lease is not available: the lease held elsewhere
+ * (--no-lease-wait, --lease-wait), the store unusable at start, or the
+ * trainer's last checkpoint not committed (EX_UNAVAILABLE). */
+#define SPOTD_EXIT_UNAVAILABLE 69
+/* The trainer kept failing: --max-restarts used up (EX_SOFTWARE). */
+#define SPOTD_EXIT_SOFTWARE 70
+/* Any other failure of spotd itself (EX_OSERR). */
+#define SPOTD_EXIT_ERROR 71
+/* The job lease was lost while running (another node took it over):
+ * nothing more was committed, the trainer was stopped (README). */
+#define SPOTD_EXIT_LEASE_LOST 73
+/* A local I/O error while restoring into the checkpoint folder: no space,
+ * quota, read-only, permission, EIO (EX_IOERR). */
+#define SPOTD_EXIT_IOERR 74
 /* A preemption handled: the final checkpoint (or, said in the last line,
  * an earlier one) is committed: resume later (EX_TEMPFAIL). */
 #define SPOTD_EXIT_PREEMPTED 75
 /* A notice came and no checkpoint of the job is committed at all. */
 #define SPOTD_EXIT_NOTHING_SAVED 76
-/* The job lease was lost while running (another node took it over):
- * nothing more was committed, the trainer was stopped (README). */
-#define SPOTD_EXIT_LEASE_LOST 73
-/* The trainer kept failing and --max-restarts were used up (EX_SOFTWARE). */
-#define SPOTD_EXIT_SOFTWARE 70
+/* A bad config file or option value (EX_CONFIG). */
+#define SPOTD_EXIT_CONFIG 78
 /* The training command could not be started. */
 #define SPOTD_EXIT_NO_COMMAND 127
 
@@ -97,6 +114,7 @@ enum restore_state {
   RESTORE_RESUMING,   /* the upload a killed spotd left */
   RESTORE_RESTORING,
   RESTORE_COUNTING, /* GET RESTARTS */
+  RESTORE_JOINING,  /* multi-node outside Slurm: agree the run (runjoin.c) */
   RESTORE_DONE,
   RESTORE_FAILED,
   RESTORE_CANCELLED,
@@ -132,6 +150,9 @@ struct upload {
   char name[256];
   char waiting[256];
   uint64_t log_ms; /* last progress line, ms into the upload */
+  /* ms into the upload when all the trainer had written was uploaded and
+   * its SPOTD_COMPLETE marker had not come yet; 0: not waiting */
+  uint64_t marker_wait_ms;
   uint64_t done_bytes, total_bytes;
   double rate;
   double last_bps; /* raw bytes/s of the last push */
@@ -189,6 +210,22 @@ struct crash_restart {
   char dir[4300];                /* the local copy checked */
   char why[300];                 /* why the local copy does not verify */
   struct spot_store_op *restore; /* the download when it does not */
+};
+
+/* runjoin.c: the LIST of ROOT/runs/, reduced. */
+struct runjoin_scan {
+  uint64_t newest;     /* the newest run with a marker, 0 none */
+  bool mine_in_newest; /* ... and it has this rank's */
+};
+
+struct run_join {
+  struct spot_s3_op *op, *del_op;
+  struct runjoin_scan scan;
+  char *prefix; /* ROOT/runs/ while listing */
+  unsigned pages;
+  uint64_t run; /* the run joined (or being joined) */
+  bool joined;
+  char body[64]; /* PUT runs/G/rank-K: lives until done */
 };
 
 struct relaunch_step {
@@ -337,9 +374,18 @@ struct spotd {
   /* the trainer and its checkpoints */
   struct spot_child trainer;
   bool trainer_started;
+  /* The trainer's step reports (control "step"), for `spotctl status`:
+   * the rate is measured over at least STEPS_RATE_MS between reports. */
+  struct {
+    int64_t step; /* -1: none reported */
+    int64_t ref_step;
+    uint64_t ref_ms;
+    double rate; /* steps per second, -1 until measured */
+  } steps;
   struct restore_op restore;
   struct restarts restarts;
   struct crash_restart crash;
+  struct run_join run;
   char resume_dir[4200];
   char *ckpt_dir;    /* absolute */
   char *journal_dir; /* CKPT_DIR/.spotd-journal: uploads in progress */
@@ -368,7 +414,9 @@ struct spotd {
 
   /* last commit */
   char last_commit[256];
-  int64_t last_commit_wall;
+  int64_t last_commit_wall; /* committed, or restored, by this spotd */
+  int64_t last_commit_made; /* when last_commit was committed (a restored
+                               one: its manifest's time) */
   /* the checkpoint restored at startup ("" none) */
   char restored_name[256];
 
@@ -430,6 +478,8 @@ void spotd_close(struct spotd *d);
 /* Milliseconds to the drain's deadline (UINT64_MAX: none). */
 uint64_t spotd_ms_left(const struct spotd *d);
 json_t *spotd_status_json(struct spotd *d);
+/* status.c: a step the trainer reported. */
+void status_step(struct spotd *d, int64_t step);
 
 /* upload.c: checkpoint requests, uploads, the final checkpoint rule */
 void spotd_request_checkpoint(struct spotd *d, const char *why);
@@ -466,10 +516,14 @@ void restore_leased(struct spotd *d);
 int restore_place(struct spotd *d, const struct spot_store_result *res);
 /* A restore (the newest, or a fallback's) ended. */
 void restore_finished(struct spotd *d, const struct spot_store_result *res);
-void restore_failed(struct spotd *d);
+void restore_failed(struct spotd *d, int exit_code);
 /* fallback.c: the restore failed: true when an older checkpoint is being
- * tried (restore_finished() follows), false to fail. */
+ * tried (restore_finished() follows), false to fail. Only for damage in
+ * the store (fallback_damage()). */
 bool fallback_next(struct spotd *d, const struct spot_store_result *res);
+/* Whether the restore failed on damage in the store itself, the only
+ * failure an older checkpoint is tried for. */
+bool fallback_damage(const struct spot_store_result *res);
 
 /* lease.c */
 /* 0: acquiring, restore_leased() follows (or spotd fails); 1: this node
@@ -507,6 +561,17 @@ void restart_advance(struct spotd *d);
 /* A notice or SIGTERM while RESTARTING: no restart; what runs stops. */
 void restart_abandon(struct spotd *d);
 void restart_close(struct spotd *d);
+
+/* runjoin.c: the run id of a multi-node job outside Slurm. */
+bool runjoin_needed(const struct spotd *d);
+void runjoin_start(struct spotd *d); /* then restore_joined() */
+void runjoin_close(struct spotd *d);
+void restore_joined(struct spotd *d, int err);
+int runjoin_parse_key(const char *rel, uint64_t *run, unsigned *rank);
+void runjoin_decide_init(struct runjoin_scan *s);
+void runjoin_decide_add(struct runjoin_scan *s, uint64_t run, unsigned rank,
+                        unsigned mine);
+uint64_t runjoin_decide(const struct runjoin_scan *s);
 
 /* fanout.c (multi-node, nranks > 1; no-ops on one node) */
 void fanout_init(struct spotd *d);

@@ -3,6 +3,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "manifest.h"
 #include "spotd.h"
 #include "util.h"
 
@@ -30,6 +31,47 @@ restored_json(struct spotd *d, json_t *j)
   if (ranks != NULL)
     json_object_set_new(j, "ranks", ranks);
   return j;
+}
+
+/* Steps per second need reports at least this far apart (a trainer may
+ * report every step, a few ms apart). */
+#define STEPS_RATE_MS 1000
+
+void
+status_step(struct spotd *d, int64_t step)
+{
+  uint64_t now = spot_now_mono_ms();
+
+  if (d->steps.step < 0 || step < d->steps.step) {
+    /* the first report, or a restarted trainer that resumed earlier */
+    d->steps.rate = -1;
+    d->steps.ref_step = step;
+    d->steps.ref_ms = now;
+  } else if (now >= d->steps.ref_ms + STEPS_RATE_MS) {
+    d->steps.rate = (double)(step - d->steps.ref_step) * 1000.0 /
+                    (double)(now - d->steps.ref_ms);
+    d->steps.ref_step = step;
+    d->steps.ref_ms = now;
+  }
+  d->steps.step = step;
+}
+
+/* The steps since the last committed checkpoint's step (the step its name
+ * states); every step without a commit; -1 when the commit's step is
+ * unknown. */
+static int64_t
+steps_at_risk(const struct spotd *d)
+{
+  int64_t at;
+
+  if (d->steps.step < 0)
+    return -1;
+  if (d->last_commit[0] == '\0')
+    return d->steps.step;
+  at = spot_ckpt_name_step(d->last_commit);
+  if (at < 0)
+    return -1;
+  return d->steps.step > at ? d->steps.step - at : 0;
 }
 
 json_t *
@@ -66,6 +108,9 @@ spotd_status_json(struct spotd *d)
     st.trainer.pid = d->trainer.pid;
     st.trainer.uptime_s = (int64_t)(now - d->trainer.start_ms) / 1000;
     st.trainer.restart_count = d->restarts.count;
+    st.trainer.step = d->steps.step;
+    st.trainer.steps_per_s = d->steps.rate;
+    st.trainer.steps_at_risk = steps_at_risk(d);
   }
   if (d->last_commit[0] != '\0') {
     st.has_last_commit = true;

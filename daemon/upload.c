@@ -335,23 +335,41 @@ spotd_request_checkpoint(struct spotd *d, const char *why)
 
 /* ------------------------------------------------------------ uploads */
 
-/* Local copies older than the newest commit are not needed any more. */
+/* Local copies older than the newest commit are not needed any more,
+ * but for the --keep-local N - 1 newest of them (by step): each takes its
+ * full size on the local disk. */
 static void
 prune_local(struct spotd *d, const char *keep)
 {
-  for (size_t i = 0; i < d->nknown; i++) {
+  const char *old[SPOTD_NAMES_MAX];
+  size_t nold = 0, spare = (size_t)d->cfg->keep_local - 1;
+
+  for (size_t i = 0; i < d->nknown && nold < SPOTD_NAMES_MAX; i++) {
     const char *n = d->known[i];
     char path[4300];
+    size_t j;
 
     if (strcmp(n, keep) == 0 || strcmp(n, d->up.waiting) == 0 ||
         (d->up.op != NULL && strcmp(n, d->up.name) == 0) ||
         spot_ckpt_name_step(n) > spot_ckpt_name_step(keep))
       continue; /* newer by step: never removed for an older commit */
     snprintf(path, sizeof(path), "%s/%s", d->ckpt_dir, n);
-    if (access(path, F_OK) == 0) {
-      log_info("removing local checkpoint %s (committed %s is newer)", n, keep);
-      spot_rm_tree(path);
-    }
+    if (access(path, F_OK) != 0)
+      continue;
+    /* newest first */
+    for (j = nold;
+         j > 0 && spot_ckpt_name_step(old[j - 1]) < spot_ckpt_name_step(n); j--)
+      old[j] = old[j - 1];
+    old[j] = n;
+    nold++;
+  }
+  for (size_t i = spare; i < nold; i++) {
+    char path[4300];
+
+    snprintf(path, sizeof(path), "%s/%s", d->ckpt_dir, old[i]);
+    log_info("removing local checkpoint %s (committed %s is newer)", old[i],
+             keep);
+    spot_rm_tree(path);
   }
 }
 
@@ -365,6 +383,26 @@ upload_progress_cb(const struct spot_store_progress *p, void *data)
   u->done_bytes = p->raw_done;
   u->total_bytes = p->raw_total;
   u->rate = secs > 0 ? (double)p->raw_done / secs : 0;
+  /* Following a folder the trainer still writes: once all it wrote is
+   * uploaded, what is left is the trainer's save, not the upload (100% at
+   * 0 MB/s would say otherwise). */
+  if (p->phase == SPOT_STORE_PHASE_TRANSFER && p->marker_pending &&
+      p->raw_done >= p->raw_total) {
+    if (u->marker_wait_ms == 0)
+      u->marker_wait_ms = p->elapsed_ms > 0 ? p->elapsed_ms : 1;
+    if (p->elapsed_ms >= u->log_ms + 2000) {
+      char done[32];
+
+      u->log_ms = p->elapsed_ms;
+      log_info("uploading %s: the %s written so far is uploaded; waiting for "
+               "the trainer's %s marker (%.0f s)",
+               p->name, spot_fmt_bytes(p->raw_done, done, sizeof(done)),
+               SPOTD_COMPLETE,
+               (double)(p->elapsed_ms - u->marker_wait_ms) / 1000.0);
+    }
+    return;
+  }
+  u->marker_wait_ms = 0;
   /* One progress line every 2 s for long uploads. */
   if (p->phase == SPOT_STORE_PHASE_TRANSFER && p->raw_total > 0 &&
       p->elapsed_ms >= u->log_ms + 2000) {
@@ -385,18 +423,29 @@ committed(struct spotd *d, const char *name,
           const struct spot_store_result *res)
 {
   double secs = (double)res->elapsed_ms / 1000.0;
+  /* Multi-node, rank 0: the line describes the checkpoint committed (every
+   * rank's files, as its manifest lists them), then this rank's share. */
+  bool merged = res->ckpt_files > 0;
+  uint64_t files = merged ? res->ckpt_files : res->files;
+  uint64_t raw = merged ? res->ckpt_raw_bytes : res->raw_bytes;
+  uint64_t stored = merged ? res->ckpt_stored_bytes : res->stored_bytes;
+  char own[128] = "";
 
+  if (merged)
+    snprintf(own, sizeof(own),
+             "; rank %u uploaded files=%" PRIu64 " raw=%" PRIu64
+             " stored=%" PRIu64,
+             d->store.rank, res->files, res->raw_bytes, res->stored_bytes);
   log_info("committed checkpoint name=%s files=%" PRIu64 " raw=%" PRIu64
-           " stored=%" PRIu64 " ratio=%.2f in %.1f s (%u retries)",
-           name, res->files, res->raw_bytes, res->stored_bytes,
-           res->stored_bytes > 0
-               ? (double)res->raw_bytes / (double)res->stored_bytes
-               : 1.0,
-           secs, res->retries);
+           " stored=%" PRIu64 " ratio=%.2f in %.1f s (%u retries)%s",
+           name, files, raw, stored,
+           stored > 0 ? (double)raw / (double)stored : 1.0, secs, res->retries,
+           own);
   if (res->warning != NULL && res->warning[0] != '\0')
     spotd_warn(d, "%s", res->warning);
   spot_strlcpy(d->last_commit, name, sizeof(d->last_commit));
   d->last_commit_wall = spot_now_wall_ms();
+  d->last_commit_made = d->last_commit_wall;
   d->up.failed[0] = '\0';
   if (secs > 0 && res->raw_bytes > 0) {
     d->up.last_bps = (double)res->raw_bytes / secs;
@@ -494,6 +543,7 @@ start_upload(struct spotd *d, const char *name, bool follow)
   u->done_bytes = u->total_bytes = 0;
   u->rate = 0;
   u->log_ms = 0;
+  u->marker_wait_ms = 0;
   /* This spotd holds the job lease, so it is the job's only writer:
    * uploads begun before it started belong to a dead or fenced
    * predecessor and are aborted by the retention step. The ranks of a

@@ -108,14 +108,21 @@ def check_exit_codes(v):
         h = f.read()
     for macro, key in (("PREEMPTED", "preempted"), ("NOTHING_SAVED", "nothing_saved"),
                        ("LEASE_LOST", "lease_lost"), ("ERROR", "error"),
-                       ("NO_COMMAND", "no_command")):
+                       ("UNAVAILABLE", "unavailable"), ("SOFTWARE", "restarts"),
+                       ("IOERR", "io"), ("USAGE", "usage"), ("DATAERR", "data"),
+                       ("CONFIG", "config"), ("NO_COMMAND", "no_command")):
         m = re.search(r"#define SPOTD_EXIT_%s (\d+)" % macro, h)
         need(m is not None and int(m.group(1)) == v["exit"][key],
              "daemon/spotd.h: SPOTD_EXIT_%s is not %d" % (macro, v["exit"][key]))
     with open(os.path.join(ROOT, "README.md")) as f:
         readme = f.read()
-    need("| %d | a bad command line or config |" % v["exit"]["usage"] in readme,
-         "README.md: exit %d is not the bad command line" % v["exit"]["usage"])
+    for key, what in (("usage", "a bad command line"), ("config", "a bad config"),
+                      ("data", "the store's data"), ("error", "any other failure")):
+        need("| %d | %s" % (v["exit"][key], what) in readme,
+             "README.md: exit %d is not %s" % (v["exit"][key], what))
+    for key in ("usage", "data", "config", "no_command"):
+        need(v["exit"][key] in v["fail_job"],
+             "values: exit %d does not fail the Job" % v["exit"][key])
     need(v["exit"]["preempted"] in v["ignore"], "values: 75 is not ignored")
     need(v["grace_s"] == v["checkpoint_s"] + v["margin_s"],
          "values: grace_s is not checkpoint_s + margin_s")

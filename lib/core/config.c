@@ -203,6 +203,11 @@ static const struct key_def keys[] = {
      "only after the marker (trainers that rewrite files in place)."},
     {"keep", T_INT, OFF(keep), "N", "3", NULL, NULL, 1, 10000, NULL, NULL, 0,
      "Committed checkpoints kept in the store."},
+    {"keep-local", T_INT, OFF(keep_local), "N", "1", NULL, NULL, 1, 10000, NULL,
+     NULL, 0,
+     "Checkpoints kept in the checkpoint folder: the newest committed and "
+     "the N-1 newest before it. Each takes its full size on the local "
+     "disk."},
     {"endpoint", T_STRING, OFF(endpoint), "URL", NULL,
      "AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, or the regional AWS endpoint",
      "http://127.0.0.1:7480", 0, 0, NULL, check_url, 0,
@@ -276,10 +281,10 @@ static const struct key_def keys[] = {
     {"lease-wait", T_STRING, OFF(lease_wait), "SEC|forever", NULL, "forever",
      "forever", 0, 0, NULL, check_lease_wait, 0,
      "How long to wait for the job lease another node holds before giving "
-     "up (exit 1); `spotctl status` names the holder meanwhile."},
+     "up (exit 69); `spotctl status` names the holder meanwhile."},
     {"no-lease-wait", T_BOOL, OFF(no_lease_wait), NULL, "false", NULL, NULL, 0,
      0, NULL, NULL, 0,
-     "Refuse at once (exit 1, naming the holder and its expiry) when "
+     "Refuse at once (exit 69, naming the holder and its expiry) when "
      "another node holds the job lease."},
     {"socket", T_STRING, OFF(socket), "PATH", NULL,
      "$RUNTIME_DIRECTORY/spotd.sock or ./spotd.sock", "/run/spotd/spotd.sock",

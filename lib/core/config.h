@@ -112,6 +112,7 @@ struct spot_config {
   bool overlap; /* upload a requested checkpoint's files while it is written */
   /* the store */
   int64_t keep;
+  int64_t keep_local; /* committed checkpoints kept in ckpt_dir */
   char *endpoint;
   char *region;
   uint64_t part_size;

@@ -211,6 +211,7 @@ spot_lease_doc_next_epoch(const struct spot_lease_doc *cur,
     return cur != NULL ? cur->epoch : 0;
   case SPOT_LEASE_RELEASED:
   case SPOT_LEASE_EXPIRED:
+  case SPOT_LEASE_DEAD:
     if (cur == NULL || cur->epoch >= SPOT_LEASE_EPOCH_MAX)
       return 0;
     return cur->epoch + 1;
@@ -227,7 +228,7 @@ spot_lease_doc_verdict_name(enum spot_lease_verdict v)
   static const char *const names[SPOT_LEASE_VERDICT_LAST] = {
       [SPOT_LEASE_ABSENT] = "absent",   [SPOT_LEASE_RELEASED] = "released",
       [SPOT_LEASE_EXPIRED] = "expired", [SPOT_LEASE_OURS] = "ours",
-      [SPOT_LEASE_THEIRS] = "theirs",
+      [SPOT_LEASE_THEIRS] = "theirs",   [SPOT_LEASE_DEAD] = "dead",
   };
 
   return (unsigned)v < SPOT_LEASE_VERDICT_LAST ? names[v] : "?";
@@ -331,5 +332,75 @@ spot_lease_doc_order_cmp(struct spot_latest_order a, struct spot_latest_order b)
     return a.epoch < b.epoch ? -1 : 1;
   if (a.seq != b.seq)
     return a.seq < b.seq ? -1 : 1;
+  return 0;
+}
+
+int
+spot_lease_owner_format(const char *instance, const struct spot_lease_owner *o,
+                        char *out, size_t size)
+{
+  int n = snprintf(out, size, "%s%s%s/pidns-%" PRIu64 "/%s:%ld",
+                   instance != NULL ? instance : "",
+                   instance != NULL && instance[0] != '\0' ? "/" : "",
+                   o->boot[0] != '\0' ? o->boot : "no-boot-id", o->pidns,
+                   o->host[0] != '\0' ? o->host : "unknown", o->pid);
+
+  return n < 0 || (size_t)n >= size ? -E2BIG : 0;
+}
+
+/* Digits only, no sign, in [1, max]; -1 when not. */
+static int64_t
+owner_number(const char *s, size_t n, int64_t max)
+{
+  int64_t v = 0;
+
+  if (n == 0 || n > 19 || (n > 1 && s[0] == '0'))
+    return -1;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] < '0' || s[i] > '9')
+      return -1;
+    if (v > (max - (s[i] - '0')) / 10)
+      return -1;
+    v = v * 10 + (s[i] - '0');
+  }
+  return v >= 1 ? v : -1;
+}
+
+int
+spot_lease_owner_parse(const char *owner, struct spot_lease_owner *out)
+{
+  const char *colon = strrchr(owner, ':'), *host, *ns, *boot;
+  struct spot_lease_owner o;
+  int64_t pid, pidns;
+  size_t n;
+
+  memset(&o, 0, sizeof(o));
+  if (colon == NULL)
+    return -EINVAL;
+  pid = owner_number(colon + 1, strlen(colon + 1), INT32_MAX);
+  /* HOST: from the '/' before the colon */
+  for (host = colon; host > owner && host[-1] != '/'; host--)
+    ;
+  if (pid < 0 || host == owner || host == colon ||
+      (size_t)(colon - host) >= sizeof(o.host))
+    return -EINVAL;
+  memcpy(o.host, host, (size_t)(colon - host));
+  /* pidns-N: the segment before HOST */
+  for (ns = host - 1; ns > owner && ns[-1] != '/'; ns--)
+    ;
+  n = (size_t)(host - 1 - ns);
+  if (ns == owner || n <= 6 || strncmp(ns, "pidns-", 6) != 0)
+    return -EINVAL;
+  pidns = owner_number(ns + 6, n - 6, INT64_MAX);
+  /* BOOT: the segment before that (an INSTANCE/ may come first) */
+  for (boot = ns - 1; boot > owner && boot[-1] != '/'; boot--)
+    ;
+  n = (size_t)(ns - 1 - boot);
+  if (pidns < 0 || n == 0 || n >= sizeof(o.boot))
+    return -EINVAL;
+  memcpy(o.boot, boot, n);
+  o.pidns = (uint64_t)pidns;
+  o.pid = (long)pid;
+  *out = o;
   return 0;
 }

@@ -67,8 +67,27 @@ enum spot_lease_verdict {
   SPOT_LEASE_EXPIRED,  /* held, expired beyond the grace: take, epoch + 1 */
   SPOT_LEASE_OURS,     /* our own last write (owner and nonce): renew */
   SPOT_LEASE_THEIRS,   /* held by another writer: wait or refuse */
+  SPOT_LEASE_DEAD,     /* THEIRS, but its holder's process is gone from
+                          this machine: take, epoch + 1 */
   SPOT_LEASE_VERDICT_LAST,
 };
+
+/* A spotd's owner id names the process that holds the lease:
+ * "[INSTANCE/]BOOT/pidns-N/HOST:PID" (the kernel's boot id, the inode of
+ * its pid namespace, the host name, the pid), so that a node can tell a
+ * holder on its own machine, in its own pid namespace, whose process is
+ * gone. format returns 0 or -E2BIG; parse returns 0, or -EINVAL for an
+ * owner id of another form (a hand-picked `spotctl lease --owner`). */
+struct spot_lease_owner {
+  char boot[64];
+  uint64_t pidns;
+  char host[128];
+  long pid;
+};
+int spot_lease_owner_format(const char *instance,
+                            const struct spot_lease_owner *o, char *out,
+                            size_t size);
+int spot_lease_owner_parse(const char *owner, struct spot_lease_owner *out);
 
 /* cur NULL means the object does not exist. our_nonce is the nonce of our
  * last write (NULL or "" when we wrote none): the same owner id with
@@ -84,7 +103,7 @@ enum spot_lease_verdict spot_lease_doc_judge(const struct spot_lease_doc *cur,
  * cur's + 1 otherwise (0 for THEIRS: nothing to write, or on overflow). */
 uint64_t spot_lease_doc_next_epoch(const struct spot_lease_doc *cur,
                                    enum spot_lease_verdict v);
-/* "absent", "released", "expired", "ours", "theirs". */
+/* "absent", "released", "expired", "ours", "theirs", "dead". */
 const char *spot_lease_doc_verdict_name(enum spot_lease_verdict v);
 /* Milliseconds until a THEIRS lease may be taken over (0 if now). */
 int64_t spot_lease_doc_wait_ms(const struct spot_lease_doc *cur, int64_t now_ms,

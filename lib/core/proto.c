@@ -534,6 +534,12 @@ spot_proto_status_to_json(const struct spot_proto_status *st)
       put(sub, "pid", json_integer(st->trainer.pid), &ok);
       put(sub, "uptime_s", json_integer(st->trainer.uptime_s), &ok);
       put(sub, "restart_count", json_integer(st->trainer.restart_count), &ok);
+      put(sub, "step", int_or_null(st->trainer.step), &ok);
+      put(sub, "steps_per_s",
+          st->trainer.steps_per_s >= 0 ? json_real(st->trainer.steps_per_s)
+                                       : json_null(),
+          &ok);
+      put(sub, "steps_at_risk", int_or_null(st->trainer.steps_at_risk), &ok);
     }
     put(o, "trainer", sub, &ok);
   } else {
@@ -680,6 +686,20 @@ spot_proto_status_from_json(json_t *obj, struct spot_proto_status *st,
     if (r == 0)
       r = opt_int(sub, "restart_count", &st->trainer.restart_count, 0, err,
                   errlen);
+    if (r == 0)
+      r = opt_int(sub, "step", &st->trainer.step, -1, err, errlen);
+    if (r == 0)
+      r = opt_int(sub, "steps_at_risk", &st->trainer.steps_at_risk, -1, err,
+                  errlen);
+    st->trainer.steps_per_s = -1;
+    if (r == 0) {
+      v = json_object_get(sub, "steps_per_s");
+      if (v != NULL && !json_is_null(v) && !json_is_number(v))
+        r = fail(-EBADMSG, err, errlen,
+                 "status: 'steps_per_s' must be a number");
+      else if (v != NULL && !json_is_null(v))
+        st->trainer.steps_per_s = json_number_value(v);
+    }
   }
   if (r == 0)
     r = opt_obj(obj, "last_commit", &sub, err, errlen);

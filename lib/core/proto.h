@@ -191,6 +191,12 @@ struct spot_proto_trainer {
   int64_t pid;
   int64_t uptime_s;
   int64_t restart_count;
+  /* What the trainer reported ("step" requests); -1 = not reported. */
+  int64_t step;
+  double steps_per_s;    /* -1 = unknown (fewer than two reports) */
+  int64_t steps_at_risk; /* step minus the last committed checkpoint's
+                            step (all of step without a commit); -1 =
+                            unknown */
 };
 
 struct spot_proto_commit {

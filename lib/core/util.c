@@ -11,6 +11,8 @@
 #include <sys/mman.h>
 #include <signal.h>
 #include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 uint64_t
@@ -408,6 +410,49 @@ void
 spot_rm_tree(const char *path)
 {
   nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* nftw's callback has no argument of its own: the sum lives per thread
+ * (restore measures on the thread pool). */
+static _Thread_local uint64_t usage_bytes;
+
+static int
+usage_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+  (void)path;
+  (void)ftw;
+  if (flag != FTW_NS)
+    usage_bytes += (uint64_t)st->st_blocks * 512;
+  return 0;
+}
+
+int
+spot_tree_usage(const char *path, uint64_t *bytes, uint64_t *dev)
+{
+  struct stat st;
+
+  if (lstat(path, &st) < 0)
+    return -errno;
+  usage_bytes = 0;
+  if (nftw(path, usage_cb, 16, FTW_PHYS | FTW_MOUNT) != 0)
+    return errno != 0 ? -errno : -EIO;
+  *bytes = usage_bytes;
+  *dev = (uint64_t)st.st_dev;
+  return 0;
+}
+
+int
+spot_fs_avail(const char *path, uint64_t *avail, uint64_t *block)
+{
+  struct statvfs sv;
+
+  if (statvfs(path, &sv) < 0)
+    return -errno;
+  if (sv.f_blocks == 0 || sv.f_frsize == 0)
+    return -ENOTSUP;
+  *avail = (uint64_t)sv.f_bavail * sv.f_frsize;
+  *block = sv.f_frsize;
+  return 0;
 }
 
 void

@@ -58,6 +58,16 @@ uint32_t spot_random_u32(void);
 /* Removes a folder and everything below it, without following links
  * (best effort: what cannot be removed stays). */
 void spot_rm_tree(const char *path);
+/* The disk space a tree takes (st_blocks of everything below path on
+ * its own file system, links not followed; a hard-linked file counts
+ * once per name) and the file system it is on.
+ * 0, or negative errno when path cannot be read. */
+int spot_tree_usage(const char *path, uint64_t *bytes, uint64_t *dev);
+/* The bytes an unprivileged writer may still use on the file system of
+ * path (statvfs f_bavail x f_frsize) and its block size. 0 or negative
+ * errno; a file system that reports no block count (some FUSE ones)
+ * gives -ENOTSUP: its free space is unknown. */
+int spot_fs_avail(const char *path, uint64_t *avail, uint64_t *block);
 
 /* A string that came from the network or the store, made safe to print:
  * copies src into dst (size bytes, always terminated; cut only between
@@ -75,7 +85,8 @@ const char *spot_escape(const char *src, char *dst, size_t size);
  * stops it with SIGSTOP instead, until a SIGCONT). Points:
  * "before-commit" (a push about to check its lease and write its
  * manifest), "after-manifest" (a commit's manifest written, LATEST not yet
- * moved).
+ * moved), "restore-space-checked" (a restore found room for the
+ * checkpoint and writes nothing yet).
  * Also $SPOTD_FAULT_CLOCK_MS: spot_now_wall_ms() runs that many ms ahead
  * (negative: behind), a node whose clock is off.
  * Without fault points it does nothing and reads no environment. */

@@ -22,9 +22,12 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "util.h"
@@ -564,16 +567,102 @@ start_floor(struct spot_lease *l)
   return r;
 }
 
+/* The first line of a small /proc file, without its newline; "" when it
+ * cannot be read. */
+static void
+read_line(const char *path, char *buf, size_t size)
+{
+  FILE *f = fopen(path, "re");
+
+  buf[0] = '\0';
+  if (f == NULL)
+    return;
+  if (fgets(buf, (int)size, f) == NULL)
+    buf[0] = '\0';
+  fclose(f);
+  buf[strcspn(buf, "\n")] = '\0';
+}
+
+static void
+local_identity(struct spot_lease_owner *o)
+{
+  struct stat st;
+
+  memset(o, 0, sizeof(*o));
+  read_line("/proc/sys/kernel/random/boot_id", o->boot, sizeof(o->boot));
+  if (stat("/proc/self/ns/pid", &st) == 0)
+    o->pidns = (uint64_t)st.st_ino;
+  if (gethostname(o->host, sizeof(o->host) - 1) < 0)
+    o->host[0] = '\0';
+  o->host[sizeof(o->host) - 1] = '\0';
+  o->pid = (long)getpid();
+}
+
+int
+spot_lease_local_owner(const char *instance, char *out, size_t size)
+{
+  struct spot_lease_owner o;
+
+  local_identity(&o);
+  return spot_lease_owner_format(instance, &o, out, size);
+}
+
+bool
+spot_lease_holder_gone(const char *owner, char *why, size_t size)
+{
+  struct spot_lease_owner them, us;
+  char path[64], comm[64];
+
+  if (why != NULL && size > 0)
+    why[0] = '\0';
+  if (spot_lease_owner_parse(owner, &them) < 0)
+    return false;
+  local_identity(&us);
+  /* Another machine, container or boot: its processes are not ours to
+   * see. Without a boot id or pid namespace nothing can be told. */
+  if (us.boot[0] == '\0' || us.pidns == 0 || strcmp(them.boot, us.boot) != 0 ||
+      them.pidns != us.pidns || strcmp(them.host, us.host) != 0)
+    return false;
+  if (them.pid == us.pid) {
+    /* a process before us had our pid: it is gone */
+    if (why != NULL)
+      snprintf(why, size, "pid %ld is this process now", them.pid);
+    return true;
+  }
+  if (kill((pid_t)them.pid, 0) < 0 && errno == ESRCH) {
+    if (why != NULL)
+      snprintf(why, size, "pid %ld no longer runs", them.pid);
+    return true;
+  }
+  snprintf(path, sizeof(path), "/proc/%ld/comm", them.pid);
+  read_line(path, comm, sizeof(comm));
+  if (comm[0] != '\0' && strcmp(comm, "spotd") != 0) {
+    if (why != NULL)
+      snprintf(why, size, "pid %ld is now '%.32s', not a spotd", them.pid,
+               comm);
+    return true;
+  }
+  return false;
+}
+
 /* After a read in an acquire: take it, or wait for its holder. */
 static void
 judge_and_act(struct spot_lease *l)
 {
+  char why[96];
   enum spot_lease_verdict v;
   uint64_t epoch;
   int r;
 
   v = spot_lease_doc_judge(l->cur_exists ? &l->cur : NULL, l->owner,
                            l->our_nonce, spot_now_wall_ms(), l->grace_ms);
+  if (v == SPOT_LEASE_THEIRS &&
+      spot_lease_holder_gone(l->cur.owner, why, sizeof(why))) {
+    log_info("lease: s3://%s/%s of %s (epoch %" PRIu64 ") is held by a "
+             "process of this machine that is gone (%s): taking it over",
+             l->bucket, l->key, l->cur.owner, l->cur.epoch, why);
+    v = SPOT_LEASE_DEAD;
+  }
   if (v == SPOT_LEASE_THEIRS) {
     wait_for_holder(l);
     return;

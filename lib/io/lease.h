@@ -1,4 +1,4 @@
-/* The job lease (DESIGN.md "Store layout and commit"): which node may run
+/* The job lease (docs/design.md, the commit and the lease): which node may run
  * a job's trainer and commit. One object, ROOT/LEASE (lease_doc.h), written
  * only with S3 conditional PUTs: If-None-Match: * to create it, If-Match
  * on its ETag to take it over (epoch + 1), renew it (same epoch) or
@@ -7,7 +7,9 @@
  * Life of a struct spot_lease (one per job and process):
  *
  *   spot_lease_acquire()  reads the lease; absent, released or expired ->
- *                         write ours; held by another -> wait (poll until
+ *                         write ours; held by a process of this machine
+ *                         that is gone (spot_lease_holder_gone) -> take
+ *                         it over at once; held by another -> wait (poll until
  *                         it is released or expires; wait_cb tells who
  *                         holds it, until when) or, with no_wait, fail at
  *                         once with -EBUSY. Once held, the lease renews
@@ -29,7 +31,7 @@
  * lease at (send time of its last write) + ttl on its monotonic clock.
  *
  * Ceph 16 RGW compares PUT If-Match with the bare ETag, AWS with the
- * quoted one (shared/VERIFIED.md). We send the quoted form (standard) and,
+ * quoted one (measured against both). We send the quoted form (standard) and,
  * on a 412, GET the object: if its ETag is still the one we named, the 412
  * was the form, not a conflict, so we send the bare form once and
  * remember it for this S3 client (spot_s3_set_if_match_unquoted). A server
@@ -55,6 +57,16 @@
 #define SPOT_LEASE_TTL_DEFAULT_MS 30000
 #define SPOT_LEASE_POLL_DEFAULT_MS 1000
 #define SPOT_LEASE_GRACE_DEFAULT_MS 2000
+
+/* This process's owner id (lease_doc.h: boot id, pid namespace, host
+ * name, pid), with INSTANCE/ in front unless instance is NULL or "".
+ * 0 or -E2BIG. */
+int spot_lease_local_owner(const char *instance, char *out, size_t size);
+/* Whether the holder named by owner is a process of this machine (same
+ * boot id, pid namespace and host name) that no longer runs: its pid is
+ * gone, or now names a process other than a spotd. False for an owner of
+ * another machine or of another form. why (may be NULL) says which. */
+bool spot_lease_holder_gone(const char *owner, char *why, size_t size);
 
 struct spot_lease_config {
   struct spot_s3 *s3;

@@ -414,6 +414,7 @@ spot__store_progress(struct spot__store_op *b, enum spot_store_phase phase)
   p.stored_done = b->stored_done;
   p.elapsed_ms = spot_now_mono_ms() - b->start_ms;
   p.retries = b->retries;
+  p.marker_pending = b->marker_pending;
   p.parallel =
       b->pipe != NULL && b->pipe->slots != NULL ? spot_pace_limit(&b->pace) : 0;
   b->progress(&p, b->data);

@@ -161,6 +161,12 @@ struct spot_store_config {
    * then aborted, its objects deleted). The journal (journal_dir) lists
    * the multipart uploads started, as for any push. */
   bool follow;
+  /* restore (spotd): the restored checkpoint will then replace the
+   * folder of the same name under this one (its old local copy). Before
+   * anything is fetched, the free space check counts that copy as free
+   * when it is on the same file system, and removes it when the
+   * checkpoint fits only without it. NULL: no such copy. */
+  const char *replace_parent;
 };
 
 #define SPOT_STORE_PACK_PARTS 8
@@ -188,6 +194,9 @@ struct spot_store_progress {
   uint64_t elapsed_ms;
   unsigned retries;
   unsigned parallel; /* transfers allowed in flight now (0: not started) */
+  /* push following a folder (cfg follow): SPOT_STORE_MARKER not seen yet,
+   * so raw_total is only what the trainer wrote so far */
+  bool marker_pending;
 };
 
 struct spot_store_result {
@@ -207,9 +216,22 @@ struct spot_store_result {
   /* restore: the whole checkpoint's bytes and the rank count that
    * committed it (cfg nranks > 0); files, raw_bytes and stored_bytes above
    * are what this rank restored (multi-node: its rank-K/ and shared
-   * files). */
+   * files). push by rank 0 of a multi-node job: ckpt_files and the bytes
+   * are the merged manifest's (every rank's), the fields above this
+   * rank's own upload; 0 for any other push. */
+  uint64_t ckpt_files;
   uint64_t ckpt_raw_bytes, ckpt_stored_bytes;
   unsigned ckpt_nranks;
+  /* restore: err came from the local disk, not from the store: no
+   * space, a quota, a read-only or unwritable folder, an I/O error while
+   * writing, creating, syncing or renaming next to dir. The message then
+   * names the folder, the bytes the checkpoint needs there and the bytes
+   * free (need_bytes, free_bytes; 0 when unknown). A checkpoint that does
+   * not fit fails this way before anything is fetched. */
+  bool local;
+  uint64_t need_bytes, free_bytes;
+  int64_t created_ms; /* restore: when the checkpoint was committed (its
+                         manifest's "created"), 0 if unknown */
 };
 
 struct spot_store_entry {
@@ -252,7 +274,10 @@ int spot_store_push(uv_loop_t *loop, const struct spot_store_config *cfg,
 /* Restores checkpoint name (NULL: the one LATEST names) into dir, which
  * must not exist or be an empty folder. Everything is written into a
  * temporary folder next to dir, checked, fsynced, then renamed into
- * place, so dir is either the whole checkpoint or untouched. */
+ * place, so dir is either the whole checkpoint or untouched (the
+ * temporary folder is removed after a failure). Once the manifest is
+ * read, a checkpoint larger than the free space next to dir fails at once
+ * (res->local), nothing fetched. */
 int spot_store_restore(uv_loop_t *loop, const struct spot_store_config *cfg,
                        const char *name, const char *dir,
                        spot_store_progress_cb progress, spot_store_cb cb,

@@ -127,6 +127,7 @@ set_state(struct follow *fo, enum follow_state s)
   log_debug("push name=%s follow %s -> %s", fo->op->b.name,
             follow_state_names[fo->state], follow_state_names[s]);
   fo->state = s;
+  fo->op->b.marker_pending = s == FOLLOW_WATCH;
 }
 
 /* ----------------------------------------------------------- the scan */
@@ -761,6 +762,7 @@ spot__follow_init(struct push_op *op)
   if (fo == NULL)
     return -ENOMEM;
   fo->op = op;
+  op->b.marker_pending = true; /* FOLLOW_WATCH */
   /* Cannot fail once a timer of the same loop initialised. */
   (void)uv_timer_init(op->b.loop, &fo->timer);
   op->b.handles++;

@@ -91,6 +91,7 @@ struct spot__store_op {
 
   uint64_t start_ms;
   uint64_t raw_total, raw_done, stored_done;
+  bool marker_pending; /* push: following, SPOT_STORE_MARKER not seen */
   unsigned retries;
   uv_timer_t progress_timer;
   /* Every second: the op's deadline (deadline_ms, 0 = none) and each
@@ -213,7 +214,8 @@ struct spot__store_slot {
   uint64_t work_ns;
   struct spot__store_coder *coder;
   uv_work_t work;
-  int work_err; /* also -ETIMEDOUT: the watch cancelled the transfer */
+  int work_err;    /* also -ETIMEDOUT: the watch cancelled the transfer */
+  bool work_local; /* restore: work_err came from writing the local file */
   struct spot_s3_op *s3op;
   uint64_t sent_ms, deadline_ms, sent_bytes; /* the transfer in flight */
 };

@@ -449,6 +449,11 @@ finish(struct push_op *op)
   res.stored_bytes = op->manifest != NULL ? op->manifest->total_stored : 0;
   if (op->ranks.state == RANKS_MERGED) /* files, raw_bytes: this rank's */
     res.stored_bytes = op->ranks.own_stored;
+  if (op->ranks.state == RANKS_MERGED && op->manifest != NULL) {
+    res.ckpt_files = op->manifest->nfiles;
+    res.ckpt_raw_bytes = op->manifest->total_raw;
+    res.ckpt_stored_bytes = op->manifest->total_stored;
+  }
   res.commit_ms = op->commit_ms;
   res.deleted = op->deleted;
   res.aborted = op->aborted;

@@ -13,7 +13,11 @@
  *   CLEANUP   (thread pool, after an error) remove the temporary folder
  *
  * The target is therefore either the whole verified checkpoint or left as
- * it was. */
+ * it was. PREPARE first checks that the checkpoint fits in the free space
+ * of the target's file system. A failure of the local file system (no
+ * space, read-only, no permission, an I/O error) is told apart from one of
+ * the store (res->local): a caller that falls back to an older checkpoint
+ * over damage in the store must not do so for a full disk. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -61,7 +65,9 @@ struct restore_op {
   struct spot__store_op b; /* first: the op handle is its address */
   enum restore_state state;
   char *dir;
+  char *parent;   /* the folder dir is in: where the bytes go */
   char *tmp;      /* the temporary folder, once made */
+  char *replace;  /* cfg replace_parent, or NULL */
   uint32_t umask; /* the process umask when the restore started */
 
   struct spot_buf body;
@@ -78,6 +84,10 @@ struct restore_op {
   char *token;
   size_t nfiles_all;
   uint64_t ckpt_raw, ckpt_stored;
+
+  /* the local file system (see res->local) */
+  bool local, precheck, removed_copy;
+  uint64_t need, avail;
 };
 
 static void advance(struct restore_op *op);
@@ -114,7 +124,53 @@ op_free(struct spot__store_op *b)
   free(op->token);
   spot_buf_fini(&op->body);
   free(op->dir);
+  free(op->parent);
   free(op->tmp);
+  free(op->replace);
+}
+
+/* The disk the checkpoint's files take with blocks of `block` bytes,
+ * and a block for each folder (about: a folder is counted again when
+ * files of another folder come between). */
+static uint64_t
+need_bytes(const struct restore_op *op, uint64_t block)
+{
+  uint64_t need = block;
+
+  for (size_t i = 0; i < op->m->nfiles; i++) {
+    const struct spot_manifest_file *f = &op->m->files[i];
+    const char *slash = strrchr(f->path, '/');
+    size_t plen = slash != NULL ? (size_t)(slash - f->path) : 0;
+
+    if (f->link == NULL)
+      need += (f->size + block - 1) / block * block;
+    /* a folder per change of folder, in path order */
+    if (plen > 0 &&
+        (i == 0 || strncmp(op->m->files[i - 1].path, f->path, plen + 1) != 0))
+      need += block;
+  }
+  return need;
+}
+
+/* A local failure's line ends with the folder, the bytes needed and the
+ * bytes free now (the temporary folder is gone by then). */
+static void
+local_figures(struct restore_op *op)
+{
+  uint64_t avail, block;
+  size_t n = strlen(op->b.msg);
+
+  /* a target in the way is no matter of space */
+  if (op->precheck || op->m == NULL || op->b.err == -EEXIST ||
+      spot_fs_avail(op->parent, &avail, &block) < 0)
+    return;
+  op->avail = avail;
+  if (op->need == 0)
+    op->need = need_bytes(op, block);
+  snprintf(
+      op->b.msg + n, sizeof(op->b.msg) - n,
+      "; checkpoint %s needs %" PRIu64 " bytes in %s, %" PRIu64 " are free",
+      op->b.name != NULL ? op->b.name : "?", op->need, op->parent, op->avail);
 }
 
 static void
@@ -124,16 +180,57 @@ finish(struct restore_op *op)
 
   set_state(op, R_DONE);
   memset(&res, 0, sizeof(res));
+  if (op->b.err < 0 && op->b.err != -ECANCELED && op->local) {
+    local_figures(op);
+    res.local = true;
+    res.need_bytes = op->need;
+    res.free_bytes = op->avail;
+  }
   res.files = op->m != NULL ? op->m->nfiles : 0;
   res.raw_bytes = op->m != NULL ? op->m->total_raw : 0;
   res.stored_bytes = op->m != NULL ? op->m->total_stored : 0;
   res.ckpt_raw_bytes = op->m != NULL ? op->ckpt_raw : 0;
   res.ckpt_stored_bytes = op->m != NULL ? op->ckpt_stored : 0;
   res.ckpt_nranks = op->ckpt_nranks;
+  res.created_ms = op->m != NULL ? op->m->created_ms : 0;
   spot__store_finish(&op->b, &res);
 }
 
 /* ------------------------------------------------------ file system */
+
+/* A failure of the local file system, not of the store (res->local).
+ * The first error wins, as for the message. */
+static void __attribute__((format(printf, 3, 4)))
+disk_fail(struct restore_op *op, int err, const char *fmt, ...)
+{
+  char line[sizeof(op->b.msg)];
+  va_list ap;
+
+  if (op->b.err == 0 && err != -ENOMEM)
+    op->local = true;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof(line), fmt, ap);
+  va_end(ap);
+  fail_msg(op, err, "%s", line);
+}
+
+/* Whether a failure to make an entry can come from the manifest's paths
+ * (a file where a folder is to be, a name twice, a path too long): those
+ * are the store's, the others the disk's. */
+static bool
+from_paths(int err)
+{
+  return err == -EEXIST || err == -ENOTDIR || err == -ELOOP ||
+         err == -ENAMETOOLONG || err == -EISDIR;
+}
+
+#define entry_fail(op, err, ...)                                               \
+  do {                                                                         \
+    if (from_paths(err))                                                       \
+      fail_msg(op, err, __VA_ARGS__);                                          \
+    else                                                                       \
+      disk_fail(op, err, __VA_ARGS__);                                         \
+  } while (0)
 
 /* Creates the parent folders of rel under dirfd. rel is validated by the
  * manifest parser: relative, no "." or ".." or empty component. */
@@ -186,7 +283,7 @@ check_target(struct restore_op *op)
   if (lstat(op->dir, &st) < 0) {
     if (errno == ENOENT)
       return 0;
-    fail_msg(op, -errno, "%s: %s", op->dir, strerror(errno));
+    disk_fail(op, -errno, "%s: %s", op->dir, strerror(errno));
     return -1;
   }
   if (S_ISDIR(st.st_mode)) {
@@ -197,7 +294,7 @@ check_target(struct restore_op *op)
     if (d == NULL) {
       if (fd >= 0)
         close(fd);
-      fail_msg(op, -errno, "%s: %s", op->dir, strerror(errno));
+      disk_fail(op, -errno, "%s: %s", op->dir, strerror(errno));
       return -1;
     }
     while ((de = readdir(d)) != NULL)
@@ -206,13 +303,26 @@ check_target(struct restore_op *op)
     closedir(d);
   }
   if (!S_ISDIR(st.st_mode) || n > 0) {
-    fail_msg(op, -EEXIST,
-             "%s already exists and is not an empty folder; restore into "
-             "a new folder",
-             op->dir);
+    disk_fail(op, -EEXIST,
+              "%s already exists and is not an empty folder; restore into "
+              "a new folder",
+              op->dir);
     return -1;
   }
   return 0;
+}
+
+/* The folder path is in ("." for a bare name), malloc'd. */
+static char *
+parent_of(const char *path)
+{
+  const char *slash = strrchr(path, '/');
+
+  if (slash == NULL)
+    return strdup(".");
+  if (slash == path)
+    return strdup("/");
+  return strndup(path, (size_t)(slash - path));
 }
 
 /* mkdtemp "PARENT/.BASE.spotd-restore-XXXXXX" into op->tmp. */
@@ -243,8 +353,8 @@ make_tmp(struct restore_op *op)
            SPOT_MKTEMP_SUFFIX);
   free(dup);
   if (mkdtemp(tmpl) == NULL) {
-    fail_msg(op, -errno, "making a temporary folder next to %s: %s", op->dir,
-             strerror(errno));
+    disk_fail(op, -errno, "making a temporary folder next to %s: %s", op->dir,
+              strerror(errno));
     return -1;
   }
   op->tmp = strdup(tmpl);
@@ -256,17 +366,61 @@ make_tmp(struct restore_op *op)
   return 0;
 }
 
+/* Whether the checkpoint fits in the free space next to dir, before
+ * anything is fetched. The old local copy it will replace (cfg
+ * replace_parent) counts as free on the same file system, and is removed
+ * when the checkpoint fits only without it: otherwise the disk must hold
+ * both at once. Unknown free space (statvfs tells nothing) passes: the
+ * writes will tell. */
+static int
+check_space(struct restore_op *op)
+{
+  char copy[4400];
+  struct stat pst, cst;
+  uint64_t avail, block, used, dev;
+
+  if (spot_fs_avail(op->parent, &avail, &block) < 0)
+    return 0;
+  op->need = need_bytes(op, block);
+  op->avail = avail;
+  if (avail >= op->need)
+    return 0;
+  if (op->replace != NULL &&
+      (size_t)snprintf(copy, sizeof(copy), "%s/%s", op->replace, op->b.name) <
+          sizeof(copy) &&
+      lstat(copy, &cst) == 0 && S_ISDIR(cst.st_mode) &&
+      stat(op->parent, &pst) == 0 && cst.st_dev == pst.st_dev &&
+      spot_tree_usage(copy, &used, &dev) == 0 && avail + used >= op->need) {
+    spot_rm_tree(copy);
+    op->removed_copy = true;
+    if (spot_fs_avail(op->parent, &avail, &block) == 0)
+      op->avail = avail;
+    if (op->avail >= op->need)
+      return 0;
+  }
+  op->precheck = true;
+  disk_fail(op, -ENOSPC,
+            "checkpoint %s does not fit in %s (%s): it needs %" PRIu64
+            " bytes, %" PRIu64 " are free; nothing was fetched",
+            op->b.name, op->parent, strerror(ENOSPC), op->need, op->avail);
+  return -1;
+}
+
 static void
 prepare_work_cb(uv_work_t *req)
 {
   struct restore_op *op = spot_container_of(req, struct restore_op, b.work);
   int dfd;
 
-  if (check_target(op) < 0 || make_tmp(op) < 0)
+  if (check_target(op) < 0 || check_space(op) < 0)
+    return;
+  /* a test fills the disk here, to fail the writes that follow */
+  spot_fault_point("restore-space-checked");
+  if (make_tmp(op) < 0)
     return;
   dfd = open(op->tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) {
-    fail_msg(op, -errno, "%s: %s", op->tmp, strerror(errno));
+    disk_fail(op, -errno, "%s: %s", op->tmp, strerror(errno));
     return;
   }
   for (size_t i = 0, prev = SIZE_MAX; i < op->m->nfiles; i++) {
@@ -283,13 +437,15 @@ prepare_work_cb(uv_work_t *req)
       r = make_parents(dfd, f->path);
     prev = i;
     if (r < 0) {
-      fail_msg(op, r, "creating the folders of %s: %s", f->path, strerror(-r));
+      entry_fail(op, r, "creating the folders of %s: %s", f->path,
+                 strerror(-r));
       break;
     }
     fd = openat(dfd, f->path,
                 O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
-      fail_msg(op, -errno, "creating %s: %s", f->path, strerror(errno));
+      r = -errno;
+      entry_fail(op, r, "creating %s: %s", f->path, strerror(-r));
       break;
     }
     close(fd);
@@ -395,8 +551,10 @@ finish_entries(struct restore_op *op)
   bool many = op->m->nfiles > RESTORE_SYNCFS_FILES;
   int r = 0;
 
-  if (dfd < 0)
-    return -errno;
+  if (dfd < 0) {
+    disk_fail(op, -errno, "%s: %s", op->tmp, strerror(errno));
+    return -1;
+  }
   for (int links = 0; links < 2; links++)
     for (size_t i = 0; r == 0 && i < op->m->nfiles; i++) {
       const struct spot_manifest_file *f = &op->m->files[i];
@@ -407,12 +565,12 @@ finish_entries(struct restore_op *op)
       mtime_of(f, ts);
       r = links ? make_link(dfd, f, ts) : file_attrs(op, dfd, f, ts, many);
       if (r < 0)
-        fail_msg(op, r, "%s: %s%s", f->path,
-                 links ? "making the symlink: " : "", strerror(-r));
+        entry_fail(op, r, "%s: %s%s", f->path,
+                   links ? "making the symlink: " : "", strerror(-r));
     }
   if (r == 0 && many && syncfs(dfd) < 0) {
     r = -errno;
-    fail_msg(op, r, "syncing %s: %s", op->tmp, strerror(errno));
+    disk_fail(op, r, "syncing %s: %s", op->tmp, strerror(-r));
   }
   close(dfd);
   return r;
@@ -430,12 +588,12 @@ finish_work_cb(uv_work_t *req)
   /* mkdtemp made it 0700; a checkpoint folder is an ordinary one. */
   chmod(op->tmp, 0755);
   if (nftw(op->tmp, fsync_dirs_cb, 16, FTW_DEPTH | FTW_PHYS) != 0) {
-    fail_msg(op, -EIO, "syncing the folders of %s failed", op->tmp);
+    disk_fail(op, -EIO, "syncing the folders of %s failed", op->tmp);
     return;
   }
   if (rename(op->tmp, op->dir) < 0) {
-    fail_msg(op, -errno, "moving the restored checkpoint to %s: %s", op->dir,
-             strerror(errno));
+    disk_fail(op, -errno, "moving the restored checkpoint to %s: %s", op->dir,
+              strerror(errno));
     return;
   }
   free(op->tmp);
@@ -504,11 +662,13 @@ decode_work_cb(uv_work_t *req)
   size_t done = 0;
   int fd;
 
+  s->work_local = false;
   s->work_err = spot_codec_decode(
       s->coder->codec, f->filter, s->comp, frame_len(s->comp, s->comp_len),
       s->coder->raw, (size_t)fr->raw_len, fr->crc32c);
   if (s->work_err < 0)
     return;
+  s->work_local = true; /* from here on, failures are the disk's */
   fd = open_in_tmp(op, f->path, O_WRONLY);
   if (fd < 0) {
     s->work_err = fd;
@@ -540,9 +700,13 @@ decode_after_cb(uv_work_t *req, int status)
       spot_container_of(req, struct spot__store_slot, work);
   struct restore_op *op = (struct restore_op *)(void *)s->op;
   const struct spot_manifest_file *f = &op->m->files[s->file];
+  bool local = s->work_local;
   int r = spot__store_pipe_worked(s, status);
 
-  if (r == -EILSEQ || r == -EBADMSG)
+  s->work_local = false;
+  if (local && r < 0 && r != -ECANCELED)
+    disk_fail(op, r, "writing %s: %s", f->path, strerror(-r));
+  else if (r == -EILSEQ || r == -EBADMSG)
     fail_msg(op, r,
              "%s part %zu: %s: the stored object %s is corrupt; restore "
              "stopped, nothing was written to %s",
@@ -613,6 +777,7 @@ pack_decode_work_cb(uv_work_t *req)
   uint64_t start = op->m->files[s->file].pack_off;
 
   s->work_err = 0;
+  s->work_local = false;
   for (size_t k = 0; k < s->nfiles; k++) {
     const struct spot_manifest_file *f = &op->m->files[s->file + k];
     int fd = -1;
@@ -626,16 +791,20 @@ pack_decode_work_cb(uv_work_t *req)
           s->coder->codec, f->filter, (char *)s->comp + (fr->comp_off - start),
           (size_t)fr->comp_len, s->coder->raw, (size_t)fr->raw_len, fr->crc32c);
       if (s->work_err == 0 && fd < 0 &&
-          (fd = open_in_tmp(op, f->path, O_WRONLY)) < 0)
+          (fd = open_in_tmp(op, f->path, O_WRONLY)) < 0) {
         s->work_err = fd;
+        s->work_local = true;
+      }
       while (s->work_err == 0 && done < fr->raw_len) {
         ssize_t w =
             pwrite(fd, (char *)s->coder->raw + done, (size_t)fr->raw_len - done,
                    (off_t)(fr->raw_off + done));
-        if (w < 0 && errno != EINTR)
+        if (w < 0 && errno != EINTR) {
           s->work_err = -errno;
-        else if (w > 0)
+          s->work_local = true;
+        } else if (w > 0) {
           done += (size_t)w;
+        }
       }
     }
     if (fd >= 0)
@@ -652,10 +821,15 @@ pack_decode_after_cb(uv_work_t *req, int status)
       spot_container_of(req, struct spot__store_slot, work);
   struct restore_op *op = (struct restore_op *)(void *)s->op;
   size_t file = s->file, n = s->nfiles, bad = s->part;
+  bool local = s->work_local;
   int r = spot__store_pipe_worked(s, status);
 
   s->nfiles = 0;
-  if (r == -EILSEQ || r == -EBADMSG)
+  s->work_local = false;
+  if (local && r < 0 && r != -ECANCELED)
+    disk_fail(op, r, "writing %s: %s", op->m->files[file + bad].path,
+              strerror(-r));
+  else if (r == -EILSEQ || r == -EBADMSG)
     fail_msg(op, r,
              "%s: %s: the stored pack %s is corrupt; restore stopped, "
              "nothing was written to %s",
@@ -1131,6 +1305,12 @@ advance(struct restore_op *op)
         prepare(op);
       break;
     case R_PREPARE:
+      if (op->removed_copy)
+        log_notice("restore: removed the old local copy %s/%s first: "
+                   "checkpoint %s fits in %s only without it (%" PRIu64
+                   " bytes needed, %" PRIu64 " free now)",
+                   op->replace, op->b.name, op->b.name, op->parent, op->need,
+                   op->avail);
       set_state(op, R_XFER);
       spot__store_progress(&op->b, SPOT_STORE_PHASE_TRANSFER);
       pump(op);
@@ -1213,6 +1393,16 @@ spot_store_restore(uv_loop_t *loop, const struct spot_store_config *cfg,
   n = strlen(op->dir);
   while (n > 1 && op->dir[n - 1] == '/')
     op->dir[--n] = '\0';
+  op->parent = parent_of(op->dir);
+  if (cfg->replace_parent != NULL)
+    op->replace = strdup(cfg->replace_parent);
+  /* the op's copy of cfg must not point at the caller's string */
+  op->b.cfg.c.replace_parent = op->replace;
+  if (op->parent == NULL ||
+      (cfg->replace_parent != NULL && op->replace == NULL)) {
+    spot__store_close(&op->b);
+    return -ENOMEM;
+  }
   if (name != NULL) {
     op->state = R_MANIFEST;
     r = get_object(op, name, SPOT_MANIFEST_NAME, SPOT__STORE_MANIFEST_CAP);

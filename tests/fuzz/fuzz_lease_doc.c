@@ -51,5 +51,22 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     __builtin_trap();
   free(json);
   (void)spot_lease_doc_judge(&d, "me", d.nonce, 0, 2000);
+  /* the owner id names a holder process: whatever parses formats back
+   * to the same text (no instance: the parse keeps the last segments) */
+  {
+    struct spot_lease_owner o, p;
+    char buf[SPOT_LEASE_OWNER_MAX + 64];
+
+    if (spot_lease_owner_parse(d.owner, &o) == 0) {
+      if (o.pid < 1 || o.boot[0] == '\0' || o.host[0] == '\0' ||
+          spot_lease_owner_format(NULL, &o, buf, sizeof(buf)) != 0 ||
+          spot_lease_owner_parse(buf, &p) != 0 ||
+          memcmp(&o, &p, sizeof(o)) != 0)
+        __builtin_trap();
+      if (strlen(buf) > strlen(d.owner) ||
+          strcmp(d.owner + strlen(d.owner) - strlen(buf), buf) != 0)
+        __builtin_trap();
+    }
+  }
   return 0;
 }

@@ -2,7 +2,8 @@
 bad files (errors read `file:line: message`, every error reported), the
 command line beating the file, missing --job/--store, no command, unknown
 options, `spotd --help` / `--version`, a world-writable file refused,
-and the shipped example (systemd/spotd.conf) parsing. Nothing here
+the exit statuses (64 a bad command line, 78 a bad config file or value,
+never the 1 or 2 a trainer may exit with), and the shipped example (systemd/spotd.conf) parsing. Nothing here
 starts a trainer or needs S3."""
 import os
 import re
@@ -46,6 +47,12 @@ BAD = [
 ]
 
 
+# spotd's statuses for a bad command line and a bad config (sysexits
+# EX_USAGE, EX_CONFIG): a wrapper tells them from a trainer's 1 or 2.
+USAGE = 64
+CONFIG = 78
+
+
 def spotd(*args, timeout=20):
     return sl.run([sl.spotd_exe()] + [str(a) for a in args], timeout=timeout,
                   env={"AWS_EC2_METADATA_DISABLED": "true"})
@@ -70,7 +77,7 @@ def main():
                 f.write(text)
             cp = spotd("--config", path, "-n")
             lines = [l for l in cp.stderr.splitlines() if l.strip()]
-            ok = cp.returncode == 2 and "configuration OK" not in cp.stdout
+            ok = cp.returncode == CONFIG and "configuration OK" not in cp.stdout
             for line, rx in errs:
                 ok = ok and any(l.startswith("%s:%d: " % (path, line)) and
                                 re.search(rx, l) for l in lines)
@@ -80,7 +87,7 @@ def main():
 
         # the command line beats the file
         cp = spotd("--config", good, "--provider", "mars", "-n")
-        c.check(cp.returncode == 2 and "provider" in cp.stderr,
+        c.check(cp.returncode == CONFIG and "provider" in cp.stderr,
                 "a bad option value on the command line", cp.stderr)
         cp = spotd("--config", good, "--job", "other-job", "-n")
         c.check(cp.returncode == 0, "an option overrides the file", cp.stderr)
@@ -88,33 +95,39 @@ def main():
         # missing --job / --store / command
         cp = spotd("run", "--store", "s3://bkt/p", "--provider", "none", "--",
                    "/bin/true")
-        c.check(cp.returncode == 2 and re.search(r"job", cp.stderr) and
+        c.check(cp.returncode == CONFIG and re.search(r"job", cp.stderr) and
                 not os.path.exists("spotd.sock"),
                 "missing --job: refused before anything starts", cp.stderr)
         cp = spotd("run", "--job", "a", "--provider", "none", "--", "/bin/true")
-        c.check(cp.returncode == 2 and re.search(r"store", cp.stderr),
+        c.check(cp.returncode == CONFIG and re.search(r"store", cp.stderr),
                 "missing --store: refused", cp.stderr)
         cp = spotd("run", "--job", "a/b", "--store", "s3://bkt/p", "-n", "--",
                    "/bin/true")
-        c.check(cp.returncode == 2 and "job" in cp.stderr,
+        c.check(cp.returncode == CONFIG and "job" in cp.stderr,
                 "a job id with '/': refused", cp.stderr)
         noc = os.path.join(wd, "nocmd.conf")
         with open(noc, "w") as f:
             f.write("[spotd]\njob = a\nstore = s3://bkt/p\n")
         cp = spotd("--config", noc, "--provider", "none")
-        c.check(cp.returncode == 2 and "no training command" in cp.stderr,
+        c.check(cp.returncode == USAGE and "no training command" in cp.stderr,
                 "no command: refused with a hint", cp.stderr)
         cp = spotd("--config", noc, "-n")
-        c.check(cp.returncode == 2 and "command is required" in cp.stderr,
+        c.check(cp.returncode == CONFIG and "command is required" in cp.stderr,
                 "-n: a service config without a command is incomplete",
                 cp.stderr)
         cp = spotd("run", "--config", noc, "-n", "--", "/bin/true")
         c.check(cp.returncode == 0, "-n with spotd run -- CMD: OK", cp.stderr)
         cp = spotd("--frobnicate")
-        c.check(cp.returncode == 2 and "unknown option" in cp.stderr and
+        c.check(cp.returncode == USAGE and "unknown option" in cp.stderr and
                 "spotd --help" in cp.stderr, "an unknown option", cp.stderr)
+        cp = spotd("run", "--provider", "none", "--job")
+        c.check(cp.returncode == USAGE and "missing value" in cp.stderr,
+                "an option without its value: a usage error", cp.stderr)
+        cp = spotd("--config", good, "stray")
+        c.check(cp.returncode == USAGE and "unexpected argument" in cp.stderr,
+                "a stray argument: a usage error", cp.stderr)
         cp = spotd("--config", os.path.join(wd, "missing.conf"), "-n")
-        c.check(cp.returncode == 2 and "missing.conf" in cp.stderr,
+        c.check(cp.returncode == CONFIG and "missing.conf" in cp.stderr,
                 "a missing config file", cp.stderr)
 
         # help and version
@@ -132,7 +145,7 @@ def main():
             f.write(GOOD)
         os.chmod(ww, 0o666)
         cp = spotd("--config", ww, "-n")
-        c.check(cp.returncode == 2 and "world-writable" in cp.stderr,
+        c.check(cp.returncode == CONFIG and "world-writable" in cp.stderr,
                 "a world-writable config file is refused", cp.stderr)
 
         # the shipped example parses (job/store are commented out there)

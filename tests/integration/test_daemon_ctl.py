@@ -1,4 +1,5 @@
-"""spotctl status / checkpoint / done against a real spotd, and the control
+"""spotctl status / checkpoint / done against a real spotd (status with the
+trainer's reported step, steps/s and steps at risk), and the control
 socket itself: a clear error without a daemon, mode 0660, SO_PEERCRED
 refusing another uid, a bad or oversized line dropping only that client."""
 import json
@@ -9,6 +10,7 @@ import socket
 import stat
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import spotlib as sl  # noqa: E402
@@ -60,6 +62,45 @@ def raw_request(path, data, timeout=10):
         out += b"<timeout or reset>"
     s.close()
     return out
+
+
+def report_step(path, step):
+    """One "step" request, as the helper's report_step() sends it."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(path)
+    try:
+        s.sendall(b'{"v":1,"id":1,"cmd":"step","args":{"step":%d}}\n' % step)
+        return s.makefile("rb").readline()
+    finally:
+        s.close()
+
+
+def progress(c, d):
+    """status shows the trainer's reported step, its steps/s and the steps
+    since the last committed checkpoint's step."""
+    s = d.status() or {}
+    tr = s.get("trainer") or {}
+    c.check(tr.get("step") is None and tr.get("steps_at_risk") is None,
+            "status: no step before the trainer reports one", repr(tr))
+    m = re.match(r"step-(\d+)$", (s.get("last_commit") or {}).get("name", ""))
+    at = int(m.group(1)) if m else 0
+    ans = report_step(d.socket, at + 10)
+    time.sleep(1.2)  # the rate needs reports a second apart
+    report_step(d.socket, at + 40)
+    s = d.status() or {}
+    tr = s.get("trainer") or {}
+    rate = tr.get("steps_per_s")
+    c.check(b'"ok":true' in ans and tr.get("step") == at + 40 and
+            tr.get("steps_at_risk") == 40 and rate is not None and
+            0 < rate <= 30,
+            "status --json: step %d, %s steps/s, 40 steps at risk since "
+            "step %d" % (at + 40, rate, at), repr(tr))
+    cp = d.spotctl("status")
+    c.check(cp.returncode == 0 and re.search(
+        r"(?m)^progress: +step %d, [0-9.]+ steps/s, 40 steps at risk$"
+        % (at + 40), cp.stdout),
+        "status: the progress line", cp.stdout + cp.stderr)
 
 
 def with_daemon(c, wd):
@@ -116,6 +157,7 @@ def with_daemon(c, wd):
                 "checkpoint requested", "checkpoint: requested", cp.stderr)
         line = d.wait_log(r"committed checkpoint name=(?!%s)" % name, 20)
         c.check(line is not None, "checkpoint: then committed")
+        progress(c, d)
 
         # done DIR: a folder without the marker
         manual = os.path.join(d.ckpt_dir, "manual-1")

@@ -4,15 +4,16 @@ history` makes of it, against the real S3 server.
 
 Node 1's trainer (the Python helper: report_step() each step) commits one
 checkpoint, trains on, and spotd is killed with SIGKILL (its trainer too):
-no run_end, but its progress events in the store hold the step its
-trainer reached. Node 2 starts while node 1's lease is still live: it
-waits for the lease (a phase of its own), restores, and finishes. Node 3,
-started with --no-lease-wait while node 2 holds the lease, is refused.
+no run_end, but its progress event in the store holds the step its
+trainer reached. Node 2 restores and trains; node 3 starts meanwhile and
+waits for the job lease node 2 holds (a phase of its own); node 4, started
+with --no-lease-wait, is refused. Node 2 finishes, node 3 takes the lease
+and finishes too.
 
-`spotctl history --json` then counts 2 runs, 1 crash and 1 refused start
+`spotctl history --json` then counts 3 runs, 1 crash and 1 refused start
 (not 2 crashes), the steps node 1 lost are its last progress step less
 the step of the checkpoint node 2 restored (this test reads both from the
-store and the trainer's own log), node 2 waited for the lease, and the
+store and the trainer's own log), node 3 waited for the lease, and the
 plot draws the lease wait in its own colour and marks the crash."""
 import json
 import os
@@ -33,6 +34,7 @@ import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
 import spotd
 log, steps = sys.argv[2], int(sys.argv[3])
+stop = sys.argv[4] if len(sys.argv) > 4 else None
 step = 0
 if spotd.resume_dir():
     with open(os.path.join(spotd.resume_dir(), "step")) as f:
@@ -41,7 +43,7 @@ def ev(**e):
     with open(log, "a") as f:
         f.write(json.dumps(e) + "\n")
 ev(ev="started", step=step, pid=os.getpid())
-while step < steps:
+while step < steps and not (stop and os.path.exists(stop)):
     time.sleep(0.05)
     step += 1
     spotd.report_step(step, force=True)
@@ -135,36 +137,49 @@ def main():
                 "no further than its trainer got (%d)" % (reached, saved,
                                                           trained))
 
-        # Node 2 waits for the dead node's lease, restores, finishes.
+        # Node 2 restores and trains until told to stop.
         log2 = os.path.join(wd, "events2.jsonl")
-        cmd2 = [sl.PY3, script, sl.srcdir_path("python"), log2,
-                str(saved + 30)]
+        stop2 = os.path.join(wd, "stop2")
+        cmd2 = [sl.PY3, script, sl.srcdir_path("python"), log2, "100000",
+                stop2]
         d2 = sl.Daemon(os.path.join(wd, "n2"), store, job, cmd=cmd2,
                        args=lease)
-        c.check(d2.wait_log(r"waiting for the job lease", 30) is not None,
-                "node 2 waits for the job lease")
         end = time.time() + 60
         while not sl.trainer_events(log2, "started") and time.time() < end:
             time.sleep(0.05)
         s2 = sl.trainer_events(log2, "started")
         c.check(s2 and s2[0]["step"] == saved,
                 "node 2 resumes from step %d" % saved, repr(s2))
-        # Node 3 finds the lease held and is refused.
+        # Node 3 waits for node 2's lease; node 4 is refused at once.
+        log3 = os.path.join(wd, "events3.jsonl")
+        stop3 = os.path.join(wd, "stop3")
+        with open(stop3, "w"):
+            pass
         d3 = sl.Daemon(os.path.join(wd, "n3"), store, job,
+                       cmd=[sl.PY3, script, sl.srcdir_path("python"), log3,
+                            "100000", stop3], args=lease)
+        c.check(d3.wait_log(r"waiting for the job lease", 30) is not None,
+                "node 3 waits for the job lease node 2 holds")
+        d4 = sl.Daemon(os.path.join(wd, "n4"), store, job,
                        cmd=[sl.PY3, "-c", "pass"],
                        args=lease + ["--no-lease-wait"])
-        rc3 = d3.wait_exit(60)
-        c.check(rc3 not in (0, None, -9), "node 3 is refused (exit %s)" % rc3)
+        rc4 = d4.wait_exit(60)
+        c.check(rc4 not in (0, None, -9), "node 4 is refused (exit %s)" % rc4)
+        with open(stop2, "w"):
+            pass
         rc2 = d2.wait_exit(120)
         c.check(rc2 == 0, "node 2 finishes", "rc=%s" % rc2)
+        rc3 = d3.wait_exit(120)
+        c.check(rc3 == 0 and sl.trainer_events(log3, "done"),
+                "node 3 takes the lease and finishes", "rc=%s" % rc3)
 
         evs = history_events(prefix)
         ends = [e for e in evs if e.get("type") == "run_end"]
         c.check(sorted(e.get("outcome") for e in ends) ==
-                ["exited", "refused"] and
+                ["exited", "exited", "refused"] and
                 [e.get("reason") for e in ends
                  if e.get("outcome") == "refused"] == ["lease-held"],
-                "node 3's run_end says refused, lease-held", repr(ends))
+                "node 4's run_end says refused, lease-held", repr(ends))
         leases = [e.get("action") for e in evs if e.get("type") == "lease"]
         c.check("waiting" in leases and "failed" in leases,
                 "the lease wait and the refusal are in the history",
@@ -173,16 +188,15 @@ def main():
         cp = sl.spotctl("history", "%s/%s" % (store, job), "--json")
         j = json.loads(cp.stdout) if cp.returncode == 0 else {}
         s = j.get("summary", {})
-        c.check(s.get("runs") == 2 and s.get("crashes") == 1 and
+        c.check(s.get("runs") == 3 and s.get("crashes") == 1 and
                 s.get("refused") == 1 and s.get("preemptions") == 0,
-                "history: 2 runs, 1 crash, 1 refused start",
+                "history: 3 runs, 1 crash, 1 refused start",
                 cp.stdout[:600] + cp.stderr)
         runs = j.get("runs", [])
         outcomes = [r.get("outcome") for r in runs]
-        c.check(outcomes == ["crashed", "exited", "refused"] or
-                outcomes == ["crashed", "refused", "exited"],
-                "history: node 1 crashed, node 2 exited, node 3 refused",
-                repr(outcomes))
+        c.check(outcomes == ["crashed", "exited", "exited", "refused"],
+                "history: node 1 crashed, nodes 2 and 3 exited, node 4 "
+                "refused", repr(outcomes))
         lost = runs[0].get("lost_steps") if runs else None
         c.check(lost == reached - saved and s.get("lost_steps") == lost,
                 "history: the crash lost %d steps (last progress %d - "
@@ -190,14 +204,13 @@ def main():
                 repr((lost, s.get("lost_steps"))))
         c.check(runs and runs[0].get("lost_s", -1) > 0,
                 "history: the crash lost some time", repr(runs[:1]))
-        waited = [r.get("lease_wait_s") for r in runs
-                  if r.get("outcome") == "exited"]
+        waited = [r.get("lease_wait_s") for r in runs[2:3]]
         c.check(waited and waited[0] > 0 and s.get("lease_wait_s", 0) > 0,
-                "history: node 2's lease wait is counted", repr(waited))
+                "history: node 3's lease wait is counted", repr(waited))
         c.check(s.get("train_s", 0) <= s.get("wall_s", -1),
                 "history: training is within the wall time", repr(s))
         cp = sl.spotctl("history", "%s/%s" % (store, job))
-        c.check(cp.returncode == 0 and "2 runs, 0 preemptions, 1 crash, 1 "
+        c.check(cp.returncode == 0 and "3 runs, 0 preemptions, 1 crash, 1 "
                 "refused start" in cp.stdout and "lease-held" in cp.stdout,
                 "the table's headline and the refusal", cp.stdout + cp.stderr)
         png = os.path.join(wd, "timeline.png")

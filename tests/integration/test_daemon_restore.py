@@ -2,7 +2,8 @@
 trainer: SPOTD_RESUME_DIR names the restored folder (byte-identical to
 what was committed), the trainer resumes from it, and SPOTD_RESTART_COUNT
 (kept in the store as RESTARTS) grows with each relaunch. --restore=false
-starts fresh."""
+starts fresh. --keep-local N keeps N checkpoints in the checkpoint
+folder (the default 1: the newest commit only)."""
 import os
 import shutil
 import sys
@@ -21,15 +22,24 @@ def run(c, wd, store, job, tag, trainer, args=()):
     return d, (starts[0] if starts else {"env": {}, "step": -1})
 
 
+def local_ckpts(d):
+    return sorted(n for n in os.listdir(d.ckpt_dir) if n.startswith("step-"))
+
+
 def main():
     sl.daemon_env()
     c = sl.Checks()
     store, job, prefix = sl.daemon_job("restore")
     with sl.cleaned_up(prefix):
         with tempfile.TemporaryDirectory(prefix="spotd-restore-") as wd:
-            # 1: a fresh job commits step-10, 20, 30 on its own schedule
+            # 1: a fresh job commits step-10, 20, 30 on its own schedule,
+            # keeping two of them in its checkpoint folder
             d1, s1 = run(c, os.path.join(wd, "m1"), store, job, "first: ",
-                         ["--every", 10, "--exit-at", 35, "--step-sleep", 0.03])
+                         ["--every", 10, "--exit-at", 35, "--step-sleep", 0.03],
+                         args=["--keep-local", 2])
+            c.check(local_ckpts(d1) == ["step-000020", "step-000030"],
+                    "first: --keep-local 2 keeps step-000020 and 30 locally",
+                    repr(local_ckpts(d1)))
             c.check("SPOTD_RESUME_DIR" not in s1["env"] and s1["step"] == 0,
                     "first: no SPOTD_RESUME_DIR, starts at step 0", repr(s1))
             c.check(s1["env"].get("SPOTD_RESTART_COUNT") == "0",
@@ -62,6 +72,9 @@ def main():
                     i_rest < i_start, "second: restored before the launch")
             c.check(sl.latest(prefix) == "step-000050",
                     "second: LATEST is step-000050", repr(sl.latest(prefix)))
+            c.check(local_ckpts(d2) == ["step-000050"],
+                    "second: by default only the newest commit stays locally",
+                    repr(local_ckpts(d2)))
             try:
                 restarts = sl.s3_get(prefix + "RESTARTS").decode().strip()
             except Exception as e:  # noqa: BLE001

@@ -1,13 +1,21 @@
 """Small truths of the daemon (issue 13.6), against the loopback fake S3:
 
   restarts: a start that stops at once because a notice is posted (the
-            trainer never launched) does not count in RESTARTS; the next
-            real start does, and the trainer gets that count.
+            trainer never launched) does not count in RESTARTS, and its last
+            line gives the restored checkpoint's commit time (not the
+            restore's); the next real start counts, and the trainer gets
+            that count.
   resume:   SPOTD_RESUME_DIR (and SPOTD_CKPT_DIR) are absolute even with
             a relative --ckpt-dir.
   timeout:  after a notice --ckpt-timeout does not cut the wait: a save
-            slower than it still commits before the deadline (exit 75)."""
+            slower than it still commits before the deadline (exit 75).
+  marker:   a save that writes its data, then takes seconds before its
+            SPOTD_COMPLETE marker: once the data is uploaded the progress
+            line says spotd waits for the marker (and how long), not
+            "100% at 0 MB/s"."""
+import calendar
 import os
+import re
 import sys
 import tempfile
 import time
@@ -29,6 +37,8 @@ def restarts_and_resume(c, wd):
         cp = sl.spotctl("push", src, store + "/" + job, "--name", "step-000007",
                         env=s3.env())
         c.check(cp.returncode == 0, "a checkpoint is committed", cp.stderr)
+        pushed = int(time.time())
+        time.sleep(2.5)  # the restore below comes seconds after the commit
         s3.objects[prefix + "RESTARTS"] = (b"2\n", '"x"')
         # The notice is up before spotd starts; the restore is held long
         # enough for the poller to see it.
@@ -39,6 +49,15 @@ def restarts_and_resume(c, wd):
         rc = d.wait_exit(30)
         c.check(rc == 75 and not d.events("start"), "restarts: a notice before "
                 "the launch: exit 75 (%s), no trainer" % rc)
+        line = d.wait_log(r"preempted before the trainer started", 1) or ""
+        m = re.search(r"\(committed (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", line)
+        made = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) \
+            if m else None
+        c.check(made is not None and made <= pushed,
+                "restarts: the last line gives the checkpoint's commit time "
+                "(%s, pushed by %s), not the restore's" %
+                (m.group(1) if m else "-",
+                 time.strftime("%H:%M:%S", time.gmtime(pushed))), line)
         got = s3.objects.get(prefix + "RESTARTS", (b"",))[0].decode().strip()
         c.check(got == "2", "restarts: that start is not counted (RESTARTS %s)"
                 % got)
@@ -97,11 +116,43 @@ def ckpt_timeout(c, wd):
         s3.close()
 
 
+def marker_wait(c, wd):
+    s3, store, job, prefix = sl.fake_store("marker")
+    emu = sl.EmulatorProc("aws")
+    try:
+        # 3 MiB of data (uploaded early by --overlap), then 8 s before the
+        # marker.
+        d = sl.Daemon(wd, store, job, env=s3.env(), provider="aws",
+                      metadata_url=emu.url,
+                      trainer=["--step-sleep", 0.02, "--bytes", 3 << 20,
+                               "--save-delay", 8])
+        c.check(d.wait_event("step", 20) is not None, "marker: the trainer runs")
+        emu.control("notice", deadline=40)
+        line = d.wait_log(r"waiting for the trainer's SPOTD_COMPLETE marker "
+                          r"\((\d+) s\)", 20)
+        rc = d.wait_exit(40)
+        log = d.log()
+        waits = [int(m) for m in re.findall(
+            r"waiting for the trainer's SPOTD_COMPLETE marker \((\d+) s\)", log)]
+        c.check(line is not None and len(waits) >= 2 and waits == sorted(waits)
+                and waits[-1] > waits[0],
+                "marker: the progress line says it waits for the marker, and "
+                "for how long: %s" % waits, log[-2000:])
+        c.check(not re.search(r"\(100%\) at 0 MB/s", log),
+                "marker: no '100% at 0 MB/s' line while it waits", log[-2000:])
+        c.check(rc == 75, "marker: the checkpoint is committed (exit %s)" % rc)
+    finally:
+        emu.stop()
+        sl.kill_started()
+        s3.close()
+
+
 def main():
     c = sl.Checks()
     with tempfile.TemporaryDirectory(prefix="spotd-small-") as wd:
         restarts_and_resume(c, os.path.join(wd, "restarts"))
         ckpt_timeout(c, os.path.join(wd, "timeout"))
+        marker_wait(c, os.path.join(wd, "marker"))
     c.finish()
 
 

@@ -1,6 +1,6 @@
 """spotd checks the store before the trainer starts (write, read and
 delete a probe object under the job root) and refuses to start with one
-clear line and exit 1 otherwise:
+clear line and exit 69 (the store is not available) otherwise:
 
   bucket:   a bucket that does not exist (real Ceph when it is up, and the
             fake S3): NoSuchBucket.
@@ -18,7 +18,7 @@ import spotlib as sl  # noqa: E402
 
 def refused(c, tag, d, pattern):
     rc = d.wait_exit(30)
-    c.check(rc == 1, tag + "spotd refuses to start: exit 1 (%s)" % rc)
+    c.check(rc == 69, tag + "spotd refuses to start: exit 69 (%s)" % rc)
     c.check(not d.events("start"), tag + "the trainer never started")
     lines = d.err.matching(r"error: the store .* cannot be used")
     c.check(len(lines) == 1 and pattern in lines[0],

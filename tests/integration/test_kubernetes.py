@@ -19,7 +19,7 @@ are, with only what a cluster would provide put in by the test:
    ignores (a new pod, not counted).
 2. The next pod restores it; given less SIGTERM grace than its last
    checkpoint took, spotd says so in one line and still exits 75.
-3. A bad config: exit 2, which the podFailurePolicy fails the Job on.
+3. A bad config: exit 78, which the podFailurePolicy fails the Job on.
 4. The Indexed Job, two pods: rank and node count from the environment
    only; a metadata notice on pod 0 preempts both (exit 75 each, one
    commit); the next run (the failure counts moved, a new run id)
@@ -225,7 +225,7 @@ def single_node(c, wd, store):
     b = Pod(os.path.join(wd, "pod-c"), "train-job.yaml", store, job_id,
             {"provider": "none", "keep": "many"}, [], {})
     rc = b.wait_exit(60)
-    c.check(rc == 2 and 2 in fail,
+    c.check(rc == 78 and 78 in fail,
             "bad config: exit %s, FailJob on %s" % (rc, fail))
 
 

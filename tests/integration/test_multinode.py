@@ -13,7 +13,8 @@ checkpoint folders and sockets), each supervising fake_trainer.py.
 3. Rank 0 alone (rank 1 never shows up): its push fails after --rank-wait
    and nothing is committed.
 4. nranks mismatch: a restart with --nranks 3 is refused with a clear
-   line; --nranks 1 --reshard restores every rank's files.
+   line and exit 65 (no damage claimed); --nranks 1 --reshard restores
+   every rank's files.
 5. A notice on rank 0 only (its own metadata emulator): rank 1 sees the
    job-wide notice within the poll interval + 1 s with the same deadline,
    both checkpoint and commit one checkpoint, the relaunch step runs once
@@ -156,6 +157,14 @@ def main():
                     "rank-1/step"]
             c.check(paths == want, "MANIFEST.json lists both ranks' files",
                     repr(paths))
+            line = d0.wait_log(r"committed checkpoint name=%s files=" % name, 5)
+            got = re.search(r"files=(\d+) .*; rank 0 uploaded files=(\d+)",
+                            line or "")
+            c.check(got is not None and int(got.group(1)) == len(paths) and
+                    int(got.group(2)) == len([p for p in paths
+                                              if p.startswith("rank-0/")]),
+                    "rank 0's commit line counts the manifest's files, then "
+                    "its own", line)
             # rank-K/<attempt>/<path>.zst (store.h: per-attempt keys), or
             # a small file's pack rank-K/<attempt>/packs/pack-N.pack
             c.check(len(fkeys) == len(want) and
@@ -219,9 +228,11 @@ def main():
                             env={"AWS_EC2_METADATA_DISABLED": "true"})
             rc = bad.wait_exit(60)
             line = bad.wait_log(r"committed by 2 ranks and this job runs 3", 5)
-            c.check(rc == 1 and line is not None and "--reshard" in line,
-                    "nranks 3 after a 2-rank commit: refused, exit 1 (%s)" % rc,
+            c.check(rc == 65 and line is not None and "--reshard" in line,
+                    "nranks 3 after a 2-rank commit: refused, exit 65 (%s)" % rc,
                     line)
+            c.check(not bad.err.matching(r"damaged|fails verification"),
+                    "nranks 3: not called damage", bad.log()[-1000:])
             lst = os.path.join(wd, "reshard.txt")
             rs = sl.Daemon(os.path.join(wd, "reshard"), store, job,
                            cmd=["/bin/sh", "-c",

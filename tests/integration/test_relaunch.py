@@ -29,6 +29,7 @@ SPOTCTL = os.environ.get("SPOTCTL") or spotlib.builddir_path("client", "spotctl"
 SPOTD = os.environ.get("SPOTD") or spotlib.builddir_path("daemon", "spotd")
 TMP = tempfile.mkdtemp(prefix="spotd-relaunch-")
 STATE = os.path.join(TMP, "state")
+BACKENDS = ("exec", "slurm", "aws", "gcp")
 TS = re.compile(r"^spotctl relaunch \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z: ", re.M)
 
 
@@ -205,8 +206,15 @@ def test_idempotent():
 
 def test_bad_input():
     cp = relaunch("--backend", "kubernetes", env=base_env())
-    c.check(cp.returncode == 2 and "unknown backend 'kubernetes'" in cp.stderr,
-            "unknown backend: usage error", show(cp))
+    c.check(cp.returncode == 2 and "unknown backend 'kubernetes'" in cp.stderr
+            and all(b in cp.stderr for b in BACKENDS),
+            "unknown backend: usage error naming every backend", show(cp))
+    cp = relaunch("--help")
+    usage = cp.stdout.split("Backends:")[0]
+    c.check(cp.returncode == 0 and all(b in usage for b in BACKENDS) and
+            "SPOTD_STORE (the job root" in cp.stdout,
+            "relaunch --help: every backend on the usage line, SPOTD_STORE "
+            "explained", show(cp))
     cp = relaunch(env=base_env())
     c.check(cp.returncode == 2 and "--backend" in cp.stderr,
             "no backend: usage error", show(cp))

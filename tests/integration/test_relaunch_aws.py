@@ -257,6 +257,47 @@ def errors(c, emu, store, job):
             "no secret in relaunch output")
 
 
+def subnet_pools(c, emu, store, job):
+    """--subnets SUBNET@ZONE: EC2 echoes each failed override with its
+    subnet and no zone. The pools that had no capacity are still known by
+    type and zone (from the subnet's zone given), so the next attempt does
+    not ask them again: one CreateFleet, then "no capacity" without a
+    retry of the same pools."""
+    env = {"SPOTD_JOB": job, "SPOTD_STORE": "%s/%s" % (store, job),
+           "SPOTD_CHECKPOINT": "step-subnets", "SPOTD_REASON": "manual",
+           "SPOTD_DEADLINE": ""}
+    subnets = {"subnet-0a1a": "us-east-1a", "subnet-0b1b": "us-east-1b"}
+    for sid, zone in subnets.items():
+        emu.control("ec2/subnet", id=sid, zone=zone)
+    pools = ["%s/%s" % (t, z) for t in TYPES.split(",")
+             for z in subnets.values()]
+    for pool in pools:
+        emu.control("ec2/capacity", pool=pool, available=0)
+    n0 = len([r for r in ec2_state(emu)["requests"]
+              if r["action"] == "CreateFleet"])
+    argv = [a for a in relaunch_cmd(emu, "--no-record", "--attempts", "3")
+            if a not in ("--zones", ZONES)]
+    argv += ["--subnets", ",".join("%s@%s" % kv for kv in subnets.items())]
+    cp = subprocess.run(argv, env=dict(os.environ, **env),
+                        capture_output=True, text=True, timeout=60)
+    st = ec2_state(emu)
+    fleets = [r for r in st["requests"] if r["action"] == "CreateFleet"][n0:]
+    asked = [["%s/%s" % (o["type"], o["zone"]) for o in f["overrides"]]
+             for f in fleets]
+    failed = re.findall(r"pool (\S+): InsufficientInstanceCapacity", cp.stderr)
+    c.check(len(fleets) == 1 and asked[0] and set(asked[0]) <= set(pools),
+            "subnets: the first attempt asks the subnets' pools, the retry "
+            "does not ask the pools that just failed: %s" % asked, cp.stderr)
+    c.check(failed and sorted(failed) == sorted(asked[0] if asked else []),
+            "subnets: the failed pools are named with their zone: %s" % failed,
+            cp.stderr)
+    one_line(c, cp, "subnets: every pool full", r"relaunch: no capacity in "
+             r"any pool")
+    for pool in pools:
+        emu.control("ec2/capacity", pool=pool, available=1)
+    emu.control("ec2/capacity", pool="m5.large/us-east-1b", available=0)
+
+
 def botocore_shapes(c, emu, job):
     try:
         import boto3
@@ -404,15 +445,15 @@ def boot_hook(c, tmp, store, job, prefix):
 
 def job_from_missing(c, emu):
     """A node whose metadata has no spotd-job: spotd says so in one line
-    and exits 2 before starting anything."""
+    and exits 78 (a config it cannot complete) before starting anything."""
     cp = subprocess.run([sl.spotd_exe(), "run", "--job-from", "aws-tag",
                          "--metadata-url", emu.url, "--provider", "none",
                          "--", "true"], capture_output=True, text=True,
                         timeout=30)
     lines = cp.stderr.strip().splitlines()
-    c.check(cp.returncode == 2 and len(lines) == 1 and
+    c.check(cp.returncode == 78 and len(lines) == 1 and
             "has no tag spotd-job" in lines[0],
-            "--job-from aws-tag without the tag: exit 2, one line: %s" %
+            "--job-from aws-tag without the tag: exit 78, one line: %s" %
             (lines[0] if lines else "-"), cp.stderr)
 
 
@@ -434,6 +475,7 @@ def main():
         cycle(c, tmp, emu, store, job, prefix)
         exhausted(c, emu, store, job, prefix)
         errors(c, emu, store, job)
+        subnet_pools(c, emu, store, job)
         role_credentials(c, emu, store, job, tmp)
         boot_hook(c, tmp, store, job, prefix)
         botocore_shapes(c, emu, job)

@@ -205,15 +205,15 @@ def errors(c, emu, store, job):
 
 def job_from_missing(c, emu):
     """A node whose metadata has no spotd-job: spotd says so in one line
-    and exits 2 before starting anything."""
+    and exits 78 (a config it cannot complete) before starting anything."""
     cp = subprocess.run([sl.spotd_exe(), "run", "--job-from", "gcp-metadata",
                          "--metadata-url", emu.url, "--provider", "none",
                          "--", "true"], capture_output=True, text=True,
                         timeout=30)
     lines = cp.stderr.strip().splitlines()
-    c.check(cp.returncode == 2 and len(lines) == 1 and
+    c.check(cp.returncode == 78 and len(lines) == 1 and
             "has no metadata attribute spotd-job" in lines[0],
-            "--job-from gcp-metadata without the tag: exit 2, one line: %s" %
+            "--job-from gcp-metadata without the tag: exit 78, one line: %s" %
             (lines[0] if lines else "-"), cp.stderr)
 
 

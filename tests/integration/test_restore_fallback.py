@@ -1,8 +1,10 @@
-"""A corrupted newest commit (issue 12 item 2): spotd says so loudly,
+"""A corrupted newest commit: spotd says so loudly,
 restores the newest checkpoint that verifies, starts the trainer from it,
 and `spotctl status --json` shows a warning naming the bad checkpoint and
-"restored" naming the one restored. With every commit damaged it exits 1
-instead of starting from scratch."""
+"restored" naming the one restored. With every commit damaged it exits 65
+(the store's data cannot be used) instead of starting from scratch. A
+checkpoint of another rank count (--nranks) is not damage: exit 65 with a
+line saying both counts, nothing older tried."""
 import json
 import os
 import signal
@@ -66,6 +68,22 @@ def main():
             d.send(signal.SIGTERM)
             c.check(d.wait_exit(40) == 0, "spotd drains and exits 0")
 
+            # another rank count is no damage: its own line and exit 65
+            d3 = sl.Daemon(os.path.join(wd, "node3"), store, job,
+                           trainer=["--step-sleep", 0.05],
+                           args=["--nranks", "2", "--rank", "0"])
+            rc = d3.wait_exit(60)
+            c.check(rc == 65 and d3.events("start") == [],
+                    "--nranks 2 against a 1-rank checkpoint: exit 65, no "
+                    "trainer", "rc=%s" % rc)
+            c.check(bool(d3.err.matching(r"committed by 1 ranks and this job "
+                                         r"runs 2 \(--nranks\)")),
+                    "the line gives the checkpoint's rank count and --nranks",
+                    d3.log()[-1500:])
+            c.check(not d3.err.matching(r"damaged|verif|trying the older"),
+                    "a rank count is not called damage, nothing older tried",
+                    d3.log()[-1500:])
+
             # every commit damaged: no silent fresh start
             store2, job2, prefix2 = store, job + "-bad", \
                 prefix[:-len("job/")] + job + "-bad/"
@@ -77,8 +95,8 @@ def main():
             d2 = sl.Daemon(os.path.join(wd, "node2"), store2, job2,
                            trainer=["--step-sleep", 0.05])
             rc = d2.wait_exit(40)
-            c.check(rc == 1 and d2.events("start") == [],
-                    "all commits damaged: exit 1, no trainer", "rc=%s" % rc)
+            c.check(rc == 65 and d2.events("start") == [],
+                    "all commits damaged: exit 65, no trainer", "rc=%s" % rc)
             c.check(bool(d2.err.matching(r"no committed checkpoint .* verifies")),
                     "it says no committed checkpoint verifies",
                     d2.log()[-1000:])

@@ -38,6 +38,11 @@ run=${SLURM_RESTART_COUNT:-0}
 echo "batch run=$run job=$SPOTD_TEST_JOB"
 export MASTER_ADDR=$SPOT_TEST_MASTER MASTER_PORT=$((29000 + SLURM_JOB_ID % 900))
 srun --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c '
+  # A shell between srun and spotd: at the requeue Slurm SIGTERMs every
+  # process of the step and SIGKILLs what is left once the task (this
+  # shell) has exited; the trap keeps the shell waiting for spotd, which
+  # stops its trainer and releases the job lease first.
+  trap : TERM
   k=$SLURM_NODEID
   meta=(--provider none)
   if [[ -n $SPOT_TEST_EMUS ]]; then
@@ -257,6 +262,17 @@ def main():
                 "%d other rank(s) logged that they skipped it before Slurm "
                 "stopped them" % (won, len(re.findall(
                     r"another rank already ran the job's relaunch", text))))
+        # Slurm's output of run 0 ends when srun goes, before spotd's last
+        # lines: the requeued rank 0 tells whether the lease was released
+        # (taken at once with no wait and no dead-holder takeover).
+        second = text.split("batch run=1", 1)[-1]
+        took = re.findall(r"took the job lease of %s: .* epoch=(\d+)" % job,
+                          second)
+        c.check(took == ["2"] and "that is gone" not in second and
+                "waiting for the job lease" not in second,
+                "run 0: rank 0 released the job lease before Slurm stopped "
+                "it (run 1 took it at once: epoch %s)" % took,
+                "\n".join(l for l in second.splitlines() if "lease" in l))
         st = re.findall(r"spotd exit node=(\d) run=0 status=(\d+)", text)
         print("run 0 exits: %r (%.1f s after the notice)" %
               (st, time.time() - t_notice))

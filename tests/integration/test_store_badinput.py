@@ -243,7 +243,8 @@ try:
         c.check(not os.path.exists(dst) and not spotlib.leftovers_next_to(dst),
                 "restore of a missing name writes nothing")
 
-        # a disk that fills during restore
+        # a disk too small for the checkpoint: refused before any transfer,
+        # with the bytes needed and free
         big = os.path.join(tmp, "big")
         os.makedirs(big)
         spotlib.write_random(os.path.join(big, "a.bin"), 6 << 20)
@@ -259,7 +260,8 @@ try:
         try:
             dst = os.path.join(mnt, "ckpt")
             cp = spotlib.spotctl("restore", url, dst, "--name", "big")
-            fails(cp, "disk full", "no space left")
+            fails(cp, "disk full", "no space left", "nothing was fetched",
+                  "bytes, ", "are free")
             c.check(os.listdir(mnt) == [], "disk full: nothing left on the disk "
                     "(no target, no temporary folder)", repr(os.listdir(mnt)))
         finally:

@@ -52,6 +52,7 @@ test_defaults(void **state)
   assert_int_equal(cfg->signal, SIGRTMIN + 4);
   assert_int_equal(cfg->signal_target, SPOT_CONFIG_TARGET_TREE);
   assert_int_equal(cfg->keep, 3);
+  assert_int_equal(cfg->keep_local, 1);
   assert_int_equal(cfg->part_size, 16u << 20);
   assert_int_equal(cfg->parallel, 0);
   assert_int_equal(cfg->memory, 1u << 30);
@@ -84,6 +85,7 @@ test_load_good(void **state)
                              "signal = SIGUSR2\n"
                              "signal-target = leader\n"
                              "keep = 5\n"
+                             "keep-local = 2\n"
                              "part-size = 8M\n"
                              "parallel = 6\n"
                              "memory = 64M\n"
@@ -117,6 +119,7 @@ test_load_good(void **state)
   assert_int_equal(cfg->signal, SIGUSR2);
   assert_int_equal(cfg->signal_target, SPOT_CONFIG_TARGET_LEADER);
   assert_int_equal(cfg->keep, 5);
+  assert_int_equal(cfg->keep_local, 2);
   assert_int_equal(cfg->part_size, 8u << 20);
   assert_int_equal(cfg->parallel, 6);
   assert_int_equal(cfg->memory, 64u << 20);

@@ -3,6 +3,7 @@
  * gives up when nothing can come any more. No loop, no network. */
 #include "cmocka-compat.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "spotd.h"
@@ -88,6 +89,72 @@ test_final_rule(void **state)
   assert_int_equal(d.final.state, FINAL_COMMITTED);
 }
 
+/* The run a rank joins, from the markers the LIST shows. */
+static uint64_t
+join_of(const char *const *keys, size_t n, unsigned mine)
+{
+  struct runjoin_scan s;
+  uint64_t run;
+  unsigned rank;
+
+  runjoin_decide_init(&s);
+  for (size_t i = 0; i < n; i++)
+    if (runjoin_parse_key(keys[i], &run, &rank) == 0)
+      runjoin_decide_add(&s, run, rank, mine);
+  return runjoin_decide(&s);
+}
+
+static void
+test_runjoin(void **state)
+{
+  static const char *const bad[] = {
+      "",         "x/rank-0",   "0000000000/rank-0",
+      "12/rank-", "12/rank-1x", "12/ranks-1",
+      "12",       "-1/rank-0",  "12/rank-99999999999",
+  };
+  static const char *const r3[] = {
+      "0000000002/rank-0", "0000000003/rank-1", "0000000002/rank-1", "junk",
+      "0000000003/other",
+  };
+  uint64_t run = 0;
+  unsigned rank = 0;
+
+  (void)state;
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+    assert_int_equal(runjoin_parse_key(bad[i], &run, &rank), -1);
+  assert_int_equal(runjoin_parse_key("0000000012/rank-3", &run, &rank), 0);
+  assert_int_equal(run, 12);
+  assert_int_equal(rank, 3);
+  /* nothing yet: run 1 */
+  assert_int_equal(join_of(NULL, 0, 0), 1);
+  /* rank 1 opened run 3: rank 0 joins it; rank 1 again means a new start */
+  assert_int_equal(join_of(r3, 5, 0), 3);
+  assert_int_equal(join_of(r3, 5, 1), 4);
+  /* three restarts, the ranks starting in turn in either order: they
+   * always agree */
+  for (unsigned first = 0; first < 2; first++) {
+    char keys[16][32];
+    const char *ptrs[16];
+    size_t n = 0;
+
+    for (int restart = 0; restart < 4; restart++) {
+      unsigned order[2] = {first ^ (unsigned)(restart & 1),
+                           1 ^ first ^ (unsigned)(restart & 1)};
+      uint64_t got[2];
+
+      for (int i = 0; i < 2; i++) {
+        got[i] = join_of(ptrs, n, order[i]);
+        snprintf(keys[n], sizeof(keys[n]), "%010llu/rank-%u",
+                 (unsigned long long)got[i], order[i]);
+        ptrs[n] = keys[n];
+        n++;
+      }
+      assert_int_equal(got[0], got[1]);
+      assert_int_equal(got[0], (uint64_t)restart + 1);
+    }
+  }
+}
+
 int
 main(void)
 {
@@ -95,6 +162,7 @@ main(void)
       cmocka_unit_test(test_engine_forward_only),
       cmocka_unit_test(test_engine_restarting),
       cmocka_unit_test(test_final_rule),
+      cmocka_unit_test(test_runjoin),
   };
 
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -261,6 +261,61 @@ test_owner_valid(void **state)
   assert_true(spot_lease_doc_owner_valid(big));
 }
 
+static void
+test_owner_id(void **state)
+{
+  static const char *const bad[] = {
+      "",
+      "me",
+      "spotctl@host:12",
+      "boot/host:12",
+      "boot/pidns-x/host:12",
+      "boot/pidns-/host:12",
+      "/pidns-5/host:12",
+      "boot/pidns-5/:12",
+      "boot/pidns-5/host:",
+      "boot/pidns-5/host:0",
+      "boot/pidns-5/host:-3",
+      "boot/pidns-5/host:99999999999",
+      "boot/pidns-05/host:12",
+  };
+  struct spot_lease_owner o, p;
+  char buf[300];
+
+  (void)state;
+  memset(&o, 0, sizeof(o));
+  strcpy(o.boot, "5419a8e5-b68a-450d-a184-33c35b9b394f");
+  o.pidns = 4026531836u;
+  strcpy(o.host, "node1");
+  o.pid = 14799;
+  assert_int_equal(spot_lease_owner_format(NULL, &o, buf, sizeof(buf)), 0);
+  assert_string_equal(
+      buf, "5419a8e5-b68a-450d-a184-33c35b9b394f/pidns-4026531836/node1:14799");
+  assert_int_equal(spot_lease_owner_parse(buf, &p), 0);
+  assert_memory_equal(&o, &p, sizeof(o));
+  assert_true(spot_lease_doc_owner_valid(buf));
+  /* an instance id in front */
+  assert_int_equal(spot_lease_owner_format("i-0abc", &o, buf, sizeof(buf)), 0);
+  assert_string_equal(buf, "i-0abc/5419a8e5-b68a-450d-a184-33c35b9b394f/"
+                           "pidns-4026531836/node1:14799");
+  assert_int_equal(spot_lease_owner_parse(buf, &p), 0);
+  assert_memory_equal(&o, &p, sizeof(o));
+  assert_int_equal(spot_lease_owner_format(NULL, &o, buf, 20), -E2BIG);
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    memset(&p, 0x5a, sizeof(p));
+    assert_int_equal(spot_lease_owner_parse(bad[i], &p), -EINVAL);
+  }
+  /* the dead verdict takes over like an expired one */
+  {
+    struct spot_lease_doc d;
+
+    memset(&d, 0, sizeof(d));
+    d.epoch = 7;
+    assert_int_equal(spot_lease_doc_next_epoch(&d, SPOT_LEASE_DEAD), 8);
+    assert_string_equal(spot_lease_doc_verdict_name(SPOT_LEASE_DEAD), "dead");
+  }
+}
+
 int
 main(void)
 {
@@ -273,6 +328,7 @@ main(void)
       cmocka_unit_test(test_etag),
       cmocka_unit_test(test_order),
       cmocka_unit_test(test_owner_valid),
+      cmocka_unit_test(test_owner_id),
   };
 
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -430,6 +430,9 @@ test_status_round_trip(void **state)
   st.trainer.pid = 4242;
   st.trainer.uptime_s = 3600;
   st.trainer.restart_count = 2;
+  st.trainer.step = 1200;
+  st.trainer.steps_per_s = 2.5;
+  st.trainer.steps_at_risk = 200;
   st.has_last_commit = true;
   st.last_commit.name = "step-100";
   st.last_commit.time = "2026-12-02T10:00:00Z";
@@ -466,6 +469,10 @@ test_status_round_trip(void **state)
   assert_int_equal(back.notice.seconds_left, 74);
   assert_int_equal(back.trainer.pid, 4242);
   assert_int_equal(back.trainer.restart_count, 2);
+  assert_int_equal(back.trainer.step, 1200);
+  assert_true(back.trainer.steps_per_s > 2.49 &&
+              back.trainer.steps_per_s < 2.51);
+  assert_int_equal(back.trainer.steps_at_risk, 200);
   assert_string_equal(back.last_commit.name, "step-100");
   assert_int_equal(back.last_commit.age_s, 730);
   assert_int_equal(back.upload.bytes_done, 5000000000ull);
@@ -490,6 +497,19 @@ test_status_round_trip(void **state)
   assert_false(back.has_notice);
   assert_false(back.has_upload);
   assert_null(back.job);
+  json_decref(j);
+  /* A trainer that reported no step: nulls, read back as unknown. */
+  st.has_trainer = true;
+  st.trainer.pid = 7;
+  st.trainer.step = st.trainer.steps_at_risk = -1;
+  st.trainer.steps_per_s = -1;
+  j = spot_proto_status_to_json(&st);
+  assert_true(json_is_null(
+      json_object_get(json_object_get(j, "trainer"), "steps_per_s")));
+  assert_int_equal(spot_proto_status_from_json(j, &back, err, sizeof(err)), 0);
+  assert_int_equal(back.trainer.step, -1);
+  assert_int_equal(back.trainer.steps_at_risk, -1);
+  assert_true(back.trainer.steps_per_s < 0);
   json_decref(j);
   spot_buf_fini(&out);
 }

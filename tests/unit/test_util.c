@@ -1,8 +1,13 @@
 #include "cmocka-compat.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "util.h"
 
@@ -180,6 +185,44 @@ test_big_alloc(void **state)
   spot_big_free(NULL, 1 << 20);
 }
 
+/* What a restore's free space check reads: the disk a tree takes (every
+ * file's blocks, the folders' too) and the free bytes of its file system;
+ * an unreadable path is an error, never 0 bytes. */
+static void
+test_tree_usage(void **state)
+{
+  char dir[] = "/tmp/spot-usage-XXXXXX", sub[64], file[96];
+  static char block[8192];
+  uint64_t bytes = 0, dev = 0, avail = 0, bsize = 0, empty = 0;
+  struct stat st;
+  int fd;
+
+  assert_non_null(mkdtemp(dir));
+  assert_int_equal(spot_tree_usage(dir, &empty, &dev), 0);
+  snprintf(sub, sizeof(sub), "%s/sub", dir);
+  assert_int_equal(mkdir(sub, 0755), 0);
+  snprintf(file, sizeof(file), "%s/f", sub);
+  fd = open(file, O_WRONLY | O_CREAT | O_EXCL, 0600);
+  assert_true(fd >= 0);
+  memset(block, 0x5a, sizeof(block));
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(write(fd, block, sizeof(block)), (ssize_t)sizeof(block));
+  assert_int_equal(fsync(fd), 0);
+  close(fd);
+  assert_int_equal(spot_tree_usage(dir, &bytes, &dev), 0);
+  assert_true(bytes >= empty + 4 * sizeof(block));
+  assert_int_equal(stat(dir, &st), 0);
+  assert_int_equal(dev, (uint64_t)st.st_dev);
+  assert_int_equal(spot_fs_avail(dir, &avail, &bsize), 0);
+  assert_true(bsize > 0);
+  assert_int_equal(spot_tree_usage("/nonexistent/spot-usage", &bytes, &dev),
+                   -ENOENT);
+  assert_int_equal(spot_fs_avail("/nonexistent/spot-usage", &avail, &bsize),
+                   -ENOENT);
+  spot_rm_tree(dir);
+  assert_int_not_equal(access(dir, F_OK), 0);
+}
+
 int
 main(void)
 {
@@ -191,6 +234,7 @@ main(void)
       cmocka_unit_test(test_utf8),
       cmocka_unit_test(test_escape),
       cmocka_unit_test(test_big_alloc),
+      cmocka_unit_test(test_tree_usage),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

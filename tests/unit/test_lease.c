@@ -1,0 +1,129 @@
+/* lib/io/lease.c without a store: the owner id of this process and the
+ * rule that takes over a lease whose holder on this machine is gone.
+ * Real child processes stand in for holders; no network. */
+#include "cmocka-compat.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "lease.h"
+
+/* A child that names itself comm and sleeps until killed. */
+static pid_t
+holder(const char *comm)
+{
+  int p[2];
+  char c;
+  pid_t pid;
+
+  assert_int_equal(pipe(p), 0);
+  pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    close(p[0]);
+    (void)prctl(PR_SET_NAME, comm, 0, 0, 0);
+    (void)write(p[1], "x", 1);
+    for (;;)
+      pause();
+  }
+  close(p[1]);
+  assert_int_equal(read(p[0], &c, 1), 1); /* named by now */
+  close(p[0]);
+  return pid;
+}
+
+static void
+reap(pid_t pid)
+{
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+}
+
+/* Our owner id with another pid (or the same with other fields). */
+static void
+owner_of(char *buf, size_t size, long pid, const char *boot, const char *host)
+{
+  struct spot_lease_owner o;
+  char mine[300];
+
+  assert_int_equal(spot_lease_local_owner(NULL, mine, sizeof(mine)), 0);
+  assert_int_equal(spot_lease_owner_parse(mine, &o), 0);
+  o.pid = pid;
+  if (boot != NULL)
+    snprintf(o.boot, sizeof(o.boot), "%s", boot);
+  if (host != NULL)
+    snprintf(o.host, sizeof(o.host), "%s", host);
+  assert_int_equal(spot_lease_owner_format(NULL, &o, buf, size), 0);
+}
+
+static void
+test_local_owner(void **state)
+{
+  struct spot_lease_owner o;
+  char buf[300];
+
+  (void)state;
+  assert_int_equal(spot_lease_local_owner("i-0abc", buf, sizeof(buf)), 0);
+  assert_int_equal(strncmp(buf, "i-0abc/", 7), 0);
+  assert_int_equal(spot_lease_owner_parse(buf, &o), 0);
+  assert_int_equal(o.pid, (long)getpid());
+  assert_true(o.pidns > 0);
+  assert_true(strlen(o.boot) == 36); /* a UUID */
+}
+
+static void
+test_holder_gone(void **state)
+{
+  char owner[300], why[96];
+  pid_t spotd, other, dead;
+
+  (void)state;
+  spotd = holder("spotd");
+  other = holder("python3");
+  dead = holder("spotd");
+  reap(dead);
+
+  owner_of(owner, sizeof(owner), dead, NULL, NULL);
+  assert_true(spot_lease_holder_gone(owner, why, sizeof(why)));
+  assert_non_null(strstr(why, "no longer runs"));
+
+  owner_of(owner, sizeof(owner), other, NULL, NULL);
+  assert_true(spot_lease_holder_gone(owner, why, sizeof(why)));
+  assert_non_null(strstr(why, "not a spotd"));
+
+  /* a process before us had our pid */
+  owner_of(owner, sizeof(owner), (long)getpid(), NULL, NULL);
+  assert_true(spot_lease_holder_gone(owner, NULL, 0));
+
+  /* a live spotd keeps it */
+  owner_of(owner, sizeof(owner), spotd, NULL, NULL);
+  assert_false(spot_lease_holder_gone(owner, why, sizeof(why)));
+
+  /* another boot, host or form: nothing can be told from here */
+  owner_of(owner, sizeof(owner), dead, "00000000-0000-0000-0000-000000000000",
+           NULL);
+  assert_false(spot_lease_holder_gone(owner, why, sizeof(why)));
+  owner_of(owner, sizeof(owner), dead, NULL, "another-host");
+  assert_false(spot_lease_holder_gone(owner, why, sizeof(why)));
+  assert_false(spot_lease_holder_gone("spotctl@host:1", why, sizeof(why)));
+  assert_false(spot_lease_holder_gone("me", NULL, 0));
+
+  reap(spotd);
+  reap(other);
+}
+
+int
+main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_local_owner),
+      cmocka_unit_test(test_holder_gone),
+  };
+
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -123,37 +123,51 @@ parse_uint(const char *opt, const char *v, int64_t min, int64_t max,
 
 /* The options that take a number. 0, or an exit status after the usage
  * line. */
+/* The store's own rule (codec.h), so spotctl refuses what spotd's config
+ * refuses, with the same words. */
+static int
+sizes_check(const char *opt, const char *v, uint64_t part, uint64_t memory,
+            uint64_t pack)
+{
+  char why[160];
+
+  if (spot_xfer_sizes_check(part, memory, pack, why, sizeof(why)) == 0)
+    return 0;
+  return spotctl_usage("%s '%s': %s", opt, v, why);
+}
+
 static int
 parse_number_opt(int c, const char *v, struct common_opts *o)
 {
   unsigned secs = 0;
+  int r;
 
   switch (c) {
   case OPT_PART_SIZE:
-    if (spot_parse_size(v, &o->part_size) < 0 ||
-        o->part_size < SPOT_STORE_PART_MIN ||
-        o->part_size > SPOT_STORE_PART_MAX || o->part_size % 4096 != 0)
-      return spotctl_usage("--part-size: expected 5M to 128M in whole "
-                           "KiB multiples of 4, got '%s'",
+    if (spot_parse_size(v, &o->part_size) < 0 || o->part_size == 0)
+      return spotctl_usage("--part-size: expected a size (K, M, G suffixes), "
+                           "got '%s'",
                            v);
-    return 0;
+    return sizes_check("--part-size", v, o->part_size, 0, 0);
   case OPT_PACK_THRESHOLD:
-    if (spot_parse_size(v, &o->pack_threshold) < 0 ||
-        o->pack_threshold > SPOT_STORE_PART_MAX)
-      return spotctl_usage("--pack-threshold: expected 0 (no packing) to "
-                           "128M, got '%s'",
+    if (spot_parse_size(v, &o->pack_threshold) < 0)
+      return spotctl_usage("--pack-threshold: expected a size (K, M, G "
+                           "suffixes), got '%s'",
                            v);
+    r = sizes_check("--pack-threshold", v, 0, 0, o->pack_threshold);
+    if (r != 0)
+      return r;
     if (o->pack_threshold == 0)
       o->pack_threshold = SPOT_STORE_PACK_OFF;
     return 0;
   case OPT_PARALLEL:
     return parse_uint("--parallel", v, 1, 64, &o->parallel);
   case OPT_MEMORY:
-    if (spot_parse_size(v, &o->memory) < 0 || o->memory < ((uint64_t)1 << 20))
-      return spotctl_usage("--memory: expected a size of at least 1M (K, M, "
-                           "G suffixes), got '%s'",
+    if (spot_parse_size(v, &o->memory) < 0 || o->memory == 0)
+      return spotctl_usage("--memory: expected a size (K, M, G suffixes), "
+                           "got '%s'",
                            v);
-    return 0;
+    return sizes_check("--memory", v, 0, o->memory, 0);
   case OPT_TARGET_RATE:
     if (spot_parse_size(v, &o->target_rate) < 0 || o->target_rate == 0)
       return spotctl_usage("--target-rate: expected bytes per second (K, M, "
@@ -379,7 +393,7 @@ static const char push_usage[] =
     "Uploads every regular file under DIR as one checkpoint of JOB, then\n"
     "commits it (the manifest is written last) and moves LATEST to it.\n\n"
     "  -n, --name NAME    checkpoint name (default: DIR's base name)\n"
-    "  --part-size SIZE   bytes per part and zstd frame (default 8M)\n"
+    "  --part-size SIZE   bytes per part and zstd frame (default 16M)\n"
     "  --pack-threshold SIZE  files smaller than SIZE (and than a part) are\n"
     "                     packed together, a few objects for thousands of\n"
     "                     small files (default 1M; 0: one object per file)\n"

@@ -4,6 +4,8 @@
 #include "codec.h"
 
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zstd.h>
@@ -821,4 +823,36 @@ spot_codec_compress_pays(double compress_bps, double net_bps, double ratio)
   if (compress_bps < with)
     with = compress_bps;
   return with >= net_bps;
+}
+
+int
+spot_xfer_sizes_check(uint64_t part_size, uint64_t memory,
+                      uint64_t pack_threshold, char *err, size_t errlen)
+{
+  const char *why = NULL;
+  char buf[160];
+
+  if (part_size != 0 &&
+      (part_size < SPOT_PART_MIN || part_size > SPOT_PART_MAX ||
+       part_size % SPOT_PART_ALIGN != 0)) {
+    snprintf(buf, sizeof(buf),
+             "part size %" PRIu64 ": expected 5M to 128M, a multiple of 4K",
+             part_size);
+    why = buf;
+  } else if (memory != 0 && memory < SPOT_MEMORY_MIN) {
+    snprintf(buf, sizeof(buf),
+             "memory %" PRIu64 ": expected at least 1M (one part buffer)",
+             memory);
+    why = buf;
+  } else if (pack_threshold > SPOT_PART_MAX) {
+    snprintf(buf, sizeof(buf),
+             "pack threshold %" PRIu64 ": expected 0 (no packing) to 128M",
+             pack_threshold);
+    why = buf;
+  }
+  if (why == NULL)
+    return 0;
+  if (err != NULL && errlen > 0)
+    snprintf(err, errlen, "%s", why);
+  return -EINVAL;
 }

@@ -65,6 +65,23 @@ enum spot_codec_mode {
 /* Hard cap on one part (and on part_max). S3 allows 10000 parts, so this
  * bounds a file at ~1.2 TiB at the cap, 80 GiB at 8 MiB parts. */
 #define SPOT_CODEC_PART_MAX ((size_t)128 << 20)
+
+/* The one rule for the sizes of a transfer, used by spotd's config,
+ * spotctl and the store alike. A part is one S3 multipart part and one
+ * zstd frame: at least S3's 5 MiB minimum, at most SPOT_CODEC_PART_MAX, in
+ * whole 4 KiB pages (direct and aligned reads). The memory budget holds at
+ * least one part. Files below the pack threshold (0 = no packing) are
+ * packed, so it is at most a part. */
+#define SPOT_PART_MIN ((uint64_t)5 << 20)
+#define SPOT_PART_MAX ((uint64_t)SPOT_CODEC_PART_MAX)
+#define SPOT_PART_DEFAULT ((uint64_t)16 << 20)
+#define SPOT_PART_ALIGN 4096
+#define SPOT_MEMORY_MIN ((uint64_t)1 << 20)
+/* 0 when the sizes are usable; else -EINVAL and err (may be NULL) says
+ * which one and what is allowed. A size given as 0 is not checked (the
+ * default applies). */
+int spot_xfer_sizes_check(uint64_t part_size, uint64_t memory,
+                          uint64_t pack_threshold, char *err, size_t errlen);
 /* spot_codec_choose_filter() looks at no more than this many bytes. The
  * trial is 3-4 compressions of it, for every file: 1 MiB made a push of
  * 1 MiB files spend 54 % of its CPU on the trial. Not less than 512 KiB:

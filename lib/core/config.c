@@ -18,6 +18,7 @@
 
 #include <ini.h>
 
+#include "codec.h"
 #include "log.h"
 #include "s3url.h"
 #include "util.h"
@@ -216,18 +217,18 @@ static const struct key_def keys[] = {
     {"region", T_STRING, OFF(region), "REGION", NULL,
      "AWS_REGION, AWS_DEFAULT_REGION, the profile, or IMDS", "us-east-1", 0, 0,
      NULL, check_region, 0, "S3 region (signing)."},
-    {"part-size", T_SIZE, OFF(part_size), "SIZE", "16M", NULL, NULL, MIB(5),
-     MIB(512), NULL, NULL, 0,
+    {"part-size", T_SIZE, OFF(part_size), "SIZE", "16M", NULL, NULL,
+     (int64_t)SPOT_PART_MIN, (int64_t)SPOT_PART_MAX, NULL, NULL, 0,
      "Multipart part size, one zstd frame each (K, M, G suffixes; 5M to "
-     "512M)."},
+     "128M, a multiple of 4K)."},
     {"parallel", T_INT, OFF(parallel), "N", "0", NULL, NULL, 0, 64, NULL, NULL,
      0,
      "Transfers in flight: 0 = adaptive (more while the throughput grows, "
      "fewer on 503 SlowDown, within memory; an upload after a notice starts "
      "at 32, a periodic one at 4); N = exactly N. Compressing threads are "
      "one per core (at most 8) either way."},
-    {"memory", T_SIZE, OFF(memory), "SIZE", "1G", NULL, NULL, MIB(1),
-     (int64_t)1 << 40, NULL, NULL, 0,
+    {"memory", T_SIZE, OFF(memory), "SIZE", "1G", NULL, NULL,
+     (int64_t)SPOT_MEMORY_MIN, (int64_t)1 << 40, NULL, NULL, 0,
      "Budget of part buffers for one upload or restore (K, M, G suffixes): "
      "the compressing threads' parts and one compressed part per transfer "
      "in flight. The default suits a training node (well under 1 % of its "
@@ -238,7 +239,7 @@ static const struct key_def keys[] = {
      "500M = 500 MiB/s; 0 = as fast as it goes): no more transfers once "
      "reached, e.g. to leave the NIC to training."},
     {"pack-threshold", T_SIZE, OFF(pack_threshold), "SIZE", "1M", NULL, NULL, 0,
-     MIB(128), NULL, NULL, 0,
+     (int64_t)SPOT_PART_MAX, NULL, NULL, 0,
      "Files smaller than this (and than a part) are packed together into "
      "a few objects (0 = one object per file)."},
     {"compress", T_ENUM, OFF(compress), NULL, "auto", NULL, NULL, 0, 0,
@@ -1342,6 +1343,10 @@ spot_config_validate(struct spot_config *cfg, unsigned flags, char *err,
              "rank %" PRId64 " is not below nranks %" PRId64
              " (ranks are 0 to nranks - 1)",
              cfg->rank, cfg->nranks);
+  if (spot_xfer_sizes_check((uint64_t)cfg->part_size, (uint64_t)cfg->memory,
+                            (uint64_t)cfg->pack_threshold, msg,
+                            sizeof(msg)) < 0)
+    errs_add(&e, "%s", msg);
   /* A restart of one rank's trainer alone cannot rejoin the others'
    * collective: a multi-node job is relaunched as a whole instead. */
   if (cfg->max_restarts > 0 && cfg->nranks > 1)

@@ -156,8 +156,11 @@ spot__store_cfg_copy(struct spot__store_cfg *dst,
   if (dst->c.min_rate == 0)
     dst->c.min_rate = min_rate_default();
   if (src->s3 == NULL || dst->bucket[0] == '\0' || dst->job[0] == '\0' ||
-      dst->c.part_size < SPOT_STORE_PART_MIN ||
-      dst->c.part_size > SPOT_STORE_PART_MAX || dst->c.part_size % 4096 != 0 ||
+      spot_xfer_sizes_check(dst->c.part_size, dst->c.memory,
+                            dst->c.pack_threshold == SPOT_STORE_PACK_OFF
+                                ? 0
+                                : dst->c.pack_threshold,
+                            NULL, 0) < 0 ||
       dst->c.parallel > 64 || dst->c.workers > 64 ||
       dst->c.parallel_start > SPOT_STORE_PARALLEL_MAX) {
     spot__store_cfg_fini(dst);

@@ -34,11 +34,13 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "codec.h"
 #include "s3.h"
 
-#define SPOT_STORE_PART_MIN ((uint64_t)5 << 20)   /* S3's multipart minimum */
-#define SPOT_STORE_PART_MAX ((uint64_t)128 << 20) /* SPOT_CODEC_PART_MAX */
-#define SPOT_STORE_PART_DEFAULT ((uint64_t)8 << 20)
+/* codec.h's spot_xfer_sizes_check() is the rule; these name its bounds */
+#define SPOT_STORE_PART_MIN SPOT_PART_MIN
+#define SPOT_STORE_PART_MAX SPOT_PART_MAX
+#define SPOT_STORE_PART_DEFAULT SPOT_PART_DEFAULT
 /* Transfers in flight (spot_store_config.parallel 0): adaptive (pace.h),
  * from SPOT_PACE_START (8) up to what the memory budget fits, at most
  * SPOT_STORE_PARALLEL_MAX. */

@@ -52,6 +52,7 @@ def killed_push(px, url, src, journal):
     px.configure(bandwidth=BANDWIDTH)
     px.reset_stats()
     p = spotlib.spotctl_popen("push", src, url, "--journal", journal,
+                              "--part-size", "8M",
                               "--parallel", "1", "--workers", "1",
                               env=push_env(px), stdout=subprocess_devnull(),
                               stderr=subprocess_devnull())
@@ -69,7 +70,8 @@ def rerun(px, url, src, journal):
     px.configure()  # no cap: the second push runs at full speed
     px.reset_stats()
     cp = spotlib.run([spotlib.spotctl_exe(), "push", src, url, "--journal",
-                      journal], timeout=120, env=push_env(px))
+                      journal, "--part-size", "8M"], timeout=120,
+                     env=push_env(px))
     print(cp.stdout.strip())
     if cp.returncode != 0:
         print(cp.stderr)

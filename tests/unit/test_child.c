@@ -69,6 +69,21 @@ exit_cb(struct spot_child *c, void *data)
   r->status = spot_child_status(c);
 }
 
+/* A loop, a child on it and its options: argv, grace, our exit_cb. */
+static void
+child_setup(uv_loop_t *loop, struct spot_child *c, struct spot_child_options *o,
+            char **argv, uint64_t grace_ms, struct run *r)
+{
+  assert_int_equal(uv_loop_init(loop), 0);
+  assert_int_equal(spot_child_init(c, loop), 0);
+  memset(o, 0, sizeof(*o));
+  o->name = "test";
+  o->argv = argv;
+  o->grace_ms = grace_ms;
+  o->exit_cb = exit_cb;
+  o->data = r;
+}
+
 /* Runs /bin/sh -c script to its end; returns the callback's record. */
 static struct run
 run_sh(const char *script, int ignore, uint64_t grace_ms)
@@ -79,15 +94,8 @@ run_sh(const char *script, int ignore, uint64_t grace_ms)
   struct run r = {0, -1};
   uv_loop_t loop;
 
-  assert_int_equal(uv_loop_init(&loop), 0);
-  assert_int_equal(spot_child_init(&c, &loop), 0);
-  memset(&o, 0, sizeof(o));
-  o.name = "test";
-  o.argv = argv;
+  child_setup(&loop, &c, &o, argv, grace_ms, &r);
   o.ignore_signal = ignore;
-  o.grace_ms = grace_ms;
-  o.exit_cb = exit_cb;
-  o.data = &r;
   assert_int_equal(spot_child_spawn(&c, &o), 0);
   uv_run(&loop, UV_RUN_DEFAULT);
   assert_int_equal(c.state, SPOT_CHILD_EXITED);
@@ -130,14 +138,7 @@ test_respawn(void **state)
   uv_loop_t loop;
 
   (void)state;
-  assert_int_equal(uv_loop_init(&loop), 0);
-  assert_int_equal(spot_child_init(&c, &loop), 0);
-  memset(&o, 0, sizeof(o));
-  o.name = "test";
-  o.argv = a1;
-  o.grace_ms = 1000;
-  o.exit_cb = exit_cb;
-  o.data = &r;
+  child_setup(&loop, &c, &o, a1, 1000, &r);
   assert_int_equal(spot_child_spawn(&c, &o), 0);
   uv_run(&loop, UV_RUN_DEFAULT);
   assert_int_equal(r.calls, 1);
@@ -225,13 +226,7 @@ test_close_suppresses_callback(void **state)
   uv_loop_t loop;
 
   (void)state;
-  assert_int_equal(uv_loop_init(&loop), 0);
-  assert_int_equal(spot_child_init(&c, &loop), 0);
-  memset(&o, 0, sizeof(o));
-  o.name = "test";
-  o.argv = argv;
-  o.exit_cb = exit_cb;
-  o.data = &r;
+  child_setup(&loop, &c, &o, argv, 0, &r);
   assert_int_equal(spot_child_spawn(&c, &o), 0);
   spot_child_close(&c);
   uv_run(&loop, UV_RUN_DEFAULT);
@@ -314,14 +309,7 @@ stop_tree_case(const char *body, bool orphan)
   close(fd);
   unlink(pidfile);
   snprintf(script, sizeof(script), "export F=%s; %s", pidfile, body);
-  assert_int_equal(uv_loop_init(&loop), 0);
-  assert_int_equal(spot_child_init(&c, &loop), 0);
-  memset(&o, 0, sizeof(o));
-  o.name = "test";
-  o.argv = argv;
-  o.grace_ms = 300;
-  o.exit_cb = exit_cb;
-  o.data = &r;
+  child_setup(&loop, &c, &o, argv, 300, &r);
   assert_int_equal(spot_child_spawn(&c, &o), 0);
   worker = read_pid_file(pidfile);
   assert_true(worker > 0);

@@ -610,10 +610,47 @@ test_raw_frame_in_place(void **state)
   free(out);
 }
 
+/* The one rule for part size, memory and pack threshold. */
+static void
+test_xfer_sizes(void **state)
+{
+  char err[160];
+
+  (void)state;
+  assert_int_equal(spot_xfer_sizes_check(0, 0, 0, err, sizeof(err)), 0);
+  assert_int_equal(spot_xfer_sizes_check(SPOT_PART_DEFAULT, (uint64_t)1 << 30,
+                                         (uint64_t)1 << 20, err, sizeof(err)),
+                   0);
+  assert_int_equal(spot_xfer_sizes_check(SPOT_PART_MIN, SPOT_MEMORY_MIN,
+                                         SPOT_PART_MAX, err, sizeof(err)),
+                   0);
+  assert_int_equal(spot_xfer_sizes_check(SPOT_PART_MAX, 0, 0, NULL, 0), 0);
+  assert_int_equal(
+      spot_xfer_sizes_check(SPOT_PART_MAX + 4096, 0, 0, err, sizeof(err)),
+      -EINVAL);
+  assert_non_null(strstr(err, "128M"));
+  assert_int_equal(
+      spot_xfer_sizes_check(SPOT_PART_MIN - 4096, 0, 0, err, sizeof(err)),
+      -EINVAL);
+  assert_int_equal(
+      spot_xfer_sizes_check(SPOT_PART_MIN + 1, 0, 0, err, sizeof(err)),
+      -EINVAL);
+  assert_non_null(strstr(err, "multiple of 4K"));
+  assert_int_equal(
+      spot_xfer_sizes_check(0, SPOT_MEMORY_MIN - 1, 0, err, sizeof(err)),
+      -EINVAL);
+  assert_non_null(strstr(err, "memory"));
+  assert_int_equal(
+      spot_xfer_sizes_check(0, 0, SPOT_PART_MAX + 1, err, sizeof(err)),
+      -EINVAL);
+  assert_non_null(strstr(err, "pack threshold"));
+}
+
 int
 main(void)
 {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_xfer_sizes),
       cmocka_unit_test(test_crc32c_vectors),
       cmocka_unit_test(test_crc32c_hw_matches_sw),
       cmocka_unit_test(test_filter_names),

@@ -566,8 +566,9 @@ test_values(void **state)
       {"signal-target", "group", 1},
       {"signal-target", "pgid", 0},
       {"part-size", "5M", 1},
-      {"part-size", "512MiB", 1},
-      {"part-size", "513M", 0},
+      {"part-size", "128MiB", 1},
+      {"part-size", "129M", 0}, /* the store refuses parts over 128 MiB */
+      {"part-size", "512MiB", 0},
       {"part-size", "4M", 0},
       {"keep", "10000", 1},
       {"keep", "10001", 0},

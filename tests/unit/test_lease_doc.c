@@ -284,9 +284,10 @@ test_owner_id(void **state)
 
   (void)state;
   memset(&o, 0, sizeof(o));
-  strcpy(o.boot, "5419a8e5-b68a-450d-a184-33c35b9b394f");
+  snprintf(o.boot, sizeof(o.boot), "%s",
+           "5419a8e5-b68a-450d-a184-33c35b9b394f");
   o.pidns = 4026531836u;
-  strcpy(o.host, "node1");
+  snprintf(o.host, sizeof(o.host), "%s", "node1");
   o.pid = 14799;
   assert_int_equal(spot_lease_owner_format(NULL, &o, buf, sizeof(buf)), 0);
   assert_string_equal(

@@ -18,8 +18,8 @@ project and starts and stops the local Ceph RGW (tests/s3server.sh).
      upload+commit   -> "committed checkpoint name=NAME"
    Then the same checkpoint folder alone with `spotctl push`, with
    `tar | zstd -T0 -1 | aws s3 cp -` and with `aws s3 cp --recursive`.
-   The server is warmed with one upload first (VERIFIED.md: the first is
-   25-40% slower). Median of --runs runs.
+   The server is warmed with one upload first (measured against Ceph:
+   the first is 25-40% slower). Median of --runs runs.
 2. Idle cost: spotd with `sleep 100000` as the trainer, polling the AWS
    emulator at its default 1 Hz, for --idle-minutes: VmRSS (and RssAnon,
    RssFile) from /proc/PID/status and utime+stime from /proc/PID/stat
@@ -230,15 +230,15 @@ OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class Emulator:
-    def __init__(self, spotctl):
-        self.p = subprocess.Popen([spotctl, "emulate", "--provider", "aws",
+    def __init__(self, emulator):
+        self.p = subprocess.Popen([emulator, "--provider", "aws",
                                    "--port", "0"], stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT)
         self.out = LineLog(self.p.stdout)
         t, line = self.out.wait(r"^listening on ", 10)
         if line is None:
             self.stop()
-            raise SystemExit("spotctl emulate did not start:\n" + self.out.text())
+            raise SystemExit("spotd-emulate did not start:\n" + self.out.text())
         self.url = line.split()[-1]
 
     def post(self, what, **params):
@@ -292,7 +292,8 @@ class Bench:
         self.a = a
         self.spotd = os.path.join(a.build, "daemon", "spotd")
         self.spotctl = os.path.join(a.build, "client", "spotctl")
-        for exe in (self.spotd, self.spotctl):
+        self.emulator = os.path.join(a.build, "emulate", "spotd-emulate")
+        for exe in (self.spotd, self.spotctl, self.emulator):
             if not os.access(exe, os.X_OK):
                 raise SystemExit("no %s: build first (bench/daemon_bench.sh does)" % exe)
         self.endpoint = os.environ.get("SPOT_TEST_S3_ENDPOINT")
@@ -347,7 +348,7 @@ class Bench:
     # -- spotd
     def start_spotd(self, wd, job, store, trainer, extra=()):
         os.makedirs(wd, exist_ok=True)
-        emu = Emulator(self.spotctl)
+        emu = Emulator(self.emulator)
         argv = [self.spotd, "run", "--job", job, "--store", store,
                 "--ckpt-dir", os.path.join(wd, "ckpt"),
                 "--socket", os.path.join(wd, "spotd.sock"),
@@ -583,7 +584,7 @@ def write_report(a, rows, runs, idle, machine):
     L = []
     L.append("# spotd daemon benchmark\n")
     L.append("`bench/daemon_bench.sh %s` on this machine (%s): %s (release build), local Ceph RGW "
-             "(tests/s3server.sh) on loopback, `spotctl emulate --provider aws` as the "
+             "(tests/s3server.sh) on loopback, `spotd-emulate --provider aws` as the "
              "metadata service. Warm server (one upload first). Medians of %d run(s) "
              "per size. Figures are wall-clock seconds on a shared, noisy machine: "
              "compare ratios, not absolute times.\n" % (

@@ -2,7 +2,7 @@
 # daemon_bench.sh - runs bench/daemon_bench.py: spotd's notice-to-durable
 # time against spotctl push and the AWS CLI, and spotd's idle cost, against
 # a local Ceph RGW (tests/s3server.sh, started here and stopped at the end)
-# and `spotctl emulate`. Only loopback traffic. Not a test: it reports.
+# and spotd-emulate. Only loopback traffic. Not a test: it reports.
 #
 #   bench/daemon_bench.sh [--sizes 256M,1G,4G] [--quick] [--runs N]
 #                         [--idle-minutes M] [--idle parallel|after|skip]
@@ -30,7 +30,7 @@ CEPH=$WORK/ceph
 if [[ ! -f $BUILD/build.ninja ]]; then
   meson setup "$BUILD" "$SRC" -Dbuildtype=release >/dev/null
 fi
-ninja -C "$BUILD" daemon/spotd client/spotctl >/dev/null
+ninja -C "$BUILD" daemon/spotd client/spotctl emulate/spotd-emulate >/dev/null
 
 mkdir -p "$WORK"
 cleanup() { bash "$SRC/tests/s3server.sh" stop "$CEPH" >/dev/null 2>&1 || true; }

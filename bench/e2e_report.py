@@ -5,7 +5,7 @@ checkpoint (examples/pytorch/train.py --model-size large: 608 MB).
     /usr/bin/python3 bench/e2e_report.py [--build DIR] [--out bench/results]
 
 Node 1 runs train.py under `spotd run --log-level debug` with a fake AWS
-metadata service (`spotctl emulate`); a scheduled checkpoint is uploaded
+metadata service (spotd-emulate); a scheduled checkpoint is uploaded
 first (it also warms the S3 server); then the emulator publishes a spot
 notice. Node 2 (a fresh folder, node 1's folder deleted, its own emulator)
 starts as soon as node 1's relaunch step has run: it restores and resumes.
@@ -159,7 +159,7 @@ def write_md(path, ev, facts):
         "One cycle of `bench/e2e_report.py` on %s (%d cores), %s: "
         "examples/pytorch/train.py `--model-size large` under `spotd run`, "
         "local Ceph RGW (tests/s3server.sh), fake AWS metadata "
-        "(`spotctl emulate`), relaunch through `spotctl relaunch --backend "
+        "(spotd-emulate), relaunch through `spotctl relaunch --backend "
         "exec`. Node 2 is started as soon as node 1's relaunch step ran (on "
         "a cloud the new machine's boot comes in between). Load average "
         "when the cycle started: %.1f (a shared machine: compare phases, "
@@ -248,6 +248,8 @@ def main():
     os.environ.setdefault("SPOTD", os.path.join(a.build, "daemon", "spotd"))
     os.environ.setdefault("SPOTCTL", os.path.join(a.build, "client",
                                                   "spotctl"))
+    os.environ.setdefault("SPOTD_EMULATE", os.path.join(a.build, "emulate",
+                                                        "spotd-emulate"))
     tmp = tempfile.mkdtemp(prefix="spotd-e2e-bench-")
     ceph = None
     try:

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Idle cost of the metadata poller: lib/meta (through the meta_watch driver)
-# polling `spotctl emulate` at 1 Hz for N minutes, with CPU time and RSS
+# polling spotd-emulate at 1 Hz for N minutes, with CPU time and RSS
 # sampled every 10 s from /proc. Not run in CI.
 #
 #   bench/idle_poll.sh [MINUTES] [aws|gcp|azure]     (default 10 aws)
@@ -13,7 +13,7 @@ set -eu
 MINUTES=${1:-10}
 PROVIDER=${2:-aws}
 BUILD=${BUILD:-build}
-SPOTCTL=$BUILD/client/spotctl
+EMULATE=$BUILD/emulate/spotd-emulate
 WATCH=$BUILD/tests/integration/meta_watch
 TMP=$(mktemp -d)
 EMU_PID=
@@ -27,7 +27,7 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-"$SPOTCTL" emulate --provider "$PROVIDER" --port 0 >"$TMP/emu.out" 2>&1 &
+"$EMULATE" --provider "$PROVIDER" --port 0 >"$TMP/emu.out" 2>&1 &
 EMU_PID=$!
 i=0
 while ! grep -q '^listening on ' "$TMP/emu.out"; do

@@ -2,7 +2,7 @@
 """One `spotctl push` or `restore` through bench/wanproxy.py (default 60
 MB/s per connection, 20 ms RTT, 2 RTTs of set-up) in front of the discard
 sink (bench/s3_discard.py, push only) or the Ceph of $SPOT_TEST_S3_*, with
-SPOTD_LOG_LEVEL=7: prints the concurrency changes (issue 15.1, pace.h),
+SPOTD_LOG_LEVEL=7: prints the concurrency changes (pace.h),
 wall time, client CPU and peak RSS. Not a test: it asserts nothing.
 
 usage: pace_bench.py SPOTCTL discard|ceph push|restore [spotctl options]

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # store_many_files.sh - what a checkpoint of many small files costs spotctl:
-# peak RSS and wall time of push and restore of N empty files (issue 14.6:
-# 300,000 empty files, a 28 MB manifest, cost 424 MiB RSS and 57 s). Not a
+# peak RSS and wall time of push and restore of N empty files (before
+# the manifest work of README "Benchmarks", 300,000 empty files, a 28 MB manifest, cost 424 MiB RSS and 57 s). Not a
 # test: it reports, it asserts nothing.
 #
 #   bench/store_many_files.sh [BUILD_DIR] [N] [SIZE]
 #
-# SIZE: bytes of random data per file (default 0: empty files; issue 15.2
-# measures 5000 x 4096). $PUSH_ARGS are extra `spotctl push` arguments
+# SIZE: bytes of random data per file (default 0: empty files; README
+# "Benchmarks" measures packing with 5000 x 4096). $PUSH_ARGS are extra `spotctl push` arguments
 # (e.g. PUSH_ARGS="--pack-threshold 0" for one object per file).
 #
 # Needs a running S3 server in the environment the integration tests use
 # (SPOT_TEST_S3_ENDPOINT, SPOT_TEST_S3_BUCKET, AWS_* keys; e.g.
-# `set -a; . /work/ceph-shared/env; set +a`). N defaults to 300000, in
+# `bash tests/s3server.sh start DIR; set -a; . DIR/env; set +a`). N defaults to 300000, in
 # folders of 1000. Prints one line per step: step, files, exit status,
 # peak RSS (MiB), wall time (s), and spotctl's last stderr line.
 set -euo pipefail

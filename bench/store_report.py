@@ -72,7 +72,7 @@ out.append("Pipeline ceiling (push to bench/s3_discard.py, a loopback endpoint "
            "that discards bodies; it runs on the same cores, in Python): "
            "%.2f GB/s compressed, %.2f GB/s raw frames. The pipeline itself "
            "costs %.2f CPU-s per GiB (read + byte grouping + zstd + CRC32C + "
-           "HTTP), i.e. %.2f GB/s per core, against VERIFIED.md's memcpy "
+           "HTTP), i.e. %.2f GB/s per core, against the machine's memcpy "
            "11.8 GB/s, grouped zstd ~1.9 GB/s per core and CRC32C 6.8 GB/s "
            "per core." % (cz, cr, cpu_per_gib, (2**30 / 1e9) / cpu_per_gib))
 out.append("")

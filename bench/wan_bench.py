@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The WAN benchmark of issue 15 (driver; bench/wan_bench.sh is the entry
+"""The WAN benchmark of README "Benchmarks" (driver; bench/wan_bench.sh is the entry
 point). Not a test: it measures and reports, it asserts nothing.
 
 Every client talks to its server through bench/wanproxy.py, which gives
@@ -38,7 +38,7 @@ Environment (defaults in brackets):
   WAN_CSINK_ONLY 1: only the ceiling against bench/s3_sink (C), its records
                  replacing those of the same kind in the existing wan.json [0]
 
-The pipeline's own ceiling (issue 15's 1.3 GB/s on 2 cores) is measured
+The pipeline's own ceiling (the 1.3 GB/s on 2 cores the store aims at) is measured
 against BUILD/bench/s3_sink, a discarding server in C that costs ~0.3
 CPU-s per GiB (the Python sink costs more than spotctl itself)."""
 import json

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# wan_bench.sh - the WAN benchmark (issue 15): spotctl push/restore against
+# wan_bench.sh - the WAN benchmark (README "Benchmarks"): spotctl push/restore against
 # `aws s3 cp` and its CRT client, each connection through bench/wanproxy.py
 # (60 MB/s per connection, 20 ms RTT; a lossy variant), in front of a
 # discard sink and a Ceph RGW of its own. Not a test: it reports.

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Turns bench/wan_bench.py's wan.json into wan.md (tables, ratios, the
-goals of issue 15) and wan.png (throughput per case and tool).
+WAN goals) and wan.png (throughput per case and tool).
 
 usage: wan_report.py WAN_JSON OUT_MD OUT_PNG"""
 import json
@@ -97,7 +97,7 @@ def goals(res, m):
     def g(name, ok, figure):
         out.append("| %s | %s | %s |" % (name, figure,
                                          "–" if ok is None else "met" if ok else "missed"))
-    out.append("| goal (issue 15) | figure today | |")
+    out.append("| goal | figure today | |")
     out.append("|---|---|---|")
     for op in ("push", "restore"):
         tgt = "discard" if op == "push" else "ceph"
@@ -178,7 +178,7 @@ def main():
     TOOLS = [t for t in ALL_TOOLS if t in ran] or ALL_TOOLS
     m = medians(res)
     mo = res["model"]
-    out = ["# WAN benchmark (issue 15, item 5)\n"]
+    out = ["# WAN benchmark\n"]
     full = res["sizes"] == {"fp32_mb": 1024, "big_mb": 4096, "small_n": 5000,
                             "med_n": 200} and res["runs"] >= 3
     out.append("Made by `bench/wan_bench.sh` (%s, %d round%s, medians; started %s, "

@@ -32,7 +32,7 @@ static const struct spotctl_cmd commands[] = {
      spotctl_cmd_metrics},
     {"help", "[COMMAND]", "show help", cmd_help},
     {"emulate", "--provider aws|gcp|azure [...]",
-     "local metadata service emulator", spotctl_cmd_emulate},
+     "local metadata service emulator (spotd-emulate)", spotctl_cmd_forward},
     {"relaunch", "--backend exec|slurm|aws|gcp", "ask for new capacity",
      spotctl_cmd_relaunch},
     {"history", "s3://BUCKET/[PREFIX/]JOB [...]",

@@ -37,7 +37,6 @@ int spotctl_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* For getopt_long's '?': names the unknown option (from optopt or
  * argv[optind - 1]) after cmd, as a usage error. */
 int spotctl_bad_option(const char *cmd, char **argv);
-int spotctl_cmd_emulate(int argc, char **argv);       /* emulate.c */
 int spotctl_cmd_status(int argc, char **argv);        /* ctl_cmds.c */
 int spotctl_cmd_checkpoint(int argc, char **argv);    /* ctl_cmds.c */
 int spotctl_cmd_done(int argc, char **argv);          /* ctl_cmds.c */
@@ -49,6 +48,9 @@ int spotctl_cmd_relaunch(int argc, char **argv);      /* relaunch.c */
 int spotctl_cmd_history(int argc, char **argv);       /* history_cmds.c */
 int spotctl_cmd_history_event(int argc, char **argv); /* history_cmds.c */
 int spotctl_cmd_lease(int argc, char **argv);         /* lease_cmds.c */
+/* forward.c: execs spotd-NAME (NAME: argv[0]) found beside this spotctl
+ * or on PATH, with the rest of argv; returns only when that fails. */
+int spotctl_cmd_forward(int argc, char **argv);
 
 /* session.c: a loop, the HTTP client, the AWS chain and an S3 client, for
  * the commands that talk to S3. Zero the struct first. */

@@ -59,9 +59,9 @@ static const unsigned legal[SPOTD_STATE_LAST] = {
                          B(SPOTD_DRAINING) | B(SPOTD_EXITING),
     [SPOTD_RESTORING] = B(SPOTD_RUNNING) | B(SPOTD_DRAINING) | B(SPOTD_EXITING),
     [SPOTD_RUNNING] = B(SPOTD_RESTARTING) | B(SPOTD_DRAINING) |
-                      B(SPOTD_FINISHING) | B(SPOTD_EXITING),
-    [SPOTD_RESTARTING] =
-        B(SPOTD_RUNNING) | B(SPOTD_DRAINING) | B(SPOTD_EXITING),
+                      B(SPOTD_STOPPING) | B(SPOTD_FINISHING) | B(SPOTD_EXITING),
+    [SPOTD_RESTARTING] = B(SPOTD_RUNNING) | B(SPOTD_DRAINING) |
+                         B(SPOTD_STOPPING) | B(SPOTD_EXITING),
     [SPOTD_DRAINING] =
         B(SPOTD_RELAUNCHING) | B(SPOTD_STOPPING) | B(SPOTD_EXITING),
     [SPOTD_RELAUNCHING] = B(SPOTD_STOPPING) | B(SPOTD_EXITING),
@@ -339,11 +339,61 @@ drained(struct spotd *d)
     spot_meta_ack(d->meta, d->notice.id, ack_cb, d);
   if (d->cfg->relaunch != NULL && !d->drain_sigterm) {
     spotd_set_state(d, SPOTD_RELAUNCHING);
+    /* Multi-node: only the rank whose job-wide marker lands runs it. */
+    if (fanout_claim_relaunch(d) == 0)
+      return true; /* spotd_relaunch_claimed() follows */
     if (relaunch_start(d) == 0)
-      return true;
+      return true; /* spotd_relaunch_ended() follows */
   }
   spotd_set_state(d, SPOTD_STOPPING);
   return false;
+}
+
+void
+spotd_relaunch_claimed(struct spotd *d, bool run_it)
+{
+  if (d->closing || d->state != SPOTD_RELAUNCHING)
+    return;
+  if (run_it && relaunch_start(d) == 0)
+    return; /* spotd_relaunch_ended() follows */
+  spotd_relaunch_ended(d);
+}
+
+void
+spotd_relaunch_ended(struct spotd *d)
+{
+  if (d->closing || d->state != SPOTD_RELAUNCHING)
+    return;
+  spotd_set_state(d, SPOTD_STOPPING);
+  spotd_advance(d);
+}
+
+void
+spotd_lease_lost(struct spotd *d)
+{
+  if (d->closing)
+    return;
+  upload_cancel_all(d);
+  d->exit_code = SPOTD_EXIT_LEASE_LOST;
+  if (!trainer_running(d)) {
+    spotd_fail(d, SPOTD_EXIT_LEASE_LOST);
+    return;
+  }
+  /* The next holder may start its trainer from now on: not one more step
+   * here. SIGSTOP cannot be caught; SIGKILL follows at once. The engine
+   * goes to STOPPING from whatever it was doing: nothing is committed any
+   * more, and spotd_trainer_exited() ends it with exit 73. */
+  {
+    int n = spot_child_kill(&d->trainer, SIGSTOP);
+
+    if (n >= 0)
+      log_warn("froze the trainer (SIGSTOP to %d processes of its tree); "
+               "killing it",
+               n);
+  }
+  trainer_stop(d, 0);
+  if (d->state != SPOTD_STOPPING && d->state != SPOTD_FINISHING)
+    spotd_set_state(d, SPOTD_STOPPING);
 }
 
 static void

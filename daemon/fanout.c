@@ -9,11 +9,11 @@
  *                 once it is there, drains as for its own notice, with
  *                 the same reason and deadline.
  *   relaunch once before its relaunch step a rank PUTs
- *                 ROOT/relaunched/RUN/CHECKPOINT/REASON with
- *                 If-None-Match: *; only the rank whose PUT created it
- *                 runs the step, the others say so. Ranks > 0 PUT 2 s
- *                 later (a quarter of the time left at most): rank 0,
- *                 which moves LATEST after the commit, normally wins.
+ *                 ROOT/relaunched/RUN/REASON with If-None-Match: *; only
+ *                 the rank whose PUT created it runs the step, the others
+ *                 say so. Ranks > 0 PUT later (a quarter of the time left,
+ *                 at most 30 s; 2 s without a deadline): rank 0, which
+ *                 moves LATEST after the commit, normally wins.
  *   peer loss     a trainer that fails while running is checked against
  *                 the job's notice first: a peer's preemption ends this
  *                 rank like its own (exit 75 once a checkpoint of the job
@@ -339,10 +339,7 @@ static void
 claimed(struct spotd *d, bool run_it)
 {
   d->fan.claim_state = run_it ? FANOUT_CLAIM_WON : FANOUT_CLAIM_LOST;
-  if (run_it && relaunch_start(d) == 0)
-    return;
-  spotd_set_state(d, SPOTD_STOPPING);
-  spotd_advance(d);
+  spotd_relaunch_claimed(d, run_it);
 }
 
 static void

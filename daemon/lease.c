@@ -96,19 +96,7 @@ lost_cb(const struct spot_lease_info *i, void *data)
              "trainer, no further commit",
              spot_lease_epoch(d->jl.lease),
              i->message && i->message[0] ? i->message : strerror(-i->err));
-  upload_cancel_all(d);
-  d->exit_code = SPOTD_EXIT_LEASE_LOST;
-  if (trainer_running(d)) {
-    /* The next holder may start its trainer from now on: not one more
-     * step here. SIGSTOP cannot be caught; SIGKILL follows at once. */
-    int n = spot_child_kill(&d->trainer, SIGSTOP);
-    if (n >= 0)
-      log_warn("froze the trainer (SIGSTOP to %d processes of its tree); "
-               "killing it",
-               n);
-    trainer_stop(d, 0);
-  } else
-    spotd_fail(d, SPOTD_EXIT_LEASE_LOST);
+  spotd_lease_lost(d);
 }
 
 static void

@@ -81,8 +81,7 @@ exit_cb(struct spot_child *c, void *data)
                "relaunch step failed with status %d (no checkpoint of the "
                "job is committed)",
                st);
-  spotd_set_state(d, SPOTD_STOPPING);
-  spotd_advance(d);
+  spotd_relaunch_ended(d);
 }
 
 static void
@@ -159,9 +158,6 @@ relaunch_start(struct spotd *d)
   char **argv = NULL, err[256];
   int argc, r;
 
-  /* Multi-node: only the rank that writes the job's marker runs it. */
-  if (d->fan.claim_state == FANOUT_CLAIM_NONE && fanout_claim_relaunch(d) == 0)
-    return 0;
   r = spot_config_split_args(d->cfg->relaunch, &argv, &argc, err, sizeof(err));
   if (r < 0)
     spotd_warn(d, "relaunch: %s", err);

@@ -4,19 +4,19 @@
  * Two channels, so that every process of the job learns of a request
  * whatever its session, process group or threads:
  *
- *  - The request file (README "Trainer contract"): 4096 bytes next to the
- *    control socket, mapped by spotd and by the Python helper of every
- *    process that imports it (SPOTD_REQUEST_FILE). spotd counts requests
- *    in `seq` and sets `served` to it when the request is over; a process
- *    has a request to take when seq > served and it has not taken seq
- *    yet. Reading it is a load from shared memory (no system call), a
- *    request made before a process could look is still there when it
- *    does, and a mapping survives fork (and exec maps it again). The
- *    helper counts its imports in `attached` and its polls in `polls`:
- *    spotd reads polls as "the trainer has made a step since it
- *    started". It maps the file for good at its first poll, so a process
- *    that imports the helper for other things and takes the signal itself
- *    still gets the signal.
+ *  - The request file (README "How a request reaches the trainer"):
+ *    4096 bytes next to the control socket, mapped by spotd and by the
+ *    Python helper of every process that imports it (SPOTD_REQUEST_FILE).
+ *    spotd counts requests in `seq` and sets `served` to it when the
+ *    request is over; a process has a request to take when seq > served
+ *    and it has not taken seq yet. Reading it is a load from shared memory
+ *    (no system call), a request made before a process could look is
+ *    still there when it does, and a mapping survives fork (and exec maps
+ *    it again). The helper counts its imports in `attached` and its polls
+ *    in `polls`: spotd reads polls as "the trainer has made a step since
+ *    it started". It maps the file for good at its first poll, so a
+ *    process that imports the helper for other things and takes the
+ *    signal itself still gets the signal.
  *
  *  - The checkpoint signal, for trainers without the helper: sent to each
  *    process of the trainer's tree (child.c: every session, orphans

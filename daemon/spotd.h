@@ -1,6 +1,6 @@
 /* spotd internals: one struct spotd owns every libuv handle of the
- * daemon. Files (all but main.c build libspotd, so tests can link the
- * engine in-process):
+ * daemon (docs/design.md describes the state machines). Files (all but
+ * main.c build libspotd, so tests can link the engine in-process):
  *   main.c     arguments, config, signals, sd_notify, the loop
  *   engine.c   the engine's state machine (enum spotd_state): start,
  *              notices, drain, stop, exit status, close
@@ -8,18 +8,28 @@
  *              (enum final_state)
  *   restore.c  the startup: credentials, journal resume, restore
  *              (enum restore_state)
+ *   probe.c    the store check of the startup (PUT, GET, DELETE a probe)
+ *   lease.c    the job lease around the engine (enum job_lease_state)
+ *   fallback.c an older committed checkpoint when the newest is damaged
  *   journal.c  the journal scan: an upload a killed spotd left
  *   restarts.c the store's RESTARTS counter (SPOTD_RESTART_COUNT), and the
  *              restart of a failed trainer (--max-restarts): backoff,
  *              the newest commit (its local copy when it verifies), start
+ *              (enum crash_step)
+ *   runjoin.c  the run id a multi-node job agrees through the store
+ *   fanout.c   multi-node: the job-wide notice, the relaunch claim, peer
+ *              loss (enum fanout_state, enum fanout_claim)
  *   relaunch.c the relaunch step (enum relaunch_state, its own timer)
  *   trainer.c  the training command on lib/io/child.c
  *   request.c  the checkpoint request: the request file, the signal to the
  *              processes of the trainer's tree that catch it
+ *              (enum req_state)
  *   watch.c    SPOTD_CKPT_DIR with inotify (uv_fs_event): complete
  *              checkpoint folders
  *   control.c  the control socket (JSON lines, SO_PEERCRED)
  *   status.c   `spotctl status`
+ *   history.c  the job history and the metrics, fed by the engine
+ *   jlog.c     log lines to journald with structured fields
  *
  * Handle lifecycle: every handle is embedded in struct spotd (or a struct
  * it owns); spotd_close() closes them all; uv_run() then returns, the
@@ -465,6 +475,14 @@ void spotd_warn(struct spotd *d, const char *fmt, ...)
 void spotd_on_signal(struct spotd *d, int signum);
 /* Something the engine waits on changed: move on if it can. */
 void spotd_advance(struct spotd *d);
+/* Events of the sub-operations; the engine decides what follows.
+ * fanout.c: the job-wide relaunch claim is decided (run_it: this rank
+ * runs the step). relaunch.c: the relaunch step ended (or never started).
+ * lease.c: the job lease is lost: uploads are cancelled, the trainer is
+ * frozen and killed, and spotd exits 73. */
+void spotd_relaunch_claimed(struct spotd *d, bool run_it);
+void spotd_relaunch_ended(struct spotd *d);
+void spotd_lease_lost(struct spotd *d);
 /* The startup is done: start the trainer (or not, after a notice). */
 void spotd_launch(struct spotd *d);
 /* RESTARTING, the checkpoint in place: start the trainer again. */

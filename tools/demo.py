@@ -3,7 +3,7 @@
 builds first): a real PyTorch run survives a spot preemption.
 
   1. a local S3 server (Ceph RGW, tests/s3server.sh) and a fake cloud
-     metadata service (`spotctl emulate --provider aws`);
+     metadata service (`spotd-emulate --provider aws`);
   2. node 1: examples/pytorch/train.py under `spotd run`, in a working
      folder of its own; mid-training the metadata service announces a spot
      interruption; spotd has the trainer checkpoint, compresses and uploads
@@ -242,8 +242,8 @@ class Demo:
              % (self.endpoint, time.monotonic() - t, self.store, JOB))
 
     def start_emulator(self, node):
-        p = Proc([self.a.spotctl, "emulate", "--provider", "aws", "--port",
-                  "0"], node + " metadata", self.work, env=self.env)
+        p = Proc([self.a.emulate, "--provider", "aws", "--port", "0"],
+                 node + " metadata", self.work, env=self.env)
         self.procs.append(p)
         _, m = p.wait_line(r"^listening on (http://127\.\S+)", 15)
         show(node + " metadata", "fake AWS instance metadata at %s" % m.group(1))
@@ -519,6 +519,7 @@ def main():
                                  "module docstring)")
     ap.add_argument("--spotd", required=True)
     ap.add_argument("--spotctl", required=True)
+    ap.add_argument("--emulate", required=True, help="spotd-emulate")
     ap.add_argument("--work", default=os.path.join(SRC, ".build-demo", "run"))
     ap.add_argument("--model-size", default="large")
     ap.add_argument("--steps", type=int, default=40)

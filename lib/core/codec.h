@@ -21,7 +21,7 @@
  * Compression. zstd level SPOT_CODEC_LEVEL with forced literal compression
  * (ZSTD_c_literalCompressionMode = ZSTD_ps_enable): measured ratio 1.21 on
  * fp32 weights + Adam after 4-plane grouping, 1.52 on bf16 after 2-plane
- * grouping, at ~2 GB/s per core (VERIFIED.md, bench/codec_bench.c).
+ * grouping, at ~2 GB/s per core (measured with bench/codec_bench.c).
  *
  * Dense mode (SPOT_CODEC_DENSE) is zstd level 1 for unfiltered data with
  * real redundancy (text), where the fast setting leaves half the gain.

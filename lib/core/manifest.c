@@ -479,7 +479,8 @@ spot_manifest_set_frame(struct spot_manifest *m, size_t index, size_t part,
  * the parsed ones. Then the per-file and manifest totals are set. */
 /* Uniqueness of paths and keys, and no path inside another's ("a" and
  * "a/b"), with sorted index arrays: 8 bytes per file, where hash sets of
- * jansson cost ~70 (memory is bounded for large manifests, issue 14.6). */
+ * jansson cost ~70 (memory is bounded for large manifests: README "What the
+ * store refuses or never does"). */
 static const struct spot_manifest *sort_m;
 static bool sort_keys;
 

@@ -30,8 +30,9 @@
  * Per file: "path" relative to the checkpoint folder; "mode" the permission
  * bits (<= 07777; restore drops setuid/setgid/sticky, store.h);
  * "mtime_ns" >= SPOT_MANIFEST_MTIME_MIN_NS; "filter" a spot_filter_name();
- * "key" the object key relative to PREFIX/JOB/checkpoints/NAME/ (DESIGN.md:
- * "<path>.zst"); the frames, one per part, tile [0, size) and the object [0,
+ * "key" the object key relative to PREFIX/JOB/checkpoints/NAME/
+ * ("ATTEMPT/<path>.zst", README "Store layout"; "<path>.zst" before
+ * attempts); the frames, one per part, tile [0, size) and the object [0,
  * stored) with no gap or overlap, and "crc32c" is the CRC32C of the frame's raw
  * bytes (codec.h says why raw). An EMPTY file has no frame and NO object: no
  * "key", nothing is uploaded (a PUT per empty file is a wasted round trip,
@@ -41,8 +42,8 @@
  *
  * A symlink is an entry with "link": its target, size 0, no key, no
  * frames, filter "none". The target is relative and stays inside the
- * checkpoint folder: spot_manifest_link_valid() (issue 13.5). Restore
- * makes it a symlink again (after every file is written).
+ * checkpoint folder: spot_manifest_link_valid(). Restore makes it a
+ * symlink again (after every file is written).
  *
  * Paths and keys: UTF-8 (JSON strings are), 1..SPOT_MANIFEST_PATH_MAX
  * bytes, no NUL, no leading '/', no empty, "." or ".." component, each
@@ -50,10 +51,10 @@
  * path is a folder of another's ("a" and "a/b"), no key is
  * "MANIFEST.json". Names and jobs satisfy spot_ckpt_name_valid().
  *
- * Packs (issue 15.2): small files may be stored together in pack objects
- * instead of one object each. The manifest then lists the packs before
- * "files" (a manifest without packs has no "packs" key at all, and is
- * byte-identical to what older builds wrote):
+ * Packs (README "Store layout"): small files may be stored together in
+ * pack objects instead of one object each. The manifest then lists the
+ * packs before "files" (a manifest without packs has no "packs" key at
+ * all, and is byte-identical to what older builds wrote):
  *
  *   "packs": [ { "key": "attempt-0123456789abcdef/packs/pack-000001.pack",
  *                "stored": 6291456 } ],
@@ -97,7 +98,8 @@
 /* mtime_ns that futimens() takes on every file system we restore to:
  * 1901-12-13 (a 32-bit time_t's minimum) .. INT64_MAX (2262). */
 #define SPOT_MANIFEST_MTIME_MIN_NS (-2147483648LL * 1000000000LL)
-/* The documented limits of a checkpoint (README "Limits", issue 14.6):
+/* The documented limits of a checkpoint (README "What the store refuses
+ * or never does"):
  * files, and the manifest's size. Within them restore needs at most
  * ~2.2 x the manifest's size for it (the text, then the parsed entries;
  * each element of "files" is parsed on its own). */

@@ -39,15 +39,20 @@
  * Status object (result of "status"). Times are RFC 3339 UTC strings,
  * durations integer seconds, sizes integer bytes. Objects that do not
  * apply are null (or absent).
- *   "state":     string, the daemon's state name ("restoring", "running",
- *                "checkpointing", "uploading", "stopping", ...)
+ *   "state":     string, the engine's state name: "init", "connecting",
+ *                "restoring", "running", "restarting", "draining",
+ *                "relaunching", "stopping", "finishing" or "exiting"
+ *                (daemon/engine.c); a client shows any other as it is
  *   "job":       string
  *   "store":     string, s3:// URL of the job root
  *   "provider":  "aws" | "gcp" | "azure" | "none"
  *   "notice":    null | {"kind": SPOTD_REASON value ("aws-spot-terminate",
  *                "aws-rebalance", "gcp-preempted", "azure-preempt", ...),
  *                "deadline": time or null, "seconds_left": int or null}
- *   "trainer":   null | {"pid": int, "uptime_s": int, "restart_count": int}
+ *   "trainer":   null | {"pid": int, "uptime_s": int, "restart_count": int,
+ *                "step": int or null, "steps_per_s": number or null,
+ *                "steps_at_risk": int or null} (step: the trainer's last
+ *                "step" request)
  *   "last_commit": null | {"name": string, "time": time, "age_s": int}
  *                (age_s is the work at risk)
  *   "upload":    null | {"name": string, "bytes_done": int,
@@ -57,6 +62,9 @@
  *                deadline: the last committed checkpoint is kept")
  *   "relaunch":  [{"time": time, "reason": string, "exit_status": int,
  *                "ok": bool}, ...] attempts of the relaunch step
+ * spotd adds members this header does not type, and a client reads them
+ * from the JSON itself: "lease" (daemon/lease.c), "restored", "restarts"
+ * and "ranks" (daemon/status.c).
  */
 #ifndef SPOT_PROTO_H
 #define SPOT_PROTO_H

@@ -1,7 +1,7 @@
 /* The job history in the store (lib/core/history.h has the event format
  * and the summary), and the metrics file for node_exporter.
  *
- * Layout, under the job root ROOT = PREFIX/JOB (DESIGN.md):
+ * Layout, under the job root ROOT = PREFIX/JOB (README "Store layout"):
  *   ROOT/history/<time_ms, 13 digits>-<owner>-<seq, 6 digits>.json
  * one small object per event (S3 has no append), so keys sort by time and
  * writers never collide: each spotd run has its own owner.

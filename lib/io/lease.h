@@ -1,5 +1,5 @@
-/* The job lease (docs/design.md, the commit and the lease): which node may run
- * a job's trainer and commit. One object, ROOT/LEASE (lease_doc.h), written
+/* The job lease (docs/design.md "The job lease"): which node may run a
+ * job's trainer and commit. One object, ROOT/LEASE (lease_doc.h), written
  * only with S3 conditional PUTs: If-None-Match: * to create it, If-Match
  * on its ETag to take it over (epoch + 1), renew it (same epoch) or
  * release it (same epoch, state "released").

@@ -2,9 +2,11 @@
  * curl through spot_http, SigV4 signed by curl.
  *
  * What we write ourselves, because curl 7.88 signs path and query exactly
- * as given (see shared/VERIFIED.md): the path (keys percent-encoded,
- * '/' kept), the query (names sorted, values encoded, `uploads=` with its
- * '='), and x-amz-content-sha256 on every request.
+ * as given, neither sorted nor encoded (fixed only in curl 8.3/8.5): the
+ * path (keys percent-encoded, '/' kept), the query (names sorted, values
+ * encoded, `uploads=` with its '='), and x-amz-content-sha256 on every
+ * request, which curl does not add and without which Ceph RGW answers
+ * 403.
  *
  * An op's life: INIT -> SENDING -> (BACKOFF -> SENDING)* -> DONE. Only
  * set_state() moves it. DONE runs the user callback once, then the op
@@ -744,8 +746,8 @@ attempt(struct spot_s3_op *op)
     /* curl 7.88 sends "Expect: 100-continue" with every PUT and waits
      * up to 1 s for the 100: a round trip per part on a real network.
      * An empty "Expect:" header would break curl 7.88's SigV4 signature
-     * (VERIFIED.md), so send the body at once instead; a refusal still
-     * arrives as the final status. */
+     * (it signs every custom header), so send the body at once instead; a
+     * refusal still arrives as the final status. */
     SETOPT(CURLOPT_EXPECT_100_TIMEOUT_MS, 0L);
     if (strcmp(kinds[op->kind].method, "PUT") != 0)
       SETOPT(CURLOPT_CUSTOMREQUEST, kinds[op->kind].method);

@@ -1,9 +1,9 @@
 /* Async S3 client on libuv + libcurl (through http.h). SigV4 is signed by
  * curl (CURLOPT_AWS_SIGV4); we write the canonical path and query
- * ourselves and send x-amz-content-sha256 on every request (see
- * shared/VERIFIED.md for why). Responses and errors are parsed with
- * expat. Bodies come from caller buffers and go to caller sinks, so no
- * object is ever held whole unless the caller asks for it.
+ * ourselves and send x-amz-content-sha256 on every request (s3.c says
+ * why: curl 7.88 signs them as given and adds no payload hash). Responses and
+ * errors are parsed with expat. Bodies come from caller buffers and go to
+ * caller sinks, so no object is ever held whole unless the caller asks for it.
  *
  * Callback contract: if a function taking a callback returns < 0, the
  * callback never runs; otherwise it runs exactly once, from the loop, with

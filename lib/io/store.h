@@ -3,14 +3,16 @@
  * (s3.h) moves the bytes and the codec (codec.h) runs on the libuv thread
  * pool through uv_queue_work, whose work callbacks touch no loop state.
  *
- * Layout (DESIGN.md "Store layout and commit"), under ROOT = PREFIX/JOB:
- *   ROOT/checkpoints/NAME/<relative path>.zst   one object per file
- *   ROOT/checkpoints/NAME/packs/pack-N.pack     small files, packed
+ * Layout (docs/design.md "Store layout", "Push and the commit
+ * protocol"), under ROOT = PREFIX/JOB, ATTEMPT the push attempt's folder
+ * (store_journal.h):
+ *   ROOT/checkpoints/NAME/ATTEMPT/<relative path>.zst   one object per file
+ *   ROOT/checkpoints/NAME/ATTEMPT/packs/pack-N.pack     small files, packed
  *   ROOT/checkpoints/NAME/MANIFEST.json         written last: the commit
  *   ROOT/LATEST                                 name of the newest commit
  *
  * Multi-node jobs (nranks > 1, see spot_store_config) add
- *   ROOT/checkpoints/NAME/rank-K/<relative path>.zst
+ *   ROOT/checkpoints/NAME/rank-K/ATTEMPT/<relative path>.zst
  *   ROOT/checkpoints/NAME/ranks/rank-K.json     rank K's part is complete
  *
  * Commit rules: the manifest is PUT with If-None-Match: * once every
@@ -59,8 +61,9 @@
 /* push: files smaller than this are packed together (pack_threshold) */
 #define SPOT_STORE_PACK_THRESHOLD_DEFAULT ((uint64_t)1 << 20)
 #define SPOT_STORE_PACK_OFF UINT64_MAX /* pack_threshold: no packing */
-/* The trainer's "this folder is complete" marker (DESIGN.md): a file of
- * that name at the top of a pushed folder is not part of the checkpoint. */
+/* The trainer's "this folder is complete" marker (README "Quick
+ * start"): a file of that name at the top of a pushed folder is not
+ * part of the checkpoint. */
 #define SPOT_STORE_MARKER "SPOTD_COMPLETE"
 
 enum spot_store_compress {

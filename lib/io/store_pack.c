@@ -1,4 +1,4 @@
-/* Push, small files packed (issue 15.2): a checkpoint of thousands of
+/* Push, small files packed: a checkpoint of thousands of
  * small files costs a request per file, which over a real network is a
  * round trip each (5000 x 4 KiB: 11-24 s against 0.34 s as one object).
  * Files below the threshold are uploaded together in pack objects:

@@ -98,7 +98,8 @@ spot__push_pfile_init(struct pfile *f, const char *rel, const char *abs,
 
 /* A symlink: a relative link that stays inside the folder is stored as a
  * link; any other fails the push, unless follow_symlinks stores the
- * regular file it points to. Never skipped silently (issue 13.5). */
+ * regular file it points to. Never skipped silently: a checkpoint
+ * missing a file it had would restore as if whole. */
 static int
 walk_link(struct push_op *op, size_t *alloc, const char *abs, const char *rel,
           const struct stat *lst)

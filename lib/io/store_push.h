@@ -256,7 +256,7 @@ void spot__push_file_set_state(struct push_op *op, struct pfile *f,
 void spot__push_xfer_cancel(struct push_op *op);
 bool spot__push_files_done(const struct push_op *op);
 
-/* store_pack.c: small files packed together (issue 15.2). After the walk
+/* store_pack.c: small files packed together. After the walk
  * the pack entries are appended to op->files (f->pk set): each is uploaded
  * like a file whose parts are runs of whole small files, each file one
  * zstd frame; its members (f->pack set) have no object and no part of

@@ -504,7 +504,8 @@ mtime_of(const struct spot_manifest_file *f, struct timespec ts[2])
 
 /* Mode and times of a file; fsync when it has data (unless syncfs). An
  * empty file has nothing to sync: the folders' fsync makes its entry
- * durable, and it costs no open (300,000 empty files, issue 14.6). */
+ * durable, and it costs no open (a checkpoint may hold 300,000 empty
+ * files: README "What the store refuses or never does"). */
 static int
 file_attrs(const struct restore_op *op, int dfd,
            const struct spot_manifest_file *f, const struct timespec ts[2],

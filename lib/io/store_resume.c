@@ -195,7 +195,8 @@ is_ours(const struct push_op *op, const char *upload_id)
 }
 
 /* An upload under this attempt's folder (a push of ours that lost it), or
- * older than the stale bound: never another live attempt's (issue 12). */
+ * older than the stale bound: never another live attempt's (a
+ * concurrent push of the same name must not be disturbed). */
 static bool
 orphan_of_ours_or_stale(const struct push_op *op,
                         const struct spot_s3_upload_info *u)

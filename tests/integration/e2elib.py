@@ -1,6 +1,6 @@
 """Shared by the end-to-end tests (test_e2e_*.py): the real PyTorch example
 (examples/pytorch/train.py) under `spotd run`, each "node" a fresh working
-folder with its own `spotctl emulate --provider aws`, relaunched through
+folder with its own `spotd-emulate --provider aws`, relaunched through
 `spotctl relaunch --backend exec`, against the Ceph that tools/test starts.
 
 Also: the uninterrupted reference run, folder comparison, and a small

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""A fake trainer that follows the trainer contract of DESIGN.md, for the
-daemon's integration tests.
+"""A fake trainer that follows the trainer contract (README "Quick start",
+"How a request reaches the trainer"), for the daemon's integration tests.
 
 It counts steps (a short sleep each), and:
   - on the checkpoint signal ($SPOTD_SIGNAL, SIGUSR1 without it, or --signal) sets a flag; at the

@@ -1,4 +1,4 @@
-"""Helpers for the metadata integration tests: run `spotctl emulate` and
+"""Helpers for the metadata integration tests: run spotd-emulate and
 the meta_watch driver (lib/meta), trigger events, read their lines."""
 import json
 import os
@@ -16,6 +16,8 @@ from spotlib import EXPECTED, expect  # noqa: E402,F401 - expect for the tests
 
 BUILD = os.environ.get("SPOT_BUILDDIR", "build")
 SPOTCTL = os.environ.get("SPOTCTL", os.path.join(BUILD, "client", "spotctl"))
+SPOTD_EMULATE = os.environ.get(
+    "SPOTD_EMULATE", os.path.join(BUILD, "emulate", "spotd-emulate"))
 META_WATCH = os.environ.get(
     "META_WATCH", os.path.join(BUILD, "tests", "integration", "meta_watch"))
 
@@ -70,7 +72,7 @@ class Lines:
 class Emulator:
     def __init__(self, provider, *args):
         self.p = subprocess.Popen(
-            [SPOTCTL, "emulate", "--provider", provider, "--port", "0"] +
+            [SPOTD_EMULATE, "--provider", provider, "--port", "0"] +
             list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         STARTED.append(self.p)
         self.out = Lines(self.p.stdout)

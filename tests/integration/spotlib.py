@@ -129,7 +129,7 @@ def store_env():
 
     With SPOT_TEST_FAKE_S3=1 the server is fakes3.FakeS3 in this process
     (loopback, in memory): the quick loop of the daemon's state-machine
-    tests, which do not need S3 semantics (README "Tests")."""
+    tests, which do not need S3 semantics (README "Building and testing")."""
     global _FAKE_S3
     if os.environ.get("SPOT_TEST_FAKE_S3") == "1" and _FAKE_S3 is None:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -356,7 +356,7 @@ def leftovers_next_to(path):
 # ----------------------------------------------------------------- daemon
 # Helpers of the daemon tests (test_daemon_*.py, test_systemd_*.py): run
 # spotd on a temporary socket and checkpoint folder with a command (the
-# fake trainer by default), follow its log lines, run `spotctl emulate`.
+# fake trainer by default), follow its log lines, run spotd-emulate.
 # Every process started here is remembered and killed (by its own pid) by
 # kill_started(), which the tests call in a finally block.
 
@@ -394,6 +394,12 @@ def spotd_exe():
 
 def spotctl_exe():
     return os.environ.get("SPOTCTL") or builddir_path("client", "spotctl")
+
+
+def spotd_emulate_exe():
+    """The emulator program; `spotctl emulate` execs the same one."""
+    return (os.environ.get("SPOTD_EMULATE") or
+            builddir_path("emulate", "spotd-emulate"))
 
 
 def kill_started():
@@ -631,13 +637,15 @@ def committed(job_prefix):
 
 
 class EmulatorProc:
-    """`spotctl emulate --provider P --port 0 ARGS...` on loopback."""
+    """`spotd-emulate --provider P --port 0 ARGS...` on loopback; cmd
+    replaces the program (e.g. [spotctl, "emulate"]), env the environment."""
 
-    def __init__(self, provider, *args):
+    def __init__(self, provider, *args, cmd=None, env=None):
         self.p = subprocess.Popen(
-            [spotctl_exe(), "emulate", "--provider", provider, "--port", "0"] +
+            (cmd or [spotd_emulate_exe()]) +
+            ["--provider", provider, "--port", "0"] +
             [str(a) for a in args], stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE)
+            stderr=subprocess.PIPE, env=env)
         _STARTED.append(self.p)
         self.out = LineLog(self.p.stdout, "[emulate] ")
         self.err = LineLog(self.p.stderr, "[emulate] ")

@@ -2,8 +2,7 @@
 """The AWS credentials chain end to end: tests/integration/aws_creds (the
 driver, lib/core/aws_conf.c + lib/io/aws_imds.c + lib/io/http.c on a real uv loop) against
 a small IMDSv2 stand-in on loopback (http.server), plus the environment and
-profile files. `spotctl emulate` does not exist yet; when it lands, this
-test should also run against it.
+profile files, then the same chain against spotd-emulate.
 
 Checks: which source wins, the instance role path (token required on every
 GET), refresh when short-lived role credentials expire, the last good
@@ -164,12 +163,12 @@ def no_leak(what, out, err, secrets):
 
 
 def emulator_checks(home, base):
-    """The same chain against `spotctl emulate` (fixed role credentials
+    """The same chain against spotd-emulate (fixed role credentials
     valid 6 h: no refresh to see there, the stand-in above covers it)."""
-    spotctl = os.environ.get("SPOTCTL",
-                             os.path.join(BUILD, "client", "spotctl"))
-    if not os.access(spotctl, os.X_OK):
-        print("spotctl not built: skipping the emulator checks")
+    emulator = os.environ.get("SPOTD_EMULATE",
+                              os.path.join(BUILD, "emulate", "spotd-emulate"))
+    if not os.access(emulator, os.X_OK):
+        print("spotd-emulate not built: skipping the emulator checks")
         return
     secret = "emuSecretExampleKey/DoNotPrint+0123456789ab"
     token = "emuSessionTokenExample+/=="
@@ -177,7 +176,7 @@ def emulator_checks(home, base):
     with open(creds, "w") as f:
         f.write('{"AccessKeyId": "ASIAEMULATED", "SecretAccessKey": "%s", '
                 '"Token": "%s"}' % (secret, token))
-    emu = subprocess.Popen([spotctl, "emulate", "--provider", "aws",
+    emu = subprocess.Popen([emulator, "--provider", "aws",
                             "--port", "0", "--region", "ap-southeast-2",
                             "--role", "trainer-role", "--role-creds", creds],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -204,7 +203,7 @@ def emulator_checks(home, base):
               "refreshes=0" in out, "emulator: 6 h credentials not refreshed")
         no_leak("emulator", out, err, [secret, token])
         # Every request refused: one clear line, quickly.
-        emu2 = subprocess.Popen([spotctl, "emulate", "--provider", "aws",
+        emu2 = subprocess.Popen([emulator, "--provider", "aws",
                                  "--port", "0", "--fault", "throttle=1",
                                  "--role-creds", creds],
                                 stdout=subprocess.PIPE,

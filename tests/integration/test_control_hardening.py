@@ -1,5 +1,5 @@
 """The control socket against a second spotd and hostile same-machine
-clients (issue 14, items 4, 8 and 11).
+clients.
 
 1. A second spotd given the socket of a live one refuses with one clear
    line naming the first's pid, starts no trainer, and leaves the socket

@@ -1,4 +1,4 @@
-"""spotd and an interruption notice from `spotctl emulate` (AWS, GCP,
+"""spotd and an interruption notice from spotd-emulate (AWS, GCP,
 Azure): signal, checkpoint, upload, commit, (Azure: ack after the commit),
 the relaunch hook with SPOTD_JOB/STORE/CHECKPOINT/REASON/DEADLINE, then
 the trainer stopped with SIGTERM and spotd exits 75; the upload after the

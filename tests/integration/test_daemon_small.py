@@ -1,4 +1,4 @@
-"""Small truths of the daemon (issue 13.6), against the loopback fake S3:
+"""Small truths of the daemon, against the loopback fake S3:
 
   restarts: a start that stops at once because a notice is posted (the
             trainer never launched) does not count in RESTARTS, and its last

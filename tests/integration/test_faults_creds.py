@@ -3,7 +3,7 @@
 
 1. Instance-role credentials that expire and rotate mid-upload. The test
    adds a second S3 key pair (K1) to the Ceph test user with radosgw-admin
-   and `spotctl emulate --provider aws` serves it as the role's
+   and `spotd-emulate --provider aws` serves it as the role's
    credentials with a 4 s Expiration (re-read from a file on every
    request). spotctl pushes through a bandwidth-capped faultproxy (so the
    upload lasts ~10 s) with no key in the environment or files, the chain

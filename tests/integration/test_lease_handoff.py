@@ -1,4 +1,4 @@
-"""The job lease in spotd (issue 12 items 1 and 4), against the real S3
+"""The job lease in spotd (README "Job lease"), against the real S3
 server:
 
 (a) a replacement spotd started while the old one runs waits for the lease

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """The If-Match form strategy of lib/io/lease.c and lib/io/latest.c (lease.h),
 against a loopback stand-in for the two behaviours that matter (AWS S3
-cannot run here; Ceph's is measured in shared/VERIFIED.md and exercised
-by test_lease.py against the real Ceph):
+cannot run here; Ceph 16 RGW's, which compares If-Match with the bare
+ETag, is exercised by test_lease.py against the real Ceph):
 
 - "aws":  PUT If-Match matches only the quoted ETag, as AWS documents;
 - "ceph": PUT If-Match matches only the bare ETag (Ceph 16 RGW), a quoted

@@ -1,4 +1,4 @@
-"""lib/meta against `spotctl emulate --provider aws`: IMDSv2 tokens,
+"""lib/meta against `spotd-emulate --provider aws`: IMDSv2 tokens,
 spot notice with its deadline, rebalance, maintenance (cancelled ones not
 reported), token expiry, throttling, stalls, resets and garbage."""
 import os

@@ -1,4 +1,4 @@
-"""lib/meta against `spotctl emulate --provider azure`: the Metadata
+"""lib/meta against `spotd-emulate --provider azure`: the Metadata
 header, DocumentIncarnation, the Resources filter, NotBefore as the
 deadline, and the ack sent only when asked."""
 import os

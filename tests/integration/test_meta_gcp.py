@@ -1,4 +1,4 @@
-"""lib/meta against `spotctl emulate --provider gcp`: the Metadata-Flavor
+"""lib/meta against `spotd-emulate --provider gcp`: the Metadata-Flavor
 check, long poll with ETag, preempted with its 30 s deadline, maintenance
 events, and faults."""
 import os

@@ -1,5 +1,5 @@
 """A torchrun DDP job (Debian's real torchrun, 2 workers, gloo, CPU) under
-spotd, preempted by an AWS notice of `spotctl emulate`, resumed on a fresh
+spotd, preempted by an AWS notice of spotd-emulate, resumed on a fresh
 "node", ends byte-identical to an uninterrupted run.
 
 examples/pytorch/train_ddp.py uses the Python helper (python/spotd): the

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""spotctl relaunch (issue 6): the exec backend (variables passed, exit
+"""spotctl relaunch: the exec backend (variables passed, exit
 status reported, timeout kills, dry run, idempotency per preemption, SIGTERM
 passed on), the slurm backend against a fake scontrol (busy controller
 retried with backoff, refusal not retried, hold + exclude-node sequence,

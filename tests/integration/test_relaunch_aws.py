@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""spotctl relaunch --backend aws (issue 16) against `spotctl emulate
+"""spotctl relaunch --backend aws (README "Relaunch on AWS / GCP") against
+`spotd-emulate
 --provider aws` (IMDS + the EC2 Query API, SigV4 checked by the emulator
 with the same keys as the real Ceph store).
 
@@ -404,7 +405,7 @@ def role_credentials(c, emu, store, job, tmp):
 
 
 def boot_hook(c, tmp, store, job, prefix):
-    """`spotctl emulate --boot-cmd`: the emulator itself boots the instance
+    """`spotd-emulate --boot-cmd`: the emulator itself boots the instance
     it launched and runs the new node's spotd (--job-from aws-tag), which
     restores LATEST and resumes."""
     name = sl.latest(prefix)

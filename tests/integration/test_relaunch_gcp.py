@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""spotctl relaunch --backend gcp (issue 16) against `spotctl emulate
+"""spotctl relaunch --backend gcp (README "Relaunch on AWS / GCP") against
+`spotd-emulate
 --provider gcp` (metadata server + the compute v1 API; bearer tokens the
 metadata server issued are required), the store on the real Ceph.
 

@@ -72,6 +72,17 @@ def mount(ckpt, opts):
     return True
 
 
+def tmpfs_node(wd, name, size, mounted):
+    """A node folder whose checkpoint folder is a fresh tmpfs of size;
+    skips the test when mounting is not allowed."""
+    node = os.path.join(wd, name)
+    ckpt = os.path.join(node, "ckpt")
+    if not mount(ckpt, "size=%s,mode=0755" % size):
+        sl.skip("cannot mount a tmpfs (needs root)")
+    mounted.append(ckpt)
+    return node, ckpt
+
+
 def umount(ckpt):
     if os.path.ismount(ckpt):
         if sl.run(["umount", ckpt]).returncode != 0:
@@ -118,11 +129,7 @@ def main():
         c.check(sl.latest(prefix) == "step-000020", "LATEST is step-000020")
 
         # 1: no room for the newest: refused before anything is fetched
-        node = os.path.join(wd, "n1")
-        ckpt = os.path.join(node, "ckpt")
-        if not mount(ckpt, "size=4m,mode=0755"):
-            sl.skip("cannot mount a tmpfs (needs root)")
-        mounted.append(ckpt)
+        node, ckpt = tmpfs_node(wd, "n1", "4m", mounted)
         fill(ckpt, 1 << 20)  # step-000010 fits, step-000020 does not
         d = sl.Daemon(node, store, job, trainer=["--step-sleep", 0.05],
                       args=["--log-level", "debug"])
@@ -140,11 +147,7 @@ def main():
         umount(ckpt)
 
         # 2: room at the check, ENOSPC while writing
-        node = os.path.join(wd, "n2")
-        ckpt = os.path.join(node, "ckpt")
-        if not mount(ckpt, "size=4m,mode=0755"):
-            sl.skip("cannot mount a tmpfs (needs root)")
-        mounted.append(ckpt)
+        node, ckpt = tmpfs_node(wd, "n2", "4m", mounted)
         d = sl.Daemon(node, store, job, trainer=["--step-sleep", 0.05],
                       env={"SPOTD_FAULT": "restore-space-checked:stop"})
         t0 = time.time()
@@ -162,11 +165,7 @@ def main():
 
         # 3: a read-only checkpoint folder (spotd's journal folder made
         # before, as a previous spotd would have)
-        node = os.path.join(wd, "n3")
-        ckpt = os.path.join(node, "ckpt")
-        if not mount(ckpt, "size=4m,mode=0755"):
-            sl.skip("cannot mount a tmpfs (needs root)")
-        mounted.append(ckpt)
+        node, ckpt = tmpfs_node(wd, "n3", "4m", mounted)
         os.mkdir(os.path.join(ckpt, ".spotd-journal"))
         if sl.run(["mount", "-o", "remount,ro", ckpt]).returncode != 0:
             sl.skip("cannot remount a tmpfs read-only")
@@ -175,11 +174,7 @@ def main():
         umount(ckpt)
 
         # 4: the old local copy of the newest fits once: replaced, not doubled
-        node = os.path.join(wd, "n4")
-        ckpt = os.path.join(node, "ckpt")
-        if not mount(ckpt, "size=5m,mode=0755"):
-            sl.skip("cannot mount a tmpfs (needs root)")
-        mounted.append(ckpt)
+        node, ckpt = tmpfs_node(wd, "n4", "5m", mounted)
         shutil.copytree(src20, os.path.join(ckpt, "step-000020"))
         # what a spotd killed during its restore leaves behind
         left = os.path.join(ckpt, "..spotd-resume.spotd-restore-Ab12Cd")

@@ -119,7 +119,7 @@ with tempfile.TemporaryDirectory(prefix="spotd-resume-") as tmp:
         c.check(cp.returncode == 0, "the push without a journal commits")
         c.check(sent == NPARTS, "without a journal every part is sent (%d)" % sent)
         # Without its journal the killed push is another attempt: its upload
-        # may belong to a live writer (issue 12), so it is left until it is
+        # may belong to a live writer, so it is left until it is
         # older than the stale bound (retention, 1 hour for spotctl push).
         c.check(px.stats()["requests"].get("abort", 0) == 0,
                 "another attempt's young upload was not aborted")

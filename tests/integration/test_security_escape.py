@@ -1,5 +1,4 @@
-"""Strings from the network or the store never reach stderr raw (issue 14,
-item 7): control characters fed through each message path come out
+"""Strings from the network or the store never reach stderr raw: control characters fed through each message path come out
 escaped (spot_escape), never as a forged line or a terminal sequence.
 
 1. S3 error bodies: a loopback server answers every request 403 with an

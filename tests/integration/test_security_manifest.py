@@ -115,7 +115,7 @@ try:
                        os.path.exists(os.path.join(parent, p)) or
                        os.path.exists(os.path.join(tmp, p))]
             c.check(not outside, "%s: nothing written outside" % name, repr(outside))
-        # Mode bits (issue 14.1): setuid/setgid/sticky never restored, no
+        # Mode bits: setuid/setgid/sticky never restored, no
         # group/other write beyond the umask. A pushed 4755 file, and a
         # hand-made manifest asking for 06777 and 01777.
         old_umask = os.umask(0o022)

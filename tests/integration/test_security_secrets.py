@@ -135,7 +135,7 @@ try:
         # core dumps: both programs non-dumpable, checked as another process of
         # the same (non-root) uid
         emu2 = subprocess.Popen(["setpriv", "--reuid", "nobody", "--regid", "nogroup",
-                                 "--clear-groups", sl.spotctl_exe(), "emulate",
+                                 "--clear-groups", sl.spotd_emulate_exe(),
                                  "--provider", "aws", "--port", "0"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         sl._STARTED.append(emu2)
@@ -146,7 +146,7 @@ try:
         c.check(environ_readable_by_nobody(sleeper.pid),
                 "control: a dumpable nobody process's environ is readable by nobody")
         c.check(emu2.poll() is None and not environ_readable_by_nobody(emu2.pid),
-                "spotctl (as nobody) is not dumpable: its environ is not readable")
+                "spotd-emulate (as nobody) is not dumpable: its environ is not readable")
         wd = os.path.join(tmp, "nobody")
         os.makedirs(wd)
         os.chmod(wd, 0o777)

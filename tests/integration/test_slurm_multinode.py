@@ -7,7 +7,7 @@ three nodes, each `srun spotd run ... -- python3 train_ddp.py` (PyTorch
 DDP, gloo, one process per node, MASTER_ADDR = node1's namespace address,
 the Python helper `spotd`):
   - the reference job runs uninterrupted (no metadata);
-  - the preempted job's spotd on node K watches its own `spotctl emulate`
+  - the preempted job's spotd on node K watches its own spotd-emulate
     (on the cluster's bridge address, reachable from the namespaces) and
     relaunches with `spotctl relaunch --backend slurm`.
 Once the preempted job trains, only node2's emulator publishes a notice.
@@ -66,12 +66,12 @@ echo "batch end run=$run"
 
 
 class Emulator(sl.EmulatorProc):
-    """`spotctl emulate --provider aws` on the cluster's bridge address,
+    """`spotd-emulate --provider aws` on the cluster's bridge address,
     which the nodes' namespaces reach."""
 
     def __init__(self, bind):  # noqa: super().__init__ insists on 127.x
         self.p = subprocess.Popen(
-            [sl.spotctl_exe(), "emulate", "--provider", "aws", "--port", "0",
+            [sl.spotd_emulate_exe(), "--provider", "aws", "--port", "0",
              "--bind", bind], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         sl._STARTED.append(self.p)
         self.out = sl.LineLog(self.p.stdout, "[emulate] ")

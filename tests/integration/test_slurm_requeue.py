@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Preempt -> requeue -> resume on a real Slurm cluster (issue 6).
+"""Preempt -> requeue -> resume on a real Slurm cluster (docs/slurm.md).
 
 Starts a single-node Slurm 22.05 (tests/slurm.sh) and a metadata emulator,
 and uses the real Ceph of tools/test (SPOT_TEST_S3_*). A batch job

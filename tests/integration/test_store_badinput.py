@@ -80,7 +80,7 @@ try:
         fails(cp, "unreadable file", "secret.bin", "permission denied")
         nothing_committed("unreadable file")
 
-        # symlinks (issue 13.5): never skipped silently. Relative links that
+        # symlinks: never skipped silently. Relative links that
         # stay inside the folder (a loop, a link to the parent folder, a
         # dangling one, an alias of a file) are stored as links and restored
         # as links; an absolute link or one leaving the folder fails the push
@@ -190,7 +190,7 @@ try:
         fails(cp, "DIR with a '..' base name", "invalid checkpoint name")
         nothing_committed("bad names")
 
-        # names that collide with spotd's own folders (issue 14.5): push,
+        # names that collide with spotd's own folders: push,
         # restore, list and the manifest parser refuse them alike
         for name in (".spotd-resume", ".spotd-journal", ".x"):
             cp = spotlib.spotctl("push", good, url, "--name", name)

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""A hostile or broken S3 server during restore (issue 14.10, 14.9).
+"""A hostile or broken S3 server during restore.
 
 A real checkpoint is pushed to the test S3 server (Ceph), its objects are
 read back with boto3, and a small loopback server that answers like S3
@@ -121,7 +121,7 @@ try:
                          "control: the same server without faults restores identical",
                          "--endpoint", endpoint)
 
-        # a manifest over the documented 40 MiB limit (issue 14.6): refused
+        # a manifest over the documented 40 MiB limit: refused
         # as it arrives, before any data is fetched
         sl.s3_put(root + "checkpoints/huge/MANIFEST.json",
                   b'{"format":"spotd-checkpoint","files":[' + b" " * (41 << 20) + b"]}")

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Small files packed (issue 15.2), against the real S3 server:
+"""Small files packed (README "Store layout"), against the real S3 server:
 
 1. a folder of thousands of small files and a few big ones round-trips
    (bytes, modes, mtimes to the nanosecond); the small files live in a

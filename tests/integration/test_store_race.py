@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Two `spotctl push` of the SAME name at once, 20 times with random offsets
-(issue 12 item 2): every time exactly one commits, the other says the name
+(docs/design.md "Push and the commit protocol"): every time exactly one commits, the other says the name
 was committed by someone else, the committed checkpoint restores intact
 (byte-identical to the winner's folder, every frame verified), the objects
 under the name are exactly the winner's (the loser removed its own) and no

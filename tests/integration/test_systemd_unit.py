@@ -1,9 +1,9 @@
 """The generated unit (build/systemd/spotd.service): `systemd-analyze
 verify` exits 0 with an EMPTY stderr (it exits 0 even for "ignoring"
 warnings), the offline security exposure is at most 3.0, the directives
-issue 5 asks for are there, `meson install` puts the unit, the sysusers
-entry and the config example where systemd looks, and the sysusers entry
-creates the spotd user (dry run)."""
+README "Running as a service" relies on are there, `meson install` puts
+the unit, the sysusers entry and the config example where systemd looks,
+and the sysusers entry creates the spotd user (dry run)."""
 import os
 import re
 import shutil
@@ -67,7 +67,7 @@ def main():
                 "systemd-analyze security --offline: exposure %.1f <= %.1f" %
                 (score, MAX_EXPOSURE), cp.stdout[-2000:] + cp.stderr)
 
-        # what issue 5 asks of the unit
+        # what README "Running as a service" relies on
         want = {"Type": "notify", "NotifyAccess": "main",
                 "ProtectSystem": "strict", "PrivateTmp": "yes",
                 "NoNewPrivileges": "yes", "StateDirectory": "spotd",

@@ -5,14 +5,16 @@
 set -uo pipefail
 check=$1 src=$2 build=$3
 cd "$src"
-mapfile -t csrc < <(git ls-files 'lib/*.c' 'daemon/*.c' 'client/*.c' 2>/dev/null ||
-  find lib daemon client -name '*.c')
+mapfile -t csrc < <(git ls-files 'lib/*.c' 'daemon/*.c' 'client/*.c' 'emulate/*.c' 2>/dev/null ||
+  find lib daemon client emulate -name '*.c')
 mapfile -t allc < <(git ls-files '*.c' '*.h' 2>/dev/null | grep -v '^tests/fuzz/corpus/')
 
 case "$check" in
 banned)
-  # STYLE.md: no strcpy, strcat, sprintf, atoi, strtok, system, signal,
-  # curl_easy_perform in our code.
+  # Banned in our C code: unbounded writes (strcpy, strcat, sprintf),
+  # conversions that hide errors (atoi), hidden state (strtok), a shell or a
+  # process-wide disposition (system, signal) and a transfer that blocks the
+  # loop (curl_easy_perform).
   # String literals and comments are blanked first, so prose may name them.
   rc=0
   for f in "${allc[@]}"; do
@@ -23,7 +25,7 @@ banned)
     fi
   done
   if [ $rc -ne 0 ]; then
-    echo "banned functions used (see STYLE.md)"
+    echo "banned functions used (the list is in tests/lint/lint.sh)"
     exit 1
   fi
   # No bare assert in the Python tests: python -O (PYTHONOPTIMIZE) drops
@@ -52,6 +54,17 @@ layers)
   pat+=')[>"]'
   if grep -nE "$pat" lib/core/*.c lib/core/*.h; then
     echo "lib/core must not include libuv, libcurl or lib/io headers"
+    exit 1
+  fi
+  # The client runs on every training node: no HTTP server, no emulator
+  # code (that is spotd-emulate, emulate/, which spotctl only execs), and
+  # the emulator stands on lib/ alone, not on the client's files.
+  if grep -nE '#include [<"](microhttpd\.h|emulate[a-z_]*\.h)[>"]' client/*.c client/*.h; then
+    echo "client/ must not include the HTTP server or emulate/ headers"
+    exit 1
+  fi
+  if grep -nE '#include "(spotctl|relaunch_cloud)\.h"' emulate/*.c emulate/*.h; then
+    echo "emulate/ must not include client/ headers"
     exit 1
   fi
   ;;

@@ -522,7 +522,7 @@ static const struct reject rejects[] = {
     {"\"name\":\"step-100\"", "\"name\":\"a/b\"", -EBADMSG,
      "name: not a valid checkpoint name"},
     {"\"name\":\"step-100\"", "\"name\":\"..\"", -EBADMSG, "name: not a valid"},
-    /* names that would collide with spotd's own folders (issue 14.5) */
+    /* names that would collide with spotd's own folders */
     {"\"name\":\"step-100\"", "\"name\":\".spotd-resume\"", -EBADMSG,
      "name: not a valid"},
     {"\"name\":\"step-100\"", "\"name\":\".spotd-journal\"", -EBADMSG,

@@ -41,8 +41,9 @@ test_key_layout(void **state)
   struct spot_store_config c = cfg_of("team/runs");
 
   (void)state;
-  /* DESIGN.md: PREFIX/JOB/checkpoints/NAME/<path>.zst, .../MANIFEST.json,
-   * PREFIX/JOB/LATEST */
+  /* README "Store layout" (a push puts its attempt folder in front of
+   * the path it passes): PREFIX/JOB/checkpoints/NAME/<path>.zst,
+   * .../MANIFEST.json, PREFIX/JOB/LATEST */
   key_is(&c, "step-100", "model/w.bin.zst",
          "team/runs/job-1/checkpoints/step-100/model/w.bin.zst");
   key_is(&c, "step-100", "MANIFEST.json",

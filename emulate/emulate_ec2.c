@@ -1,4 +1,4 @@
-/* spotctl emulate --provider aws: the EC2 Query API next to IMDS, for
+/* spotd-emulate --provider aws: the EC2 Query API next to IMDS, for
  * rehearsing `spotctl relaunch --backend aws` and testing it. Shapes from
  * the EC2 API reference (2016-11-15): CreateFleet (type instant),
  * DescribeInstances, TerminateInstances, and the error document

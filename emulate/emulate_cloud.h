@@ -1,8 +1,8 @@
-/* The cloud APIs of `spotctl emulate` next to the metadata services
+/* The cloud APIs of spotd-emulate next to the metadata services
  * (emulate.c): EC2 (emulate_ec2.c), Compute Engine (emulate_gce.c). Each keeps
  * its own state behind its own mutex. */
-#ifndef SPOTCTL_EMULATE_CLOUD_H
-#define SPOTCTL_EMULATE_CLOUD_H
+#ifndef SPOTD_EMULATE_CLOUD_H
+#define SPOTD_EMULATE_CLOUD_H
 
 #include <stdbool.h>
 #include <stddef.h>

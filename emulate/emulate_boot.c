@@ -1,4 +1,4 @@
-/* spotctl emulate --boot-cmd CMD: the emulated cloud "boots" each
+/* spotd-emulate --boot-cmd CMD: the emulated cloud "boots" each
  * instance it launches. --boot-after SEC (default 1) after the launch, the
  * metadata service answers as the new instance (its id, type, zone, tags
  * or attributes; no notice) and CMD runs through /bin/sh -c in a process
@@ -87,7 +87,7 @@ spawn(const char *id)
   posix_spawnattr_destroy(&at);
   free(env);
   if (r != 0) {
-    fprintf(stderr, "spotctl emulate: boot of %s: cannot run /bin/sh: %s\n", id,
+    fprintf(stderr, "spotd-emulate: boot of %s: cannot run /bin/sh: %s\n", id,
             strerror(r));
     return;
   }

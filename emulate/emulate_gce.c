@@ -1,4 +1,4 @@
-/* spotctl emulate --provider gcp: the Compute Engine API next to the
+/* spotd-emulate --provider gcp: the Compute Engine API next to the
  * metadata server, for rehearsing `spotctl relaunch --backend gcp` and
  * testing it. Shapes from the compute v1 reference: instances.insert
  * (POST .../zones/Z/instances?sourceInstanceTemplate=..&requestId=..)

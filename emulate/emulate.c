@@ -1,5 +1,7 @@
-/* spotctl emulate: a local metadata service for AWS, GCP or Azure, to
+/* spotd-emulate: a local metadata service for AWS, GCP or Azure, to
  * rehearse a preemption (like AWS's ec2-metadata-mock) and to test spotd.
+ * Its own executable, so the client installed on every training node
+ * carries no HTTP server and spawns no shell; `spotctl emulate` execs it.
  *
  * libmicrohttpd with one thread per connection, so a GCP long poll or a
  * stall simply blocks its own thread on the condition variable. All the
@@ -23,11 +25,13 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -36,8 +40,9 @@
 #include <microhttpd.h>
 
 #include "emulate_cloud.h"
+#include "log.h"
 #include "notice.h"
-#include "spotctl.h"
+#include "spot-config.h"
 #include "util.h"
 
 #define UPLOAD_MAX (16 * 1024)
@@ -150,7 +155,7 @@ reply(struct MHD_Connection *c, unsigned status, const char *type,
   if (r == NULL)
     return MHD_NO;
   MHD_add_response_header(r, "Content-Type", type);
-  MHD_add_response_header(r, "Server", "spotctl-emulate");
+  MHD_add_response_header(r, "Server", "spotd-emulate");
   if (h1 != NULL)
     MHD_add_response_header(r, h1, v1);
   ret = MHD_queue_response(c, status, r);
@@ -903,14 +908,61 @@ completed(void *cls, struct MHD_Connection *c, void **con_cls,
 
 /* --- setup ------------------------------------------------------------ */
 
+/* Exit statuses, as spotctl's: the same command line gives the same
+ * status whether it runs as `spotctl emulate` or spotd-emulate. */
+enum {
+  EMU_EXIT_OK = 0,
+  EMU_EXIT_FAIL = 1,
+  EMU_EXIT_USAGE = 2,
+};
+
+/* "spotd-emulate: MESSAGE" and the trailer on stderr, escaped (file names
+ * and option values come from the command line), returns status. */
+__attribute__((format(printf, 3, 0), nonnull(2, 3))) static int
+emu_vfail(int status, const char *trailer, const char *fmt, va_list ap)
+{
+  char msg[1024], esc[SPOT_ESCAPE_SIZE(sizeof(msg))];
+
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  fputs("spotd-emulate: ", stderr);
+  fputs(spot_escape(msg, esc, sizeof(esc)), stderr);
+  fputs(trailer, stderr);
+  return status;
+}
+
+__attribute__((format(printf, 1, 2))) static int
+emu_fail(const char *fmt, ...)
+{
+  va_list ap;
+  int r;
+
+  va_start(ap, fmt);
+  r = emu_vfail(EMU_EXIT_FAIL, "\n", fmt, ap);
+  va_end(ap);
+  return r;
+}
+
+__attribute__((format(printf, 1, 2))) static int
+emu_usage(const char *fmt, ...)
+{
+  va_list ap;
+  int r;
+
+  va_start(ap, fmt);
+  r = emu_vfail(EMU_EXIT_USAGE, "\nTry 'spotd-emulate --help'.\n", fmt, ap);
+  va_end(ap);
+  return r;
+}
+
 static void
 usage(FILE *f)
 {
   fprintf(
       f,
-      "Usage: spotctl emulate --provider aws|gcp|azure [OPTIONS]\n\n"
+      "Usage: spotd-emulate --provider aws|gcp|azure [OPTIONS]\n"
+      "       spotctl emulate --provider aws|gcp|azure [OPTIONS]\n\n"
       "Serve a cloud metadata service on loopback to rehearse a preemption:\n"
-      "  spotctl emulate --provider aws --port 1338 --notice-after 60 &\n"
+      "  spotd-emulate --provider aws --port 1338 --notice-after 60 &\n"
       "  spotd run --provider aws --metadata-url http://127.0.0.1:1338 ...\n\n"
       "Options:\n"
       "  --port P                  listen port (default 1338; 0 = any free)\n"
@@ -1017,7 +1069,7 @@ load_creds(struct emu *e, const char *file)
   if (file != NULL) {
     src = json_load_file(file, 0, &err);
     if (src == NULL)
-      return spotctl_fail("emulate: %s:%d: %s", file, err.line, err.text);
+      return emu_fail("%s:%d: %s", file, err.line, err.text);
     ak = json_string_value(json_object_get(src, "AccessKeyId"));
     sk = json_string_value(json_object_get(src, "SecretAccessKey"));
     tok = json_string_value(json_object_get(src, "Token"));
@@ -1028,11 +1080,10 @@ load_creds(struct emu *e, const char *file)
   }
   if (ak == NULL || sk == NULL) {
     json_decref(src);
-    return file != NULL
-               ? spotctl_fail("emulate: %s: AccessKeyId and SecretAccessKey "
-                              "are required",
-                              file)
-               : 0;
+    return file != NULL ? emu_fail("%s: AccessKeyId and SecretAccessKey "
+                                   "are required",
+                                   file)
+                        : 0;
   }
   fmt_rfc3339(spot_now_wall_ms(), now, sizeof(now));
   fmt_rfc3339(spot_now_wall_ms() + (e->role_expire_s != 0
@@ -1045,11 +1096,11 @@ load_creds(struct emu *e, const char *file)
                   "Expiration", exp);
   json_decref(src);
   if (doc == NULL)
-    return spotctl_fail("emulate: out of memory");
+    return emu_fail("out of memory");
   fresh = json_dumps(doc, JSON_INDENT(2));
   json_decref(doc);
   if (fresh == NULL)
-    return spotctl_fail("emulate: out of memory");
+    return emu_fail("out of memory");
   if (e->creds != NULL)
     explicit_bzero(e->creds, strlen(e->creds));
   free(e->creds);
@@ -1058,7 +1109,7 @@ load_creds(struct emu *e, const char *file)
 }
 
 int
-spotctl_cmd_emulate(int argc, char **argv)
+main(int argc, char **argv)
 {
   enum {
     OPT_PORT = 256,
@@ -1081,6 +1132,7 @@ spotctl_cmd_emulate(int argc, char **argv)
     OPT_BOOT_AFTER,
     OPT_PROVIDER,
     OPT_HELP,
+    OPT_VERSION,
   };
   static const struct option opts[] = {
       {"provider", required_argument, NULL, OPT_PROVIDER},
@@ -1103,6 +1155,7 @@ spotctl_cmd_emulate(int argc, char **argv)
       {"boot-cmd", required_argument, NULL, OPT_BOOT_CMD},
       {"boot-after", required_argument, NULL, OPT_BOOT_AFTER},
       {"help", no_argument, NULL, OPT_HELP},
+      {"version", no_argument, NULL, OPT_VERSION},
       {NULL, 0, NULL, 0},
   };
   static struct emu e; /* threads see it until MHD_stop_daemon returns */
@@ -1116,9 +1169,14 @@ spotctl_cmd_emulate(int argc, char **argv)
   struct MHD_Daemon *d;
   const union MHD_DaemonInfo *info;
   sigset_t set;
-  int opt, sig, ret = SPOTCTL_EXIT_OK;
+  int opt, sig, ret = EMU_EXIT_OK;
   bool action_set = false;
 
+  spot_log_init("spotd-emulate", SPOT_LOG_WARNING);
+  /* The role credentials it serves live in this process's memory: no core
+   * dump, no ptrace by other processes of the same uid (the commands of
+   * --boot-cmd get it back at exec). */
+  (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   memset(&e, 0, sizeof(e));
   e.imdsv2_required = true;
   e.stall_fraction = 1.0;
@@ -1139,7 +1197,7 @@ spotctl_cmd_emulate(int argc, char **argv)
       break;
     case OPT_PORT:
       if (spot_parse_int64(optarg, 0, 65535, &port) < 0)
-        return spotctl_usage("emulate: bad --port '%s'", optarg);
+        return emu_usage("bad --port '%s'", optarg);
       break;
     case OPT_BIND:
       bind_addr = optarg;
@@ -1151,7 +1209,7 @@ spotctl_cmd_emulate(int argc, char **argv)
     case OPT_MAINT_CANCEL: {
       double v;
       if (parse_secs(optarg, &v) < 0)
-        return spotctl_usage("emulate: bad number of seconds '%s'", optarg);
+        return emu_usage("bad number of seconds '%s'", optarg);
       *(opt == OPT_NOTICE_AFTER      ? &notice_after
         : opt == OPT_NOTICE_DEADLINE ? &notice_deadline
         : opt == OPT_REBALANCE_AFTER ? &rebalance_after
@@ -1162,16 +1220,16 @@ spotctl_cmd_emulate(int argc, char **argv)
     case OPT_ACTION:
       action_set = true;
       if (spot_strlcpy(e.action, optarg, sizeof(e.action)) >= sizeof(e.action))
-        return spotctl_usage("emulate: bad --action '%s'", optarg);
+        return emu_usage("bad --action '%s'", optarg);
       break;
     case OPT_IMDSV2:
       if (strcmp(optarg, "required") != 0 && strcmp(optarg, "optional") != 0)
-        return spotctl_usage("emulate: --imdsv2 is required or optional");
+        return emu_usage("--imdsv2 is required or optional");
       e.imdsv2_required = strcmp(optarg, "required") == 0;
       break;
     case OPT_FAULT:
       if (apply_fault(&e, optarg) < 0)
-        return spotctl_usage("emulate: bad --fault '%s'", optarg);
+        return emu_usage("bad --fault '%s'", optarg);
       break;
     case OPT_REGION:
     case OPT_INSTANCE_ID:
@@ -1187,7 +1245,7 @@ spotctl_cmd_emulate(int argc, char **argv)
                                              : sizeof(e.role);
       if (optarg[0] == '\0' || strpbrk(optarg, "\"\\/\r\n") != NULL ||
           spot_strlcpy(dst, optarg, size) >= size)
-        return spotctl_usage("emulate: bad value '%s'", optarg);
+        return emu_usage("bad value '%s'", optarg);
       break;
     }
     case OPT_ROLE_CREDS:
@@ -1198,32 +1256,35 @@ spotctl_cmd_emulate(int argc, char **argv)
       break;
     case OPT_BOOT_AFTER:
       if (parse_secs(optarg, &boot_after) < 0 || boot_after > 3600)
-        return spotctl_usage("emulate: bad --boot-after '%s'", optarg);
+        return emu_usage("bad --boot-after '%s'", optarg);
       break;
     case OPT_ROLE_EXPIRE: {
       int64_t v;
 
       if (spot_parse_int64(optarg, 1, 43200, &v) < 0)
-        return spotctl_usage("emulate: --role-expire: expected 1 to 43200 "
-                             "seconds, got '%s'",
-                             optarg);
+        return emu_usage("--role-expire: expected 1 to 43200 "
+                         "seconds, got '%s'",
+                         optarg);
       e.role_expire_s = (unsigned)v;
       break;
     }
     case OPT_HELP:
     case 'h':
       usage(stdout);
-      return SPOTCTL_EXIT_OK;
+      return EMU_EXIT_OK;
+    case OPT_VERSION:
+      printf("spotd-emulate %s\n", SPOT_VERSION);
+      return EMU_EXIT_OK;
     default:
-      return spotctl_usage("emulate: unknown option");
+      return emu_usage("unknown option");
     }
   }
   if (optind < argc)
-    return spotctl_usage("emulate: unexpected argument '%s'", argv[optind]);
+    return emu_usage("unexpected argument '%s'", argv[optind]);
   if (provider == NULL || spot_provider_from_name(provider, &e.provider) < 0 ||
       (e.provider != SPOT_PROVIDER_AWS && e.provider != SPOT_PROVIDER_GCP &&
        e.provider != SPOT_PROVIDER_AZURE))
-    return spotctl_usage("emulate: --provider aws|gcp|azure is required");
+    return emu_usage("--provider aws|gcp|azure is required");
   e.notice_deadline_s = notice_deadline >= 0 ? (unsigned)notice_deadline
                         : e.provider == SPOT_PROVIDER_AWS ? 120
                                                           : 30;
@@ -1236,9 +1297,9 @@ spotctl_cmd_emulate(int argc, char **argv)
   sa.sin_family = AF_INET;
   sa.sin_port = htons((uint16_t)port);
   if (inet_pton(AF_INET, bind_addr, &sa.sin_addr) != 1)
-    return spotctl_usage("emulate: --bind needs an IPv4 address");
+    return emu_usage("--bind needs an IPv4 address");
   if (e.provider == SPOT_PROVIDER_AWS && load_creds(&e, creds_file) != 0)
-    return SPOTCTL_EXIT_FAIL;
+    return EMU_EXIT_FAIL;
   e.creds_file = creds_file;
 
   pthread_mutex_init(&e.mu, NULL);
@@ -1277,8 +1338,7 @@ spotctl_cmd_emulate(int argc, char **argv)
                        completed, NULL, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1,
                        MHD_OPTION_END);
   if (d == NULL) {
-    ret =
-        spotctl_fail("emulate: cannot listen on %s:%" PRId64, bind_addr, port);
+    ret = emu_fail("cannot listen on %s:%" PRId64, bind_addr, port);
     goto out;
   }
   info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);

@@ -47,13 +47,26 @@ test_engine_restarting(void **state)
   assert_true(spotd_set_state(&d, SPOTD_RESTARTING));
   assert_string_equal(spotd_state_name(d.state), "restarting");
   assert_false(spotd_set_state(&d, SPOTD_FINISHING));
-  assert_false(spotd_set_state(&d, SPOTD_STOPPING));
   assert_false(spotd_set_state(&d, SPOTD_RESTORING));
   assert_true(spotd_set_state(&d, SPOTD_RUNNING));
   assert_true(spotd_set_state(&d, SPOTD_RESTARTING));
   assert_true(spotd_set_state(&d, SPOTD_DRAINING));
   assert_false(spotd_set_state(&d, SPOTD_RESTARTING));
   assert_int_equal(d.state, SPOTD_DRAINING);
+  /* a lease lost while restarting or running: straight to STOPPING, and
+   * never back */
+  memset(&d, 0, sizeof(d));
+  assert_true(spotd_set_state(&d, SPOTD_CONNECTING));
+  assert_true(spotd_set_state(&d, SPOTD_RUNNING));
+  assert_true(spotd_set_state(&d, SPOTD_RESTARTING));
+  assert_true(spotd_set_state(&d, SPOTD_STOPPING));
+  assert_false(spotd_set_state(&d, SPOTD_RUNNING));
+  assert_false(spotd_set_state(&d, SPOTD_RESTARTING));
+  memset(&d, 0, sizeof(d));
+  assert_true(spotd_set_state(&d, SPOTD_CONNECTING));
+  assert_true(spotd_set_state(&d, SPOTD_RUNNING));
+  assert_true(spotd_set_state(&d, SPOTD_STOPPING));
+  assert_false(spotd_set_state(&d, SPOTD_DRAINING));
 }
 
 static void

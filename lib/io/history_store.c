@@ -778,7 +778,8 @@ spot_history_read_cancel(struct spot_history_read *op)
   for (size_t i = 0; i < READ_PARALLEL; i++)
     if (op->gets[i].s3op != NULL)
       ops[n++] = op->gets[i].s3op;
-  /* The last cancel finishes and frees op: touch only the copies. */
+  /* The callbacks come from the loop; the last one finishes and frees
+   * op. */
   for (size_t i = 0; i < n; i++)
     spot_s3_cancel(ops[i]);
 }

@@ -127,8 +127,8 @@ struct spot_history_read;
 int spot_history_read(uv_loop_t *loop, const struct spot_store_config *cfg,
                       spot_history_read_cb cb, void *data,
                       struct spot_history_read **op);
-/* Legal until the callback has run; the callback runs with -ECANCELED
- * before this returns. */
+/* Legal until the callback has run; the callback runs later, from the
+ * loop, with -ECANCELED (never before this returns). */
 void spot_history_read_cancel(struct spot_history_read *op);
 
 /* Metrics file for node_exporter's textfile collector: writes text to a

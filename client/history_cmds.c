@@ -193,20 +193,43 @@ print_runs(const struct spot_hist_summary *s)
          "STARTED (UTC)", "TRAINED", "OUTCOME", "CKPTS", "LOST", "GAP BEFORE");
   for (size_t i = 0; i < s->nruns; i++) {
     const struct spot_hist_run *r = &s->runs[i];
-    char when[32], trained[32], lost[48], gap[32], ck[16];
-    const char *node = r->host[0] != '\0' ? r->host : r->owner;
+    char when[32], trained[32], lost[48], gap[32], ck[16], node[48];
 
+    if (r->nnodes > 1)
+      snprintf(node, sizeof(node), "%zu nodes", r->nnodes);
+    else
+      snprintf(node, sizeof(node), "%s",
+               spotctl_esc(r->host[0] != '\0' ? r->host : r->owner));
     spot_rfc3339_format(r->start_ms, when, sizeof(when));
-    spotctl_fmt_dur(r->end_ms - r->train_start_ms, trained, sizeof(trained));
+    spotctl_fmt_dur(
+        r->outcome == SPOT_HIST_REFUSED ? -1 : r->end_ms - r->train_start_ms,
+        trained, sizeof(trained));
     spotctl_fmt_dur(r->lost_ms, lost, sizeof(lost));
     if (r->lost_steps >= 0) {
       size_t n = strlen(lost);
       snprintf(lost + n, sizeof(lost) - n, " (%" PRId64 " st)", r->lost_steps);
     }
     snprintf(ck, sizeof(ck), "%u/%u", r->commits, r->checkpoints);
-    printf("%-3zu %-22.22s %-20s %-9s %-9s %-5s %-14s %s\n", i + 1,
-           spotctl_esc(node), when, trained, spot_hist_outcome_name(r->outcome),
-           ck, lost, spotctl_fmt_dur(r->gap_before_ms, gap, sizeof(gap)));
+    printf("%-3zu %-22.22s %-20s %-9s %-9s %-5s %-14s %s\n", i + 1, node, when,
+           trained, spot_hist_outcome_name(r->outcome), ck, lost,
+           spotctl_fmt_dur(r->gap_before_ms, gap, sizeof(gap)));
+    if (r->outcome == SPOT_HIST_REFUSED)
+      printf("    start refused: %s\n", spotctl_esc(r->refused));
+    if (r->lease_wait_ms > 0) {
+      char w[32];
+      printf("    waited %s for the job lease\n",
+             spotctl_fmt_dur(r->lease_wait_ms, w, sizeof(w)));
+    }
+    if (r->nnodes > 1)
+      printf("    run id %s\n", spotctl_esc(r->run_id));
+    for (size_t k = 0; r->nnodes > 1 && k < s->nnodes; k++) {
+      const struct spot_hist_node *nd = &s->nodes[k];
+      if (nd->run != i)
+        continue;
+      printf("    rank %" PRId64 " on %s: %s\n", nd->rank,
+             spotctl_esc(nd->host[0] != '\0' ? nd->host : nd->owner),
+             spot_hist_outcome_name(nd->outcome));
+    }
     if (r->noticed) {
       char at[32];
       spot_rfc3339_format(r->notice_ms, at, sizeof(at));
@@ -223,10 +246,11 @@ print_summary(const char *job, const struct spot_hist_summary *s)
   char a[32], b[32], c[32];
   double train_s = (double)s->train_ms / 1000.0;
 
-  printf("Job %s: %zu run%s, %u preemption%s, %u crash%s\n\n", spotctl_esc(job),
-         s->nruns, s->nruns == 1 ? "" : "s", s->preemptions,
-         s->preemptions == 1 ? "" : "s", s->crashes,
-         s->crashes == 1 ? "" : "es");
+  printf("Job %s: %u run%s, %u preemption%s, %u crash%s, %u refused "
+         "start%s\n\n",
+         spotctl_esc(job), s->trained_runs, s->trained_runs == 1 ? "" : "s",
+         s->preemptions, s->preemptions == 1 ? "" : "s", s->crashes,
+         s->crashes == 1 ? "" : "es", s->refused, s->refused == 1 ? "" : "s");
   print_runs(s);
   printf("\nSummary\n");
   printf("  %-16s %s\n", "wall time",
@@ -238,6 +262,8 @@ print_summary(const char *job, const struct spot_hist_summary *s)
   printf("  %-16s %s total, %s longest\n", "resume gap",
          spotctl_fmt_dur(s->gap_ms, a, sizeof(a)),
          spotctl_fmt_dur(s->max_gap_ms, b, sizeof(b)));
+  printf("  %-16s %s\n", "lease wait",
+         spotctl_fmt_dur(s->lease_wait_ms, a, sizeof(a)));
   printf("  %-16s %s", "work lost", spotctl_fmt_dur(s->lost_ms, a, sizeof(a)));
   if (s->lost_steps >= 0)
     printf(" (%" PRId64 " steps)", s->lost_steps);
@@ -327,10 +353,12 @@ read_cb(const struct spot_history_read_result *res, void *data)
 static const char history_usage[] =
     "Usage: spotctl history s3://BUCKET/[PREFIX/]JOB [OPTIONS]\n\n"
     "Shows what happened to JOB from the history spotd keeps in the store:\n"
-    "its runs and preemptions, the work each preemption lost (from the\n"
-    "state of the last commit to the notice or the crash), the time without\n"
-    "a node (resume gap), the checkpoint overhead and, with both prices,\n"
-    "the cost against on-demand.\n\n"
+    "its runs (the ranks of a multi-node run count once), preemptions,\n"
+    "crashes and refused starts (the trainer never started: lease held\n"
+    "elsewhere, restore failed), the work each preemption or crash lost\n"
+    "(from the state the job resumed from to the notice or the crash), the\n"
+    "wait for the job lease, the time without a node (resume gap), the\n"
+    "checkpoint overhead and, with both prices, the cost against on-demand.\n\n"
     "  --json             one JSON document (summary, runs, events)\n"
     "  --plot FILE        draw the timeline into FILE.png or FILE.svg\n"
     "  --price-spot X     spot price per node-hour\n"

@@ -1,10 +1,13 @@
 /* spotctl history --plot: the job's timeline as a picture (cairo, PNG or
- * SVG). One lane per node; each run a bar (restore in a lighter shade,
- * the work a preemption lost as an orange strip under it), committed
- * checkpoints as ticks above it, notices as red triangles, the time
- * without a node as grey bands across all lanes; a time axis and a
- * legend. Rectangles are drawn without antialiasing on whole pixels, so
- * each run is one block of exactly RUN_RGB (tests count them). */
+ * SVG). One lane per node (per rank in a multi-node job); each node of a
+ * run a bar (the wait for the job lease and the restore before it in
+ * colors of their own, the work a preemption or crash lost as an orange
+ * strip under it), committed checkpoints as ticks above it, notices as red
+ * triangles, a crash as a square mark at its end, a refused start as a
+ * short grey bar, the time without a node as grey bands across all lanes;
+ * a time axis and a legend. Rectangles are drawn without antialiasing on
+ * whole pixels, so each bar is one block of exactly RUN_RGB (tests count
+ * them). */
 #include <cairo-svg.h>
 #include <cairo.h>
 #include <errno.h>
@@ -24,7 +27,9 @@
 #define LANE_H 44
 #define BAR_H 22
 #define AXIS_H 40
-#define LEGEND_H 36
+#define LEGEND_H 56 /* two rows */
+#define CRASH_W 10
+#define REFUSED_MIN_W 6
 #define LANES_MAX 40
 
 struct rgb {
@@ -35,7 +40,15 @@ struct rgb {
 static const struct rgb run_c = {SPOTCTL_PLOT_RUN_R / 255.0,
                                  SPOTCTL_PLOT_RUN_G / 255.0,
                                  SPOTCTL_PLOT_RUN_B / 255.0};
-static const struct rgb restore_c = {157 / 255.0, 187 / 255.0, 224 / 255.0};
+#define RGB_OF(r, g, b)                                                        \
+  {                                                                            \
+    (r) / 255.0, (g) / 255.0, (b) / 255.0                                      \
+  }
+#define RGB(x) RGB_OF(x)
+static const struct rgb restore_c = RGB(SPOTCTL_PLOT_RESTORE_RGB);
+static const struct rgb lease_c = RGB(SPOTCTL_PLOT_LEASE_RGB);
+static const struct rgb refused_c = RGB(SPOTCTL_PLOT_REFUSED_RGB);
+static const struct rgb crash_c = RGB(SPOTCTL_PLOT_CRASH_RGB);
 static const struct rgb lost_c = {240 / 255.0, 150 / 255.0, 40 / 255.0};
 static const struct rgb gap_c = {225 / 255.0, 225 / 255.0, 225 / 255.0};
 static const struct rgb notice_c = {214 / 255.0, 39 / 255.0, 40 / 255.0};
@@ -46,7 +59,7 @@ struct plot {
   const struct spot_hist_summary *s;
   int64_t t0, t1;
   double plot_w;
-  const char *lanes[LANES_MAX];
+  char lanes[LANES_MAX][72];
   size_t nlanes;
 };
 
@@ -75,23 +88,28 @@ box(cairo_t *cr, double x0, double y, double x1, double h, struct rgb c)
   cairo_fill(cr);
 }
 
-static const char *
-node_of(const struct spot_hist_run *r)
+/* A rank's lane whatever host it ran on; else the host's. */
+static void
+lane_name(const struct spot_hist_node *r, char *buf, size_t size)
 {
-  return r->host[0] != '\0' ? r->host : r->owner;
+  if (r->rank >= 0)
+    snprintf(buf, size, "rank %" PRId64, r->rank);
+  else
+    snprintf(buf, size, "%s", r->host[0] != '\0' ? r->host : r->owner);
 }
 
 static size_t
-lane_of(struct plot *p, const struct spot_hist_run *r)
+lane_of(struct plot *p, const struct spot_hist_node *r)
 {
-  const char *node = node_of(r);
+  char name[72];
 
+  lane_name(r, name, sizeof(name));
   for (size_t i = 0; i < p->nlanes; i++)
-    if (strcmp(p->lanes[i], node) == 0)
+    if (strcmp(p->lanes[i], name) == 0)
       return i;
   if (p->nlanes == LANES_MAX)
     return LANES_MAX - 1; /* the last lane takes the rest */
-  p->lanes[p->nlanes] = node;
+  spot_strlcpy(p->lanes[p->nlanes], name, sizeof(p->lanes[0]));
   return p->nlanes++;
 }
 
@@ -150,20 +168,28 @@ axis(struct plot *p, double y)
 }
 
 static void
+swatch(cairo_t *cr, double x, double y, struct rgb c, const char *name)
+{
+  box(cr, x, y, x + 12, 12, c);
+  color(cr, ink);
+  text(cr, x + 17, y + 11, 12, name);
+}
+
+static void
 legend(struct plot *p, double y)
 {
-  static const char *const names[] = {"training", "restore", "work lost",
-                                      "no node (gap)"};
-  const struct rgb cs[] = {run_c, restore_c, lost_c, gap_c};
+  static const char *const names[] = {"training", "lease wait", "restore",
+                                      "work lost", "no node (gap)"};
+  const struct rgb cs[] = {run_c, lease_c, restore_c, lost_c, gap_c};
   cairo_t *cr = p->cr;
   double x = LEFT;
 
   for (size_t i = 0; i < SPOT_ARRAY_SIZE(names); i++) {
-    box(cr, x, y, x + 12, 12, cs[i]);
-    color(cr, ink);
-    text(cr, x + 17, y + 11, 12, names[i]);
+    swatch(cr, x, y, cs[i], names[i]);
     x += 130;
   }
+  x = LEFT;
+  y += 20;
   color(cr, ink);
   cairo_rectangle(cr, x + 5, y, 2, 12);
   cairo_fill(cr);
@@ -177,25 +203,44 @@ legend(struct plot *p, double y)
   cairo_fill(cr);
   color(cr, ink);
   text(cr, x + 17, y + 11, 12, "notice");
+  x += 90;
+  /* Legend swatches are 12 px: smaller than any mark the tests count. */
+  swatch(cr, x, y, crash_c, "crash");
+  x += 90;
+  swatch(cr, x, y, refused_c, "refused start");
 }
 
 static void
-draw_run(struct plot *p, const struct spot_hist_run *r, double top)
+draw_node(struct plot *p, const struct spot_hist_node *r, double top)
 {
   cairo_t *cr = p->cr;
   double y = top + (LANE_H - BAR_H) / 2.0 + 4;
-  double xs = x_of(p, r->start_ms), xt = x_of(p, r->train_start_ms);
-  double xe = x_of(p, r->end_ms);
+  double xt = x_of(p, r->train_start_ms), xe = x_of(p, r->end_ms);
 
   cairo_set_antialias(cr, CAIRO_ANTIALIAS_NONE);
-  if (xt > xs)
-    box(cr, xs, y, xt, BAR_H, restore_c);
+  if (r->outcome == SPOT_HIST_REFUSED) {
+    /* Never trained: a thin bar from its start to its end, wide enough to
+     * see however short the attempt. */
+    double xs = x_of(p, r->start_ms);
+    box(cr, xs, y + BAR_H / 3.0,
+        xe > xs + REFUSED_MIN_W ? xe : xs + REFUSED_MIN_W, BAR_H / 3.0,
+        refused_c);
+    cairo_set_antialias(cr, CAIRO_ANTIALIAS_DEFAULT);
+    return;
+  }
+  if (r->lease_wait_ms > 0)
+    box(cr, x_of(p, r->lease_from_ms), y,
+        x_of(p, r->lease_from_ms + r->lease_wait_ms), BAR_H, lease_c);
+  if (r->restore_from_ms >= 0 && xt > x_of(p, r->restore_from_ms))
+    box(cr, x_of(p, r->restore_from_ms), y, xt, BAR_H, restore_c);
   box(cr, xt, y, xe > xt ? xe : xt + 1, BAR_H, run_c);
   if (r->lost_ms > 0) {
     int64_t t_end = r->noticed ? r->notice_ms : r->end_ms;
     box(cr, x_of(p, t_end - r->lost_ms), y + BAR_H + 1, x_of(p, t_end), 5,
         lost_c);
   }
+  if (r->outcome == SPOT_HIST_CRASHED)
+    box(cr, xe, y + (BAR_H - CRASH_W) / 2.0, xe + CRASH_W, CRASH_W, crash_c);
   color(cr, ink);
   for (size_t i = 0; i < r->ncommit_times; i++) {
     double x = x_of(p, r->commit_times[i]);
@@ -226,27 +271,30 @@ draw(struct plot *p, const char *job, double height)
   cairo_paint(cr);
   cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL,
                          CAIRO_FONT_WEIGHT_NORMAL);
-  /* Gaps first, as bands behind the lanes. */
+  /* Gaps first, as bands behind the lanes: from a run's end to the next
+   * run that trained (a refused start in between is no run). */
   cairo_set_antialias(cr, CAIRO_ANTIALIAS_NONE);
-  for (size_t i = 1; i < s->nruns; i++)
+  for (size_t i = 0; i < s->nruns; i++)
     if (s->runs[i].gap_before_ms > 0)
-      box(cr, x_of(p, s->runs[i - 1].end_ms), TOP - 4,
-          x_of(p, s->runs[i].train_start_ms), lanes_h + 4, gap_c);
+      box(cr, x_of(p, s->runs[i].train_start_ms - s->runs[i].gap_before_ms),
+          TOP - 4, x_of(p, s->runs[i].train_start_ms), lanes_h + 4, gap_c);
   cairo_set_antialias(cr, CAIRO_ANTIALIAS_DEFAULT);
   for (size_t i = 0; i < p->nlanes; i++) {
     color(cr, ink);
     text(cr, 10, TOP + (double)i * LANE_H + LANE_H / 2.0 + 8, 12, p->lanes[i]);
   }
-  for (size_t i = 0; i < s->nruns; i++) {
-    size_t lane = lane_of(p, &s->runs[i]);
-    draw_run(p, &s->runs[i], TOP + (double)lane * LANE_H);
+  for (size_t i = 0; i < s->nnodes; i++) {
+    size_t lane = lane_of(p, &s->nodes[i]);
+    draw_node(p, &s->nodes[i], TOP + (double)lane * LANE_H);
   }
   spot_rfc3339_format(s->first_ms, start, sizeof(start));
   spotctl_fmt_dur(s->lost_ms, lost, sizeof(lost));
   snprintf(title, sizeof(title),
-           "Job %s: %zu run%s, %u preemption%s, %s of work lost (from %s)", job,
-           s->nruns, s->nruns == 1 ? "" : "s", s->preemptions,
-           s->preemptions == 1 ? "" : "s", lost, start);
+           "Job %s: %u run%s, %u preemption%s, %u crash%s, %u refused, %s "
+           "of work lost (from %s)",
+           job, s->trained_runs, s->trained_runs == 1 ? "" : "s",
+           s->preemptions, s->preemptions == 1 ? "" : "s", s->crashes,
+           s->crashes == 1 ? "" : "es", s->refused, lost, start);
   color(cr, ink);
   text(cr, 10, 24, 15, title);
   axis(p, TOP + lanes_h + 6);
@@ -267,8 +315,8 @@ spotctl_history_plot(const char *path, const char *job,
 
   memset(&p, 0, sizeof(p));
   p.s = s;
-  for (size_t i = 0; i < s->nruns; i++)
-    lane_of(&p, &s->runs[i]);
+  for (size_t i = 0; i < s->nnodes; i++)
+    lane_of(&p, &s->nodes[i]);
   if (p.nlanes == 0) {
     snprintf(err, errsize, "no runs in the history, nothing to draw");
     return -ENODATA;

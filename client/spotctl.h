@@ -96,6 +96,12 @@ void spotctl_s3_close(struct spotctl_s3 *c);
 #define SPOTCTL_PLOT_RUN_R 47
 #define SPOTCTL_PLOT_RUN_G 111
 #define SPOTCTL_PLOT_RUN_B 189
+/* The lease wait, the restore, a refused start and the crash mark: each a
+ * color of its own (the tests count their pixels). */
+#define SPOTCTL_PLOT_LEASE_RGB 250, 205, 80
+#define SPOTCTL_PLOT_RESTORE_RGB 157, 187, 224
+#define SPOTCTL_PLOT_REFUSED_RGB 150, 150, 150
+#define SPOTCTL_PLOT_CRASH_RGB 110, 30, 130
 struct spot_hist_summary;
 /* history_cmds.c: "3h05m", "6m55s", "12.5s"; "-" when ms < 0. */
 const char *spotctl_fmt_dur(long long ms, char *buf, size_t size);

@@ -575,6 +575,7 @@ spotd_launch(struct spotd *d)
     return;
   }
   if (trainer_start(d) < 0) {
+    hist_refused(d, "no-command");
     spotd_fail(d, SPOTD_EXIT_NO_COMMAND);
     return;
   }

@@ -81,8 +81,8 @@ run_id_valid(const char *s)
 }
 
 /* This run's id, computed once. */
-static const char *
-run_id(struct spotd *d)
+const char *
+fanout_run_id(struct spotd *d)
 {
   struct fanout *f = &d->fan;
   const char *job = getenv("SLURM_JOB_ID"), *rc = getenv("SLURM_RESTART_COUNT");
@@ -109,7 +109,7 @@ notice_key(struct spotd *d)
 {
   char rel[96];
 
-  snprintf(rel, sizeof(rel), "notices/%s", run_id(d));
+  snprintf(rel, sizeof(rel), "notices/%s", fanout_run_id(d));
   return spot__store_key(&d->store, NULL, rel);
 }
 
@@ -295,7 +295,7 @@ fanout_start(struct spotd *d)
     every = FANOUT_POLL_MAX_MS;
   log_info("multi-node: rank %u of %u, run %s: job-wide notices every %" PRIu64
            " ms",
-           d->store.rank, d->store.nranks, run_id(d), every);
+           d->store.rank, d->store.nranks, fanout_run_id(d), every);
   publish(d);
   set_state(d, FANOUT_WAITING);
   uv_timer_start(&f->timer, poll_cb, every, every);
@@ -330,7 +330,7 @@ claim_key(struct spotd *d)
   /* Per (run, reason), not per checkpoint: a rank whose trainer died on
    * the lost peer may not know the job's newest commit yet, and the
    * marker must be one for the whole job. */
-  snprintf(rel, sizeof(rel), "relaunched/%s/%s", run_id(d),
+  snprintf(rel, sizeof(rel), "relaunched/%s/%s", fanout_run_id(d),
            d->reason[0] ? d->reason : "none");
   return spot__store_key(&d->store, NULL, rel);
 }

@@ -16,8 +16,13 @@
  *   hist_relaunched() RELAUNCH
  *   hist_restart()    RESTART: the trainer failed, a restart begins
  *   hist_restarted()  ... and the trainer runs again (the metric)
- *   hist_step()       the trainer's step (control socket "step")
- *   hist_lease()      LEASE (for the lease wiring to call)
+ *   hist_step()       the trainer's step (control socket "step"); a
+ *                     changed step goes into a PROGRESS event at most
+ *                     every metrics-interval, so the step a killed spotd's
+ *                     trainer reached is in the store for the next start
+ *   hist_lease()      LEASE (waiting, held, failed, released, lost)
+ *   hist_refused()    why the trainer is not started: the RUN_END of a
+ *                     spotd that never started it says "refused" and why
  *   hist_end()        RUN_END, the last metrics file, then the writer is
  *                     closed within HIST_CLOSE_MS; the metrics timer too.
  *
@@ -60,7 +65,10 @@ struct spotd_hist {
   int64_t step;                /* the trainer's, -1 unknown */
   int64_t commit_capture_wall; /* state of the newest commit, 0 none */
   int64_t commit_step;
-  int64_t notice_wall; /* 0 none */
+  int64_t notice_wall;                  /* 0 none */
+  int64_t progress_step;                /* in the last PROGRESS event, -1 */
+  uint64_t progress_mono;               /* when that was written */
+  char refused[SPOT_HIST_WORD_MAX + 1]; /* hist_refused(), "" none */
   unsigned warned;
   unsigned emitted; /* events handed to the writer */
 };
@@ -102,13 +110,39 @@ metrics_flush(struct spotd_hist *h)
   spot_buf_fini(&b);
 }
 
+static bool event(struct spotd *d, struct spot_hist_event *ev,
+                  enum spot_hist_type t);
+static void emit(struct spotd *d, struct spot_hist_event *ev);
+
+#define PROGRESS_MIN_MS 1000
+
+/* The trainer's step, when it moved since the last PROGRESS event: one
+ * small PUT per metrics-interval (and per second) at most, nothing while
+ * it stands still. */
+static void
+progress(struct spotd_hist *h)
+{
+  struct spot_hist_event ev;
+  uint64_t now = spot_now_mono_ms();
+
+  if (h->step < 0 || h->step == h->progress_step ||
+      (h->progress_mono != 0 && now - h->progress_mono < PROGRESS_MIN_MS) ||
+      !event(h->d, &ev, SPOT_HIST_PROGRESS))
+    return;
+  h->progress_step = h->step;
+  h->progress_mono = now;
+  emit(h->d, &ev);
+}
+
 static void
 metrics_timer_cb(uv_timer_t *t)
 {
   struct spotd_hist *h = spot_container_of(t, struct spotd_hist, timer);
 
-  if (!h->d->closing)
-    metrics_flush(h);
+  if (h->d->closing)
+    return;
+  metrics_flush(h);
+  progress(h);
 }
 
 /* A change worth seeing: rewrite the file on the next loop iteration, not
@@ -121,24 +155,38 @@ flush_soon(struct spotd_hist *h)
                    h->d->cfg->metrics_interval_ms);
 }
 
+/* Each event carries the step: no PROGRESS needed for the same step. */
+static void
+stepped(struct spotd_hist *h, const struct spot_hist_event *ev)
+{
+  if (ev->step >= 0 && ev->step >= h->step)
+    h->progress_step = ev->step;
+}
+
 void
 hist_init(struct spotd *d)
 {
   struct spotd_hist *h = calloc(1, sizeof(*h));
+  char rank[24];
 
-  if (h == NULL || spot_metrics_new_spotd(&h->m) < 0) {
+  snprintf(rank, sizeof(rank), "%lld", (long long)d->cfg->rank);
+  if (h == NULL || spot_metrics_new_spotd(&h->m) < 0 ||
+      spot_metrics_common_labels(
+          h->m, SPOT_LABELS("job", d->cfg->job, "rank", rank)) < 0) {
+    if (h != NULL)
+      spot_metrics_free(h->m);
     free(h);
     log_warn("job history and metrics: out of memory; running without");
     return;
   }
   h->d = d;
-  h->step = h->commit_step = -1;
+  h->step = h->commit_step = h->progress_step = -1;
   uv_timer_init(d->loop, &h->timer);
   h->pending = 1;
   d->hist = h;
-  if (d->cfg->metrics_file != NULL)
-    uv_timer_start(&h->timer, metrics_timer_cb, d->cfg->metrics_interval_ms,
-                   d->cfg->metrics_interval_ms);
+  /* The metrics file and the trainer's progress in the history. */
+  uv_timer_start(&h->timer, metrics_timer_cb, d->cfg->metrics_interval_ms,
+                 d->cfg->metrics_interval_ms);
 }
 
 void
@@ -151,6 +199,7 @@ hist_open(struct spotd *d)
   if (!live(d) || h->w != NULL)
     return;
   memset(&o, 0, sizeof(o));
+  o.replace_progress = true;
   r = spot_history_new(d->loop, &d->store, &o, report_cb, h, &h->w);
   if (r < 0) {
     h->w = NULL;
@@ -179,6 +228,7 @@ emit(struct spotd *d, struct spot_hist_event *ev)
   int r = spot_history_emit(d->hist->w, ev);
 
   d->hist->emitted++;
+  stepped(d->hist, ev);
   if (r < 0)
     log_warn_errno(r, "job history: %s event dropped",
                    spot_hist_type_name(ev->type));
@@ -198,6 +248,12 @@ run_start(struct spotd *d)
   if (gethostname(host, sizeof(host) - 1) == 0)
     SPOT_HIST_SET(&ev, host, host);
   ev.restart_count = d->restarts.count;
+  /* The ranks of one run name it alike: the history counts it once. */
+  if (d->cfg->nranks > 1) {
+    SPOT_HIST_SET(&ev, run, fanout_run_id(d));
+    ev.rank = d->cfg->rank;
+    ev.nranks = d->cfg->nranks;
+  }
   emit(d, &ev);
 }
 
@@ -453,6 +509,13 @@ hist_step(struct spotd *d, int64_t step)
     d->hist->step = step;
 }
 
+void
+hist_refused(struct spotd *d, const char *why)
+{
+  if (d->hist != NULL && d->hist->refused[0] == '\0')
+    spot_strlcpy(d->hist->refused, why, sizeof(d->hist->refused));
+}
+
 int
 spotd_metrics_text(struct spotd *d, struct spot_buf *out)
 {
@@ -494,6 +557,11 @@ timer_closed_cb(uv_handle_t *t)
 static const char *
 outcome(const struct spotd *d)
 {
+  /* Never started: a refusal (lease, restore, command), whatever the exit
+   * status says; a notice or a signal before the start stays what it
+   * is. */
+  if (!d->trainer_started && !d->have_notice && !d->drain_sigterm)
+    return d->signals_seen > 0 ? "stopped" : "refused";
   if (d->have_notice && !d->drain_sigterm)
     return "preempted";
   if (d->drain_sigterm)
@@ -515,6 +583,8 @@ run_end(struct spotd *d)
     return;
   SPOT_HIST_SET(&ev, outcome, o);
   ev.committed = final;
+  if (strcmp(o, "refused") == 0)
+    SPOT_HIST_SET(&ev, reason, h->refused[0] ? h->refused : "error");
   if (strcmp(o, "preempted") == 0 || strcmp(o, "crashed") == 0) {
     int64_t end = h->notice_wall ? h->notice_wall : spot_now_wall_ms();
     int64_t from = h->commit_capture_wall ? h->commit_capture_wall

@@ -55,8 +55,10 @@ set_state(struct spotd *d, enum job_lease_state s)
   log_debug("lease %s -> %s", job_lease_state_name(d->jl.state),
             job_lease_state_name(s));
   d->jl.state = s;
-  /* The job history records what another node would want to know. */
-  if (s == JOB_LEASE_HELD || s == JOB_LEASE_RELEASED || s == JOB_LEASE_LOST)
+  /* The job history records what another node would want to know, and
+   * the wait for the lease (a phase of its own, not the restore). */
+  if (s == JOB_LEASE_HELD || s == JOB_LEASE_RELEASED || s == JOB_LEASE_LOST ||
+      s == JOB_LEASE_WAITING || s == JOB_LEASE_FAILED)
     hist_lease(d, job_lease_state_name(s),
                d->jl.lease != NULL ? (int64_t)spot_lease_epoch(d->jl.lease)
                                    : 0);
@@ -123,6 +125,9 @@ acquired_cb(const struct spot_lease_info *i, void *data)
   if (d->closing)
     return;
   if (i->err < 0) {
+    /* Held elsewhere (at once, or past the wait): a refused start. */
+    hist_refused(d, i->err == -EBUSY || i->err == -ETIMEDOUT ? "lease-held"
+                                                             : "lease");
     set_state(d, JOB_LEASE_FAILED);
     if (i->err == -EBUSY) {
       spot_rfc3339_format(i->expires_ms, until, sizeof(until));
@@ -179,6 +184,7 @@ lease_begin(struct spotd *d)
     r = spot_lease_acquire(d->jl.lease, wait_cb, acquired_cb, d);
   if (r < 0) {
     log_err_errno(r, "job lease");
+    hist_refused(d, "lease");
     set_state(d, JOB_LEASE_FAILED);
     spotd_fail(d, SPOTD_EXIT_ERROR);
     return 0;

@@ -131,6 +131,7 @@ remove_partial(struct spotd *d)
 static void
 fail_code(struct spotd *d, int exit_code)
 {
+  hist_refused(d, "restore");
   set_state(d, RESTORE_FAILED);
   remove_partial(d);
   spotd_fail(d, exit_code);

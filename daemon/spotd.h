@@ -606,6 +606,8 @@ bool fanout_exit_check(struct spotd *d);
 /* 0: the relaunch marker's PUT runs and relaunch_start() or STOPPING
  * follows; 1: no claim needed (one node), go on. */
 int fanout_claim_relaunch(struct spotd *d);
+/* The run id the ranks of one run share (--run-id, Slurm, else r<count>). */
+const char *fanout_run_id(struct spotd *d);
 
 /* relaunch.c */
 /* 0 when the step runs (spotd_relaunch_done() follows), <0 otherwise. */
@@ -672,6 +674,9 @@ void hist_restarted(struct spotd *d);
 void hist_step(struct spotd *d, int64_t step);
 /* A lease change: action "acquired", "renewed", "lost" or "released". */
 void hist_lease(struct spotd *d, const char *action, int64_t epoch);
+/* Why spotd is not starting the trainer ("lease-held", ...): the run ends
+ * as a refused start, not a crash. */
+void hist_refused(struct spotd *d, const char *why);
 void hist_end(struct spotd *d);
 int spotd_metrics_text(struct spotd *d, struct spot_buf *out);
 

@@ -17,12 +17,13 @@ static const char *const type_names[SPOT_HIST_LAST] = {
     [SPOT_HIST_CHECKPOINT] = "checkpoint", [SPOT_HIST_NOTICE] = "notice",
     [SPOT_HIST_RUN_END] = "run_end",       [SPOT_HIST_RELAUNCH] = "relaunch",
     [SPOT_HIST_LEASE] = "lease",           [SPOT_HIST_RESTART] = "restart",
+    [SPOT_HIST_PROGRESS] = "progress",
 };
 
 static const char *const outcome_names[SPOT_HIST_OUTCOME_LAST] = {
     [SPOT_HIST_RUNNING] = "running",     [SPOT_HIST_EXITED] = "exited",
     [SPOT_HIST_PREEMPTED] = "preempted", [SPOT_HIST_CRASHED] = "crashed",
-    [SPOT_HIST_STOPPED] = "stopped",
+    [SPOT_HIST_STOPPED] = "stopped",     [SPOT_HIST_REFUSED] = "refused",
 };
 
 enum ftype { F_STR, F_I64, F_U64, F_DBL, F_BOOL };
@@ -41,7 +42,7 @@ static const struct field {
   unsigned types;
 } fields[] = {
     {"step", F_I64, OFF(step), 0, -1,
-     T(RESTORE) | T(CHECKPOINT) | T(NOTICE) | T(RUN_END)},
+     T(RESTORE) | T(CHECKPOINT) | T(NOTICE) | T(RUN_END) | T(PROGRESS)},
     {"host", F_STR, OFF(host), SZ(host), 0, T(RUN_START)},
     {"instance_id", F_STR, OFF(instance_id), SZ(instance_id), 0, T(RUN_START)},
     {"instance_type", F_STR, OFF(instance_type), SZ(instance_type), 0,
@@ -49,13 +50,17 @@ static const struct field {
     {"zone", F_STR, OFF(zone), SZ(zone), 0, T(RUN_START)},
     {"restart_count", F_I64, OFF(restart_count), 0, 0,
      T(RUN_START) | T(RESTART)},
+    {"run", F_STR, OFF(run), SZ(run), 0, T(RUN_START)},
+    {"rank", F_I64, OFF(rank), 0, -1, T(RUN_START)},
+    {"nranks", F_I64, OFF(nranks), 0, 0, T(RUN_START)},
     {"checkpoint", F_STR, OFF(checkpoint), SZ(checkpoint), 0,
      T(RESTORE) | T(CHECKPOINT) | T(RESTART)},
     {"raw_bytes", F_U64, OFF(raw_bytes), 0, 0, T(RESTORE) | T(CHECKPOINT)},
     {"stored_bytes", F_U64, OFF(stored_bytes), 0, 0,
      T(RESTORE) | T(CHECKPOINT)},
     {"seconds", F_DBL, OFF(seconds), 0, 0, T(RESTORE) | T(RESTART)},
-    {"reason", F_STR, OFF(reason), SZ(reason), 0, T(CHECKPOINT) | T(RELAUNCH)},
+    {"reason", F_STR, OFF(reason), SZ(reason), 0,
+     T(CHECKPOINT) | T(RELAUNCH) | T(RUN_END)},
     {"save_s", F_DBL, OFF(save_s), 0, 0, T(CHECKPOINT)},
     {"upload_s", F_DBL, OFF(upload_s), 0, 0, T(CHECKPOINT)},
     {"committed", F_BOOL, OFF(committed), 0, 0, T(CHECKPOINT) | T(RUN_END)},
@@ -362,36 +367,47 @@ spot_hist_sort(struct spot_hist_event *ev, size_t n)
     qsort(ev, n, sizeof(*ev), cmp_events);
 }
 
-/* Per-run bookkeeping while summarizing. */
+/* Per-node bookkeeping while summarizing. */
 struct acc {
-  bool ended, committed_any;
+  bool ended, committed_any, lease_closed;
+  unsigned notices, failed;
   int64_t last_ms, capture_ms, capture_step, start_step, end_step;
 };
 
+struct work {
+  struct spot_hist_summary *s;
+  struct acc *accs;
+  size_t alloc, runs_alloc;
+  const struct spot_hist_event *ev;
+  size_t n;
+};
+
 static size_t
-find_run(const struct spot_hist_summary *s, const char *owner)
+find_node(const struct spot_hist_summary *s, const char *owner)
 {
-  for (size_t i = s->nruns; i-- > 0;)
-    if (strcmp(s->runs[i].owner, owner) == 0)
+  for (size_t i = s->nnodes; i-- > 0;)
+    if (strcmp(s->nodes[i].owner, owner) == 0)
       return i;
   return SIZE_MAX;
 }
 
-static void
-take_checkpoint(struct spot_hist_summary *s, struct spot_hist_run *r,
-                struct acc *a, const struct spot_hist_event *e)
+static int64_t
+max64(int64_t a, int64_t b)
 {
-  s->checkpoints++;
+  return a > b ? a : b;
+}
+
+static void
+take_checkpoint(struct spot_hist_node *r, struct acc *a,
+                const struct spot_hist_event *e)
+{
   r->checkpoints++;
   r->save_s += e->save_s;
   r->upload_s += e->upload_s;
-  s->save_s += e->save_s;
-  s->upload_s += e->upload_s;
   if (!e->committed) {
-    s->failed++;
+    a->failed++;
     return;
   }
-  s->commits++;
   r->commits++;
   a->committed_any = true;
   /* The state saved is the one when the trainer began writing. */
@@ -400,17 +416,16 @@ take_checkpoint(struct spot_hist_summary *s, struct spot_hist_run *r,
 }
 
 static void
-take_end(struct spot_hist_run *r, struct acc *a,
+take_end(struct spot_hist_node *r, struct acc *a,
          const struct spot_hist_event *e)
 {
   static const struct {
     const char *name;
     enum spot_hist_outcome o;
   } map[] = {
-      {"preempted", SPOT_HIST_PREEMPTED},
-      {"exited", SPOT_HIST_EXITED},
-      {"stopped", SPOT_HIST_STOPPED},
-      {"crashed", SPOT_HIST_CRASHED},
+      {"preempted", SPOT_HIST_PREEMPTED}, {"exited", SPOT_HIST_EXITED},
+      {"stopped", SPOT_HIST_STOPPED},     {"crashed", SPOT_HIST_CRASHED},
+      {"refused", SPOT_HIST_REFUSED},
   };
 
   a->ended = true;
@@ -422,66 +437,117 @@ take_end(struct spot_hist_run *r, struct acc *a,
   for (size_t i = 0; i < SPOT_ARRAY_SIZE(map); i++)
     if (strcmp(e->outcome, map[i].name) == 0)
       r->outcome = map[i].o;
+  if (r->outcome == SPOT_HIST_REFUSED)
+    r->refused = e->reason[0] != '\0' ? e->reason : "unknown";
   if (e->step >= 0 && a->end_step < 0)
     a->end_step = e->step;
 }
 
-/* Adds one event to its run (made on the owner's first event). */
-static int
-take_event(struct spot_hist_summary *s, struct acc **accs, size_t *alloc,
+static void
+take_lease(struct spot_hist_summary *s, struct spot_hist_node *r, struct acc *a,
            const struct spot_hist_event *e)
 {
-  size_t i = find_run(s, e->owner);
-  struct spot_hist_run *r;
+  s->lease_changes++;
+  if (strcmp(e->action, "waiting") == 0) {
+    if (r->lease_from_ms < 0)
+      r->lease_from_ms = e->time_ms;
+  } else if (r->lease_from_ms >= 0 && !a->lease_closed &&
+             (strcmp(e->action, "held") == 0 ||
+              strcmp(e->action, "acquired") == 0 ||
+              strcmp(e->action, "failed") == 0)) {
+    a->lease_closed = true;
+    r->lease_wait_ms = max64(0, e->time_ms - r->lease_from_ms);
+    /* Nothing trains while it waits: a fresh start (no restore follows)
+     * trains from here. */
+    if (r->restore_from_ms < 0)
+      r->train_start_ms = max64(r->train_start_ms, e->time_ms);
+  }
+}
+
+/* The node of an owner, made on its first event. */
+static int
+node_of(struct work *w, const struct spot_hist_event *e, size_t *out)
+{
+  struct spot_hist_summary *s = w->s;
+  size_t i = find_node(s, e->owner);
+  struct spot_hist_node *r;
   struct acc *a;
 
-  if (i == SIZE_MAX) {
-    if (s->nruns == *alloc) {
-      size_t na = *alloc ? *alloc * 2 : 8;
-      struct spot_hist_run *nr = realloc(s->runs, na * sizeof(*nr));
-      struct acc *nacc;
-      if (nr == NULL)
-        return -ENOMEM;
-      s->runs = nr;
-      nacc = realloc(*accs, na * sizeof(*nacc));
-      if (nacc == NULL)
-        return -ENOMEM;
-      *accs = nacc;
-      *alloc = na;
-    }
-    i = s->nruns++;
-    r = &s->runs[i];
-    memset(r, 0, sizeof(*r));
-    r->owner = e->owner;
-    r->host = r->instance_id = r->instance_type = r->zone = "";
-    r->restored = r->notice_kind = "";
-    r->start_ms = r->train_start_ms = e->time_ms;
-    r->exit_code = -1;
-    a = &(*accs)[i];
-    memset(a, 0, sizeof(*a));
-    a->capture_step = a->start_step = a->end_step = -1;
+  if (i != SIZE_MAX) {
+    *out = i;
+    return 0;
   }
-  r = &s->runs[i];
-  a = &(*accs)[i];
+  if (s->nnodes == w->alloc) {
+    size_t na = w->alloc ? w->alloc * 2 : 8;
+    struct spot_hist_node *nr = realloc(s->nodes, na * sizeof(*nr));
+    struct acc *nacc;
+    if (nr == NULL)
+      return -ENOMEM;
+    s->nodes = nr;
+    nacc = realloc(w->accs, na * sizeof(*nacc));
+    if (nacc == NULL)
+      return -ENOMEM;
+    w->accs = nacc;
+    w->alloc = na;
+  }
+  i = s->nnodes++;
+  r = &s->nodes[i];
+  memset(r, 0, sizeof(*r));
+  r->owner = e->owner;
+  r->host = r->instance_id = r->instance_type = r->zone = "";
+  r->run_id = r->restored = r->notice_kind = r->refused = "";
+  r->rank = -1;
+  r->run = SIZE_MAX; /* group_nodes() */
+  r->start_ms = r->train_start_ms = e->time_ms;
+  r->lease_from_ms = r->restore_from_ms = -1;
+  r->last_step = -1;
+  r->exit_code = -1;
+  a = &w->accs[i];
+  memset(a, 0, sizeof(*a));
+  a->capture_step = a->start_step = a->end_step = -1;
+  *out = i;
+  return 0;
+}
+
+/* Adds one event to its node. */
+static int
+take_event(struct work *w, const struct spot_hist_event *e)
+{
+  struct spot_hist_summary *s = w->s;
+  struct spot_hist_node *r;
+  struct acc *a;
+  size_t i;
+
+  if (node_of(w, e, &i) < 0)
+    return -ENOMEM;
+  r = &s->nodes[i];
+  a = &w->accs[i];
   a->last_ms = e->time_ms;
+  r->last_step = max64(r->last_step, e->step);
   switch (e->type) {
   case SPOT_HIST_RUN_START:
     r->host = e->host;
     r->instance_id = e->instance_id;
     r->instance_type = e->instance_type;
     r->zone = e->zone;
+    if (e->run[0] != '\0') {
+      r->run_id = e->run;
+      r->rank = e->rank;
+    }
     break;
   case SPOT_HIST_RESTORE:
     r->restored = e->checkpoint;
     r->restore_s = e->seconds;
     r->train_start_ms = e->time_ms;
+    r->restore_from_ms =
+        max64(r->start_ms, e->time_ms - (int64_t)(e->seconds * 1000.0 + 0.5));
     a->start_step = e->step;
     break;
   case SPOT_HIST_CHECKPOINT:
-    take_checkpoint(s, r, a, e);
+    take_checkpoint(r, a, e);
     break;
   case SPOT_HIST_NOTICE:
-    s->notices++;
+    a->notices++;
     if (!r->noticed) {
       r->noticed = true;
       r->notice_ms = e->time_ms;
@@ -499,7 +565,7 @@ take_event(struct spot_hist_summary *s, struct acc **accs, size_t *alloc,
       s->relaunch_failures++;
     break;
   case SPOT_HIST_LEASE:
-    s->lease_changes++;
+    take_lease(s, r, a, e);
     break;
   case SPOT_HIST_RESTART:
     s->restarts++;
@@ -508,12 +574,6 @@ take_event(struct spot_hist_summary *s, struct acc **accs, size_t *alloc,
     break;
   }
   return 0;
-}
-
-static int64_t
-max64(int64_t a, int64_t b)
-{
-  return a > b ? a : b;
 }
 
 /* The totals add up to 10000 runs of up to 2^53 ms each: a sum that
@@ -525,61 +585,283 @@ add64(int64_t *sum, int64_t v)
     *sum = v < 0 ? INT64_MIN : INT64_MAX;
 }
 
+static bool
+has_rank(const struct spot_hist_summary *s, size_t run, int64_t rank)
+{
+  for (size_t i = 0; i < s->nnodes; i++)
+    if (s->nodes[i].run == run && s->nodes[i].rank == rank &&
+        s->nodes[i].run_id[0] != '\0')
+      return true;
+  return false;
+}
+
+/* Whether node i started while a node of run k was still alive. */
+static bool
+overlaps(const struct work *w, size_t k, size_t i)
+{
+  const struct spot_hist_summary *s = w->s;
+
+  for (size_t j = 0; j < i; j++)
+    if (s->nodes[j].run == k && s->nodes[i].start_ms <= w->accs[j].last_ms)
+      return true;
+  return false;
+}
+
+/* Puts every node into a run: the ranks of one multi-node run share its
+ * run id. A run id seen again with a rank it already has is a new run
+ * (the same id reused by a later start). Without --run-id or Slurm the id
+ * comes from the RESTARTS count, which ranks read at slightly different
+ * times and may see differently: a rank the newest multi-node run lacks,
+ * started while that run's nodes were alive, is one of its nodes too. */
+static int
+group_nodes(struct work *w)
+{
+  struct spot_hist_summary *s = w->s;
+
+  for (size_t i = 0; i < s->nnodes; i++) {
+    struct spot_hist_node *nd = &s->nodes[i];
+    size_t run = SIZE_MAX, last = s->nruns - 1;
+
+    if (nd->run_id[0] != '\0')
+      for (size_t k = s->nruns; k-- > 0;)
+        if (strcmp(s->runs[k].run_id, nd->run_id) == 0) {
+          if (!has_rank(s, k, nd->rank))
+            run = k;
+          break;
+        }
+    if (run == SIZE_MAX && nd->run_id[0] != '\0' && s->nruns > 0 &&
+        s->runs[last].run_id[0] != '\0' && !has_rank(s, last, nd->rank) &&
+        overlaps(w, last, i))
+      run = last;
+    if (run == SIZE_MAX) {
+      if (s->nruns == w->runs_alloc) {
+        size_t na = w->runs_alloc ? w->runs_alloc * 2 : 8;
+        struct spot_hist_run *nr = realloc(s->runs, na * sizeof(*nr));
+        if (nr == NULL)
+          return -ENOMEM;
+        s->runs = nr;
+        w->runs_alloc = na;
+      }
+      run = s->nruns++;
+      memset(&s->runs[run], 0, sizeof(s->runs[run]));
+      s->runs[run].run_id = nd->run_id;
+    }
+    nd->run = run;
+    s->runs[run].nnodes++;
+  }
+  return 0;
+}
+
+/* The state a later start resumed from: the capture time and step of the
+ * commit of the checkpoint the first node of run `next` restored. */
+static bool
+resumed_from(const struct work *w, size_t next, int64_t *ms, int64_t *step)
+{
+  const struct spot_hist_summary *s = w->s;
+  const char *name = NULL;
+
+  for (size_t i = 0; i < s->nnodes && name == NULL; i++)
+    if (s->nodes[i].run == next && s->nodes[i].restored[0] != '\0')
+      name = s->nodes[i].restored;
+  if (name == NULL)
+    return false;
+  for (size_t i = 0; i < w->n; i++) {
+    const struct spot_hist_event *e = &w->ev[i];
+    if (e->type == SPOT_HIST_CHECKPOINT && e->committed &&
+        strcmp(e->checkpoint, name) == 0) {
+      *ms = e->time_ms - (int64_t)((e->save_s + e->upload_s) * 1000.0);
+      *step = e->step;
+      return true;
+    }
+  }
+  return false;
+}
+
 #define SPOT_HIST_CAPTURE_SLACK_MS 2
 
-/* Outcome, lost work, times of one run once all events are in. */
+/* Outcome and lost work of one node once all events are in. */
 static void
-close_run(struct spot_hist_summary *s, size_t i, const struct acc *a)
+close_node(struct work *w, size_t i)
 {
-  struct spot_hist_run *r = &s->runs[i];
-  int64_t t_end, capture, cap_step;
+  struct spot_hist_summary *s = w->s;
+  struct spot_hist_node *r = &s->nodes[i];
+  const struct acc *a = &w->accs[i];
+  int64_t t_end, capture, cap_step, end_step;
 
   if (!a->ended) {
     r->end_ms = a->last_ms;
-    r->outcome = i + 1 == s->nruns ? SPOT_HIST_RUNNING : SPOT_HIST_CRASHED;
+    r->outcome = r->run + 1 == s->nruns ? SPOT_HIST_RUNNING : SPOT_HIST_CRASHED;
   }
-  /* A run that saw a notice and was not finished by its trainer was
-   * preempted, whatever else stopped it. */
-  if (r->noticed && r->outcome != SPOT_HIST_EXITED)
+  /* A node that saw a notice and was not finished by its trainer was
+   * preempted, whatever else stopped it; a refused start trained nothing
+   * and lost nothing, notice or not. */
+  if (r->noticed && r->outcome != SPOT_HIST_EXITED &&
+      r->outcome != SPOT_HIST_REFUSED)
     r->outcome = SPOT_HIST_PREEMPTED;
+  if (r->outcome == SPOT_HIST_REFUSED)
+    r->train_start_ms = r->end_ms;
   r->lost_ms = r->lost_steps = -1;
-  if (r->outcome == SPOT_HIST_PREEMPTED || r->outcome == SPOT_HIST_CRASHED) {
-    t_end = r->noticed ? r->notice_ms : r->end_ms;
-    capture = a->committed_any ? a->capture_ms : r->train_start_ms;
-    cap_step = a->committed_any         ? a->capture_step
-               : r->restored[0] != '\0' ? a->start_step
-                                        : 0;
-    /* capture is the commit's time less save_s and upload_s, each
-     * rounded to the millisecond: it may come out up to
-     * SPOT_HIST_CAPTURE_SLACK_MS early, which is no work lost. */
-    r->lost_ms =
-        t_end - capture <= SPOT_HIST_CAPTURE_SLACK_MS ? 0 : t_end - capture;
-    if (a->end_step >= 0 && cap_step >= 0)
-      r->lost_steps = max64(0, a->end_step - cap_step);
-    /* Final and nothing committed in the run: the checkpoint it resumed
-     * from was the final one, the trainer made no step (spotd said so). */
-    if (r->final_committed && !a->committed_any && r->restored[0] != '\0') {
-      r->lost_ms = 0;
-      r->lost_steps = 0;
+  if (r->outcome != SPOT_HIST_PREEMPTED && r->outcome != SPOT_HIST_CRASHED)
+    return;
+  t_end = r->noticed ? r->notice_ms : r->end_ms;
+  capture = a->committed_any ? a->capture_ms : r->train_start_ms;
+  cap_step = a->committed_any         ? a->capture_step
+             : r->restored[0] != '\0' ? a->start_step
+                                      : 0;
+  /* The job goes on from what the next run restored: a commit that did
+   * not verify, or a newer one by another node, moves that point. */
+  if (r->run + 1 < s->nruns)
+    resumed_from(w, r->run + 1, &capture, &cap_step);
+  /* The trainer's step at the end: the notice's, the run_end's, else the
+   * newest it reported (a killed node's progress events). */
+  end_step = a->end_step >= 0 ? a->end_step : r->last_step;
+  /* capture is the commit's time less save_s and upload_s, each rounded
+   * to the millisecond: it may come out up to SPOT_HIST_CAPTURE_SLACK_MS
+   * early, which is no work lost. */
+  r->lost_ms =
+      t_end - capture <= SPOT_HIST_CAPTURE_SLACK_MS ? 0 : t_end - capture;
+  if (end_step >= 0 && cap_step >= 0)
+    r->lost_steps = max64(0, end_step - cap_step);
+  /* Final and nothing committed in the run: the checkpoint it resumed
+   * from was the final one, the trainer made no step (spotd said so). */
+  if (r->final_committed && !a->committed_any && r->restored[0] != '\0') {
+    r->lost_ms = 0;
+    r->lost_steps = 0;
+  }
+}
+
+static int
+outcome_rank(enum spot_hist_outcome o)
+{
+  static const int rank[SPOT_HIST_OUTCOME_LAST] = {
+      [SPOT_HIST_PREEMPTED] = 5, [SPOT_HIST_CRASHED] = 4,
+      [SPOT_HIST_RUNNING] = 3,   [SPOT_HIST_STOPPED] = 2,
+      [SPOT_HIST_EXITED] = 1,    [SPOT_HIST_REFUSED] = 0,
+  };
+  return rank[o];
+}
+
+/* A run from its nodes: one run counts once however many ranks it has. */
+static void
+close_run(struct work *w, size_t k)
+{
+  struct spot_hist_summary *s = w->s;
+  struct spot_hist_run *run = &s->runs[k];
+  bool first = true, trained_any = false;
+
+  run->lost_ms = run->lost_steps = -1;
+  run->exit_code = -1;
+  run->final_committed = true;
+  for (size_t i = 0; i < s->nnodes; i++) {
+    const struct spot_hist_node *nd = &s->nodes[i];
+    const struct acc *a = &w->accs[i];
+    if (nd->run != k)
+      continue;
+    if (first) {
+      run->owner = nd->owner;
+      run->host = nd->host;
+      run->restored = nd->restored;
+      run->notice_kind = nd->notice_kind;
+      run->refused = nd->refused;
+      run->start_ms = nd->start_ms;
+      run->train_start_ms = nd->train_start_ms;
+      run->end_ms = nd->end_ms;
+      run->outcome = nd->outcome;
     }
-    add64(&s->lost_ms, r->lost_ms);
-    if (r->lost_steps >= 0) {
-      s->lost_steps = max64(s->lost_steps, 0);
-      add64(&s->lost_steps, r->lost_steps);
+    first = false;
+    run->start_ms = nd->start_ms < run->start_ms ? nd->start_ms : run->start_ms;
+    run->end_ms = max64(run->end_ms, nd->end_ms);
+    /* The ranks train together: from when the last of them is ready. */
+    if (nd->outcome != SPOT_HIST_REFUSED) {
+      if (!trained_any || nd->train_start_ms > run->train_start_ms)
+        run->train_start_ms = nd->train_start_ms;
+      trained_any = true;
     }
-    if (r->outcome == SPOT_HIST_PREEMPTED)
+    if (outcome_rank(nd->outcome) > outcome_rank(run->outcome))
+      run->outcome = nd->outcome;
+    if (run->restored[0] == '\0')
+      run->restored = nd->restored;
+    if (nd->noticed && (!run->noticed || nd->notice_ms < run->notice_ms)) {
+      run->noticed = true;
+      run->notice_ms = nd->notice_ms;
+      run->notice_kind = nd->notice_kind;
+    }
+    if (nd->checkpoints > run->checkpoints) {
+      run->checkpoints = nd->checkpoints;
+      run->commits = nd->commits;
+      run->failed = a->failed;
+    }
+    run->save_s = nd->save_s > run->save_s ? nd->save_s : run->save_s;
+    run->upload_s = nd->upload_s > run->upload_s ? nd->upload_s : run->upload_s;
+    run->restore_s =
+        nd->restore_s > run->restore_s ? nd->restore_s : run->restore_s;
+    run->lease_wait_ms = max64(run->lease_wait_ms, nd->lease_wait_ms);
+    if (!nd->final_committed)
+      run->final_committed = false;
+    run->lost_ms = max64(run->lost_ms, nd->lost_ms);
+    run->lost_steps = max64(run->lost_steps, nd->lost_steps);
+    if (run->exit_code < 0 && run->exit_signal == 0) {
+      run->exit_code = nd->exit_code;
+      run->exit_signal = nd->exit_signal;
+    }
+  }
+  if (!trained_any)
+    run->train_start_ms = run->end_ms;
+  if (run->outcome == SPOT_HIST_REFUSED)
+    run->refused = run->refused[0] != '\0' ? run->refused : "unknown";
+  else
+    run->refused = "";
+}
+
+/* The job's totals from its runs (and its nodes for the node time). */
+static void
+totals(struct work *w)
+{
+  struct spot_hist_summary *s = w->s;
+  int64_t prev_end = -1;
+  unsigned notices = 0;
+
+  for (size_t i = 0; i < s->nnodes; i++)
+    add64(&s->node_ms, max64(0, s->nodes[i].end_ms - s->nodes[i].start_ms));
+  for (size_t k = 0; k < s->nruns; k++) {
+    struct spot_hist_run *run = &s->runs[k];
+    unsigned run_notices = 0;
+
+    for (size_t i = 0; i < s->nnodes; i++)
+      if (s->nodes[i].run == k && w->accs[i].notices > run_notices)
+        run_notices = w->accs[i].notices;
+    notices += run_notices;
+    run->gap_before_ms = -1;
+    add64(&s->lease_wait_ms, run->lease_wait_ms);
+    if (run->outcome == SPOT_HIST_REFUSED) {
+      s->refused++;
+      continue;
+    }
+    s->trained_runs++;
+    if (prev_end >= 0) {
+      run->gap_before_ms = max64(0, run->train_start_ms - prev_end);
+      add64(&s->gap_ms, run->gap_before_ms);
+      s->max_gap_ms = max64(s->max_gap_ms, run->gap_before_ms);
+    }
+    prev_end = run->end_ms;
+    add64(&s->train_ms, max64(0, run->end_ms - run->train_start_ms));
+    s->checkpoints += run->checkpoints;
+    s->commits += run->commits;
+    s->failed += run->failed;
+    s->save_s += run->save_s;
+    s->upload_s += run->upload_s;
+    if (run->outcome == SPOT_HIST_PREEMPTED)
       s->preemptions++;
-    else
+    else if (run->outcome == SPOT_HIST_CRASHED)
       s->crashes++;
+    if (run->lost_ms >= 0)
+      add64(&s->lost_ms, run->lost_ms);
+    if (run->lost_steps >= 0) {
+      s->lost_steps = max64(s->lost_steps, 0);
+      add64(&s->lost_steps, run->lost_steps);
+    }
   }
-  r->gap_before_ms = -1;
-  if (i > 0) {
-    r->gap_before_ms = max64(0, r->train_start_ms - s->runs[i - 1].end_ms);
-    add64(&s->gap_ms, r->gap_before_ms);
-    s->max_gap_ms = max64(s->max_gap_ms, r->gap_before_ms);
-  }
-  add64(&s->node_ms, max64(0, r->end_ms - r->start_ms));
-  add64(&s->train_ms, max64(0, r->end_ms - r->train_start_ms));
+  s->notices = notices;
 }
 
 static void
@@ -588,8 +870,8 @@ fill_commit_times(struct spot_hist_summary *s, const struct spot_hist_event *ev,
 {
   size_t k = 0;
 
-  for (size_t i = 0; i < s->nruns; i++) {
-    struct spot_hist_run *r = &s->runs[i];
+  for (size_t i = 0; i < s->nnodes; i++) {
+    struct spot_hist_node *r = &s->nodes[i];
     r->commit_times = s->times_ + k;
     for (size_t j = 0; j < n; j++)
       if (ev[j].type == SPOT_HIST_CHECKPOINT && ev[j].committed &&
@@ -599,29 +881,55 @@ fill_commit_times(struct spot_hist_summary *s, const struct spot_hist_event *ev,
   }
 }
 
+/* Useful training on demand: each rank needs its own node. */
+static double
+on_demand_ms(const struct spot_hist_summary *s)
+{
+  double ms = 0;
+
+  for (size_t k = 0; k < s->nruns; k++) {
+    const struct spot_hist_run *run = &s->runs[k];
+    if (run->outcome == SPOT_HIST_REFUSED)
+      continue;
+    ms += (double)max64(0, run->end_ms - run->train_start_ms -
+                               max64(0, run->lost_ms)) *
+          (double)run->nnodes;
+  }
+  return ms;
+}
+
 int
 spot_hist_summarize(const struct spot_hist_event *ev, size_t n,
                     double price_spot, double price_on_demand,
                     struct spot_hist_summary *out)
 {
   struct spot_hist_summary s;
-  struct acc *accs = NULL;
-  size_t alloc = 0;
+  struct work w;
   int r = 0;
 
   memset(&s, 0, sizeof(s));
+  memset(&w, 0, sizeof(w));
+  w.s = &s;
+  w.ev = ev;
+  w.n = n;
   s.lost_steps = -1;
   for (size_t i = 0; i < n && r == 0; i++)
-    r = take_event(&s, &accs, &alloc, &ev[i]);
+    r = take_event(&w, &ev[i]);
+  if (r == 0)
+    r = group_nodes(&w);
   s.times_ = r == 0 ? calloc(n + 1, sizeof(*s.times_)) : NULL;
   if (s.times_ == NULL) {
-    free(accs);
+    free(w.accs);
+    free(s.nodes);
     free(s.runs);
     return -ENOMEM;
   }
-  for (size_t i = 0; i < s.nruns; i++)
-    close_run(&s, i, &accs[i]);
-  free(accs);
+  for (size_t i = 0; i < s.nnodes; i++)
+    close_node(&w, i);
+  for (size_t k = 0; k < s.nruns; k++)
+    close_run(&w, k);
+  totals(&w);
+  free(w.accs);
   fill_commit_times(&s, ev, n);
   if (n > 0) {
     s.first_ms = ev[0].time_ms;
@@ -635,8 +943,7 @@ spot_hist_summarize(const struct spot_hist_event *ev, size_t n,
     s.price_spot = price_spot;
     s.price_on_demand = price_on_demand;
     s.cost_spot = (double)s.node_ms / 3600e3 * price_spot;
-    s.cost_on_demand =
-        (double)max64(0, s.train_ms - s.lost_ms) / 3600e3 * price_on_demand;
+    s.cost_on_demand = on_demand_ms(&s) / 3600e3 * price_on_demand;
     s.saving = s.cost_on_demand - s.cost_spot;
   }
   *out = s;
@@ -649,6 +956,7 @@ spot_hist_summary_fini(struct spot_hist_summary *s)
   if (s == NULL)
     return;
   free(s->runs);
+  free(s->nodes);
   free(s->times_);
   memset(s, 0, sizeof(*s));
 }
@@ -659,26 +967,68 @@ secs(int64_t ms)
   return (double)ms / 1000.0;
 }
 
+static double
+secs_or(int64_t ms)
+{
+  return ms >= 0 ? secs(ms) : -1.0;
+}
+
 static json_t *
-run_json(const struct spot_hist_run *r)
+node_json(const struct spot_hist_node *r)
 {
   json_t *o = json_pack(
-      "{s:s,s:s,s:s,s:s,s:s,s:s,s:f,s:I,s:I,s:I,s:s,s:b,s:I,s:s,s:i,s:i,"
-      "s:f,s:f,s:b,s:I,s:f,s:f,s:I,s:I}",
+      "{s:s,s:s,s:s,s:s,s:s,s:s,s:I,s:s,s:f,s:I,s:f,s:I,s:I,s:s,s:s,s:b,"
+      "s:I,s:s,s:i,s:i,s:f,s:f,s:b,s:I,s:I,s:f,s:I,s:I}",
       "owner", r->owner, "host", r->host, "instance_id", r->instance_id,
-      "instance_type", r->instance_type, "zone", r->zone, "restored",
-      r->restored, "restore_s", r->restore_s, "start_ms",
-      (json_int_t)r->start_ms, "train_start_ms", (json_int_t)r->train_start_ms,
+      "instance_type", r->instance_type, "zone", r->zone, "run_id", r->run_id,
+      "rank", (json_int_t)r->rank, "restored", r->restored, "restore_s",
+      r->restore_s, "start_ms", (json_int_t)r->start_ms, "lease_wait_s",
+      secs(r->lease_wait_ms), "train_start_ms", (json_int_t)r->train_start_ms,
       "end_ms", (json_int_t)r->end_ms, "outcome",
-      spot_hist_outcome_name(r->outcome), "noticed", r->noticed, "notice_ms",
+      spot_hist_outcome_name(r->outcome), "refused", r->refused, "noticed",
+      r->noticed, "notice_ms", (json_int_t)(r->noticed ? r->notice_ms : -1),
+      "notice_kind", r->notice_kind, "checkpoints", (int)r->checkpoints,
+      "commits", (int)r->commits, "save_s", r->save_s, "upload_s", r->upload_s,
+      "final_committed", r->final_committed, "last_step",
+      (json_int_t)r->last_step, "lost_steps", (json_int_t)r->lost_steps,
+      "lost_s", secs_or(r->lost_ms), "exit_code", (json_int_t)r->exit_code,
+      "exit_signal", (json_int_t)r->exit_signal);
+  return o;
+}
+
+static json_t *
+run_json(const struct spot_hist_summary *s, size_t k)
+{
+  const struct spot_hist_run *r = &s->runs[k];
+  json_t *nodes = json_array();
+  json_t *o = json_pack(
+      "{s:s,s:s,s:s,s:s,s:f,s:f,s:I,s:I,s:I,s:s,s:s,s:b,s:I,s:s,s:i,s:i,"
+      "s:i,s:f,s:f,s:b,s:I,s:f,s:f,s:I,s:I}",
+      "run_id", r->run_id, "owner", r->owner, "host", r->host, "restored",
+      r->restored, "restore_s", r->restore_s, "lease_wait_s",
+      secs(r->lease_wait_ms), "start_ms", (json_int_t)r->start_ms,
+      "train_start_ms", (json_int_t)r->train_start_ms, "end_ms",
+      (json_int_t)r->end_ms, "outcome", spot_hist_outcome_name(r->outcome),
+      "refused", r->refused, "noticed", r->noticed, "notice_ms",
       (json_int_t)(r->noticed ? r->notice_ms : -1), "notice_kind",
       r->notice_kind, "checkpoints", (int)r->checkpoints, "commits",
-      (int)r->commits, "save_s", r->save_s, "upload_s", r->upload_s,
-      "final_committed", r->final_committed, "lost_steps",
-      (json_int_t)r->lost_steps, "lost_s",
-      r->lost_ms >= 0 ? secs(r->lost_ms) : -1.0, "gap_before_s",
-      r->gap_before_ms >= 0 ? secs(r->gap_before_ms) : -1.0, "exit_code",
+      (int)r->commits, "failed_checkpoints", (int)r->failed, "save_s",
+      r->save_s, "upload_s", r->upload_s, "final_committed", r->final_committed,
+      "lost_steps", (json_int_t)r->lost_steps, "lost_s", secs_or(r->lost_ms),
+      "gap_before_s", secs_or(r->gap_before_ms), "exit_code",
       (json_int_t)r->exit_code, "exit_signal", (json_int_t)r->exit_signal);
+  int bad = o == NULL || nodes == NULL;
+
+  for (size_t i = 0; !bad && i < s->nnodes; i++)
+    if (s->nodes[i].run == k)
+      bad |= json_array_append_new(nodes, node_json(&s->nodes[i])) < 0;
+  if (!bad)
+    bad |= json_object_set(o, "nodes", nodes) < 0;
+  json_decref(nodes);
+  if (bad) {
+    json_decref(o);
+    return NULL;
+  }
   return o;
 }
 
@@ -686,19 +1036,21 @@ static json_t *
 summary_json(const struct spot_hist_summary *s)
 {
   json_t *o = json_pack(
-      "{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:f,s:f,s:f,s:f,"
-      "s:I,s:f,s:f,s:f,s:f,s:f}",
-      "runs", (int)s->nruns, "preemptions", (int)s->preemptions, "crashes",
-      (int)s->crashes, "notices", (int)s->notices, "checkpoints",
+      "{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:f,s:f,"
+      "s:f,s:f,s:I,s:f,s:f,s:f,s:f,s:f,s:f}",
+      "runs", (int)s->trained_runs, "preemptions", (int)s->preemptions,
+      "crashes", (int)s->crashes, "refused", (int)s->refused, "nodes",
+      (int)s->nnodes, "notices", (int)s->notices, "checkpoints",
       (int)s->checkpoints, "commits", (int)s->commits, "failed_checkpoints",
       (int)s->failed, "relaunches", (int)s->relaunches, "relaunch_failures",
       (int)s->relaunch_failures, "lease_changes", (int)s->lease_changes,
       "restarts", (int)s->restarts, "first_ms", (json_int_t)s->first_ms,
       "last_ms", (json_int_t)s->last_ms, "wall_s", secs(s->wall_ms), "node_s",
       secs(s->node_ms), "train_s", secs(s->train_ms), "lost_s",
-      secs(s->lost_ms), "lost_steps", (json_int_t)s->lost_steps, "gap_s",
-      secs(s->gap_ms), "max_gap_s", secs(s->max_gap_ms), "save_s", s->save_s,
-      "upload_s", s->upload_s, "overhead", s->overhead);
+      secs(s->lost_ms), "lost_steps", (json_int_t)s->lost_steps, "lease_wait_s",
+      secs(s->lease_wait_ms), "gap_s", secs(s->gap_ms), "max_gap_s",
+      secs(s->max_gap_ms), "save_s", s->save_s, "upload_s", s->upload_s,
+      "overhead", s->overhead);
 
   if (o != NULL && s->priced) {
     json_t *c =
@@ -723,7 +1075,7 @@ spot_hist_summary_json(const struct spot_hist_summary *s, const char *job,
   char *str = NULL;
 
   for (size_t i = 0; !bad && i < s->nruns; i++)
-    bad |= json_array_append_new(runs, run_json(&s->runs[i])) < 0;
+    bad |= json_array_append_new(runs, run_json(s, i)) < 0;
   for (size_t i = 0; !bad && ev != NULL && i < n; i++) {
     char *e = NULL;
     json_t *j;

@@ -31,6 +31,7 @@ struct family {
 struct spot_metrics {
   struct family fam[SPOT_METRICS_FAMILIES];
   size_t nfam;
+  char *common; /* rendered labels every sample carries, "" none */
 };
 
 static const char *const type_names[SPOT_METRIC_LAST] = {
@@ -64,6 +65,7 @@ spot_metrics_free(struct spot_metrics *m)
     free(f->name);
     free(f->help);
   }
+  free(m->common);
   free(m);
 }
 
@@ -145,8 +147,9 @@ get_series(struct family *f, const char *const *labels, bool create,
   char *key = NULL;
   int r = render_labels(f, labels, &key);
 
-  if (r < 0)
-    return r;
+  /* (key is set whenever r is 0; the analyzer cannot tell.) */
+  if (r < 0 || key == NULL)
+    return r < 0 ? r : -ENOMEM;
   for (size_t i = 0; i < f->nseries; i++)
     if (strcmp(f->series[i].labels, key) == 0) {
       free(key);
@@ -172,10 +175,10 @@ get_series(struct family *f, const char *const *labels, bool create,
   return 0;
 }
 
-int
-spot_metrics_register(struct spot_metrics *m, const char *name,
-                      enum spot_metric_type type, const char *help,
-                      const double *bounds, size_t nbounds)
+static int
+add_family(struct spot_metrics *m, const char *name, enum spot_metric_type type,
+           const char *help, const double *bounds, size_t nbounds,
+           bool labelled)
 {
   struct family *f;
   struct series *s;
@@ -207,8 +210,45 @@ spot_metrics_register(struct spot_metrics *m, const char *name,
     memcpy(f->bounds, bounds, nbounds * sizeof(*bounds));
   f->nbounds = nbounds;
   m->nfam++;
-  /* Label-less families are rendered from the start (at 0). */
-  return get_series(f, NULL, true, &s);
+  /* Label-less families are rendered from the start (at 0); a labelled
+   * one has no sample without labels, so none is made for it. */
+  return labelled ? 0 : get_series(f, NULL, true, &s);
+}
+
+int
+spot_metrics_register(struct spot_metrics *m, const char *name,
+                      enum spot_metric_type type, const char *help,
+                      const double *bounds, size_t nbounds)
+{
+  return add_family(m, name, type, help, bounds, nbounds, false);
+}
+
+int
+spot_metrics_register_labelled(struct spot_metrics *m, const char *name,
+                               enum spot_metric_type type, const char *help,
+                               const double *bounds, size_t nbounds)
+{
+  return add_family(m, name, type, help, bounds, nbounds, true);
+}
+
+int
+spot_metrics_common_labels(struct spot_metrics *m, const char *const *labels)
+{
+  struct family f;
+  char *r = NULL;
+  int e;
+
+  if (m == NULL)
+    return -EINVAL;
+  /* Checked like any label set, as a family of no particular type. */
+  memset(&f, 0, sizeof(f));
+  f.type = SPOT_METRIC_HISTOGRAM;
+  e = render_labels(&f, labels, &r);
+  if (e < 0)
+    return e;
+  free(m->common);
+  m->common = r;
+  return 0;
 }
 
 static int
@@ -308,23 +348,32 @@ spot_metrics_fmt(double v, char *buf, size_t size)
   return buf;
 }
 
-/* name{labels[,extra]} value\n */
+/* name{common[,labels][,extra]} value\n */
 static int
 sample(struct spot_buf *out, const char *name, const char *suffix,
-       const char *labels, const char *extra, double v)
+       const char *common, const char *labels, const char *extra, double v)
 {
+  const char *parts[3] = {common != NULL ? common : "", labels,
+                          extra != NULL ? extra : ""};
   char num[64];
-  bool any = labels[0] != '\0' || extra != NULL;
+  bool any = false;
+  int r = spot_buf_printf(out, "%s%s", name, suffix);
 
-  return spot_buf_printf(
-      out, "%s%s%s%s%s%s%s %s\n", name, suffix, any ? "{" : "", labels,
-      labels[0] != '\0' && extra != NULL ? "," : "", extra != NULL ? extra : "",
-      any ? "}" : "", spot_metrics_fmt(v, num, sizeof(num)));
+  for (size_t i = 0; i < 3 && r == 0; i++) {
+    if (parts[i][0] == '\0')
+      continue;
+    r = spot_buf_printf(out, "%s%s", any ? "," : "{", parts[i]);
+    any = true;
+  }
+  if (r == 0)
+    r = spot_buf_printf(out, "%s %s\n", any ? "}" : "",
+                        spot_metrics_fmt(v, num, sizeof(num)));
+  return r;
 }
 
 static int
 render_histogram(const struct family *f, const struct series *s,
-                 struct spot_buf *out)
+                 const char *common, struct spot_buf *out)
 {
   uint64_t cum = 0;
   char le[96], num[64];
@@ -335,12 +384,13 @@ render_histogram(const struct family *f, const struct series *s,
     snprintf(le, sizeof(le), "le=\"%s\"",
              i < f->nbounds ? spot_metrics_fmt(f->bounds[i], num, sizeof(num))
                             : "+Inf");
-    r = sample(out, f->name, "_bucket", s->labels, le, (double)cum);
+    r = sample(out, f->name, "_bucket", common, s->labels, le, (double)cum);
   }
   if (r == 0)
-    r = sample(out, f->name, "_sum", s->labels, NULL, s->sum);
+    r = sample(out, f->name, "_sum", common, s->labels, NULL, s->sum);
   if (r == 0)
-    r = sample(out, f->name, "_count", s->labels, NULL, (double)s->count);
+    r = sample(out, f->name, "_count", common, s->labels, NULL,
+               (double)s->count);
   return r;
 }
 
@@ -362,8 +412,8 @@ spot_metrics_render(const struct spot_metrics *m, struct spot_buf *out)
     for (size_t j = 0; j < f->nseries && r == 0; j++) {
       const struct series *s = &f->series[j];
       r = f->type == SPOT_METRIC_HISTOGRAM
-              ? render_histogram(f, s, out)
-              : sample(out, f->name, "", s->labels, NULL, s->value);
+              ? render_histogram(f, s, m->common, out)
+              : sample(out, f->name, "", m->common, s->labels, NULL, s->value);
     }
   }
   return r;
@@ -380,10 +430,11 @@ spot_metrics_new_spotd(struct spot_metrics **out)
     const char *help;
     const double *b;
     size_t nb;
+    bool labelled; /* every sample has labels of its own */
   } defs[] = {
       {SPOT_M_CHECKPOINTS, SPOT_METRIC_COUNTER,
        "Checkpoints that ended, by reason and outcome (committed, failed).",
-       NULL, 0},
+       NULL, 0, true},
       {SPOT_M_SAVE_SECONDS, SPOT_METRIC_HISTOGRAM,
        "Time the trainer took to save a checkpoint (signal to complete).",
        save_b, SPOT_ARRAY_SIZE(save_b)},
@@ -391,18 +442,18 @@ spot_metrics_new_spotd(struct spot_metrics **out)
        "Time from a complete checkpoint to its commit (or failure).", upload_b,
        SPOT_ARRAY_SIZE(upload_b)},
       {SPOT_M_UPLOADED_BYTES, SPOT_METRIC_COUNTER,
-       "Bytes of committed checkpoints, raw (read) and stored (sent).", NULL,
-       0},
+       "Bytes of committed checkpoints, raw (read) and stored (sent).", NULL, 0,
+       true},
       {SPOT_M_LAST_COMMIT, SPOT_METRIC_GAUGE,
        "Unix time of the newest committed checkpoint (0: none yet).", NULL, 0},
       {SPOT_M_WORK_AT_RISK, SPOT_METRIC_GAUGE,
        "Seconds of training since the state of the last commit.", NULL, 0},
       {SPOT_M_NOTICES, SPOT_METRIC_COUNTER,
-       "Interruption notices seen, by kind.", NULL, 0},
+       "Interruption notices seen, by kind.", NULL, 0, true},
       {SPOT_M_META_ERRORS, SPOT_METRIC_COUNTER,
        "Metadata service polls that failed.", NULL, 0},
       {SPOT_M_RELAUNCHES, SPOT_METRIC_COUNTER,
-       "Relaunch commands run, by outcome (ok, failed).", NULL, 0},
+       "Relaunch commands run, by outcome (ok, failed).", NULL, 0, true},
       {SPOT_M_RESTORE_SECONDS, SPOT_METRIC_GAUGE,
        "How long the restore before the trainer's start took.", NULL, 0},
       {SPOT_M_TRAINER_RESTARTS, SPOT_METRIC_COUNTER,
@@ -413,8 +464,8 @@ spot_metrics_new_spotd(struct spot_metrics **out)
   int r = spot_metrics_new(&m);
 
   for (size_t i = 0; r == 0 && i < SPOT_ARRAY_SIZE(defs); i++)
-    r = spot_metrics_register(m, defs[i].name, defs[i].type, defs[i].help,
-                              defs[i].b, defs[i].nb);
+    r = add_family(m, defs[i].name, defs[i].type, defs[i].help, defs[i].b,
+                   defs[i].nb, defs[i].labelled);
   if (r < 0) {
     spot_metrics_free(m);
     return r;

@@ -39,6 +39,13 @@
  *       the trainer is started again (SPOTD_RESTART_COUNT > 0 at start:
  *       add(restart count); a restart in place: add(1))
  *
+ * Every family whose samples all carry labels of their own (checkpoints,
+ * uploaded bytes, notices, relaunches) has no sample until its first
+ * update: a family starts with a 0 sample only when it has no labels. And
+ * spot_metrics_common_labels() gives every sample spotd renders its job
+ * and rank (job="llm-7b",rank="0"), so the files of several jobs or ranks
+ * on one node_exporter stay apart.
+ *
  * Then spot_metrics_render() for `spotctl metrics` (control socket) and
  * spot_metrics_write_file() for --metrics-file, on a timer and after each
  * change worth seeing (a commit, a notice). */
@@ -91,6 +98,16 @@ int spot_metrics_new_spotd(struct spot_metrics **out);
 int spot_metrics_register(struct spot_metrics *m, const char *name,
                           enum spot_metric_type type, const char *help,
                           const double *bounds, size_t nbounds);
+/* The same for a family whose every sample has labels: no sample until
+ * the first update (no stray unlabelled 0). */
+int spot_metrics_register_labelled(struct spot_metrics *m, const char *name,
+                                   enum spot_metric_type type, const char *help,
+                                   const double *bounds, size_t nbounds);
+/* Labels every rendered sample carries first (name, value, ..., NULL;
+ * copied; NULL clears them), e.g. the job and rank. Returns 0, -EINVAL
+ * or -ENOMEM. */
+int spot_metrics_common_labels(struct spot_metrics *m,
+                               const char *const *labels);
 /* Counter: adds v >= 0. Gauge: adds v (any sign). */
 int spot_metrics_add(struct spot_metrics *m, const char *name,
                      const char *const *labels, double v);

@@ -26,6 +26,7 @@ enum hist_state {
   H_PUT,          /* the queue's head is being written */
   H_PRUNE_LIST,   /* listing ROOT/history/ */
   H_PRUNE_DELETE, /* deleting the oldest events */
+  H_SUPERSEDE,    /* deleting a progress event a newer one replaced */
   H_CLOSING,      /* the timer handle is closing; freed in its callback */
   H_STATE_LAST,
 };
@@ -35,6 +36,7 @@ static const char *const hist_state_names[H_STATE_LAST] = {
     [H_PUT] = "put",
     [H_PRUNE_LIST] = "prune-list",
     [H_PRUNE_DELETE] = "prune-delete",
+    [H_SUPERSEDE] = "supersede",
     [H_CLOSING] = "closing",
 };
 
@@ -42,6 +44,7 @@ struct queued {
   char *key;
   char *body;
   size_t len;
+  bool progress; /* a PROGRESS event: replaces this writer's previous */
 };
 
 struct keylist {
@@ -57,11 +60,17 @@ struct spot_history {
   char owner[SPOT_HIST_OWNER_MAX + 1];
   uint64_t seq;
   unsigned queue_max, keep, since_prune;
+  bool replace_progress;
   struct queued *q;
   size_t qlen;
   struct spot_s3_op *s3op;
   struct keylist prune;
   size_t del_next;
+  /* Only the newest PROGRESS event of a writer matters: once a new one
+   * is written the previous one is deleted, so they never crowd the
+   * events kept (keep) out of the history. */
+  char *progress_key; /* the newest written */
+  char *stale;        /* the one before it, to delete */
   spot_history_report_cb report;
   void *data;
   /* close(): draining until the queue is empty or the timer fires */
@@ -148,6 +157,8 @@ timer_close_cb(uv_handle_t *handle)
   void *data = h->close_data;
 
   keylist_fini(&h->prune);
+  free(h->progress_key);
+  free(h->stale);
   free(h->q);
   spot__store_cfg_fini(&h->cfg);
   free(h);
@@ -162,10 +173,19 @@ put_cb(const struct spot_s3_result *res, void *data)
   char msg[512] = "";
 
   h->s3op = NULL;
-  if (res->err < 0)
+  if (res->err < 0) {
     spot__store_s3_msg(msg, sizeof(msg), "writing a history event", res);
-  else
+  } else {
     h->since_prune++;
+    if (h->q[0].progress) {
+      char *k = strdup(h->q[0].key);
+      if (k != NULL) {
+        free(h->stale); /* (none: advance() deletes it before a PUT) */
+        h->stale = h->progress_key;
+        h->progress_key = k;
+      }
+    }
+  }
   queue_pop(h, res->err, msg);
   set_state(h, H_IDLE);
   advance(h);
@@ -210,6 +230,25 @@ delete_cb(const struct spot_s3_result *res, void *data)
 }
 
 static int start_list(struct spot_history *h);
+
+static void
+supersede_cb(const struct spot_s3_result *res, void *data)
+{
+  struct spot_history *h = data;
+  char msg[512];
+
+  h->s3op = NULL;
+  if (res->err < 0 && res->err != -ECANCELED) {
+    /* An extra progress event in the store: harmless, pruned later. */
+    spot__store_s3_msg(msg, sizeof(msg), "deleting a replaced progress event",
+                       res);
+    log_warn("history: %s", msg);
+  }
+  free(h->stale);
+  h->stale = NULL;
+  set_state(h, H_IDLE);
+  advance(h);
+}
 
 static void
 list_cb(const struct spot_s3_result *res, void *data)
@@ -275,6 +314,15 @@ advance(struct spot_history *h)
       while (h->qlen > 0)
         queue_pop(h, -ECANCELED, "cancelled: spotd is exiting");
       begin_close(h);
+    } else if (h->stale != NULL) {
+      const char *const keys[] = {h->stale};
+      set_state(h, H_SUPERSEDE);
+      if (spot_s3_delete_objects(h->cfg.c.s3, h->cfg.bucket, keys, 1,
+                                 supersede_cb, h, &h->s3op) < 0) {
+        free(h->stale);
+        h->stale = NULL;
+        set_state(h, H_IDLE);
+      }
     } else if (h->qlen > 0) {
       set_state(h, H_PUT);
       r = spot_s3_put(h->cfg.c.s3, h->cfg.bucket, h->q[0].key, h->q[0].body,
@@ -359,6 +407,7 @@ spot_history_new(uv_loop_t *loop, const struct spot_store_config *cfg,
                                                    : SPOT_HISTORY_QUEUE_DEFAULT;
   h->keep =
       opt != NULL && opt->keep > 0 ? opt->keep : SPOT_HISTORY_KEEP_DEFAULT;
+  h->replace_progress = opt != NULL && opt->replace_progress;
   h->q = calloc(h->queue_max, sizeof(*h->q));
   r = h->q == NULL ? -ENOMEM : uv_timer_init(loop, &h->timer);
   if (r < 0) {
@@ -406,6 +455,7 @@ spot_history_emit(struct spot_history *h, const struct spot_hist_event *ev)
   if (r < 0)
     return r;
   e.len = strlen(e.body);
+  e.progress = h->replace_progress && ev->type == SPOT_HIST_PROGRESS;
   spot_buf_init(&key, 4096);
   r = spot_history_key(&h->cfg.c, ev, &key);
   if (r < 0) {
@@ -630,9 +680,11 @@ read_get_cb(const struct spot_s3_result *res, void *data)
       op->n++;
     else
       op->skipped++;
-  } else if (res->err == -E2BIG || res->err == -EMSGSIZE ||
-             res->err == -ENOENT) {
-    op->skipped++; /* too big to be an event, or pruned meanwhile */
+  } else if (res->err == -E2BIG || res->err == -EMSGSIZE) {
+    op->skipped++; /* too big to be an event */
+  } else if (res->err == -ENOENT) {
+    /* Pruned, or a progress event replaced, since the listing: gone, not
+     * invalid. */
   } else {
     read_fail(op, res->err, "reading a history event", res);
   }
@@ -726,7 +778,8 @@ spot_history_read_cancel(struct spot_history_read *op)
   for (size_t i = 0; i < READ_PARALLEL; i++)
     if (op->gets[i].s3op != NULL)
       ops[n++] = op->gets[i].s3op;
-  /* The last cancel finishes and frees op: touch only the copies. */
+  /* The callbacks come from the loop; the last one finishes and frees
+   * op. */
   for (size_t i = 0; i < n; i++)
     spot_s3_cancel(ops[i]);
 }

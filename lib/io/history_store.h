@@ -68,6 +68,10 @@ struct spot_history_options {
   const char *owner;  /* NULL: spot_history_default_owner() */
   unsigned queue_max; /* events waiting, 0 = SPOT_HISTORY_QUEUE_DEFAULT */
   unsigned keep;      /* events kept in the store, 0 = default */
+  /* spotd: once a PROGRESS event is written, delete the previous one this
+   * writer wrote (only the newest counts; frequent ones would crowd the
+   * other events out of the `keep` newest). */
+  bool replace_progress;
 };
 
 struct spot_history;
@@ -123,8 +127,8 @@ struct spot_history_read;
 int spot_history_read(uv_loop_t *loop, const struct spot_store_config *cfg,
                       spot_history_read_cb cb, void *data,
                       struct spot_history_read **op);
-/* Legal until the callback has run; the callback runs with -ECANCELED
- * before this returns. */
+/* Legal until the callback has run; the callback runs later, from the
+ * loop, with -ECANCELED (never before this returns). */
 void spot_history_read_cancel(struct spot_history_read *op);
 
 /* Metrics file for node_exporter's textfile collector: writes text to a

@@ -24,7 +24,10 @@ int spot_http_new(uv_loop_t *loop, struct spot_http **out);
 int spot_http_add(struct spot_http *h, CURL *easy, spot_http_done_cb cb,
                   void *data);
 /* Stops a transfer in progress. Its callback runs with
- * CURLE_ABORTED_BY_CALLBACK before this returns. No-op if easy is not
+ * CURLE_ABORTED_BY_CALLBACK before this returns: the one place in lib/io
+ * where a completion callback runs inside the call that cancels. Only the
+ * clients built on this glue (s3.c, meta.c, aws_imds.c) see it, and each
+ * defers its own users' callbacks to the loop. No-op if easy is not
  * active. */
 void spot_http_cancel(struct spot_http *h, CURL *easy);
 /* The loop h runs on (for callers that need timers next to it). */

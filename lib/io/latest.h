@@ -36,7 +36,8 @@
  * plain PUT leaves it), only the step rule applies.
  *
  * Callback contract as in s3.h: returns < 0 and never calls back, or 0
- * and calls back exactly once (-ECANCELED after spot_latest_cancel). */
+ * and calls back exactly once, from the loop, also after
+ * spot_latest_cancel() (then with -ECANCELED). */
 #ifndef SPOT_LATEST_H
 #define SPOT_LATEST_H
 
@@ -89,8 +90,8 @@ int spot_latest_fence(struct spot_s3 *s3, const char *bucket, const char *root,
                       const char *name, uint64_t epoch, const char *lease_owner,
                       spot_latest_cb cb, void *data,
                       struct spot_latest_op **op);
-/* Legal until the callback has run; the callback runs with -ECANCELED
- * before this returns. */
+/* Legal until the callback has run; the callback runs later, from the
+ * loop, with -ECANCELED (never before this returns). */
 void spot_latest_cancel(struct spot_latest_op *op);
 
 #endif

@@ -119,6 +119,9 @@ struct spot_lease {
   int64_t skew_ms;
   bool skew_known, skew_warned;
   bool freeing;
+  /* S3 requests given up on (cancelled, s3op cleared) whose -ECANCELED
+   * callbacks are still due from the loop; l is freed after them. */
+  unsigned abandoned;
   struct spot_s3_op *s3op;
   struct spot_buf body; /* GET */
   char msg[512];
@@ -340,6 +343,46 @@ take_read(struct spot_lease *l, const struct spot_s3_result *res)
   return 0;
 }
 
+static void
+maybe_free(struct spot_lease *l)
+{
+  if (!l->freeing || l->pending_closes > 0 || l->abandoned > 0)
+    return;
+  free(l->w.body);
+  spot_buf_fini(&l->body);
+  free(l->bucket);
+  free(l->key);
+  free(l->owner);
+  free(l);
+}
+
+/* Gives up on the request in flight: cancelling only queues its callback,
+ * which must then neither touch the state (a new request may be in s3op
+ * by then) nor find l freed. */
+static void
+abandon(struct spot_lease *l)
+{
+  struct spot_s3_op *op = l->s3op;
+
+  if (op == NULL)
+    return;
+  l->s3op = NULL;
+  l->abandoned++;
+  spot_s3_cancel(op);
+}
+
+/* The start of every S3 callback: true for an abandoned request's (l may
+ * be gone after it: return at once). */
+static bool
+abandoned_cb(struct spot_lease *l, const struct spot_s3_result *res)
+{
+  if (res->err != -ECANCELED || l->abandoned == 0)
+    return false;
+  l->abandoned--;
+  maybe_free(l);
+  return true;
+}
+
 /* The local deadline: the last confirmed write's send time + ttl. Not
  * renewed by then, whatever is in flight, the lease is lost here: the
  * request is cancelled and lost_cb runs at once, so the holder stops
@@ -350,7 +393,6 @@ deadline_timer_cb(uv_timer_t *t)
 {
   struct spot_lease *l =
       spot_container_of(t, struct spot_lease, deadline_timer);
-  struct spot_s3_op *op;
 
   if (l->state != LS_HELD && l->state != LS_RENEWING &&
       l->state != LS_CONFIRMING && l->state != LS_RELEASING)
@@ -361,9 +403,7 @@ deadline_timer_cb(uv_timer_t *t)
     arm_deadline(l);
     return;
   }
-  op = l->s3op;
-  l->s3op = NULL;
-  spot_s3_cancel(op); /* its callback sees -ECANCELED and returns */
+  abandon(l);
   lose(l, -ETIMEDOUT,
        "not renewed before its local deadline (a renewal request was still "
        "in flight)");
@@ -498,6 +538,8 @@ get_failed(struct spot_lease *l, const struct spot_s3_result *res,
 {
   char line[512];
 
+  if (abandoned_cb(l, res))
+    return true;
   l->s3op = NULL;
   note_skew(l, res);
   if (res->err == -ECANCELED)
@@ -521,11 +563,12 @@ floor_cb(const struct spot_s3_result *res, void *data)
   struct spot_lease *l = data;
   struct spot_latest_order o = {0, 0};
   char v[64];
-  uint64_t epoch = l->acq_epoch;
+  uint64_t epoch;
   int r;
 
   if (get_failed(l, res, "reading LATEST's order: "))
     return;
+  epoch = l->acq_epoch;
   if (res->err == 0 &&
       spot_s3_meta_get(res->meta, SPOT_LATEST_ORDER_META, v, sizeof(v)) == 0 &&
       spot_lease_doc_order_parse(v, &o) == 0 && o.epoch >= epoch) {
@@ -830,6 +873,8 @@ write_cb(const struct spot_s3_result *res, void *data)
   struct spot_lease *l = data;
   int r;
 
+  if (abandoned_cb(l, res))
+    return;
   l->s3op = NULL;
   note_skew(l, res);
   if (res->err == -ECANCELED)
@@ -872,6 +917,8 @@ confirm_cb(const struct spot_s3_result *res, void *data)
   bool same_etag;
   int r;
 
+  if (abandoned_cb(l, res))
+    return;
   l->s3op = NULL;
   note_skew(l, res);
   if (res->err == -ECANCELED)
@@ -1074,8 +1121,6 @@ spot_lease_release(struct spot_lease *l, spot_lease_cb cb, void *data)
 void
 spot_lease_cancel(struct spot_lease *l)
 {
-  struct spot_s3_op *op;
-
   if (l == NULL || l->uop == U_NONE)
     return;
   switch (l->state) {
@@ -1083,11 +1128,10 @@ spot_lease_cancel(struct spot_lease *l)
   case LS_WRITING:
   case LS_CONFIRMING:
   case LS_RELEASING:
-    /* the S3 callbacks ignore -ECANCELED; we finish here. A cancelled
-     * acquiring write may still land: that lease then just expires. */
-    op = l->s3op;
-    l->s3op = NULL;
-    spot_s3_cancel(op);
+    /* the request's callback comes later and does nothing; we finish
+     * here. A cancelled acquiring write may still land: that lease then
+     * just expires. */
+    abandon(l);
     set_state(l, LS_IDLE);
     break;
   case LS_WAITING:
@@ -1111,29 +1155,19 @@ close_cb(uv_handle_t *h)
 {
   struct spot_lease *l = h->data;
 
-  if (--l->pending_closes > 0)
-    return;
-  free(l->w.body);
-  spot_buf_fini(&l->body);
-  free(l->bucket);
-  free(l->key);
-  free(l->owner);
-  free(l);
+  l->pending_closes--;
+  maybe_free(l);
 }
 
 void
 spot_lease_free(struct spot_lease *l)
 {
-  struct spot_s3_op *op;
-
   if (l == NULL || l->freeing)
     return;
   l->freeing = true; /* a callback run by the cancel may free again */
   spot_lease_cancel(l);
-  op = l->s3op; /* a renewal */
-  l->s3op = NULL;
   set_state(l, LS_CLOSING);
-  spot_s3_cancel(op);
+  abandon(l); /* a renewal */
   uv_timer_stop(&l->poll_timer);
   uv_timer_stop(&l->renew_timer);
   uv_timer_stop(&l->deadline_timer);

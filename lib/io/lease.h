@@ -127,9 +127,11 @@ int spot_lease_adopt(struct spot_lease *l, spot_lease_cb cb, void *data);
 /* Reads the lease without writing. cb: 0 (info.exists tells whether
  * there is one), -EBADMSG, -ECANCELED or an S3 error. */
 int spot_lease_show(struct spot_lease *l, spot_lease_cb cb, void *data);
-/* Cancels the user operation in flight, in any state (its callback runs
- * with -ECANCELED before this returns). A held lease stays held and keeps
- * renewing. */
+/* Cancels the user operation in flight, in any state. Its callback runs
+ * with -ECANCELED before this returns: unlike s3.h and store.h, the lease
+ * finishes its user operation here (its own S3 request, cancelled, ends
+ * later from the loop and changes nothing). A held lease stays held and
+ * keeps renewing. */
 void spot_lease_cancel(struct spot_lease *l);
 
 /* Held, and the local deadline not passed (monotonic clock). */

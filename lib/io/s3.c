@@ -74,14 +74,14 @@ enum op_state {
   OP_INIT,
   OP_SENDING,
   OP_BACKOFF,
+  OP_CANCELLED, /* the -ECANCELED callback is queued on op->timer */
   OP_DONE,
   OP_STATE_LAST,
 };
 
 static const char *const state_names[OP_STATE_LAST] = {
-    [OP_INIT] = "init",
-    [OP_SENDING] = "sending",
-    [OP_BACKOFF] = "backoff",
+    [OP_INIT] = "init",       [OP_SENDING] = "sending",
+    [OP_BACKOFF] = "backoff", [OP_CANCELLED] = "cancelled",
     [OP_DONE] = "done",
 };
 
@@ -784,6 +784,28 @@ copy_str(char *dst, size_t size, const char *src)
   spot_strlcpy(dst, src != NULL ? src : "", size);
 }
 
+static void
+cancelled_cb(uv_timer_t *timer)
+{
+  finish(spot_container_of(timer, struct spot_s3_op, timer), -ECANCELED);
+}
+
+/* A cancelled op ends from the loop, never inside the call that cancels
+ * it: its callback may start or cancel other ops of the same caller,
+ * which must not find that caller halfway through its own cancel. The
+ * op's timer, idle once the transfer is gone, carries the callback (a 0
+ * ms timer runs on the loop's next turn). */
+static void
+queue_cancelled(struct spot_s3_op *op)
+{
+  if (op->state == OP_CANCELLED || op->state == OP_DONE)
+    return;
+  copy_str(op->message, sizeof(op->message), "cancelled");
+  set_state(op, OP_CANCELLED);
+  uv_timer_stop(&op->timer);
+  uv_timer_start(&op->timer, cancelled_cb, 0, 0);
+}
+
 /* Keeps the x-amz-meta-* response headers (those that fit). */
 static void
 collect_meta(struct spot_s3_op *op)
@@ -855,8 +877,7 @@ done_cb(CURL *easy, CURLcode rc, void *data)
   int err;
 
   if (op->cancelled || rc == CURLE_ABORTED_BY_CALLBACK) {
-    copy_str(op->message, sizeof(op->message), "cancelled");
-    finish(op, -ECANCELED);
+    queue_cancelled(op);
     return;
   }
   curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &op->status);
@@ -1536,19 +1557,15 @@ spot_s3_cancel(struct spot_s3_op *op)
   switch (op->state) {
   case OP_SENDING:
     op->cancelled = true;
-    /* runs done_cb, which finishes with -ECANCELED; the op's memory
-     * lives until its timer's close callback, so state is still
-     * readable here */
+    /* done_cb runs inside and only queues the callback */
     spot_http_cancel(op->s3->http, op->easy);
-    if (op->state == OP_SENDING)
-      finish(op, -ECANCELED);
+    queue_cancelled(op); /* in case http no longer knew the transfer */
     break;
   case OP_BACKOFF:
-    uv_timer_stop(&op->timer);
-    copy_str(op->message, sizeof(op->message), "cancelled");
-    finish(op, -ECANCELED);
+    queue_cancelled(op);
     break;
   case OP_INIT:
+  case OP_CANCELLED:
   case OP_DONE:
   case OP_STATE_LAST:
     break;
@@ -1558,11 +1575,19 @@ spot_s3_cancel(struct spot_s3_op *op)
 void
 spot_s3_free(struct spot_s3 *s3)
 {
+  struct spot_s3_op *op;
+
   if (s3 == NULL)
     return;
   s3->freeing = true;
-  while (s3->ops != NULL)
-    spot_s3_cancel(s3->ops);
+  /* The one exception to "from the loop": the ops cannot outlive s3 and
+   * the loop may not turn again, so their callbacks run here. One may
+   * cancel others; those are still listed and end here too. */
+  while ((op = s3->ops) != NULL) {
+    spot_s3_cancel(op);
+    uv_timer_stop(&op->timer);
+    finish(op, -ECANCELED);
+  }
   free(s3->scheme);
   free(s3->hostport);
   free(s3->region);

@@ -8,7 +8,10 @@
  * Callback contract: if a function taking a callback returns < 0, the
  * callback never runs; otherwise it runs exactly once, from the loop, with
  * res->err == -ECANCELED when the operation was cancelled. The result and
- * everything it points to are borrowed for the duration of the callback. */
+ * everything it points to are borrowed for the duration of the callback.
+ * "From the loop" holds for cancels too: spot_s3_cancel() only queues the
+ * callback (as uv_close() does), so a caller may cancel in the middle of
+ * its own state changes; only spot_s3_free() runs callbacks itself. */
 #ifndef SPOT_S3_H
 #define SPOT_S3_H
 
@@ -111,12 +114,15 @@ typedef int (*spot_s3_sink_cb)(const void *p, size_t n, uint64_t offset,
 /* Owns nothing of cfg's strings: they are copied. http must outlive s3. */
 int spot_s3_new(struct spot_http *http, const struct spot_s3_config *cfg,
                 struct spot_s3 **out);
-/* Cancels every operation in flight (callbacks run with -ECANCELED), then
- * frees. Safe on NULL. */
+/* Cancels every operation in flight and runs their callbacks, with
+ * -ECANCELED, before it returns (also those already queued by
+ * spot_s3_cancel()), then frees. The loop must still turn afterwards to
+ * release the ops' handles. Safe on NULL. */
 void spot_s3_free(struct spot_s3 *s3);
 /* Legal in any state until the op's callback has run (the op pointer is
- * dead after that): the callback runs with -ECANCELED before this
- * returns. */
+ * dead after that; a second cancel before then does nothing). The
+ * callback has not run when this returns: it runs from the loop, with
+ * -ECANCELED, on its next turn (or in spot_s3_free()). */
 void spot_s3_cancel(struct spot_s3_op *op);
 
 enum spot_s3_put_flags {

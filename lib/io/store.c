@@ -250,7 +250,7 @@ watch_cb(uv_timer_t *t)
     if (s->s3op != NULL && s->deadline_ms != 0 && now >= s->deadline_ms) {
       s->work_err = -ETIMEDOUT;
       s->deadline_ms = 0;
-      spot_s3_cancel(s->s3op); /* its callback runs now */
+      spot_s3_cancel(s->s3op); /* its callback runs from the loop */
     }
   }
 }

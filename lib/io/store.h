@@ -26,8 +26,9 @@
  *
  * Callback contract: if a function taking a callback returns < 0 the
  * callback never runs; otherwise it runs exactly once, from the loop
- * (err -ECANCELED after spot_store_cancel()). Results are borrowed for the
- * duration of the callback. */
+ * (err -ECANCELED after spot_store_cancel()), never from inside the call
+ * that cancels it, so a caller may cancel in the middle of its own state
+ * changes. Results are borrowed for the duration of the callback. */
 #ifndef SPOT_STORE_H
 #define SPOT_STORE_H
 
@@ -292,7 +293,8 @@ int spot_store_list(uv_loop_t *loop, const struct spot_store_config *cfg,
                     spot_store_list_cb cb, void *data,
                     struct spot_store_op **op);
 
-/* Legal in every state. The callback still runs once, with -ECANCELED. */
+/* Legal in every state until the callback has run. The callback still
+ * runs once, with -ECANCELED, from the loop after this returns. */
 void spot_store_cancel(struct spot_store_op *op);
 
 /* "ROOT/checkpoints/NAME/" etc. into out (capped); pure helpers. */

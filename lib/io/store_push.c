@@ -992,9 +992,9 @@ cancel(struct spot__store_op *b)
   struct push_op *op = (struct push_op *)(void *)b;
 
   spot__push_xfer_cancel(op);
-  /* Cancelling the parts above runs their callbacks at once, which may
-   * already have moved to ABORT and started a multipart abort in s3op:
-   * that cleanup must run, not be cancelled too. */
+  /* A multipart abort already in s3op is cleanup and must run, not be
+   * cancelled too. The parts cancelled above call back from the loop;
+   * the abort of their uploads starts once the last one has (stop()). */
   if (op->s3op != NULL && op->state != PUSH_ABORT)
     spot_s3_cancel(op->s3op);
   if (op->latest_op != NULL)

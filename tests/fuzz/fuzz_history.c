@@ -45,9 +45,14 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   }
   spot_hist_sort(ev, n);
   if (spot_hist_summarize(ev, n, 0.5, 1.5, &s) == 0) {
-    if (s.nruns > n || s.lost_ms < 0 || s.gap_ms < 0 || s.train_ms < 0 ||
-        s.node_ms < 0 || s.wall_ms < 0)
+    if (s.nruns > n || s.nnodes > n || s.nruns > s.nnodes ||
+        s.trained_runs + s.refused != s.nruns || s.lost_ms < 0 ||
+        s.gap_ms < 0 || s.train_ms < 0 || s.node_ms < 0 || s.wall_ms < 0 ||
+        s.lease_wait_ms < 0)
       abort();
+    for (size_t i = 0; i < s.nnodes; i++)
+      if (s.nodes[i].run >= s.nruns)
+        abort();
     if (spot_hist_summary_json(&s, "job", ev, n, &j1) == 0)
       free(j1);
     spot_hist_summary_fini(&s);

@@ -1,10 +1,13 @@
 /* Test helper: spotd's metric registry (lib/core/metrics.c) driven from
  * stdin, one update per line:
  *   add|set|observe NAME VALUE [LABEL=VALUE ...]
+ *   common - [LABEL=VALUE ...]   (labels of every sample, as spotd's
+ *                                  job and rank)
  * then the text format on stdout, and with an argument the same text
  * written to that path through spot_metrics_write_file(). Exit 1 with a
  * line on stderr when an update is refused (so tests see refusals). */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +22,7 @@ apply(struct spot_metrics *m, char *line)
 {
   const char *labels[2 * LABELS_MAX + 1];
   char *save = NULL, *op, *name, *val, *tok, *end;
+  bool common;
   size_t nl = 0;
   double v;
 
@@ -27,10 +31,13 @@ apply(struct spot_metrics *m, char *line)
   val = strtok_r(NULL, " \n", &save);
   if (op == NULL || name == NULL || val == NULL)
     return -EINVAL;
-  v = strtod(val, &end);
-  if (*end != '\0')
+  common = strcmp(op, "common") == 0;
+  v = common ? 0 : strtod(val, &end);
+  if (!common && *end != '\0')
     return -EINVAL;
-  while ((tok = strtok_r(NULL, " \n", &save)) != NULL && nl < LABELS_MAX) {
+  /* common: NAME is "-" and VALUE already the first label. */
+  for (tok = common ? val : strtok_r(NULL, " \n", &save);
+       tok != NULL && nl < LABELS_MAX; tok = strtok_r(NULL, " \n", &save)) {
     char *eq = strchr(tok, '=');
     if (eq == NULL)
       return -EINVAL;
@@ -40,6 +47,8 @@ apply(struct spot_metrics *m, char *line)
     nl++;
   }
   labels[2 * nl] = NULL;
+  if (common)
+    return spot_metrics_common_labels(m, nl ? labels : NULL);
   if (strcmp(op, "add") == 0)
     return spot_metrics_add(m, name, nl ? labels : NULL, v);
   if (strcmp(op, "set") == 0)

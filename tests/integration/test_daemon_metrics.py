@@ -4,7 +4,8 @@
 A trainer on the Python helper (python/spotd: report_step() each step,
 checkpoint() on the signal) runs under spotd with --metrics-file and a
 relaunch hook. Two `spotctl checkpoint --wait`, then an AWS spot notice:
-`spotctl metrics` and the metrics file parse with prometheus_client and
+`spotctl metrics` and the metrics file parse with prometheus_client, every
+sample carries job and rank labels (no stray unlabelled sample), and
 their counters match the run (checkpoints by reason and outcome, bytes
 from spotd's own commit lines, notices, relaunches, durations); the file
 is replaced atomically (a new inode each time, no temporary left). Then a
@@ -62,8 +63,22 @@ def parse(text):
     return out
 
 
+# spotd's own labels on every sample (set in main()).
+COMMON = {}
+
+
 def val(m, name, **labels):
+    labels.update(COMMON)
     return m.get((name, tuple(sorted(labels.items()))))
+
+
+def unlabelled(m):
+    """Samples without the job and rank labels, and labelled counters'
+    samples with nothing but them (a stray 0 sample)."""
+    own = {"spotd_checkpoints_total", "spotd_uploaded_bytes_total",
+           "spotd_notices_total", "spotd_relaunches_total"}
+    return [k for k in m if any((kv not in k[1]) for kv in COMMON.items()) or
+            (k[0] in own and len(k[1]) == len(COMMON))]
 
 
 def commits(d):
@@ -78,6 +93,7 @@ def main():
     sl.daemon_env()
     c = sl.Checks()
     store, job, prefix = sl.daemon_job("metrics")
+    COMMON.update(job=job, rank="0")
     emu = sl.EmulatorProc("aws")
     with tempfile.TemporaryDirectory(prefix="spotd-metrics-") as wd, \
             sl.cleaned_up(prefix, emu.stop):
@@ -107,6 +123,10 @@ def main():
                 in cp.stdout, "spotctl metrics prints the text format",
                 cp.stdout[:300] + cp.stderr)
         m = parse(cp.stdout) if cp.returncode == 0 else {}
+        c.check(m and not unlabelled(m), "every sample has job=%s and rank=0, "
+                "no stray unlabelled sample" % job, repr(unlabelled(m))[:600])
+        c.check(not [k for k in m if k[0] == "spotd_notices_total"],
+                "no notices_total sample before a notice", cp.stdout[:600])
         got = commits(d)
         c.check(len(got) == 2, "spotd committed 2 checkpoints", repr(got))
         c.check(val(m, "spotd_checkpoints_total", reason="manual",
@@ -148,6 +168,8 @@ def main():
         c.check(rc == 75, "spotd exits 75 after the notice", "rc=%s" % rc)
         with open(mfile) as f:
             m = parse(f.read())
+        c.check(m and not unlabelled(m), "metrics file at exit: every sample "
+                "has the job and rank", repr(unlabelled(m))[:600])
         c.check(val(m, "spotd_notices_total", kind="aws-spot-terminate") == 1,
                 "metrics file at exit: notices_total{aws-spot-terminate} = 1")
         c.check(val(m, "spotd_checkpoints_total", reason="notice",

@@ -58,7 +58,9 @@ def metric(path, name):
     try:
         with open(path) as f:
             for line in f:
-                m = re.match(r"^%s(?:\{\})? (\S+)$" % re.escape(name), line)
+                # spotd labels every sample with its job and rank
+                m = re.match(r'^%s\{job="[^"]*",rank="\d+"\} (\S+)$' %
+                             re.escape(name), line)
                 if m:
                     return float(m.group(1))
     except OSError:

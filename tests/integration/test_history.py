@@ -5,9 +5,13 @@ checkpoint did not commit, a gap without a node, a restore) goes through
 the real writer (lib/io/history_store.c, via spotctl history-event); boto3
 reads the objects back independently; `spotctl history` shows the counts
 and the lost work this test computes itself; --json matches; --plot draws
-a PNG and an SVG with one bar per run. Also: invalid events are refused
-before anything is written, a dead endpoint is a reported failure, and
---keep prunes to the newest events."""
+a PNG and an SVG with one bar per run. A 2-node job (two ranks per run
+sharing a run id, a lease wait, a start refused in between) counts 2 runs,
+not 4, no crash for the refusal, training as a share of the job's wall
+time; its plot has a lane per rank, the lease wait in its own colour and
+no restore where there was none. Also: invalid events are refused before
+anything is written, a dead endpoint is a reported failure, and --keep
+prunes to the newest events."""
 import json
 import os
 import re
@@ -20,6 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import spotlib  # noqa: E402
 
 RUN_RGB = (47, 111, 189)  # SPOTCTL_PLOT_RUN_* in client/spotctl.h
+LEASE_RGB = (250, 205, 80)  # SPOTCTL_PLOT_LEASE_RGB
+RESTORE_RGB = (157, 187, 224)  # SPOTCTL_PLOT_RESTORE_RGB
+REFUSED_RGB = (150, 150, 150)  # SPOTCTL_PLOT_REFUSED_RGB
 BAR_MIN_H = 20            # run bars are 22 px high, legend swatches 12
 
 spotlib.store_env()
@@ -120,6 +127,70 @@ def run_boxes_png(path):
                         stack.append((nx, ny))
             boxes.append((min(xs), min(ys), max(xs), max(ys)))
     return [b for b in boxes if b[3] - b[1] + 1 >= BAR_MIN_H], im.size
+
+
+def pixels(path, rgb):
+    from PIL import Image
+    return sum(1 for p in Image.open(path).convert("RGB").getdata() if p == rgb)
+
+
+def to_lines(evs):
+    """history-event lines: times from t0 in seconds, seq per owner."""
+    seq, out = {}, []
+    for e in evs:
+        ev = {k: v for k, v in e.items() if k != "t"}
+        ev.update({"v": 1, "time_ms": at(e["t"]), "seq": seq.get(e["owner"], 0)})
+        seq[e["owner"]] = ev["seq"] + 1
+        out.append(json.dumps(ev))
+    return out
+
+
+# A 2-node job: run slurm-9.0 (ranks 0 and 1 on gpu-a and gpu-b; rank 0
+# waits 30 s for the lease), a start on another node refused because the
+# lease is held, then run slurm-9.1 on two other hosts restores and
+# finishes.
+R0, R1, R2, R3, RX = "a-r0-1", "b-r1-2", "c-r0-3", "d-r1-4", "x-5"
+multi = []
+for owner, host, run, rank in ((R0, "gpu-a", "slurm-9.0", 0),
+                               (R1, "gpu-b", "slurm-9.0", 1)):
+    multi.append({"type": "run_start", "t": rank, "owner": owner, "host": host,
+                  "run": run, "rank": rank, "nranks": 2})
+multi += [
+    {"type": "lease", "t": 2, "owner": R0, "action": "waiting"},
+    {"type": "lease", "t": 32, "owner": R0, "action": "held", "epoch": 1},
+]
+for owner in (R0, R1):
+    multi += [
+        {"type": "checkpoint", "t": 600, "owner": owner, "checkpoint": "step-590",
+         "reason": "periodic", "save_s": 2.0, "upload_s": 8.0, "step": 590,
+         "committed": True},
+        {"type": "notice", "t": 900, "owner": owner, "kind": "aws-spot-terminate",
+         "step": 880},
+        {"type": "run_end", "t": 910, "owner": owner, "outcome": "preempted"},
+    ]
+multi += [
+    {"type": "run_start", "t": 905, "owner": RX, "host": "gpu-x"},
+    {"type": "lease", "t": 906, "owner": RX, "action": "failed"},
+    {"type": "run_end", "t": 907, "owner": RX, "outcome": "refused",
+     "reason": "lease-held"},
+]
+for owner, host, rank in ((R2, "gpu-c", 0), (R3, "gpu-d", 1)):
+    multi += [
+        {"type": "run_start", "t": 1000 + rank, "owner": owner, "host": host,
+         "run": "slurm-9.1", "rank": rank, "nranks": 2},
+        {"type": "restore", "t": 1040 + rank, "owner": owner,
+         "checkpoint": "step-590", "seconds": 30.0},
+        {"type": "run_end", "t": 2000, "owner": owner, "outcome": "exited",
+         "exit_code": 0},
+    ]
+multi.sort(key=lambda e: e["t"])
+# Computed here: rank 0 trained from the lease (32 s), the job's second
+# run from its last rank's restore (1041 s); one preemption lost the
+# steps and time since the state of the commit at 600 s (590 s, step 590).
+m_train = (910 - 32) + (2000 - 1041)
+m_lost = 900 - (600 - 2.0 - 8.0)
+m_lost_steps = 880 - 590
+m_gap = 1041 - 910
 
 
 def run_boxes_svg(path):
@@ -249,6 +320,64 @@ try:
             boxes = run_boxes_svg(svg)
             c.check(len(boxes) == 2, "one bar per run in the SVG", repr(boxes))
 
+        # A 2-node job with a refused start and a lease wait.
+        multi_url, multi_root = spotlib.unique_job("history-multi")
+        cp = ctl("history-event", multi_url, "-", input="\n".join(to_lines(multi)) + "\n")
+        c.check(cp.returncode == 0, "history-event writes the 2-node job", cp.stderr)
+        cp = ctl("history", multi_url, "--json")
+        j = json.loads(cp.stdout) if cp.returncode == 0 else {}
+        s = j.get("summary", {})
+        c.check(s.get("runs") == 2 and s.get("preemptions") == 1 and
+                s.get("crashes") == 0 and s.get("refused") == 1 and s.get("nodes") == 5,
+                "2-node job: 2 runs (not 4), 1 preemption, 0 crashes, 1 refused start",
+                cp.stdout[:600] + cp.stderr)
+        c.check(abs(s.get("train_s", -1) - m_train) < 1e-6 and
+                abs(s.get("wall_s", -1) - 2000) < 1e-6,
+                "2-node job: training %d s of the job's 2000 s (not the ranks' sum)"
+                % m_train, repr(s))
+        c.check(abs(s.get("lost_s", -1) - m_lost) < 1e-6 and
+                s.get("lost_steps") == m_lost_steps,
+                "2-node job: one preemption's loss, %d steps" % m_lost_steps, repr(s))
+        c.check(abs(s.get("lease_wait_s", -1) - 30) < 1e-6 and
+                abs(s.get("gap_s", -1) - m_gap) < 1e-6,
+                "2-node job: 30 s lease wait, %d s gap (the refusal is no run)" % m_gap,
+                repr(s))
+        runs = j.get("runs", [])
+        c.check([(r.get("run_id"), r.get("outcome"), len(r.get("nodes", [])))
+                 for r in runs] ==
+                [("slurm-9.0", "preempted", 2), ("", "refused", 1),
+                 ("slurm-9.1", "exited", 2)] and runs[1].get("refused") == "lease-held",
+                "2-node job: the runs with their ranks, the refusal with its reason",
+                repr(runs)[:800])
+        cp = ctl("history", multi_url)
+        out = cp.stdout
+        pct = re.search(r"time training\s+\S+ \((\d+)% of wall time\)", out)
+        c.check(cp.returncode == 0 and
+                "2 runs, 1 preemption, 0 crashes, 1 refused start" in out and
+                pct is not None and int(pct.group(1)) == round(100 * m_train / 2000),
+                "2-node table: headline and %d%% of wall time" % round(100 * m_train / 2000),
+                out + cp.stderr)
+        rows = [l for l in out.splitlines() if re.match(r"^\d+\s", l)]
+        c.check(len(rows) == 3 and "2 nodes" in rows[0] and "refused" in rows[1],
+                "2-node table: one row per run", "\n".join(rows))
+        png = os.path.join(tmp, "multi.png")
+        cp = ctl("history", multi_url, "--plot", png)
+        c.check(cp.returncode == 0 and os.path.exists(png), "2-node --plot", cp.stderr)
+        if os.path.exists(png):
+            boxes, _ = run_boxes_png(png)
+            lanes = sorted(set(b[1] for b in boxes))
+            c.check(len(boxes) == 4 and len(lanes) == 2,
+                    "2-node plot: 4 bars on 2 lanes (one per rank, not per host)",
+                    repr(boxes))
+            lease_px = pixels(png, LEASE_RGB)
+            restore_px = pixels(png, RESTORE_RGB)
+            # 30 s of 2000 s over 820 px, 22 px high; restores: 2 x 30 s.
+            c.check(lease_px >= 10 * 22, "2-node plot: the lease wait in its own colour",
+                    "%d px" % lease_px)
+            c.check(restore_px < 3 * 13 * 22 + 12 * 12,
+                    "2-node plot: no restore drawn for the lease wait (%d px)" % restore_px)
+            c.check(pixels(png, REFUSED_RGB) > 12 * 12, "2-node plot: the refused start")
+
         # Bad input: nothing is written.
         bad_url, bad_root = spotlib.unique_job("history-bad")
         bad = lines[0] + "\n" + lines[1].replace('"epoch": 1', '"epoch": "1"') + "\n"
@@ -278,7 +407,7 @@ try:
         c.check(len(left) == 10 and left[0].endswith("-p-000060.json") and
                 left[-1].endswith("-p-000069.json"), "pruned to the 10 newest",
                 repr(left[:2]) + " ... %d keys" % len(left))
-        for r in (bad_root, prune_root):
+        for r in (bad_root, prune_root, multi_root):
             spotlib.s3_cleanup(r)
 finally:
     spotlib.s3_cleanup(root)

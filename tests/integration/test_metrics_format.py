@@ -3,7 +3,8 @@
 parser (Debian's python3-prometheus-client): a random sequence of updates
 goes through the registry (lib/core/metrics.c, via metrics_tool); the
 parsed families have conventional names, types, help, and values equal to
-what this test computed from the same updates; histograms are cumulative
+what this test computed from the same updates; every sample carries the
+job and rank labels, and a labelled counter has no unlabelled 0 sample; histograms are cumulative
 with +Inf, _sum and _count; awkward label values survive escaping; the
 file written for node_exporter's textfile collector is the same text,
 replaced atomically (no temporary file left)."""
@@ -31,7 +32,12 @@ UPLOAD_B = [1, 2, 5, 10, 20, 30, 60, 120, 300, 600]
 reasons = ["periodic", "notice", "manual"]
 kinds = ["aws-spot-terminate", "aws-rebalance", "gcp-preempted"]
 
-updates = []
+# spotd labels every sample with its job and rank.
+COMMON = (("job", "llm-7b"), ("rank", "3"))
+updates = ["common - " + " ".join("%s=%s" % kv for kv in COMMON)]
+# Families whose every sample has labels of its own: no unlabelled sample.
+LABELLED = {"spotd_checkpoints_total", "spotd_uploaded_bytes_total",
+            "spotd_notices_total", "spotd_relaunches_total"}
 counters = {}   # (family, labels tuple) -> value
 gauges = {}
 hists = {"spotd_checkpoint_save_seconds": [], "spotd_checkpoint_upload_seconds": []}
@@ -119,23 +125,31 @@ with tempfile.TemporaryDirectory() as tmp:
     got_counters = {}
     got_gauges = {}
     got_hist = {}
+    no_common = []
     for f in fams.values():
         for s in f.samples:
-            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+            if any(s.labels.get(k) != v for k, v in COMMON):
+                no_common.append(s)
+            labels = tuple(sorted((k, v) for k, v in s.labels.items()
+                                  if k != "le" and k not in dict(COMMON)))
             if f.type == "counter" and s.name.endswith("_total"):
                 got_counters[(s.name, labels)] = s.value
             elif f.type == "gauge":
                 got_gauges[(s.name, labels)] = s.value
             elif f.type == "histogram":
                 got_hist.setdefault(f.name, []).append((s.name, s.labels.get("le"), s.value))
+    c.check(fams and not no_common, "every sample carries the job and rank labels",
+            repr(no_common[:3]))
+    stray = [k for k in got_counters if k[1] == () and k[0] in LABELLED]
+    c.check(not stray, "no unlabelled sample of a labelled counter", repr(stray))
     # Label-less counters are rendered from 0 even when never updated.
     for k in list(got_counters):
-        if k[1] == () and k not in counters:
+        if k[1] == () and k not in counters and k[0] not in LABELLED:
             counters[k] = 0
     c.check(got_counters == {k: float(v) for k, v in counters.items()},
             "every counter series equals this test's sum",
             repr(sorted(set(got_counters.items()) ^ set((k, float(v)) for k, v in counters.items())))[:1500])
-    c.check(all(got_gauges.get(k) == float(v) for k, v in gauges.items()),
+    c.check(gauges and all(got_gauges.get(k) == float(v) for k, v in gauges.items()),
             "gauges hold the last value set", repr(got_gauges))
     for fam, bounds in (("spotd_checkpoint_save_seconds", SAVE_B),
                         ("spotd_checkpoint_upload_seconds", UPLOAD_B)):

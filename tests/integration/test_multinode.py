@@ -26,7 +26,9 @@ checkpoint folders and sockets), each supervising fake_trainer.py.
 8. Fan-out latency over more notices (median and max printed).
 Step 2 also checks that each rank restored only its own rank-K/ files and
 reports the bytes it downloaded (log line and `spotctl status --json`).
-Also: a rank not below nranks is refused at start."""
+Also: a rank not below nranks is refused at start; the job's history
+counts each 2-rank run once, its ranks as nodes, the refused start
+apart."""
 import re
 import statistics
 import hashlib
@@ -241,6 +243,24 @@ def main():
             c.check(sl.read_text(lst).split() == ["rank-0", "rank-1"],
                     "--reshard: SPOTD_RESUME_DIR holds every rank's folder",
                     sl.read_text(lst))
+
+            # The job's history: a run is both ranks (one run id), the
+            # refused nranks-3 start is neither a run nor a crash.
+            cp = sl.spotctl("history", "%s/%s" % (store, job), "--json")
+            hj = json.loads(cp.stdout) if cp.returncode == 0 else {}
+            hs = hj.get("summary", {})
+            hruns = [(r.get("outcome"), sorted(n.get("rank") for n in r.get("nodes", [])))
+                     for r in hj.get("runs", [])]
+            c.check(hs.get("runs") == 3 and hs.get("refused") == 1 and
+                    hs.get("crashes") == 0 and hs.get("nodes") == 6,
+                    "history: 3 runs (2 of 2 ranks, the reshard), 1 refused start",
+                    cp.stdout[:600] + cp.stderr)
+            c.check(hruns == [("exited", [0, 1]), ("exited", [0, 1]),
+                              ("refused", [0]), ("exited", [-1])],
+                    "history: each 2-rank run has both ranks as its nodes",
+                    repr(hruns))
+            c.check(hs.get("train_s", 0) <= hs.get("wall_s", -1),
+                    "history: training within the job's wall time", repr(hs))
 
             # 3: rank 1 never shows up: rank 0 gives up, nothing committed
             lone = start(wd, store, job, 0,

@@ -232,9 +232,9 @@ test_summary(void **state)
   assert_true(s.train_ms == S(1030) + S(1170));
   assert_true(s.node_ms == S(1030) + S(1200));
   assert_true(s.save_s == 10 && s.upload_s == 20);
-  assert_int_equal(s.runs[0].ncommit_times, 1);
-  assert_true(s.runs[0].commit_times[0] == T0 + S(600));
-  assert_int_equal(s.runs[1].ncommit_times, 0);
+  assert_int_equal(s.nodes[0].ncommit_times, 1);
+  assert_true(s.nodes[0].commit_times[0] == T0 + S(600));
+  assert_int_equal(s.nodes[1].ncommit_times, 0);
   assert_true(s.priced);
   assert_float_equal(s.cost_spot, 2230.0 / 3600 * 0.40, 1e-9);
   assert_float_equal(s.cost_on_demand, (2200.0 - 415) / 3600 * 1.20, 1e-9);
@@ -340,6 +340,288 @@ test_summary_saturates(void **state)
   free(ev);
 }
 
+/* spotd killed (kill -9) after a commit at step 279 while its trainer
+ * reached step 300: nothing but its PROGRESS events says how far it got.
+ * The next start restores step-279: 21 steps lost, and the time from
+ * that checkpoint's state to the last progress seen. */
+static void
+test_killed_lost_steps(void **state)
+{
+  struct spot_hist_event ev[8];
+  struct spot_hist_summary s;
+  size_t n = 0;
+  char *json;
+  json_t *root, *run;
+
+  (void)state;
+  spot_hist_event_init(&ev[n++], SPOT_HIST_RUN_START, T0, "a", 0);
+  spot_hist_event_init(&ev[n], SPOT_HIST_CHECKPOINT, T0 + S(100), "a", 1);
+  SPOT_HIST_SET(&ev[n], checkpoint, "step-279");
+  ev[n].save_s = 1;
+  ev[n].upload_s = 1;
+  ev[n].step = 279;
+  ev[n++].committed = true;
+  spot_hist_event_init(&ev[n], SPOT_HIST_PROGRESS, T0 + S(115), "a", 2);
+  ev[n++].step = 290;
+  spot_hist_event_init(&ev[n], SPOT_HIST_PROGRESS, T0 + S(130), "a", 3);
+  ev[n++].step = 300;
+  spot_hist_event_init(&ev[n++], SPOT_HIST_RUN_START, T0 + S(200), "b", 0);
+  spot_hist_event_init(&ev[n], SPOT_HIST_RESTORE, T0 + S(210), "b", 1);
+  SPOT_HIST_SET(&ev[n], checkpoint, "step-279");
+  ev[n++].seconds = 5;
+  spot_hist_event_init(&ev[n], SPOT_HIST_RUN_END, T0 + S(400), "b", 2);
+  SPOT_HIST_SET(&ev[n], outcome, "exited");
+  ev[n++].exit_code = 0;
+  spot_hist_sort(ev, n);
+  assert_int_equal(spot_hist_summarize(ev, n, 0, 0, &s), 0);
+  assert_int_equal(s.nruns, 2);
+  assert_int_equal(s.runs[0].outcome, SPOT_HIST_CRASHED);
+  assert_int_equal(s.crashes, 1);
+  assert_int_equal(s.nodes[0].last_step, 300);
+  assert_true(s.runs[0].lost_steps == 300 - 279);
+  assert_true(s.lost_steps == 300 - 279);
+  /* The commit at 100 s held the state of 98 s; last seen at 130 s. */
+  assert_true(s.runs[0].lost_ms == S(32));
+  assert_true(s.lost_ms == S(32));
+  assert_int_equal(spot_hist_summary_json(&s, "j", NULL, 0, &json), 0);
+  root = json_loads(json, 0, NULL);
+  assert_non_null(root);
+  assert_int_equal(json_integer_value(json_object_get(
+                       json_object_get(root, "summary"), "lost_steps")),
+                   21);
+  run = json_array_get(json_object_get(root, "runs"), 0);
+  assert_int_equal(json_integer_value(json_object_get(run, "lost_steps")), 21);
+  assert_float_equal(json_real_value(json_object_get(run, "lost_s")), 32.0,
+                     1e-9);
+  json_decref(root);
+  free(json);
+  spot_hist_summary_fini(&s);
+
+  /* The next start resumed from an older checkpoint (the newest did not
+   * verify): the work since that one is what was lost. */
+  spot_hist_event_init(&ev[0], SPOT_HIST_CHECKPOINT, T0 + S(50), "a", 10);
+  SPOT_HIST_SET(&ev[0], checkpoint, "step-120");
+  ev[0].step = 120;
+  ev[0].committed = true;
+  for (size_t i = 0; i < n; i++)
+    if (ev[i].type == SPOT_HIST_RESTORE)
+      SPOT_HIST_SET(&ev[i], checkpoint, "step-120");
+  spot_hist_sort(ev, n);
+  assert_int_equal(spot_hist_summarize(ev, n, 0, 0, &s), 0);
+  assert_true(s.runs[0].lost_steps == 300 - 120);
+  assert_true(s.runs[0].lost_ms == S(80));
+  spot_hist_summary_fini(&s);
+}
+
+/* A 2-node job (two spotd processes per run, one per rank, sharing the
+ * run id) preempted once and then finished: 2 runs, not 4; training is
+ * a share of the job's wall time, not of the ranks' sum. */
+static size_t
+two_nodes(struct spot_hist_event *ev, const char *run2)
+{
+  static const char *const owners[] = {"a0", "a1", "b0", "b1"};
+  size_t n = 0;
+
+  for (int k = 0; k < 4; k++) {
+    const char *o = owners[k];
+    int64_t t = k < 2 ? T0 + S(k) : T0 + S(1000 + k);
+    spot_hist_event_init(&ev[n], SPOT_HIST_RUN_START, t, o, 0);
+    SPOT_HIST_SET(&ev[n], host, k % 2 ? "node-1" : "node-0");
+    SPOT_HIST_SET(&ev[n], run, k < 2 ? "job.0" : run2);
+    ev[n].rank = k % 2;
+    ev[n++].nranks = 2;
+    if (k < 2) {
+      spot_hist_event_init(&ev[n], SPOT_HIST_CHECKPOINT, T0 + S(400), o, 1);
+      SPOT_HIST_SET(&ev[n], checkpoint, "step-400");
+      ev[n].save_s = 2;
+      ev[n].step = 400;
+      ev[n++].committed = true;
+      spot_hist_event_init(&ev[n], SPOT_HIST_NOTICE, T0 + S(600), o, 2);
+      ev[n++].step = 600;
+      spot_hist_event_init(&ev[n], SPOT_HIST_RUN_END, T0 + S(700), o, 3);
+      SPOT_HIST_SET(&ev[n++], outcome, "preempted");
+    } else {
+      spot_hist_event_init(&ev[n], SPOT_HIST_RESTORE, T0 + S(1100), o, 1);
+      SPOT_HIST_SET(&ev[n], checkpoint, "step-400");
+      ev[n++].seconds = 50;
+      spot_hist_event_init(&ev[n], SPOT_HIST_RUN_END, T0 + S(2000), o, 2);
+      SPOT_HIST_SET(&ev[n++], outcome, "exited");
+    }
+  }
+  return n;
+}
+
+static void
+test_multinode_runs(void **state)
+{
+  struct spot_hist_event ev[16];
+  struct spot_hist_summary s;
+  size_t n = two_nodes(ev, "job.1");
+
+  (void)state;
+  spot_hist_sort(ev, n);
+  assert_int_equal(spot_hist_summarize(ev, n, 1, 3, &s), 0);
+  assert_int_equal(s.nnodes, 4);
+  assert_int_equal(s.nruns, 2);
+  assert_int_equal(s.trained_runs, 2);
+  assert_int_equal(s.preemptions, 1);
+  assert_int_equal(s.crashes, 0);
+  assert_int_equal(s.notices, 1);
+  assert_int_equal(s.checkpoints, 1);
+  assert_int_equal(s.runs[0].nnodes, 2);
+  assert_string_equal(s.runs[0].run_id, "job.0");
+  assert_int_equal(s.runs[0].outcome, SPOT_HIST_PREEMPTED);
+  assert_int_equal(s.runs[1].outcome, SPOT_HIST_EXITED);
+  /* The job trained from when its last rank was ready: 1..700 s and
+   * 1100..2000 s of its 2000 s. */
+  assert_true(s.wall_ms == S(2000));
+  assert_true(s.train_ms == S(699) + S(900));
+  assert_true(s.train_ms <= s.wall_ms);
+  /* Both nodes cost: 2 x 700 s, then 2 x ~1000 s. */
+  assert_true(s.node_ms == S(700) + S(699) + S(998) + S(997));
+  /* One preemption's loss, not one per rank: 600 - 398 s, 200 steps. */
+  assert_true(s.lost_ms == S(202));
+  assert_true(s.lost_steps == 200);
+  assert_true(s.gap_ms == S(400));
+  /* Ranks are the nodes of each run. */
+  for (size_t i = 0; i < s.nnodes; i++) {
+    assert_int_equal(s.nodes[i].run, i / 2);
+    assert_int_equal(s.nodes[i].rank, (int64_t)(i % 2));
+  }
+  /* On demand, each rank needs its own node. */
+  assert_float_equal(s.cost_on_demand, 2.0 * (1599.0 - 202.0) / 3600.0 * 3.0,
+                     1e-9);
+  spot_hist_summary_fini(&s);
+
+  /* A run id used again (a second start with the same id): the ranks it
+   * already has make a new run. */
+  n = two_nodes(ev, "job.0");
+  spot_hist_sort(ev, n);
+  assert_int_equal(spot_hist_summarize(ev, n, 0, 0, &s), 0);
+  assert_int_equal(s.nruns, 2);
+  assert_int_equal(s.preemptions, 1);
+  spot_hist_summary_fini(&s);
+
+  /* Ranks that read different RESTARTS counts (no --run-id): rank 1 of
+   * the second run says r2, rank 0 r1; they ran together, one run. */
+  n = two_nodes(ev, "r1");
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(ev[i].owner, "b1") == 0 && ev[i].type == SPOT_HIST_RUN_START)
+      SPOT_HIST_SET(&ev[i], run, "r2");
+  spot_hist_sort(ev, n);
+  assert_int_equal(spot_hist_summarize(ev, n, 0, 0, &s), 0);
+  assert_int_equal(s.nruns, 2);
+  assert_int_equal(s.runs[1].nnodes, 2);
+  spot_hist_summary_fini(&s);
+}
+
+/* A start refused because another node holds the job lease: a refused
+ * start, neither a crash nor a run, and it loses nothing. */
+static void
+test_refused_start(void **state)
+{
+  struct spot_hist_event ev[12];
+  struct spot_hist_summary s;
+  size_t n = 0;
+  char *json;
+  json_t *root;
+
+  (void)state;
+  spot_hist_event_init(&ev[n++], SPOT_HIST_RUN_START, T0, "a", 0);
+  spot_hist_event_init(&ev[n], SPOT_HIST_LEASE, T0 + S(1), "a", 1);
+  SPOT_HIST_SET(&ev[n++], action, "held");
+  spot_hist_event_init(&ev[n], SPOT_HIST_PROGRESS, T0 + S(100), "a", 2);
+  ev[n++].step = 100;
+  /* b starts while a runs, finds the lease held and gives up. */
+  spot_hist_event_init(&ev[n++], SPOT_HIST_RUN_START, T0 + S(50), "b", 0);
+  spot_hist_event_init(&ev[n], SPOT_HIST_LEASE, T0 + S(51), "b", 1);
+  SPOT_HIST_SET(&ev[n++], action, "failed");
+  spot_hist_event_init(&ev[n], SPOT_HIST_RUN_END, T0 + S(52), "b", 2);
+  SPOT_HIST_SET(&ev[n], outcome, "refused");
+  SPOT_HIST_SET(&ev[n], reason, "lease-held");
+  ev[n++].exit_code = -1;
+  spot_hist_event_init(&ev[n], SPOT_HIST_RUN_END, T0 + S(200), "a", 3);
+  SPOT_HIST_SET(&ev[n++], outcome, "exited");
+  spot_hist_sort(ev, n);
+  assert_int_equal(spot_hist_summarize(ev, n, 0, 0, &s), 0);
+  assert_int_equal(s.nruns, 2);
+  assert_int_equal(s.trained_runs, 1);
+  assert_int_equal(s.refused, 1);
+  assert_int_equal(s.crashes, 0);
+  assert_int_equal(s.runs[1].outcome, SPOT_HIST_REFUSED);
+  assert_string_equal(s.runs[1].refused, "lease-held");
+  assert_true(s.runs[1].lost_ms == -1 && s.runs[1].gap_before_ms == -1);
+  assert_true(s.lost_ms == 0 && s.lost_steps == -1);
+  assert_true(s.train_ms == S(200));
+  assert_int_equal(spot_hist_summary_json(&s, "j", NULL, 0, &json), 0);
+  root = json_loads(json, 0, NULL);
+  assert_non_null(root);
+  assert_int_equal(json_integer_value(json_object_get(
+                       json_object_get(root, "summary"), "refused")),
+                   1);
+  assert_int_equal(json_integer_value(json_object_get(
+                       json_object_get(root, "summary"), "crashes")),
+                   0);
+  assert_string_equal(
+      json_string_value(json_object_get(
+          json_array_get(json_object_get(root, "runs"), 1), "outcome")),
+      "refused");
+  json_decref(root);
+  free(json);
+  spot_hist_summary_fini(&s);
+
+  /* The same without its run_end (old writer, or killed while refusing)
+   * is lost without an end: a crash, as before. */
+  n = 0;
+  spot_hist_event_init(&ev[n++], SPOT_HIST_RUN_START, T0, "b", 0);
+  spot_hist_event_init(&ev[n++], SPOT_HIST_RUN_START, T0 + S(5), "c", 0);
+  assert_int_equal(spot_hist_summarize(ev, n, 0, 0, &s), 0);
+  assert_int_equal(s.refused, 0);
+  assert_int_equal(s.crashes, 1);
+  spot_hist_summary_fini(&s);
+}
+
+/* The wait for the job lease is a phase of its own: not the restore. */
+static void
+test_lease_wait(void **state)
+{
+  struct spot_hist_event ev[8];
+  struct spot_hist_summary s;
+  size_t n = 0;
+
+  (void)state;
+  spot_hist_event_init(&ev[n++], SPOT_HIST_RUN_START, T0, "a", 0);
+  spot_hist_event_init(&ev[n], SPOT_HIST_LEASE, T0 + S(5), "a", 1);
+  SPOT_HIST_SET(&ev[n++], action, "waiting");
+  spot_hist_event_init(&ev[n], SPOT_HIST_LEASE, T0 + S(65), "a", 2);
+  SPOT_HIST_SET(&ev[n], action, "held");
+  ev[n++].epoch = 2;
+  spot_hist_event_init(&ev[n], SPOT_HIST_RESTORE, T0 + S(75), "a", 3);
+  SPOT_HIST_SET(&ev[n], checkpoint, "c");
+  ev[n++].seconds = 10;
+  spot_hist_event_init(&ev[n], SPOT_HIST_RUN_END, T0 + S(100), "a", 4);
+  SPOT_HIST_SET(&ev[n++], outcome, "exited");
+  assert_int_equal(spot_hist_summarize(ev, n, 0, 0, &s), 0);
+  assert_true(s.nodes[0].lease_from_ms == T0 + S(5));
+  assert_true(s.nodes[0].lease_wait_ms == S(60));
+  assert_true(s.nodes[0].restore_from_ms == T0 + S(65));
+  assert_true(s.nodes[0].train_start_ms == T0 + S(75));
+  assert_true(s.runs[0].lease_wait_ms == S(60));
+  assert_true(s.lease_wait_ms == S(60));
+  assert_float_equal(s.runs[0].restore_s, 10.0, 1e-9);
+  spot_hist_summary_fini(&s);
+
+  /* A fresh start (nothing to restore) trains once it holds the lease. */
+  ev[3] = ev[4];
+  n = 4;
+  assert_int_equal(spot_hist_summarize(ev, n, 0, 0, &s), 0);
+  assert_true(s.nodes[0].restore_from_ms == -1);
+  assert_true(s.nodes[0].train_start_ms == T0 + S(65));
+  assert_true(s.train_ms == S(35));
+  assert_true(s.lease_wait_ms == S(60));
+  spot_hist_summary_fini(&s);
+}
+
 int
 main(void)
 {
@@ -349,6 +631,10 @@ main(void)
       cmocka_unit_test(test_summary),
       cmocka_unit_test(test_crash_and_running),
       cmocka_unit_test(test_summary_saturates),
+      cmocka_unit_test(test_killed_lost_steps),
+      cmocka_unit_test(test_multinode_runs),
+      cmocka_unit_test(test_refused_start),
+      cmocka_unit_test(test_lease_wait),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,14 +189,106 @@ test_spotd_set(void **state)
   spot_metrics_free(m);
 }
 
+/* Each line of text that starts with name followed by '{' or ' '. */
+static unsigned
+samples_of(const char *text, const char *name, bool labelled_only)
+{
+  size_t n = strlen(name);
+  unsigned k = 0;
+
+  for (const char *p = text; p != NULL && *p != '\0';) {
+    if (strncmp(p, name, n) == 0 &&
+        (p[n] == '{' || (p[n] == ' ' && !labelled_only)))
+      k++;
+    p = strchr(p, '\n');
+    p = p != NULL ? p + 1 : NULL;
+  }
+  return k;
+}
+
+/* A family whose samples all have labels has no unlabelled 0 sample; the
+ * job and rank go on every sample, histograms' buckets included. */
+static void
+test_labels_no_stray(void **state)
+{
+  static const char *const labelled[] = {
+      "\n" SPOT_M_CHECKPOINTS " ", "\n" SPOT_M_UPLOADED_BYTES " ",
+      "\n" SPOT_M_NOTICES " ", "\n" SPOT_M_RELAUNCHES " "};
+  struct spot_metrics *m;
+  char *text;
+
+  (void)state;
+  assert_int_equal(spot_metrics_new_spotd(&m), 0);
+  text = render(m);
+  for (size_t i = 0; i < sizeof(labelled) / sizeof(labelled[0]); i++)
+    if (strstr(text, labelled[i]) != NULL)
+      fail_msg("stray unlabelled sample '%s0' in\n%s", labelled[i] + 1, text);
+  assert_int_equal(samples_of(text, SPOT_M_CHECKPOINTS, false), 0);
+  /* Label-less families still start at 0. */
+  assert_non_null(strstr(text, "\n" SPOT_M_META_ERRORS " 0\n"));
+  free(text);
+
+  assert_int_equal(
+      spot_metrics_common_labels(m, SPOT_LABELS("job", "llm-7b", "rank", "1")),
+      0);
+  assert_int_equal(
+      spot_metrics_add(m, SPOT_M_CHECKPOINTS,
+                       SPOT_LABELS("reason", "periodic", "outcome", "failed"),
+                       1),
+      0);
+  assert_int_equal(spot_metrics_observe(m, SPOT_M_SAVE_SECONDS, NULL, 3), 0);
+  text = render(m);
+  assert_int_equal(samples_of(text, SPOT_M_CHECKPOINTS, false), 1);
+  assert_non_null(strstr(text, SPOT_M_CHECKPOINTS
+                         "{job=\"llm-7b\",rank=\"1\",reason=\"periodic\","
+                         "outcome=\"failed\"} 1\n"));
+  assert_non_null(
+      strstr(text, SPOT_M_META_ERRORS "{job=\"llm-7b\",rank=\"1\"} 0\n"));
+  assert_non_null(strstr(text, SPOT_M_SAVE_SECONDS
+                         "_bucket{job=\"llm-7b\",rank=\"1\",le=\"5\"} 1\n"));
+  assert_non_null(strstr(text, SPOT_M_SAVE_SECONDS
+                         "_count{job=\"llm-7b\",rank=\"1\"} 1\n"));
+  /* Every sample line has the job. */
+  for (const char *p = text; *p != '\0';) {
+    const char *e = strchr(p, '\n');
+    if (p[0] != '#' && strncmp(p, "spotd_", 6) == 0 &&
+        strncmp(strchr(p, '{') != NULL ? strchr(p, '{') : p,
+                "{job=\"llm-7b\",rank=\"1\"",
+                strlen("{job=\"llm-7b\",rank=\"1\"")) != 0)
+      fail_msg("a sample without job and rank: %.*s", (int)(e - p), p);
+    p = e + 1;
+  }
+  free(text);
+  /* A bad label set is refused and changes nothing. */
+  assert_int_equal(spot_metrics_common_labels(m, SPOT_LABELS("__x", "1")),
+                   -EINVAL);
+  text = render(m);
+  assert_non_null(strstr(text, "{job=\"llm-7b\""));
+  free(text);
+  assert_int_equal(spot_metrics_common_labels(m, NULL), 0);
+  text = render(m);
+  assert_non_null(strstr(text, "\n" SPOT_M_META_ERRORS " 0\n"));
+  free(text);
+  spot_metrics_free(m);
+
+  /* register_labelled() for any registry. */
+  assert_int_equal(spot_metrics_new(&m), 0);
+  assert_int_equal(spot_metrics_register_labelled(
+                       m, "x_total", SPOT_METRIC_COUNTER, "X.", NULL, 0),
+                   0);
+  text = render(m);
+  assert_int_equal(samples_of(text, "x_total", false), 0);
+  free(text);
+  spot_metrics_free(m);
+}
+
 int
 main(void)
 {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_counter_gauge),
-      cmocka_unit_test(test_histogram),
-      cmocka_unit_test(test_bounds_and_fmt),
-      cmocka_unit_test(test_spotd_set),
+      cmocka_unit_test(test_counter_gauge),   cmocka_unit_test(test_histogram),
+      cmocka_unit_test(test_bounds_and_fmt),  cmocka_unit_test(test_spotd_set),
+      cmocka_unit_test(test_labels_no_stray),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,15 +1,23 @@
 /* The store's pure parts: object keys, phase names, and the argument and
- * config checks that run before any I/O (no network: every call here fails
- * or is answered before a request is made). */
+ * config checks that run before any I/O; and when a cancel's callback runs,
+ * against a small S3 stand-in on loopback in this process. */
 #include "cmocka-compat.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "buf.h"
+#include "http.h"
+#include "s3.h"
+#include "s3_stand_in.h"
 #include "store.h"
+#include "util.h"
 
 static struct spot_store_config
 cfg_of(const char *prefix)
@@ -229,6 +237,145 @@ test_invalid_args(void **state)
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* ---- a cancel's callback runs from the loop ---------------------------- */
+
+static void
+s3_done_cb(const struct spot_s3_result *res, void *data)
+{
+  struct world *w = data;
+
+  w->calls++;
+  w->err = res->err;
+  w->s3op = NULL;
+  uv_stop(&w->loop);
+}
+
+static void
+cancel_s3_on_put(struct stand_in *si)
+{
+  struct world *w = spot_container_of(si, struct world, si);
+
+  assert_non_null(w->s3op);
+  spot_s3_cancel(w->s3op);
+  w->calls_when_cancel_returned = w->calls;
+  spot_s3_cancel(w->s3op); /* again before the callback: nothing more */
+}
+
+/* spot_s3_cancel() of a PUT on the wire only queues its callback: it runs
+ * once, from the loop, with -ECANCELED. */
+static void
+test_s3_cancel_runs_callback_from_loop(void **state)
+{
+  static const char body[] = "hello";
+  struct world w;
+
+  (void)state;
+  world_init(&w);
+  w.si.on_put = cancel_s3_on_put;
+  assert_int_equal(spot_s3_put(w.s3, "spotd-test", "k", body, sizeof(body) - 1,
+                               0, s3_done_cb, &w, &w.s3op),
+                   0);
+  uv_run(&w.loop, UV_RUN_DEFAULT); /* until s3_done_cb stops it */
+  assert_int_equal(w.si.puts, 1);
+  assert_int_equal(w.calls_when_cancel_returned, 0);
+  assert_int_equal(w.calls, 1);
+  assert_int_equal(w.err, -ECANCELED);
+  world_fini(&w);
+  assert_int_equal(w.calls, 1);
+}
+
+/* spot_s3_free() delivers what it cancels before it returns. */
+static void
+free_on_put(struct stand_in *si)
+{
+  struct world *w = spot_container_of(si, struct world, si);
+
+  spot_s3_cancel(w->s3op); /* queued; free must still deliver it */
+  spot_s3_free(w->s3);
+  w->s3 = NULL;
+  w->calls_when_cancel_returned = w->calls;
+}
+
+static void
+test_s3_free_runs_queued_callbacks(void **state)
+{
+  static const char body[] = "hello";
+  struct world w;
+
+  (void)state;
+  world_init(&w);
+  w.si.on_put = free_on_put;
+  assert_int_equal(spot_s3_put(w.s3, "spotd-test", "k", body, sizeof(body) - 1,
+                               0, s3_done_cb, &w, &w.s3op),
+                   0);
+  uv_run(&w.loop, UV_RUN_DEFAULT);
+  assert_int_equal(w.calls_when_cancel_returned, 1);
+  assert_int_equal(w.err, -ECANCELED);
+  world_fini(&w);
+  assert_int_equal(w.calls, 1);
+}
+
+static void
+push_done_cb(const struct spot_store_result *res, void *data)
+{
+  struct world *w = data;
+
+  w->calls++;
+  w->err = res->err;
+  w->storeop = NULL;
+  uv_stop(&w->loop);
+}
+
+static void
+cancel_push_on_put(struct stand_in *si)
+{
+  struct world *w = spot_container_of(si, struct world, si);
+
+  assert_non_null(w->storeop);
+  spot_store_cancel(w->storeop);
+  w->calls_when_cancel_returned = w->calls;
+}
+
+/* A push whose only request in flight is one PUT, cancelled: before, the
+ * PUT's callback ran inside spot_store_cancel() and finished the whole push
+ * there, re-entering the caller from its own cancel. */
+static void
+test_push_cancel_runs_callback_from_loop(void **state)
+{
+  char dir[] = "/tmp/spotd-test-store-XXXXXX", file[64];
+  struct spot_store_config c = cfg_of("");
+  struct world w;
+  FILE *f;
+
+  (void)state;
+  assert_non_null(mkdtemp(dir));
+  snprintf(file, sizeof(file), "%s/weights.bin", dir);
+  f = fopen(file, "w");
+  assert_non_null(f);
+  assert_int_equal(fputs("a small checkpoint\n", f) >= 0, 1);
+  assert_int_equal(fclose(f), 0);
+
+  world_init(&w);
+  w.si.on_put = cancel_push_on_put;
+  c.s3 = w.s3;
+  c.bucket = "spotd-test";
+  c.workers = 1;
+  c.parallel = 1;
+  assert_int_equal(spot_store_push(&w.loop, &c, dir, "ckpt-1", NULL,
+                                   push_done_cb, &w, &w.storeop),
+                   0);
+  uv_run(&w.loop, UV_RUN_DEFAULT); /* until push_done_cb stops it */
+  assert_int_equal(w.si.puts, 1);
+  assert_int_equal(w.calls_when_cancel_returned, 0);
+  assert_int_equal(w.calls, 1);
+  assert_int_equal(w.err, -ECANCELED);
+  world_fini(&w);
+  assert_int_equal(w.calls, 1);
+
+  assert_int_equal(unlink(file), 0);
+  assert_int_equal(rmdir(dir), 0);
+}
+
 int
 main(void)
 {
@@ -239,6 +386,9 @@ main(void)
       cmocka_unit_test(test_phase_names),
       cmocka_unit_test(test_restore_mode),
       cmocka_unit_test(test_invalid_args),
+      cmocka_unit_test(test_s3_cancel_runs_callback_from_loop),
+      cmocka_unit_test(test_s3_free_runs_queued_callbacks),
+      cmocka_unit_test(test_push_cancel_runs_callback_from_loop),
   };
 
   return cmocka_run_group_tests(tests, NULL, NULL);

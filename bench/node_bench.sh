@@ -11,6 +11,7 @@
 # Environment:
 #   NODE_BENCH_GIB     size of each checkpoint set in GiB (default 4)
 #   NODE_BENCH_MEMORY  spotctl --memory (default 1G, spotctl's own)
+#   NODE_BENCH_RUNS    runs of each measurement, the median reported (3)
 #   NODE_BENCH_WORK    scratch folder (default /tmp/spotd-node-bench;
 #                      needs 3x NODE_BENCH_GIB free, and RAM for one set)
 #   NODE_BENCH_OUT     report (default bench/results/node.md)
@@ -28,7 +29,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 SRC=$(cd "$HERE/.." && pwd)
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-  sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
   exit 0
 fi
 BUILD=${1:-$SRC/.build-bench}
@@ -37,10 +38,13 @@ MEMORY=${NODE_BENCH_MEMORY:-1G}
 WORK=${NODE_BENCH_WORK:-/tmp/spotd-node-bench}
 OUT=${NODE_BENCH_OUT:-$HERE/results/node.md}
 NOTE=${NODE_BENCH_NOTE:-}
+RUNS=${NODE_BENCH_RUNS:-3}
 PY=/usr/bin/python3
 TIME=/usr/bin/time
 [[ $GIB =~ ^[0-9]+$ && $GIB -ge 1 ]] ||
   { echo "NODE_BENCH_GIB must be a whole number of GiB >= 1, not '$GIB'" >&2; exit 2; }
+[[ $RUNS =~ ^[0-9]+$ && $RUNS -ge 1 ]] ||
+  { echo "NODE_BENCH_RUNS must be a whole number >= 1, not '$RUNS'" >&2; exit 2; }
 [[ -x $TIME ]] || { echo "needs $TIME (Debian: apt-get install time)" >&2; exit 1; }
 $PY -c 'import numpy' 2>/dev/null ||
   { echo "needs numpy for $PY (Debian: apt-get install python3-numpy)" >&2; exit 1; }
@@ -132,8 +136,9 @@ for d, bf in (("fp32", False), ("bf16", True)):
     write(f"{root}/{d}/adam_v.{ext}", third, lambda n: rng.normal(0, 1e-3, n) ** 2, bf)
 PYEOF
 
-ROWS=()
-# run NAME SET TARGET CMD...: one measured spotctl run, one table row
+rm -f "$WORK"/rows.*
+# run OP SET TARGET CMD...: one measured spotctl run; its table row goes
+# to $WORK/rows.OP.SET.TARGET after its wall time
 run() {
   local op=$1 set=$2 target=$3 bytes wall user sys rss cpu0 cpu1
   shift 3
@@ -146,43 +151,56 @@ run() {
   fi
   cpu1=$(server_cpu)
   read -r wall user sys rss <"$WORK/time"
-  ROWS+=("$($PY - "$op" "$set" "$target" "$bytes" "$wall" "$user" "$sys" "$rss" \
-    "$NPROC" "$cpu0" "$cpu1" <<'PYEOF'
+  $PY - "$op" "$set" "$target" "$bytes" "$wall" "$user" "$sys" "$rss" \
+    "$NPROC" "$cpu0" "$cpu1" >>"$WORK/rows.$op.$set.$target" <<'PYEOF'
 import sys
 op, st, target = sys.argv[1:4]
 b, wall, user, sys_, rss, nproc, c0, c1 = map(float, sys.argv[4:12])
 gib = b / (1 << 30)
 cpu = user + sys_
 wall = max(wall, 0.01)
-print("| %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f %% | %.0f | %.2f |" % (
-    op, st, target, gib, wall, b / 1e9 / wall, cpu, cpu / gib,
+print("%.2f\t| %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f %% | %.0f | %.2f |" % (
+    wall, op, st, target, gib, wall, b / 1e9 / wall, cpu, cpu / gib,
     100 * cpu / (wall * nproc), rss / 1024, (c1 - c0) / gib))
 PYEOF
-)")
-  echo "${ROWS[-1]}" >&2
+  tail -1 "$WORK/rows.$op.$set.$target" | cut -f2 >&2
 }
 
 for set in fp32 bf16; do
-  echo "== $set: push to s3_sink" >&2
-  start_server s3_sink
-  run push "$set" s3_sink "$SPOTCTL" push "$WORK/data/$set" "s3://bench/node/$set" \
-    --memory "$MEMORY" -q
-  stop_server
+  for i in $(seq "$RUNS"); do
+    echo "== $set, run $i of $RUNS: push to s3_sink" >&2
+    start_server s3_sink
+    run push "$set" s3_sink "$SPOTCTL" push "$WORK/data/$set" \
+      "s3://bench/node/$set" --memory "$MEMORY" -q
+    stop_server
 
-  echo "== $set: push to s3_mem, restore from it" >&2
-  # an arena for the set (it compresses to less) and the store's small
-  # objects: no page faults while measured
-  start_server s3_mem --arena "$((GIB + 1))G"
-  run push "$set" s3_mem "$SPOTCTL" push "$WORK/data/$set" "s3://bench/node/$set" \
-    --memory "$MEMORY" -q
-  rm -rf "$WORK/restore"
-  run restore "$set" s3_mem "$SPOTCTL" restore "s3://bench/node/$set" "$WORK/restore"
-  if ! diff -r "$WORK/data/$set" "$WORK/restore" >/dev/null; then
-    echo "the $set restore differs from its source" >&2
-    exit 1
-  fi
-  rm -rf "$WORK/restore"
-  stop_server
+    echo "== $set, run $i of $RUNS: push to s3_mem, restore from it" >&2
+    # an arena for the set (it compresses to less) and the store's small
+    # objects: no page faults while measured
+    start_server s3_mem --arena "$((GIB + 1))G"
+    run push "$set" s3_mem "$SPOTCTL" push "$WORK/data/$set" \
+      "s3://bench/node/$set" --memory "$MEMORY" -q
+    rm -rf "$WORK/restore"
+    run restore "$set" s3_mem "$SPOTCTL" restore "s3://bench/node/$set" \
+      "$WORK/restore"
+    if ! diff -r "$WORK/data/$set" "$WORK/restore" >/dev/null; then
+      echo "the $set restore differs from its source" >&2
+      exit 1
+    fi
+    rm -rf "$WORK/restore"
+    stop_server
+  done
+done
+
+# each measurement's median run by wall time, and every run's wall
+ROWS=()
+for set in fp32 bf16; do
+  for m in push.$set.s3_sink push.$set.s3_mem restore.$set.s3_mem; do
+    f=$WORK/rows.$m
+    row=$(sort -g -k1,1 "$f" | sed -n "$(((RUNS + 1) / 2))p" | cut -f2)
+    walls=$(cut -f1 "$f" | paste -sd' ')
+    ROWS+=("$row ${walls// /, } |")
+  done
 done
 
 mkdir -p "$(dirname "$OUT")"
@@ -197,7 +215,8 @@ mkdir -p "$(dirname "$OUT")"
   echo "$GIB GiB each: fp32 weights + Adam m + Adam v, and the same three in"
   echo "bf16 (numpy, N(0, 0.02) weights, N(0, 1e-3) m, its square as v)."
   echo "spotctl runs with its defaults (adaptive transfers in flight, the"
-  echo "cores as compressing workers) and \`--memory $MEMORY\`; one run each,"
+  echo "cores as compressing workers) and \`--memory $MEMORY\`; the median of"
+  echo "$RUNS runs by wall time (every run's wall in the last column),"
   echo "the sources in the page cache. s3_mem stores the bodies in memory it"
   echo "reserved and touched before the run (\`--arena\`): on a VM, faulting"
   echo "pages in as bodies arrive costs the server more than spotctl's"
@@ -217,12 +236,14 @@ mkdir -p "$(dirname "$OUT")"
   echo "user + sys. Cores busy: spotctl's CPU / (wall × $NPROC cores). The"
   echo "server's CPU is its own, on the same cores, per GiB."
   echo
-  echo "| op | set | server | GiB | wall s | GB/s | CPU-s | CPU-s / GiB | cores busy | peak RSS MiB | server CPU-s / GiB |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| op | set | server | GiB | wall s | GB/s | CPU-s | CPU-s / GiB | cores busy | peak RSS MiB | server CPU-s / GiB | walls of the runs |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${ROWS[@]}"
   echo
   echo "Peak RSS is to be read against \`--memory $MEMORY\` (the part"
-  echo "buffers' budget)."
+  echo "buffers' budget). A restore also writes the checkpoint to the local"
+  echo "disk and syncs it (the servers hold no disk), so its wall includes"
+  echo "the disk's write-back, which other jobs share on a shared machine."
   echo
   if [[ $NPROC -lt 16 || -z $GPUS ]]; then
     echo "## Not measured here: the 16-core GPU host"

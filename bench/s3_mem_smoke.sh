@@ -44,7 +44,8 @@ unset AWS_PROFILE AWS_SESSION_TOKEN
 MEM_PID=$!
 for _ in $(seq 50); do [[ -s $WORK/port ]] && break; sleep 0.1; done
 [[ -s $WORK/port ]] || { echo "s3_mem did not start" >&2; exit 1; }
-export AWS_ENDPOINT_URL=http://127.0.0.1:$(cat "$WORK/port")
+AWS_ENDPOINT_URL=http://127.0.0.1:$(cat "$WORK/port")
+export AWS_ENDPOINT_URL
 STORE=s3://smoke/jobs
 fail() { echo "FAIL: $1" >&2; [[ -f ${2:-} ]] && tail -30 "$2" >&2; exit 1; }
 step() { echo "ok: $1"; }

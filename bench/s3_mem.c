@@ -1024,6 +1024,7 @@ list_objects(struct MHD_Connection *c, const char *bucket)
   const char *mk = arg(c, "max-keys"), *token = arg(c, "continuation-token");
   struct sb b = {0}, full = {0}, last = {0};
   char *after = NULL;
+  size_t after_len;
   long max = mk != NULL ? strtol(mk, NULL, 10) : MAX_KEYS;
   size_t count = 0, blen = strlen(bucket) + 1, i;
   bool found, truncated = false, last_is_prefix = false;
@@ -1034,9 +1035,12 @@ list_objects(struct MHD_Connection *c, const char *bucket)
     delim = NULL;
   if (max < 0 || max > MAX_KEYS)
     max = MAX_KEYS;
-  if (token != NULL && (after = unhex(token)) == NULL)
+  if (token != NULL && ((after = unhex(token)) == NULL || after[0] == '\0')) {
+    free(after);
     return error(c, MHD_HTTP_BAD_REQUEST, "InvalidArgument",
                  "The continuation token provided is incorrect");
+  }
+  after_len = after != NULL ? strlen(after) - 1 : 0;
   sb_printf(&full, "%s/%s", bucket, prefix);
   sb_printf(&b,
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult>"
@@ -1064,13 +1068,14 @@ list_objects(struct MHD_Connection *c, const char *bucket)
     rel = k + blen;
     if (after != NULL &&
         (strcmp(rel, after + 1) <= 0 ||
-         (after[0] == 'P' && strncmp(rel, after + 1, strlen(after + 1)) == 0)))
+         (after[0] == 'P' && strncmp(rel, after + 1, after_len) == 0)))
       continue;
     d = delim != NULL ? strstr(rel + strlen(prefix), delim) : NULL;
     if (d != NULL) {
       size_t plen = (size_t)(d - rel) + strlen(delim);
 
-      if (last_is_prefix && last.len == plen && strncmp(last.s, rel, plen) == 0)
+      if (last_is_prefix && last.s != NULL && last.len == plen &&
+          strncmp(last.s, rel, plen) == 0)
         continue; /* the same common prefix again */
       if (count == (size_t)max) {
         truncated = true;
@@ -1241,7 +1246,9 @@ dispatch(struct MHD_Connection *c, const char *url, const char *method,
   const char *slash = strchr(path, '/');
   const char *upload_id = arg(c, "uploadId");
   bool bucket_only = slash == NULL || slash[1] == '\0';
-  bool head = strcmp(method, "HEAD") == 0;
+  bool head = strcmp(method, "HEAD") == 0, get = strcmp(method, "GET") == 0;
+  bool put = strcmp(method, "PUT") == 0, post = strcmp(method, "POST") == 0;
+  bool del = strcmp(method, "DELETE") == 0;
   char bucket[256];
 
   if (rq->too_big)
@@ -1255,32 +1262,31 @@ dispatch(struct MHD_Connection *c, const char *url, const char *method,
   if (bucket[0] == '\0')
     return error(c, MHD_HTTP_BAD_REQUEST, "InvalidRequest",
                  "path-style requests only: /BUCKET/KEY");
-  if (rq->body == NULL &&
-      (strcmp(method, "PUT") == 0 || strcmp(method, "POST") == 0)) {
+  if (rq->body == NULL && (put || post)) {
     rq->body = blob_new(1); /* an empty body */
     if (rq->body == NULL)
       return MHD_NO;
   }
   if (bucket_only) {
-    if (strcmp(method, "POST") == 0 && has_arg(c, "delete"))
+    if (post && has_arg(c, "delete"))
       return delete_objects(c, bucket, rq);
-    if (strcmp(method, "GET") == 0 && has_arg(c, "uploads"))
+    if (get && has_arg(c, "uploads"))
       return list_uploads(c, bucket);
-    if (strcmp(method, "GET") == 0)
+    if (get)
       return list_objects(c, bucket);
-    if (head || strcmp(method, "PUT") == 0)
+    if (head || put)
       return reply(c, MHD_HTTP_OK, NULL); /* every bucket exists */
     return error(c, MHD_HTTP_METHOD_NOT_ALLOWED, "MethodNotAllowed",
                  "The specified method is not allowed against this "
                  "resource.");
   }
-  if (strcmp(method, "PUT") == 0) {
+  if (put) {
     if (upload_id != NULL)
       return put_part(c, path, rq, upload_id,
                       arg(c, "partNumber") != NULL ? arg(c, "partNumber") : "");
     return put_obj_req(c, path, rq);
   }
-  if (strcmp(method, "POST") == 0) {
+  if (post) {
     if (has_arg(c, "uploads"))
       return create_upload(c, path);
     if (upload_id != NULL)
@@ -1288,11 +1294,11 @@ dispatch(struct MHD_Connection *c, const char *url, const char *method,
     return error(c, MHD_HTTP_BAD_REQUEST, "InvalidRequest",
                  "POST: ?uploads or ?uploadId");
   }
-  if (strcmp(method, "GET") == 0 && upload_id != NULL)
+  if (get && upload_id != NULL)
     return list_parts(c, path, upload_id);
-  if (strcmp(method, "GET") == 0 || head)
+  if (get || head)
     return get_obj(c, path, head);
-  if (strcmp(method, "DELETE") == 0) {
+  if (del) {
     if (upload_id != NULL) {
       struct upload *u;
 

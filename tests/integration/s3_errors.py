@@ -2,7 +2,8 @@
 """Failures are clear and bounded: a wrong secret key names the S3 error
 code (SignatureDoesNotMatch) and is not retried; an unreachable endpoint
 (a closed loopback port) fails after exactly the configured retries;
-cancel works while sending and while waiting in backoff; bad
+cancel works while sending and while waiting in backoff (each callback
+once, from the loop, never inside the cancel); bad
 configuration is refused up front."""
 import os
 import sys

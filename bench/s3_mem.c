@@ -33,6 +33,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "mhd_serve.h"
+
 #define MAX_PUT (5ULL << 30) /* S3's largest single PUT and part */
 #define MAX_POST (16U << 20) /* XML bodies: complete, delete */
 #define MAX_PARTS 10000
@@ -1357,14 +1359,9 @@ int
 main(int argc, char **argv)
 {
   unsigned long port = 0;
-  struct MHD_Daemon *d;
-  const union MHD_DaemonInfo *info;
-  struct sockaddr_in sa;
   unsigned long long bytes = 0;
-  sigset_t stop;
   char *end = NULL;
   bool have_port = false;
-  int sig;
 
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
@@ -1412,32 +1409,8 @@ main(int argc, char **argv)
     return 1;
   }
   seed = ((unsigned long long)time(NULL) << 20) ^ (unsigned long long)getpid();
-  memset(&sa, 0, sizeof(sa));
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons((uint16_t)port);
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK); /* loopback only */
-  /* blocked before MHD's threads start, so they inherit it */
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop, NULL);
-  /* a large connection buffer: the body arrives in few, large pieces */
-  d = MHD_start_daemon(
-      MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-          MHD_USE_POLL,
-      (uint16_t)port, NULL, NULL, handle, NULL, MHD_OPTION_CONNECTION_LIMIT,
-      512U, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(1U << 20),
-      MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_SOCK_ADDR,
-      (struct sockaddr *)&sa, MHD_OPTION_END);
-  if (d == NULL) {
-    fprintf(stderr, "s3_mem: cannot listen on port %lu\n", port);
+  if (mhd_serve("s3_mem", (unsigned)port, handle, completed) != 0)
     return 1;
-  }
-  info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-  printf("%u\n", info != NULL ? (unsigned)info->port : (unsigned)port);
-  fflush(stdout);
-  sigwait(&stop, &sig);
-  MHD_stop_daemon(d);
   for (size_t i = 0; i < nobjs; i++) {
     bytes += objs[i].size;
     obj_clear(&objs[i]);

@@ -22,6 +22,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "mhd_serve.h"
+
 static atomic_ullong drained;
 static atomic_ullong ids;
 
@@ -114,41 +116,13 @@ int
 main(int argc, char **argv)
 {
   unsigned port = argc > 1 ? (unsigned)strtoul(argv[1], NULL, 10) : 0;
-  struct MHD_Daemon *d;
-  const union MHD_DaemonInfo *info;
-  struct sockaddr_in sa;
-  sigset_t stop;
-  int sig;
 
   if (argc > 2 || port > 65535) {
     fprintf(stderr, "usage: s3_sink [PORT]\n");
     return 2;
   }
-  memset(&sa, 0, sizeof(sa));
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons((uint16_t)port);
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK); /* loopback only */
-  /* blocked before MHD's threads start, so they inherit it */
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop, NULL);
-  /* a large connection buffer: the body arrives in few, large pieces */
-  d = MHD_start_daemon(
-      MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-          MHD_USE_POLL,
-      (uint16_t)port, NULL, NULL, handle, NULL, MHD_OPTION_CONNECTION_LIMIT,
-      512U, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(1U << 20),
-      MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_END);
-  if (d == NULL) {
-    fprintf(stderr, "s3_sink: cannot listen on port %u\n", port);
+  if (mhd_serve("s3_sink", port, handle, NULL) != 0)
     return 1;
-  }
-  info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-  printf("%u\n", info != NULL ? (unsigned)info->port : port);
-  fflush(stdout);
-  sigwait(&stop, &sig);
-  MHD_stop_daemon(d);
   fprintf(stderr, "s3_sink: drained %llu bytes\n", (unsigned long long)drained);
   return 0;
 }

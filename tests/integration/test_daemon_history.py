@@ -29,32 +29,7 @@ import spotlib as sl  # noqa: E402
 LEASE_RGB = (250, 205, 80)
 CRASH_RGB = (110, 30, 130)
 
-TRAINER = r'''
-import json, os, sys, time
-sys.path.insert(0, sys.argv[1])
-import spotd
-log, steps = sys.argv[2], int(sys.argv[3])
-stop = sys.argv[4] if len(sys.argv) > 4 else None
-step = 0
-if spotd.resume_dir():
-    with open(os.path.join(spotd.resume_dir(), "step")) as f:
-        step = int(f.read())
-def ev(**e):
-    with open(log, "a") as f:
-        f.write(json.dumps(e) + "\n")
-ev(ev="started", step=step, pid=os.getpid())
-while step < steps and not (stop and os.path.exists(stop)):
-    time.sleep(0.05)
-    step += 1
-    spotd.report_step(step, force=True)
-    ev(ev="step", step=step)
-    if spotd.checkpoint_requested() or step == steps:
-        with spotd.checkpoint(step=step) as ck:
-            with ck.open("step") as f:
-                f.write(b"%d" % step)
-        ev(ev="checkpoint", step=step, name=ck.name)
-ev(ev="done", step=step)
-'''
+TRAINER = sl.srcdir_path("tests", "integration", "step_trainer.py")
 
 
 def history_events(prefix):
@@ -82,9 +57,7 @@ def main():
     store, job, prefix = sl.daemon_job("history")
     with tempfile.TemporaryDirectory(prefix="spotd-history-") as wd, \
             sl.cleaned_up(prefix):
-        script = os.path.join(wd, "trainer.py")
-        with open(script, "w") as f:
-            f.write(TRAINER)
+        script = TRAINER
         log1 = os.path.join(wd, "events1.jsonl")
         cmd = [sl.PY3, script, sl.srcdir_path("python"), log1, "100000"]
         # A short lease, so node 2 need not wait long for a dead node's.

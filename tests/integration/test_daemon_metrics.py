@@ -28,30 +28,7 @@ except ImportError:
     print("FAIL: python3-prometheus-client is not installed (tools/deps.sh test)")
     sys.exit(1)
 
-TRAINER = r'''
-import json, os, sys, time
-sys.path.insert(0, sys.argv[1])
-import spotd
-log, steps = sys.argv[2], int(sys.argv[3])
-step = 0
-if spotd.resume_dir():
-    with open(os.path.join(spotd.resume_dir(), "step")) as f:
-        step = int(f.read())
-def ev(**e):
-    with open(log, "a") as f:
-        f.write(json.dumps(e) + "\n")
-ev(ev="started", step=step)
-while step < steps:
-    time.sleep(0.05)
-    step += 1
-    spotd.report_step(step, force=True)
-    if spotd.checkpoint_requested() or step == steps:
-        with spotd.checkpoint(step=step) as ck:
-            with ck.open("step") as f:
-                f.write(b"%d" % step)
-        ev(ev="checkpoint", step=step, name=ck.name)
-ev(ev="done", step=step)
-'''
+TRAINER = sl.srcdir_path("tests", "integration", "step_trainer.py")
 
 
 def parse(text):
@@ -97,9 +74,7 @@ def main():
     emu = sl.EmulatorProc("aws")
     with tempfile.TemporaryDirectory(prefix="spotd-metrics-") as wd, \
             sl.cleaned_up(prefix, emu.stop):
-        script = os.path.join(wd, "trainer.py")
-        with open(script, "w") as f:
-            f.write(TRAINER)
+        script = TRAINER
         log = os.path.join(wd, "events.jsonl")
         mdir = os.path.join(wd, "textfile")
         os.makedirs(mdir)

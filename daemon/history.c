@@ -311,7 +311,7 @@ hist_requested(struct spotd *d, const char *why)
   d->hist->signal_wall = spot_now_wall_ms();
 }
 
-/* Called before the engine clears ckpt_requested. */
+/* Called before the request ends (request_end()). */
 void
 hist_complete(struct spotd *d, const char *name)
 {
@@ -331,7 +331,7 @@ hist_complete(struct spotd *d, const char *name)
   c->complete_mono = spot_now_mono_ms();
   c->step = h->step;
   c->capture_wall = spot_now_wall_ms();
-  if (d->ckpt_requested) {
+  if (request_pending(d)) {
     spot_strlcpy(c->reason, h->why, sizeof(c->reason));
     c->save_s = (double)(c->complete_mono - d->ckpt_signal_mono) / 1000.0;
     c->capture_wall = h->signal_wall;

@@ -55,14 +55,43 @@
 static const char *const req_names[] = {"idle", "pending"};
 _Static_assert(SPOT_ARRAY_SIZE(req_names) == REQ_STATE_LAST, "req_names");
 
-static void
+/* legal[from] is the set of states it may move to: one request at a
+ * time, begun and then ended. */
+#define B(s) (1u << (s))
+static const unsigned req_legal[REQ_STATE_LAST] = {
+    [REQ_IDLE] = B(REQ_PENDING),
+    [REQ_PENDING] = B(REQ_IDLE),
+};
+
+const char *
+req_state_name(enum req_state s)
+{
+  return (unsigned)s < REQ_STATE_LAST ? req_names[s] : "?";
+}
+
+/* The only way the request's state changes. A move is logged at debug
+ * level only: one happens at every periodic checkpoint. */
+static bool
 req_set_state(struct spotd *d, enum req_state s)
 {
   if (d->req.state == s)
-    return;
-  log_debug("checkpoint request %s -> %s seq=%llu", req_names[d->req.state],
-            req_names[s], (unsigned long long)d->req.seq);
+    return true;
+  if ((unsigned)s >= REQ_STATE_LAST || (req_legal[d->req.state] & B(s)) == 0) {
+    log_err("internal: checkpoint request %s -> %s refused",
+            req_state_name(d->req.state), req_state_name(s));
+    return false;
+  }
+  log_debug("checkpoint request %s -> %s seq=%llu",
+            req_state_name(d->req.state), req_state_name(s),
+            (unsigned long long)d->req.seq);
   d->req.state = s;
+  return true;
+}
+
+bool
+request_pending(const struct spotd *d)
+{
+  return d->req.state == REQ_PENDING;
 }
 
 static void
@@ -297,7 +326,6 @@ request_end(struct spotd *d)
 {
   struct ckpt_req *q = &d->req;
 
-  d->ckpt_requested = false;
   if (q->state != REQ_PENDING)
     return;
   slot_store(d, REQ_SLOT_SERVED, q->seq);

@@ -402,7 +402,6 @@ struct spotd {
 
   /* checkpoint requests */
   struct ckpt_req req;
-  bool ckpt_requested;
   uint64_t ckpt_signal_mono; /* when the trainer got the signal */
   uv_timer_t interval_timer;
   uv_timer_t ckpt_timer; /* request timeout */
@@ -635,8 +634,11 @@ const char *request_file(const struct spotd *d);
  * how many catch the signal; *sent: how many got it. */
 void request_begin(struct spotd *d, unsigned *helpers, unsigned *caught,
                    unsigned *sent);
-/* The request is over (served, dropped): ckpt_requested is cleared. */
+/* The request is over (served, dropped): back to REQ_IDLE. */
 void request_end(struct spotd *d);
+/* A request was made and is not over yet (REQ_PENDING). */
+bool request_pending(const struct spotd *d);
+const char *req_state_name(enum req_state s);
 /* The helper is in use, no process it does not serve catches the signal,
  * and no helper has polled since the trainer started: the trainer has made
  * no step. */

@@ -157,7 +157,7 @@ final_saved_for_peer(struct spotd *d)
   int64_t at = d->fan.peer_notice_wall_ms;
   bool committed = strcmp(d->last_commit, name) == 0;
 
-  if (at <= 0 || name[0] == '\0' || d->ckpt_requested ||
+  if (at <= 0 || name[0] == '\0' || request_pending(d) ||
       marker_ms(d, name) < at)
     return false;
   if (!committed && (d->up.op == NULL || strcmp(d->up.name, name) != 0) &&
@@ -187,7 +187,7 @@ final_resumed_is_final(struct spotd *d)
   const char *name = d->restored_name;
 
   if (name[0] == '\0' || strcmp(d->last_commit, name) != 0 ||
-      d->ckpt_requested || !request_no_step(d))
+      request_pending(d) || !request_no_step(d))
     return false;
   log_notice("the trainer has made no step since checkpoint %s, which it "
              "resumed from: that is the final checkpoint",
@@ -210,7 +210,7 @@ final_begin(struct spotd *d, const char *reason)
   if (final_saved_for_peer(d) || final_resumed_is_final(d))
     return;
   /* A checkpoint signalled moments ago counts as the final one. */
-  if (!d->ckpt_requested)
+  if (!request_pending(d))
     spotd_request_checkpoint(d, reason);
   /* Deadline-aware: say early when it cannot fit. */
   if (d->up.last_bps > 0 && left != UINT64_MAX) {
@@ -231,7 +231,7 @@ final_wait(struct spotd *d)
 {
   switch (d->final.state) {
   case FINAL_REQUESTED:
-    if (trainer_running(d) || d->ckpt_requested || !upload_idle(d))
+    if (trainer_running(d) || request_pending(d) || !upload_idle(d))
       return true;
     final_give_up(d, "the trainer exited without a final checkpoint");
     return !upload_idle(d);
@@ -284,7 +284,7 @@ ckpt_timer_cb(uv_timer_t *t)
 {
   struct spotd *d = spot_container_of(t, struct spotd, ckpt_timer);
 
-  if (d->closing || !d->ckpt_requested)
+  if (d->closing || !request_pending(d))
     return;
   /* After a notice the deadline rules (--help): keep waiting. */
   if (d->state == SPOTD_DRAINING && d->have_notice && !d->drain_sigterm)
@@ -310,12 +310,11 @@ spotd_request_checkpoint(struct spotd *d, const char *why)
 
   if (!trainer_running(d) || d->closing)
     return;
-  if (d->ckpt_requested) {
+  if (request_pending(d)) {
     log_info("checkpoint requested (%s): one is already in progress", why);
     return;
   }
   request_begin(d, &helpers, &caught, &sent);
-  d->ckpt_requested = true;
   d->ckpt_signal_mono = spot_now_mono_ms();
   hist_requested(d, why);
   log_info("checkpoint requested (%s): request %llu; %u process%s of the "
@@ -603,7 +602,7 @@ upload_follow_maybe(struct spotd *d, const char *name)
   struct stat st;
   int64_t signal_wall;
 
-  if (!d->cfg->overlap || !d->ckpt_requested || d->closing ||
+  if (!d->cfg->overlap || !request_pending(d) || d->closing ||
       d->cfg->nranks > 1 || d->up.op != NULL || d->up.waiting[0] != '\0' ||
       d->up.follow_req == d->ckpt_signal_mono || watch_is_known(d, name) ||
       (d->state != SPOTD_RUNNING && d->state != SPOTD_DRAINING) ||
@@ -646,7 +645,7 @@ complete_note(struct spotd *d, const char *name)
   watch_mark_known(d, name);
   hist_complete(d, name);
   spot_strlcpy(d->last_complete, name, sizeof(d->last_complete));
-  if (d->ckpt_requested) {
+  if (request_pending(d)) {
     d->last_save_ms = spot_now_mono_ms() - d->ckpt_signal_mono;
     request_end(d);
     uv_timer_stop(&d->ckpt_timer);

@@ -82,9 +82,9 @@ test_final_rule(void **state)
   assert_false(final_wait(&d));
   /* asked, but the trainer is gone and no request is pending */
   d.final.state = FINAL_REQUESTED;
-  d.ckpt_requested = true;
+  d.req.state = REQ_PENDING;
   assert_true(final_wait(&d));
-  d.ckpt_requested = false;
+  d.req.state = REQ_IDLE;
   assert_false(final_wait(&d));
   assert_int_equal(d.final.state, FINAL_ABANDONED);
   assert_int_equal(d.nwarnings, 1);

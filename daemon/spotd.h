@@ -154,24 +154,35 @@ struct relaunch_attempt {
   bool ok;
 };
 
-/* Uploads: one at a time, the newest waiting one supersedes others. */
+/* The push of checkpoint folders (upload.c), one at a time. */
+enum upload_state {
+  UPLOAD_IDLE,      /* no push runs */
+  UPLOAD_FOLLOWING, /* pushing a folder the trainer still writes (overlap) */
+  UPLOAD_CAUGHT_UP, /* ... all it wrote so far is uploaded: the push waits
+                       for the trainer's SPOTD_COMPLETE marker */
+  UPLOAD_PUSHING,   /* pushing a complete folder */
+  UPLOAD_STATE_LAST,
+};
+
+/* Uploads: one at a time. Beside the running push, one slot (waiting)
+ * holds the newest complete folder to push next; a newer one supersedes
+ * it. The slot is not a state of the push: a push of either kind may be
+ * running (or being cancelled) while it is filled. */
 struct upload {
-  struct spot_store_op *op;
+  enum upload_state state;
+  struct spot_store_op *op; /* non-NULL unless UPLOAD_IDLE */
   char name[256];
   char waiting[256];
   uint64_t log_ms; /* last progress line, ms into the upload */
-  /* ms into the upload when all the trainer had written was uploaded and
-   * its SPOTD_COMPLETE marker had not come yet; 0: not waiting */
+  /* UPLOAD_CAUGHT_UP since this many ms into the upload */
   uint64_t marker_wait_ms;
   uint64_t done_bytes, total_bytes;
   double rate;
   double last_bps; /* raw bytes/s of the last push */
   uint64_t last_raw;
   char failed[256]; /* the newest upload that failed after the last commit */
-  /* op follows name while the trainer writes it (overlap): started for
-   * the request signalled at follow_req (ckpt_signal_mono) */
-  bool follow;
-  uint64_t follow_req;
+  /* the request (req.seq) a follow was started for: one per request */
+  uint64_t follow_seq;
 };
 
 struct final_ckpt {
@@ -503,7 +514,9 @@ void spotd_request_checkpoint(struct spotd *d, const char *why);
 /* A complete checkpoint folder appeared (watch.c or `spotctl done`).
  * Returns 0, or -EINVAL / -ENOENT with a reason for `done`. */
 int spotd_checkpoint_complete(struct spotd *d, const char *name);
+/* No push runs and none waits. */
 bool upload_idle(const struct spotd *d);
+const char *upload_state_name(enum upload_state s);
 /* An incomplete checkpoint folder appeared (watch.c): with overlap, its
  * upload starts now when it answers the pending request. */
 void upload_follow_maybe(struct spotd *d, const char *name);

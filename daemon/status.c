@@ -119,7 +119,7 @@ spotd_status_json(struct spotd *d)
     st.last_commit.time = commit_time;
     st.last_commit.age_s = (spot_now_wall_ms() - d->last_commit_wall) / 1000;
   }
-  if (d->up.op != NULL && d->up.name[0] != '\0') {
+  if (d->up.state != UPLOAD_IDLE && d->up.name[0] != '\0') {
     const struct upload *u = &d->up;
 
     st.has_upload = true;

@@ -8,7 +8,11 @@
  * Uploads: one push at a time; a checkpoint completed while one runs
  * waits, and the newest waiting one supersedes older waiting ones. Newest
  * by its marker's mtime, not by the order a scan finds folders in: one
- * scan may find several complete, in readdir's order.
+ * scan may find several complete, in readdir's order. The push has its
+ * own state (enum upload_state): IDLE -> PUSHING -> IDLE for a complete
+ * folder; with overlap IDLE -> FOLLOWING (the trainer still writes it),
+ * FOLLOWING <-> CAUGHT_UP (all written so far is uploaded), then PUSHING
+ * once the folder is noted complete, or IDLE when the push ends first.
  *
  * The final checkpoint (enum final_state) is the one rule of a drain, all
  * of it here: NONE -> REQUESTED (the trainer was asked) -> UPLOADING (its
@@ -97,17 +101,74 @@ final_set_state(struct spotd *d, enum final_state s)
   return true;
 }
 
+/* ------------------------------------------------------ upload state */
+
+static const char *const upload_names[] = {
+    "idle",
+    "following",
+    "caught-up",
+    "pushing",
+};
+_Static_assert(SPOT_ARRAY_SIZE(upload_names) == UPLOAD_STATE_LAST,
+               "upload_names");
+
+/* A followed folder becomes a complete one, never the reverse: a push of
+ * a complete folder only ends. */
+static const unsigned upload_legal[UPLOAD_STATE_LAST] = {
+    [UPLOAD_IDLE] = B(UPLOAD_FOLLOWING) | B(UPLOAD_PUSHING),
+    [UPLOAD_FOLLOWING] =
+        B(UPLOAD_CAUGHT_UP) | B(UPLOAD_PUSHING) | B(UPLOAD_IDLE),
+    [UPLOAD_CAUGHT_UP] =
+        B(UPLOAD_FOLLOWING) | B(UPLOAD_PUSHING) | B(UPLOAD_IDLE),
+    [UPLOAD_PUSHING] = B(UPLOAD_IDLE),
+};
+
+const char *
+upload_state_name(enum upload_state s)
+{
+  return (unsigned)s < UPLOAD_STATE_LAST ? upload_names[s] : "?";
+}
+
+/* The only way the push's state changes. Moves are logged at debug level:
+ * the lines "uploading checkpoint", "committed" and "cancelled" already
+ * say them at every checkpoint. */
+static bool
+upload_set_state(struct spotd *d, enum upload_state s)
+{
+  struct upload *u = &d->up;
+
+  if (u->state == s)
+    return true;
+  if ((unsigned)s >= UPLOAD_STATE_LAST ||
+      (upload_legal[u->state] & B(s)) == 0) {
+    log_err("internal: upload %s -> %s refused", upload_state_name(u->state),
+            upload_state_name(s));
+    return false;
+  }
+  log_debug("upload %s -> %s%s%s", upload_state_name(u->state),
+            upload_state_name(s), u->name[0] ? " name=" : "", u->name);
+  u->state = s;
+  return true;
+}
+
+/* Whether the push running follows a folder not noted complete yet. */
+static bool
+upload_following(const struct spotd *d)
+{
+  return d->up.state == UPLOAD_FOLLOWING || d->up.state == UPLOAD_CAUGHT_UP;
+}
+
 bool
 upload_idle(const struct spotd *d)
 {
-  return d->up.op == NULL && d->up.waiting[0] == '\0';
+  return d->up.state == UPLOAD_IDLE && d->up.waiting[0] == '\0';
 }
 
 void
 upload_cancel_all(struct spotd *d)
 {
   d->up.waiting[0] = '\0';
-  if (d->up.op != NULL)
+  if (d->up.state != UPLOAD_IDLE)
     spot_store_cancel(d->up.op);
 }
 
@@ -160,7 +221,8 @@ final_saved_for_peer(struct spotd *d)
   if (at <= 0 || name[0] == '\0' || request_pending(d) ||
       marker_ms(d, name) < at)
     return false;
-  if (!committed && (d->up.op == NULL || strcmp(d->up.name, name) != 0) &&
+  if (!committed &&
+      (d->up.state == UPLOAD_IDLE || strcmp(d->up.name, name) != 0) &&
       strcmp(d->up.waiting, name) != 0)
     return false; /* not on its way (its upload failed): ask again */
   log_info("checkpoint %s%s was saved after the peer's notice: it is the "
@@ -255,7 +317,7 @@ final_complete(struct spotd *d, const char *name)
     return false;
   spot_strlcpy(d->final.name, name, sizeof(d->final.name));
   final_set_state(d, FINAL_UPLOADING);
-  if (d->up.op != NULL && strcmp(d->up.name, name) != 0) {
+  if (d->up.state != UPLOAD_IDLE && strcmp(d->up.name, name) != 0) {
     log_info("cancelling the upload of %s for the final checkpoint %s",
              d->up.name, name);
     spot_strlcpy(d->up.waiting, name, sizeof(d->up.waiting));
@@ -349,7 +411,7 @@ prune_local(struct spotd *d, const char *keep)
     size_t j;
 
     if (strcmp(n, keep) == 0 || strcmp(n, d->up.waiting) == 0 ||
-        (d->up.op != NULL && strcmp(n, d->up.name) == 0) ||
+        (d->up.state != UPLOAD_IDLE && strcmp(n, d->up.name) == 0) ||
         spot_ckpt_name_step(n) > spot_ckpt_name_step(keep))
       continue; /* newer by step: never removed for an older commit */
     snprintf(path, sizeof(path), "%s/%s", d->ckpt_dir, n);
@@ -387,8 +449,10 @@ upload_progress_cb(const struct spot_store_progress *p, void *data)
    * 0 MB/s would say otherwise). */
   if (p->phase == SPOT_STORE_PHASE_TRANSFER && p->marker_pending &&
       p->raw_done >= p->raw_total) {
-    if (u->marker_wait_ms == 0)
-      u->marker_wait_ms = p->elapsed_ms > 0 ? p->elapsed_ms : 1;
+    if (u->state == UPLOAD_FOLLOWING) {
+      u->marker_wait_ms = p->elapsed_ms;
+      upload_set_state(d, UPLOAD_CAUGHT_UP);
+    }
     if (p->elapsed_ms >= u->log_ms + 2000) {
       char done[32];
 
@@ -401,7 +465,8 @@ upload_progress_cb(const struct spot_store_progress *p, void *data)
     }
     return;
   }
-  u->marker_wait_ms = 0;
+  if (u->state == UPLOAD_CAUGHT_UP)
+    upload_set_state(d, UPLOAD_FOLLOWING); /* the trainer wrote more */
   /* One progress line every 2 s for long uploads. */
   if (p->phase == SPOT_STORE_PHASE_TRANSFER && p->raw_total > 0 &&
       p->elapsed_ms >= u->log_ms + 2000) {
@@ -473,18 +538,19 @@ push_done_cb(const struct spot_store_result *res, void *data)
 {
   struct spotd *d = data;
   char name[256];
-  bool follow = d->up.follow;
+  bool followed = upload_following(d);
 
   d->up.op = NULL;
-  d->up.follow = false;
+  upload_set_state(d, UPLOAD_IDLE);
   spot_strlcpy(name, d->up.name, sizeof(name));
   d->up.name[0] = '\0';
   if (d->closing)
     return;
-  if (follow && !watch_is_known(d, name) &&
-      (res->err == 0 || marker_ms(d, name) >= 0))
+  if (followed && (res->err == 0 || marker_ms(d, name) >= 0)) {
     (void)complete_note(d, name); /* the push saw the marker first */
-  if (follow && res->err < 0 && !watch_is_known(d, name)) {
+    followed = false;
+  }
+  if (followed && res->err < 0) {
     /* Never complete: nothing was committed, its uploads are gone. If
      * the marker comes after all, the folder is pushed then. */
     log_info("stopped uploading %s before it was complete%s%s", name,
@@ -568,31 +634,32 @@ start_upload(struct spotd *d, const char *name, bool follow)
   log_info("uploading checkpoint %s%s", name,
            follow ? " while the trainer writes it (overlap)" : "");
   d->store.follow = follow;
+  upload_set_state(d, follow ? UPLOAD_FOLLOWING : UPLOAD_PUSHING);
   r = spot_store_push(d->loop, &d->store, dir, name, upload_progress_cb,
                       push_done_cb, d, &u->op);
   d->store.follow = false;
-  u->follow = r == 0 && follow;
-  if (r < 0 && follow) {
+  if (r < 0) {
     u->op = NULL;
     u->name[0] = '\0';
+    upload_set_state(d, UPLOAD_IDLE);
+  }
+  if (r < 0 && follow) {
     log_warn("cannot upload checkpoint %s while it is written: %s", name,
              strerror(-r));
     return; /* it is pushed once complete */
   }
   if (r < 0) {
-    u->op = NULL;
-    u->name[0] = '\0';
     spotd_warn(d, "cannot upload checkpoint %s: %s", name, strerror(-r));
     spot_strlcpy(u->failed, name, sizeof(u->failed));
     final_pushed(d, name, r);
   }
 }
 
-/* Whether the upload running follows name, which is not complete yet. */
+/* Whether the push running follows name, which is not complete yet. */
 static bool
 following(const struct spotd *d, const char *name)
 {
-  return d->up.op != NULL && d->up.follow && strcmp(d->up.name, name) == 0;
+  return upload_following(d) && strcmp(d->up.name, name) == 0;
 }
 
 void
@@ -603,8 +670,8 @@ upload_follow_maybe(struct spotd *d, const char *name)
   int64_t signal_wall;
 
   if (!d->cfg->overlap || !request_pending(d) || d->closing ||
-      d->cfg->nranks > 1 || d->up.op != NULL || d->up.waiting[0] != '\0' ||
-      d->up.follow_req == d->ckpt_signal_mono || watch_is_known(d, name) ||
+      d->cfg->nranks > 1 || !upload_idle(d) || d->up.follow_seq == d->req.seq ||
+      watch_is_known(d, name) ||
       (d->state != SPOTD_RUNNING && d->state != SPOTD_DRAINING) ||
       !lease_may_commit(d))
     return;
@@ -617,7 +684,7 @@ upload_follow_maybe(struct spotd *d, const char *name)
       (int64_t)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000 <
           signal_wall)
     return;
-  d->up.follow_req = d->ckpt_signal_mono;
+  d->up.follow_seq = d->req.seq;
   start_upload(d, name, true);
 }
 
@@ -627,7 +694,7 @@ upload_follow_drop(struct spotd *d, const char *why)
   char marker[4300];
   struct stat st;
 
-  if (d->up.op == NULL || !d->up.follow || watch_is_known(d, d->up.name))
+  if (!upload_following(d))
     return;
   snprintf(marker, sizeof(marker), "%s/%s/%s", d->ckpt_dir, d->up.name,
            SPOTD_COMPLETE);
@@ -642,6 +709,9 @@ upload_follow_drop(struct spotd *d, const char *why)
 static bool
 complete_note(struct spotd *d, const char *name)
 {
+  /* The folder followed is complete: its push is now an ordinary one. */
+  if (following(d, name))
+    upload_set_state(d, UPLOAD_PUSHING);
   watch_mark_known(d, name);
   hist_complete(d, name);
   spot_strlcpy(d->last_complete, name, sizeof(d->last_complete));
@@ -685,7 +755,7 @@ spotd_checkpoint_complete(struct spotd *d, const char *name)
     spotd_advance(d);
     return 0;
   }
-  if (d->up.op != NULL && d->up.follow && !watch_is_known(d, d->up.name)) {
+  if (upload_following(d)) {
     /* a newer checkpoint is complete: the one followed never will be */
     log_info("checkpoint %s is complete: not uploading %s, which is not", name,
              d->up.name);
@@ -694,7 +764,7 @@ spotd_checkpoint_complete(struct spotd *d, const char *name)
     spotd_advance(d);
     return 0;
   }
-  if (d->up.op != NULL) {
+  if (d->up.state != UPLOAD_IDLE) {
     const char *newer = d->up.waiting[0] != '\0' ? d->up.waiting : d->up.name;
 
     if (completed_before(d, name, newer)) {

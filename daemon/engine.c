@@ -424,7 +424,7 @@ spotd_advance(struct spotd *d)
       stop_trainer(d);
       return;
     }
-    if (!upload_idle(d) || lease_releasing(d))
+    if (!upload_idle(d) || lease_release(d))
       return;
     decide_exit(d);
     spotd_close(d);
@@ -433,7 +433,7 @@ spotd_advance(struct spotd *d)
     restart_advance(d);
     return;
   case SPOTD_FINISHING:
-    if (!upload_idle(d) || lease_releasing(d))
+    if (!upload_idle(d) || lease_release(d))
       return;
     decide_exit(d);
     spotd_close(d);

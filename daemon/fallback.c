@@ -76,6 +76,7 @@ fallback_done_cb(const struct spot_store_result *res, void *data)
 static void
 try_next(struct spotd *d)
 {
+  struct spot_store_config sc;
   char tmp[4300];
   int r;
 
@@ -88,8 +89,9 @@ try_next(struct spotd *d)
     snprintf(tmp, sizeof(tmp), "%s/.spotd-resume", d->ckpt_dir);
     if (access(tmp, F_OK) == 0)
       spot_rm_tree(tmp);
-    r = spot_store_restore(d->loop, &d->store, name, tmp, NULL,
-                           fallback_done_cb, d, &d->restore.op);
+    restore_store_config(d, &sc);
+    r = spot_store_restore(d->loop, &sc, name, tmp, NULL, fallback_done_cb, d,
+                           &d->restore.op);
     if (r == 0)
       return;
     d->restore.op = NULL;

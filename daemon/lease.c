@@ -194,14 +194,17 @@ lease_begin(struct spotd *d)
 }
 
 bool
-lease_may_commit(struct spotd *d)
+lease_may_commit(const struct spotd *d)
 {
   if (d->jl.state == JOB_LEASE_SKIPPED)
     return true;
-  if (d->jl.state != JOB_LEASE_HELD || !spot_lease_held(d->jl.lease))
-    return false;
-  d->store.lease_seq = ++d->jl.seq;
-  return true;
+  return d->jl.state == JOB_LEASE_HELD && spot_lease_held(d->jl.lease);
+}
+
+uint64_t
+lease_next_seq(struct spotd *d)
+{
+  return ++d->jl.seq;
 }
 
 static void
@@ -225,7 +228,7 @@ released_cb(const struct spot_lease_info *i, void *data)
 /* At the end (trainer gone, uploads idle): true while the release runs
  * (spotd_advance() follows its end). */
 bool
-lease_releasing(struct spotd *d)
+lease_release(struct spotd *d)
 {
   if (d->jl.state == JOB_LEASE_RELEASING)
     return true;

@@ -211,6 +211,7 @@ download_cb(const struct spot_store_result *res, void *data)
 static void
 download(struct spotd *d)
 {
+  struct spot_store_config sc;
   char tmp[4300];
   int r;
 
@@ -221,9 +222,9 @@ download(struct spotd *d)
   snprintf(tmp, sizeof(tmp), "%s/.spotd-resume", d->ckpt_dir);
   if (access(tmp, F_OK) == 0)
     spot_rm_tree(tmp);
-  d->store.parallel_start = SPOT_STORE_PARALLEL_URGENT;
-  r = spot_store_restore(d->loop, &d->store, d->last_commit, tmp, NULL,
-                         download_cb, d, &d->crash.restore);
+  restore_store_config(d, &sc);
+  r = spot_store_restore(d->loop, &sc, d->last_commit, tmp, NULL, download_cb,
+                         d, &d->crash.restore);
   if (r < 0) {
     d->crash.restore = NULL;
     log_err_errno(r, "restart: restoring checkpoint %s", d->last_commit);

@@ -314,9 +314,21 @@ restore_finished(struct spotd *d, const struct spot_store_result *res)
   restarts_fetch(d);
 }
 
+void
+restore_store_config(const struct spotd *d, struct spot_store_config *sc)
+{
+  *sc = d->store;
+  /* place() replaces CKPT_DIR/NAME: the store may remove that old copy
+   * first when the checkpoint fits only without it */
+  sc->replace_parent = d->ckpt_dir;
+  /* The trainer waits for the restore: start many transfers at once. */
+  sc->parallel_start = SPOT_STORE_PARALLEL_URGENT;
+}
+
 static void
 begin_restore(struct spotd *d)
 {
+  struct spot_store_config sc;
   char tmp[4300];
   int r;
 
@@ -328,13 +340,9 @@ begin_restore(struct spotd *d)
   spotd_set_state(d, SPOTD_RESTORING);
   remove_partial(d);
   snprintf(tmp, sizeof(tmp), "%s/" RESUME_DIR, d->ckpt_dir);
-  /* place() replaces CKPT_DIR/NAME: the store may remove that old copy
-   * first when the checkpoint fits only without it */
-  d->store.replace_parent = d->ckpt_dir;
-  /* The trainer waits for this restore: start many transfers at once. */
-  d->store.parallel_start = SPOT_STORE_PARALLEL_URGENT;
-  r = spot_store_restore(d->loop, &d->store, NULL, tmp, NULL, restore_done_cb,
-                         d, &d->restore.op);
+  restore_store_config(d, &sc);
+  r = spot_store_restore(d->loop, &sc, NULL, tmp, NULL, restore_done_cb, d,
+                         &d->restore.op);
   if (r < 0) {
     d->restore.op = NULL;
     log_err_errno(r, "restore");
@@ -364,10 +372,12 @@ static bool
 resume_journaled(struct spotd *d)
 {
   char name[256], dir[4300];
+  struct spot_store_config sc = d->store;
   int r;
 
   if (!journal_find(d, name, sizeof(name)) || !lease_may_commit(d))
     return false;
+  sc.lease_seq = lease_next_seq(d);
   log_info("the previous spotd was interrupted while uploading %s: resuming "
            "that upload",
            name);
@@ -375,7 +385,7 @@ resume_journaled(struct spotd *d)
   spotd_set_state(d, SPOTD_RESTORING);
   watch_mark_known(d, name);
   snprintf(dir, sizeof(dir), "%s/%s", d->ckpt_dir, name);
-  r = spot_store_push(d->loop, &d->store, dir, name, NULL, resume_done_cb, d,
+  r = spot_store_push(d->loop, &sc, dir, name, NULL, resume_done_cb, d,
                       &d->restore.op);
   if (r < 0) {
     d->restore.op = NULL;

@@ -541,6 +541,10 @@ void restore_probed(struct spotd *d, int err);
 /* The job lease is held (or skipped): journal resume, restore. */
 void restore_leased(struct spotd *d);
 
+/* The store's settings for a restore into CKPT_DIR (the startup's, a
+ * fallback's, a restart's): d->store, the old local copy replaceable,
+ * many transfers at once from the start. */
+void restore_store_config(const struct spotd *d, struct spot_store_config *sc);
 /* A restore's folder into CKPT_DIR/NAME, SPOTD_RESUME_DIR set (0 or
  * negative errno, logged). */
 int restore_place(struct spotd *d, const struct spot_store_result *res);
@@ -559,10 +563,14 @@ bool fallback_damage(const struct spot_store_result *res);
 /* 0: acquiring, restore_leased() follows (or spotd fails); 1: this node
  * takes no lease (a rank other than 0). */
 int lease_begin(struct spotd *d);
-/* Before a push: whether this node may commit; sets the commit's order. */
-bool lease_may_commit(struct spotd *d);
-/* At the end: true while the release runs (spotd_advance() follows). */
-bool lease_releasing(struct spotd *d);
+/* Whether this node may commit now (a check only: nothing changes). */
+bool lease_may_commit(const struct spotd *d);
+/* A push that may commit is started: its order among this epoch's
+ * commits (the store's lease_seq), counted here. */
+uint64_t lease_next_seq(struct spotd *d);
+/* At the end: starts releasing a held job lease; true while the release
+ * runs (spotd_advance() follows its end). */
+bool lease_release(struct spotd *d);
 void lease_close(struct spotd *d);
 void lease_status(struct spotd *d, json_t *st);
 const char *job_lease_state_name(enum job_lease_state s);

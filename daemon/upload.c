@@ -598,6 +598,8 @@ static void
 start_upload(struct spotd *d, const char *name, bool follow)
 {
   struct upload *u = &d->up;
+  /* This push's settings: the store's, with what differs per push. */
+  struct spot_store_config sc = d->store;
   char dir[4300];
   int r;
 
@@ -613,7 +615,7 @@ start_upload(struct spotd *d, const char *name, bool follow)
    * uploads begun before it started belong to a dead or fenced
    * predecessor and are aborted by the retention step. The ranks of a
    * multi-node job upload at once: the store's default bound. */
-  d->store.stale_upload_age_ms =
+  sc.stale_upload_age_ms =
       d->cfg->nranks > 1
           ? 0
           : (uint64_t)(spot_now_wall_ms() - d->start_wall_ms) + 1000;
@@ -625,19 +627,19 @@ start_upload(struct spotd *d, const char *name, bool follow)
     final_pushed(d, name, -ESTALE);
     return;
   }
+  sc.lease_seq = lease_next_seq(d);
   /* After a notice every second counts: start at many transfers at once
    * (within the memory budget); a periodic upload starts gently and grows
    * only while it pays, so training keeps its network. */
-  d->store.parallel_start = d->state == SPOTD_DRAINING && d->have_notice
-                                ? SPOT_STORE_PARALLEL_URGENT
-                                : SPOT_STORE_PARALLEL_GENTLE;
+  sc.parallel_start = d->state == SPOTD_DRAINING && d->have_notice
+                          ? SPOT_STORE_PARALLEL_URGENT
+                          : SPOT_STORE_PARALLEL_GENTLE;
   log_info("uploading checkpoint %s%s", name,
            follow ? " while the trainer writes it (overlap)" : "");
-  d->store.follow = follow;
+  sc.follow = follow;
   upload_set_state(d, follow ? UPLOAD_FOLLOWING : UPLOAD_PUSHING);
-  r = spot_store_push(d->loop, &d->store, dir, name, upload_progress_cb,
-                      push_done_cb, d, &u->op);
-  d->store.follow = false;
+  r = spot_store_push(d->loop, &sc, dir, name, upload_progress_cb, push_done_cb,
+                      d, &u->op);
   if (r < 0) {
     u->op = NULL;
     u->name[0] = '\0';

@@ -19,9 +19,14 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "control.h"
+#include "engine.h"
+#include "hist.h"
 #include "log.h"
 #include "spot-config.h"
 #include "spotd.h"
+#include "status.h"
+#include "upload.h"
 #include "util.h"
 
 #define CTL_LINE_MS 10000    /* each request line due within this */

@@ -36,9 +36,22 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "control.h"
+#include "engine.h"
+#include "fanout.h"
+#include "hist.h"
+#include "joblease.h"
 #include "log.h"
+#include "relaunch.h"
+#include "request.h"
+#include "restarts.h"
+#include "restore.h"
+#include "runjoin.h"
 #include "spotd.h"
+#include "trainer.h"
+#include "upload.h"
 #include "util.h"
+#include "watch.h"
 
 /* Margin kept before a deadline for stopping the trainer. */
 #define DEADLINE_MARGIN_MS 1000

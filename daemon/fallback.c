@@ -14,7 +14,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine.h"
+#include "fallback.h"
 #include "log.h"
+#include "restore.h"
 #include "spotd.h"
 #include "util.h"
 

@@ -30,6 +30,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine.h"
+#include "fanout.h"
 #include "log.h"
 #include "spotd.h"
 #include "store_internal.h"

@@ -34,10 +34,16 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine.h"
+#include "fanout.h"
+#include "hist.h"
 #include "history_store.h"
 #include "log.h"
 #include "metrics.h"
+#include "request.h"
 #include "spotd.h"
+#include "trainer.h"
+#include "upload.h"
 #include "util.h"
 
 #define HIST_CLOSE_MS 3000

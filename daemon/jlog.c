@@ -12,6 +12,8 @@
 #include <sys/uio.h>
 #include <systemd/sd-journal.h>
 
+#include "engine.h"
+#include "jlog.h"
 #include "log.h"
 #include "spotd.h"
 

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "journal.h"
 #include "manifest.h"
 #include "spotd.h"
 #include "util.h"

@@ -28,7 +28,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine.h"
+#include "hist.h"
+#include "joblease.h"
 #include "log.h"
+#include "restore.h"
 #include "spotd.h"
 #include "util.h"
 

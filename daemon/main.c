@@ -18,8 +18,12 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "engine.h"
+#include "fanout.h"
+#include "jlog.h"
 #include "jobfrom.h"
 #include "log.h"
+#include "request.h"
 #include "spot-config.h"
 #include "spotd.h"
 #include "util.h"

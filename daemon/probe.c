@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "probe.h"
+#include "restore.h"
 #include "spotd.h"
 #include "store_internal.h"
 #include "util.h"

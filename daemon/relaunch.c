@@ -10,7 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine.h"
+#include "hist.h"
 #include "log.h"
+#include "relaunch.h"
 #include "spotd.h"
 #include "util.h"
 

@@ -36,7 +36,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine.h"
 #include "log.h"
+#include "request.h"
 #include "spotd.h"
 #include "util.h"
 

@@ -15,10 +15,15 @@
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "engine.h"
+#include "hist.h"
 #include "log.h"
 #include "manifest.h"
+#include "restarts.h"
+#include "restore.h"
 #include "spotd.h"
 #include "store_internal.h"
+#include "upload.h"
 #include "util.h"
 
 /* "N\n" -> N; -1 when it is not a count. */

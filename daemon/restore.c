@@ -29,9 +29,19 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine.h"
+#include "fallback.h"
+#include "hist.h"
+#include "joblease.h"
+#include "journal.h"
 #include "log.h"
+#include "probe.h"
+#include "restarts.h"
+#include "restore.h"
+#include "runjoin.h"
 #include "spotd.h"
 #include "util.h"
+#include "watch.h"
 
 static const char *const names[] = {
     [RESTORE_NONE] = "none",           [RESTORE_CONNECTING] = "connecting",

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "runjoin.h"
 #include "spotd.h"
 #include "store_internal.h"
 #include "util.h"

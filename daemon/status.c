@@ -3,8 +3,15 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine.h"
+#include "joblease.h"
 #include "manifest.h"
+#include "relaunch.h"
+#include "restore.h"
 #include "spotd.h"
+#include "status.h"
+#include "trainer.h"
+#include "upload.h"
 #include "util.h"
 
 /* Multi-node: "ranks": {rank, nranks, run, restored: {files, bytes,

@@ -8,8 +8,11 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "engine.h"
 #include "log.h"
+#include "request.h"
 #include "spotd.h"
+#include "trainer.h"
 #include "util.h"
 
 static void

@@ -26,10 +26,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "control.h"
+#include "engine.h"
+#include "hist.h"
+#include "joblease.h"
 #include "log.h"
 #include "manifest.h"
+#include "request.h"
 #include "spotd.h"
+#include "trainer.h"
+#include "upload.h"
 #include "util.h"
+#include "watch.h"
 
 static void start_upload(struct spotd *d, const char *name, bool follow);
 static bool complete_note(struct spotd *d, const char *name);

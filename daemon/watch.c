@@ -13,7 +13,9 @@
 
 #include "log.h"
 #include "spotd.h"
+#include "upload.h"
 #include "util.h"
+#include "watch.h"
 
 bool
 watch_is_known(struct spotd *d, const char *name)

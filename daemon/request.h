@@ -1,0 +1,62 @@
+/* request.c: the checkpoint request: the request file, the signal to the
+ * processes of the trainer's tree that catch it (enum req_state). */
+#ifndef SPOTD_REQUEST_H
+#define SPOTD_REQUEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "proctree.h"
+
+struct spotd;
+
+/* The checkpoint request as the trainer sees it (request.c). */
+enum req_state {
+  REQ_IDLE,
+  REQ_PENDING, /* seq asked, not served yet */
+  REQ_STATE_LAST,
+};
+
+struct ckpt_req {
+  enum req_state state;
+  char path[4200];      /* the request file ("" none) */
+  char maps_path[4200]; /* as /proc/PID/maps names it */
+  int fd;
+  volatile uint64_t *map; /* the file, shared with the trainer */
+  uint64_t seq;
+  uv_timer_t resend; /* while pending: processes that start catching */
+  struct {
+    struct spot_proc p;
+    int state; /* enum spot_proc_sig when it got it */
+  } sent[256]; /* got the signal for seq */
+  size_t nsent;
+};
+
+/* request.c: the request file and the checkpoint signal */
+/* Creates and maps the request file (a failure is a warning: signals
+ * only). 0, or negative errno for the timer. */
+int request_open(struct spotd *d);
+void request_close(struct spotd *d); /* its handle */
+void request_fini(struct spotd *d);  /* after the loop: unmap, remove */
+/* The trainer starts: no request, no poll yet. */
+void request_trainer_starts(struct spotd *d);
+/* The path for SPOTD_REQUEST_FILE, or NULL. */
+const char *request_file(const struct spotd *d);
+/* A new request: in the file, and the signal to the processes that catch
+ * or ignore it. *helpers: how many processes the helper serves; *caught:
+ * how many catch the signal; *sent: how many got it. */
+void request_begin(struct spotd *d, unsigned *helpers, unsigned *caught,
+                   unsigned *sent);
+/* The request is over (served, dropped): back to REQ_IDLE. */
+void request_end(struct spotd *d);
+/* A request was made and is not over yet (REQ_PENDING). */
+bool request_pending(const struct spotd *d);
+const char *req_state_name(enum req_state s);
+/* The helper is in use, no process it does not serve catches the signal,
+ * and no helper has polled since the trainer started: the trainer has made
+ * no step. */
+bool request_no_step(struct spotd *d);
+
+#endif

@@ -1,0 +1,83 @@
+/* upload.c: checkpoint requests, uploads (enum upload_state), the final
+ * checkpoint (enum final_state). */
+#ifndef SPOTD_UPLOAD_H
+#define SPOTD_UPLOAD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "store.h"
+
+struct spotd;
+
+/* The final checkpoint of a drain. */
+enum final_state {
+  FINAL_NONE,      /* no drain, or no trainer to ask */
+  FINAL_REQUESTED, /* the trainer was asked; no complete folder yet */
+  FINAL_UPLOADING, /* complete; uploading (or waiting for a cancel) */
+  FINAL_COMMITTED,
+  FINAL_ABANDONED, /* given up: the last commit stays */
+  FINAL_STATE_LAST,
+};
+
+/* The push of checkpoint folders (upload.c), one at a time. */
+enum upload_state {
+  UPLOAD_IDLE,      /* no push runs */
+  UPLOAD_FOLLOWING, /* pushing a folder the trainer still writes (overlap) */
+  UPLOAD_CAUGHT_UP, /* ... all it wrote so far is uploaded: the push waits
+                       for the trainer's SPOTD_COMPLETE marker */
+  UPLOAD_PUSHING,   /* pushing a complete folder */
+  UPLOAD_STATE_LAST,
+};
+
+/* Uploads: one at a time. Beside the running push, one slot (waiting)
+ * holds the newest complete folder to push next; a newer one supersedes
+ * it. The slot is not a state of the push: a push of either kind may be
+ * running (or being cancelled) while it is filled. */
+struct upload {
+  enum upload_state state;
+  struct spot_store_op *op; /* non-NULL unless UPLOAD_IDLE */
+  char name[256];
+  char waiting[256];
+  uint64_t log_ms; /* last progress line, ms into the upload */
+  /* UPLOAD_CAUGHT_UP since this many ms into the upload */
+  uint64_t marker_wait_ms;
+  uint64_t done_bytes, total_bytes;
+  double rate;
+  double last_bps; /* raw bytes/s of the last push */
+  uint64_t last_raw;
+  char failed[256]; /* the newest upload that failed after the last commit */
+  /* the request (req.seq) a follow was started for: one per request */
+  uint64_t follow_seq;
+};
+
+struct final_ckpt {
+  enum final_state state;
+  char name[256];
+};
+
+/* upload.c: checkpoint requests, uploads, the final checkpoint rule */
+void spotd_request_checkpoint(struct spotd *d, const char *why);
+/* A complete checkpoint folder appeared (watch.c or `spotctl done`).
+ * Returns 0, or -EINVAL / -ENOENT with a reason for `done`. */
+int spotd_checkpoint_complete(struct spotd *d, const char *name);
+/* No push runs and none waits. */
+bool upload_idle(const struct spotd *d);
+const char *upload_state_name(enum upload_state s);
+/* An incomplete checkpoint folder appeared (watch.c): with overlap, its
+ * upload starts now when it answers the pending request. */
+void upload_follow_maybe(struct spotd *d, const char *name);
+/* The request the follow answers is over (trainer gone, timeout): a
+ * followed folder still not complete is not uploaded; why for the log. */
+void upload_follow_drop(struct spotd *d, const char *why);
+void upload_cancel_all(struct spotd *d);
+const char *final_state_name(enum final_state s);
+/* The drain starts: ask the running trainer for its final checkpoint. */
+void final_begin(struct spotd *d, const char *reason);
+/* The drain must still wait (for the final checkpoint or an upload). */
+bool final_wait(struct spotd *d);
+/* The deadline (or the checkpoint timeout) passed. */
+void final_give_up(struct spotd *d, const char *why);
+void final_deadline(struct spotd *d);
+
+#endif

@@ -45,8 +45,10 @@ def main():
             c.check(sl.latest(prefix) == "step-000020", "LATEST is step-000020")
             corrupt(prefix, "step-000020", "data.bin")
 
+            # steps of 1 s: the final checkpoint at SIGTERM must not reach
+            # step 20, whose damaged commit holds that name
             d = sl.Daemon(os.path.join(wd, "node"), store, job,
-                          trainer=["--step-sleep", 0.05])
+                          trainer=["--step-sleep", 1.0])
             s = d.wait_event("start", 30)
             c.check(s is not None and s["step"] == 10 and
                     s["env"].get("SPOTD_RESUME_DIR", "").endswith(

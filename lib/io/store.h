@@ -173,6 +173,13 @@ struct spot_store_config {
    * when it is on the same file system, and removes it when the
    * checkpoint fits only without it. NULL: no such copy. */
   const char *replace_parent;
+  /* restore: write the frames' whole 4 KiB blocks with O_DIRECT, around
+   * the page cache (a file's last partial block, packed files and a file
+   * system that refuses O_DIRECT go through it): no copy into the cache
+   * and no cache to allocate, so less CPU, but the files are not in the
+   * page cache afterwards. spotctl restore sets it unless --page-cache;
+   * spotd leaves it off: the trainer it starts next reads the files. */
+  bool direct_io;
 };
 
 #define SPOT_STORE_PACK_PARTS 8

@@ -7,7 +7,7 @@
  *   XFER      ranged GETs of the frames (at most the controller's limit,
  *             pace.h, within the memory budget), decode and
  *             check each frame's CRC32C on the pool (at most `workers`),
- *             pwrite at its offset
+ *             pwrite at its offset (cfg direct_io: with O_DIRECT)
  *   FINISH    (thread pool) fsync, set modes and times, rename the
  *             temporary folder into place, fsync the parent
  *   CLEANUP   (thread pool, after an error) remove the temporary folder
@@ -652,6 +652,77 @@ frame_len(const unsigned char *p, size_t n)
   return z;
 }
 
+/* Direct I/O goes in blocks of this size, at offsets that are its
+ * multiples: the logical block size of the disks met (512 or 4096). A
+ * device that asks for more refuses with EINVAL, and the frame goes
+ * through the page cache. */
+#define DIRECT_BLOCK 4096
+
+/* pwrite of all n bytes; *done counts what was written. 0 or -errno. */
+static int
+pwrite_all(int fd, const char *buf, size_t n, uint64_t off, size_t *done)
+{
+  while (*done < n) {
+    ssize_t w = pwrite(fd, buf + *done, n - *done, (off_t)(off + *done));
+
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0)
+      return -errno;
+    if (w == 0)
+      return -EIO;
+    *done += (size_t)w;
+  }
+  return 0;
+}
+
+/* Writes a decoded frame (n bytes of buf, page-aligned) at off into rel.
+ * With cfg direct_io its whole blocks go with O_DIRECT: they reach the
+ * disk from buf, with no copy into the page cache and no page cache to
+ * allocate (on a VM that returns freed memory to its host, the first
+ * touch of each new page-cache page cost more than all the rest of a
+ * restore: bench/results/restore_profile.md). A file's last partial
+ * block, and every frame on a file system or device that refuses
+ * O_DIRECT (EINVAL), go through the page cache, whose write-back starts
+ * at once so the fsync before the rename finds little left. 0 or the
+ * disk's -errno. */
+static int
+write_frame(const struct restore_op *op, const char *rel, const char *buf,
+            size_t n, uint64_t off)
+{
+  size_t done = 0;
+  int fd, r;
+
+  if (op->b.cfg.c.direct_io && off % DIRECT_BLOCK == 0 && n >= DIRECT_BLOCK &&
+      (uintptr_t)buf % DIRECT_BLOCK == 0) {
+    fd = open_in_tmp(op, rel, O_WRONLY | O_DIRECT);
+    if (fd < 0 && fd != -EINVAL)
+      return fd;
+    if (fd >= 0) {
+      r = pwrite_all(fd, buf, n / DIRECT_BLOCK * DIRECT_BLOCK, off, &done);
+      close(fd);
+      if (r < 0 && r != -EINVAL)
+        return r;
+      /* a short or refused direct write: the rest through the cache */
+      done = done / DIRECT_BLOCK * DIRECT_BLOCK;
+    }
+  }
+  if (done == n)
+    return 0;
+  fd = open_in_tmp(op, rel, O_WRONLY);
+  if (fd < 0)
+    return fd;
+  buf += done;
+  off += done;
+  n -= done;
+  done = 0;
+  r = pwrite_all(fd, buf, n, off, &done);
+  if (r == 0)
+    sync_file_range(fd, (off_t)off, (off_t)n, SYNC_FILE_RANGE_WRITE);
+  close(fd);
+  return r;
+}
+
 static void
 decode_work_cb(uv_work_t *req)
 {
@@ -660,8 +731,6 @@ decode_work_cb(uv_work_t *req)
   struct restore_op *op = (struct restore_op *)(void *)s->op;
   const struct spot_manifest_file *f = &op->m->files[s->file];
   const struct spot_manifest_frame *fr = &f->frames[s->part];
-  size_t done = 0;
-  int fd;
 
   s->work_local = false;
   s->work_err = spot_codec_decode(
@@ -670,28 +739,8 @@ decode_work_cb(uv_work_t *req)
   if (s->work_err < 0)
     return;
   s->work_local = true; /* from here on, failures are the disk's */
-  fd = open_in_tmp(op, f->path, O_WRONLY);
-  if (fd < 0) {
-    s->work_err = fd;
-    return;
-  }
-  while (done < fr->raw_len) {
-    ssize_t w = pwrite(fd, (char *)s->coder->raw + done,
-                       (size_t)fr->raw_len - done, (off_t)(fr->raw_off + done));
-    if (w < 0) {
-      if (errno == EINTR)
-        continue;
-      s->work_err = -errno;
-      break;
-    }
-    done += (size_t)w;
-  }
-  /* Start writing the frame back now, so the fsync before the rename
-   * finds little left to do (it still waits for all of it). */
-  if (s->work_err == 0)
-    sync_file_range(fd, (off_t)fr->raw_off, (off_t)fr->raw_len,
-                    SYNC_FILE_RANGE_WRITE);
-  close(fd);
+  s->work_err =
+      write_frame(op, f->path, s->coder->raw, (size_t)fr->raw_len, fr->raw_off);
 }
 
 static void

@@ -346,6 +346,49 @@ def same_tree(a, b):
     return True, ""
 
 
+def cached_pages(path, length):
+    """Pages of the first length bytes of path in the page cache
+    (mincore(2) of a mapping, which reads nothing), or None where that
+    cannot be told."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    page = os.sysconf("SC_PAGE_SIZE")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, length, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            return None
+        vec = ctypes.create_string_buffer((length + page - 1) // page)
+        r = libc.mincore(addr, length, vec)
+        libc.munmap(addr, length)
+        return None if r != 0 else sum(b & 1 for b in vec.raw)
+    finally:
+        os.close(fd)
+
+
+def direct_io_cache_free(folder):
+    """Whether O_DIRECT writes in folder leave the page cache alone: the
+    file system takes O_DIRECT and is not tmpfs (whose pages are the
+    file)."""
+    fs = run(["stat", "-f", "-c", "%T", folder]).stdout.strip()
+    if fs in ("tmpfs", "ramfs"):
+        return False
+    probe = os.path.join(folder, ".direct-probe")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600))
+    except OSError:
+        return False
+    finally:
+        if os.path.exists(probe):
+            os.unlink(probe)
+    return True
+
+
 def leftovers_next_to(path):
     """Temporary restore folders left next to path."""
     parent = os.path.dirname(os.path.abspath(path))

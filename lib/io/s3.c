@@ -131,6 +131,7 @@ struct spot_s3 {
   uv_cond_t lane_cond;          /* an op handed back (spot_s3_free() waits) */
   bool lane_sync;               /* lane_mu and lane_cond initialised */
   struct spot_s3_op *back_list; /* under lane_mu */
+  bool *back_gone;              /* back_cb() running: set when s3 is freed */
 };
 
 /* One I/O thread. inbox and stop are under s3->lane_mu; active, loop,
@@ -1283,23 +1284,32 @@ lane_main(void *arg)
     log_warn("s3: an I/O thread's loop closed with handles left");
 }
 
+/* One op at a time off back_list: a callback may cancel others or free
+ * s3 (then spot_s3_free() ends the ops still listed, and sets *gone). */
 static void
 back_cb(uv_async_t *a)
 {
   struct spot_s3 *s3 = a->data;
-  struct spot_s3_op *list, *op;
+  struct spot_s3_op *op;
+  bool gone = false;
 
-  uv_mutex_lock(&s3->lane_mu);
-  list = s3->back_list;
-  s3->back_list = NULL;
-  uv_mutex_unlock(&s3->lane_mu);
-  while ((op = list) != NULL) {
-    list = op->lnext;
+  s3->back_gone = &gone;
+  for (;;) {
+    uv_mutex_lock(&s3->lane_mu);
+    op = s3->back_list;
+    if (op != NULL)
+      s3->back_list = op->lnext;
+    uv_mutex_unlock(&s3->lane_mu);
+    if (op == NULL)
+      break;
     op->lane->load--;
     if (--s3->lane_out == 0)
       uv_unref((uv_handle_t *)s3->back);
     finish(op, op->lane_err);
+    if (gone)
+      return;
   }
+  s3->back_gone = NULL;
 }
 
 static void
@@ -2031,6 +2041,8 @@ spot_s3_free(struct spot_s3 *s3)
   if (s3 == NULL)
     return;
   s3->freeing = true;
+  if (s3->back_gone != NULL)
+    *s3->back_gone = true;
   /* Ops on lanes come back first: each lane stops its transfers, and this
    * thread waits until every one is handed back (the lanes need nothing
    * of this loop for that). */

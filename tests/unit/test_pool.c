@@ -132,7 +132,7 @@ test_runs_more_than_four(void **state)
   struct world w;
   struct job jobs[8];
   struct spot_pool *p;
-  unsigned before = threads_now();
+  unsigned before = threads_now(), started;
 
   (void)state;
   world_init(&w)->need = 8;
@@ -153,9 +153,12 @@ test_runs_more_than_four(void **state)
   assert_false(w.work_on_loop);
   assert_false(w.after_off_loop);
   assert_int_equal(spot_pool_pending(p), 0);
-  assert_true(spot_pool_threads(p) <= 8);
+  started = spot_pool_threads(p);
+  assert_true(started <= 8);
+  /* counted now: a sanitizer may have started a thread of its own */
+  before = threads_now();
   close_loop(&loop, p);
-  assert_int_equal(threads_now(), before); /* joined */
+  assert_int_equal(threads_now(), before - started); /* joined */
   world_fini(&w);
 }
 

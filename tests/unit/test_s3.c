@@ -971,6 +971,43 @@ test_lanes_cancel_in_flight(void **state)
   lworld_fini(&w);
 }
 
+static void
+free_in_cb(const struct spot_s3_result *res, void *data)
+{
+  struct lslot *sl = data;
+  struct lworld *w = sl->w;
+
+  lane_cb(res, data);
+  if (w->s3 != NULL) {
+    struct spot_s3 *s3 = w->s3;
+
+    w->s3 = NULL;
+    spot_s3_free(s3); /* the others end in here */
+    assert_int_equal(w->calls, LANE_NOPS);
+  }
+}
+
+/* The first callback of a lane op frees the client: the other ops end
+ * inside spot_s3_free(), each once, and nothing is touched after. */
+static void
+test_lanes_free_in_callback(void **state)
+{
+  struct lworld w;
+
+  (void)state;
+  lworld_init(&w);
+  for (size_t i = 0; i < LANE_NOPS; i++)
+    assert_int_equal(spot_s3_mpu_part(w.s3, "bkt", "k", "up1", (int)i + 1,
+                                      w.body, LANE_BODY, free_in_cb,
+                                      &w.slots[i], &w.ops[i]),
+                     0);
+  run_until(&w, LANE_NOPS);
+  assert_int_equal(w.calls, LANE_NOPS);
+  assert_int_equal(w.calls_off_loop, 0);
+  assert_null(w.s3);
+  lworld_fini(&w);
+}
+
 /* Ranged GETs into sinks on the lanes, the first 3 cut halfway by a
  * closed connection: each resumes from the bytes it has (a new Range),
  * the sinks ran on the lanes and saw every byte once, in order. */
@@ -1026,6 +1063,7 @@ main(void)
       cmocka_unit_test(test_lanes_fault_while_busy),
       cmocka_unit_test(test_lanes_cancel_in_flight),
       cmocka_unit_test(test_lanes_get_resume),
+      cmocka_unit_test(test_lanes_free_in_callback),
   };
 
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -121,9 +121,9 @@ workers_default(void)
 
   if (v != NULL && spot_parse_int64(v, 1, SPOT_STORE_WORKERS_MAX, &n) == 0)
     return (unsigned)n;
-  /* the cores this process may run on (affinity and cgroup quota
-   * counted), as many as the config allows; pipe_budget() trims them to
-   * the memory budget */
+  /* the cores this process may run on (its CPU affinity: a run pinned
+   * to 4 cores gets 4), as many as the config allows; pipe_budget()
+   * trims them to the memory budget */
   cores = (long)uv_available_parallelism();
   return cores < 1                        ? 1
          : cores > SPOT_STORE_WORKERS_MAX ? SPOT_STORE_WORKERS_MAX

@@ -29,7 +29,9 @@ struct spot_pool {
   struct job *todo, *todo_tail; /* queued, in order */
   struct job *done, *done_tail; /* finished or cancelled, in order */
   struct job *running;          /* being worked, unordered */
+  unsigned ntodo;               /* jobs in todo */
   unsigned idle;                /* threads waiting on cond */
+  unsigned starting;            /* threads made, not yet at their first wait */
   bool stopping;
   /* loop thread only: */
   uv_thread_t *threads;
@@ -72,6 +74,7 @@ worker(void *arg)
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, NULL);
   uv_mutex_lock(&p->mu);
+  p->starting--;
   for (;;) {
     struct job *j;
 
@@ -84,6 +87,7 @@ worker(void *arg)
       break;
     j = p->todo;
     p->todo = j->next;
+    p->ntodo--;
     if (p->todo == NULL)
       p->todo_tail = NULL;
     j->next = p->running;
@@ -186,23 +190,33 @@ spot_pool_queue(struct spot_pool *p, uv_work_t *req, uv_work_cb work,
   j->after = after;
   uv_mutex_lock(&p->mu);
   push_tail(&p->todo, &p->todo_tail, j);
-  /* A thread more only when none waits and the cap allows: a pool asked
-   * for one job at a time never grows past one thread. */
-  spawn = p->idle == 0 && p->nthreads < p->max;
+  p->ntodo++;
+  /* A thread more only when the jobs waiting outnumber the threads that
+   * will take them (waiting, or started and not there yet) and the cap
+   * allows: a pool asked for one job at a time stays at one thread. An
+   * idle thread counts until it has taken a job, so jobs queued in a burst
+   * are not all promised to the same one. */
+  spawn = p->ntodo > p->idle + p->starting && p->nthreads < p->max;
+  if (spawn)
+    p->starting++;
   uv_cond_signal(&p->cond);
   uv_mutex_unlock(&p->mu);
   if (spawn) {
     r = uv_thread_create(&p->threads[p->nthreads], worker, p);
-    if (r == 0)
+    if (r == 0) {
       p->nthreads++;
-    else if (p->nthreads == 0) {
-      /* no thread would ever take it */
-      uv_mutex_lock(&p->mu);
-      p->todo = p->todo_tail = NULL;
-      uv_mutex_unlock(&p->mu);
-      free(j);
-      return r;
     } else {
+      uv_mutex_lock(&p->mu);
+      p->starting--;
+      if (p->nthreads == 0) {
+        /* no thread would ever take it */
+        p->todo = p->todo_tail = NULL;
+        p->ntodo = 0;
+        uv_mutex_unlock(&p->mu);
+        free(j);
+        return r;
+      }
+      uv_mutex_unlock(&p->mu);
       log_debug("pool: no thread beyond %u: %s", p->nthreads, uv_strerror(r));
     }
   }
@@ -226,6 +240,7 @@ spot_pool_cancel(struct spot_pool *p, uv_work_t *req)
     }
   }
   if (j != NULL) {
+    p->ntodo--;
     /* the tail moves back when the last one left */
     p->todo_tail = NULL;
     for (struct job *t = p->todo; t != NULL; t = t->next)

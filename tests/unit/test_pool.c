@@ -162,6 +162,43 @@ test_runs_more_than_four(void **state)
   world_fini(&w);
 }
 
+/* One thread idle from an earlier job, then 4 jobs queued in a burst
+ * that can only finish together: the idle thread is promised one of
+ * them only, so 3 more start and all 4 run at once. */
+static void
+test_burst_after_idle(void **state)
+{
+  uv_loop_t loop;
+  struct world w;
+  struct job first, jobs[4];
+  struct spot_pool *p;
+
+  (void)state;
+  world_init(&w);
+  assert_int_equal(uv_loop_init(&loop), 0);
+  assert_int_equal(spot_pool_new(&loop, 4, &p), 0);
+  memset(&first, 0, sizeof(first));
+  first.w = &w;
+  assert_int_equal(spot_pool_queue(p, &first.req, work_cb, after_cb), 0);
+  assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
+  assert_int_equal(spot_pool_threads(p), 1);
+  uv_mutex_lock(&w.mu);
+  w.inside = 0;
+  w.need = 4;
+  uv_mutex_unlock(&w.mu);
+  memset(jobs, 0, sizeof(jobs));
+  for (size_t i = 0; i < 4; i++) {
+    jobs[i].w = &w;
+    assert_int_equal(spot_pool_queue(p, &jobs[i].req, work_cb, after_cb), 0);
+  }
+  assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
+  assert_int_equal(w.after, 5);
+  assert_int_equal(w.most, 4);
+  assert_int_equal(spot_pool_threads(p), 4);
+  close_loop(&loop, p);
+  world_fini(&w);
+}
+
 /* The cap holds: 6 jobs on 2 threads, at most 2 at once. */
 static void
 test_cap(void **state)
@@ -285,6 +322,7 @@ main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_runs_more_than_four),
+      cmocka_unit_test(test_burst_after_idle),
       cmocka_unit_test(test_cap),
       cmocka_unit_test(test_cancel_queued),
       cmocka_unit_test(test_chain_and_empty_close),

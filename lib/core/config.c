@@ -226,7 +226,7 @@ static const struct key_def keys[] = {
      "Transfers in flight: 0 = adaptive (more while the throughput grows, "
      "fewer on 503 SlowDown, within memory; an upload after a notice starts "
      "at 32, a periodic one at 4); N = exactly N. Compressing threads are "
-     "one per core (at most 8) either way."},
+     "one per core (at most 64, within memory) either way."},
     {"memory", T_SIZE, OFF(memory), "SIZE", "1G", NULL, NULL,
      (int64_t)SPOT_MEMORY_MIN, (int64_t)1 << 40, NULL, NULL, 0,
      "Budget of part buffers for one upload or restore (K, M, G suffixes): "

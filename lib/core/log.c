@@ -1,6 +1,7 @@
 #include "log.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,10 @@ static const char *log_progname = "spot";
 static int log_max = SPOT_LOG_INFO;
 static spot_log_sink_fn log_sink;
 static void *log_sink_data;
+/* Lines come from the loop's thread and, rarely, from the S3 client's
+ * I/O threads and the store's workers: a sink (the daemon's journald one
+ * keeps static buffers) sees one line at a time. */
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 
 void
 spot_log_init(const char *progname, int max_level)
@@ -97,6 +102,7 @@ spot_logv(int level, const char *fmt, va_list ap)
   for (char *p = line; *p != '\0'; p++)
     if (*p == '\n' || *p == '\r')
       *p = ' ';
+  pthread_mutex_lock(&log_mu);
   if (log_sink != NULL) {
     log_sink(level, line, log_sink_data);
   } else if (getenv("JOURNAL_STREAM") != NULL) {
@@ -106,6 +112,7 @@ spot_logv(int level, const char *fmt, va_list ap)
     fprintf(stderr, "%s%s: %s: %s\n", when, log_progname, level_name(level),
             line);
   }
+  pthread_mutex_unlock(&log_mu);
   errno = saved;
 }
 

@@ -10,10 +10,23 @@
  *
  * An op's life: INIT -> SENDING -> (BACKOFF -> SENDING)* -> DONE. Only
  * set_state() moves it. DONE runs the user callback once, then the op
- * closes its backoff timer and frees itself in the close callback. */
+ * closes its backoff timer and frees itself in the close callback.
+ *
+ * Lanes: with io_threads >= 2, the transfers of big bodies (parts, large
+ * PUTs, GETs into a sink) run on I/O threads of their own, each with its
+ * own loop and spot_http, so one loop no longer carries every byte. Such
+ * an op is built and ended on the caller's loop as any other; in between
+ * it belongs to its lane, which runs its attempts, retries and backoff
+ * (on the lane's timer, ltimer) and hands it back through s3->back, where
+ * finish() runs its callback. The caller only flags a cancel (under
+ * lane_mu) and wakes the lane; the lane stops the transfer and hands the
+ * op back. The credentials are copied into the op when it is submitted,
+ * on the caller's loop, for the provider is not thread-safe. */
 #include "s3.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,6 +98,8 @@ static const char *const state_names[OP_STATE_LAST] = {
     [OP_DONE] = "done",
 };
 
+struct lane;
+
 struct spot_s3 {
   struct spot_http *http;
   uv_loop_t *loop;
@@ -102,9 +117,36 @@ struct spot_s3 {
   unsigned next_id;
   bool freeing;
   bool if_match_unquoted;
-  uint64_t throttled; /* spot_s3_throttled() */
+  uint64_t throttled; /* spot_s3_throttled(); atomic: lanes add to it */
   spot__s3_request_hook_fn hook;
   void *hook_data;
+  /* Lanes (see the top): io_threads of them once the first big transfer
+   * comes, none before nor with io_threads < 2. */
+  unsigned io_threads;
+  struct lane *lanes;
+  unsigned nlanes;
+  uv_async_t *back;  /* on the caller's loop: lane ops handed back */
+  unsigned lane_out; /* lane ops not yet handed back to finish() */
+  uv_mutex_t lane_mu;
+  uv_cond_t lane_cond;          /* an op handed back (spot_s3_free() waits) */
+  bool lane_sync;               /* lane_mu and lane_cond initialised */
+  struct spot_s3_op *back_list; /* under lane_mu */
+  bool *back_gone;              /* back_cb() running: set when s3 is freed */
+};
+
+/* One I/O thread. inbox and stop are under s3->lane_mu; active, loop,
+ * http and the ops in active are the lane thread's alone. */
+struct lane {
+  struct spot_s3 *s3;
+  uv_thread_t thread;
+  uv_loop_t loop;
+  uv_async_t wake;
+  struct spot_http *http;
+  struct spot_s3_op *inbox, *active;
+  bool stop;
+  int start_err;
+  uv_sem_t started;
+  unsigned load; /* ops given and not handed back: caller's thread */
 };
 
 struct spot_s3_op {
@@ -145,6 +187,16 @@ struct spot_s3_op {
   uv_timer_t timer;
   spot_s3_cb cb;
   void *cbdata;
+  /* on a lane: */
+  struct lane *lane;
+  struct spot_s3_op *lnext; /* in the inbox, the lane's active list or
+                               s3->back_list: one at a time */
+  struct spot_s3_op *lane_cancel_next; /* the lane's list of cancels */
+  bool lane_cancel;                    /* under lane_mu: the caller cancelled */
+  bool lane_cancel_seen;               /* lane thread */
+  int lane_err;                        /* how it ended, read by the caller */
+  uv_timer_t ltimer;                   /* the lane's backoff timer */
+  struct spot_creds creds;             /* copied at submit */
   /* result storage, alive during the callback */
   struct spot__s3_xml_result xml;
   char etag[160];
@@ -239,7 +291,7 @@ throttle_answer(long status, const char *s3_code)
 uint64_t
 spot_s3_throttled(const struct spot_s3 *s3)
 {
-  return s3 != NULL ? s3->throttled : 0;
+  return s3 != NULL ? __atomic_load_n(&s3->throttled, __ATOMIC_RELAXED) : 0;
 }
 
 int
@@ -352,6 +404,32 @@ env_secs_or(const char *name, long dflt)
   return (long)n;
 }
 
+/* I/O threads: cfg's, else $SPOT_IO_THREADS (a test knob: CI's 2 cores
+ * run the lanes with 3), else 1 (no lane: the caller's loop carries
+ * everything) up to 4 cores and a quarter of the cores above, at most
+ * SPOT_S3_IO_THREADS_MAX. */
+static unsigned
+io_threads_default(unsigned want)
+{
+  const char *v = getenv("SPOT_IO_THREADS");
+  unsigned cores;
+  int64_t n;
+
+  if (want > 0)
+    return want > SPOT_S3_IO_THREADS_MAX ? SPOT_S3_IO_THREADS_MAX : want;
+  if (v != NULL && v[0] != '\0') {
+    if (spot_parse_int64(v, 1, SPOT_S3_IO_THREADS_MAX, &n) == 0)
+      return (unsigned)n;
+    log_warn("s3: ignoring SPOT_IO_THREADS=\"%s\" (expected 1 to %d)", v,
+             SPOT_S3_IO_THREADS_MAX);
+  }
+  cores = uv_available_parallelism();
+  if (cores <= 4)
+    return 1;
+  return cores / 4 > SPOT_S3_IO_THREADS_MAX ? SPOT_S3_IO_THREADS_MAX
+                                            : cores / 4;
+}
+
 int
 spot_s3_new(struct spot_http *http, const struct spot_s3_config *cfg,
             struct spot_s3 **out)
@@ -415,6 +493,17 @@ spot_s3_new(struct spot_http *http, const struct spot_s3_config *cfg,
   s3->low_speed_limit = cfg->low_speed_limit > 0 ? cfg->low_speed_limit : 1024;
   s3->request_timeout_ms =
       cfg->request_timeout_ms > 0 ? cfg->request_timeout_ms : 0;
+  s3->io_threads = io_threads_default(cfg->io_threads);
+  if (s3->io_threads > 1) {
+    if (uv_mutex_init(&s3->lane_mu) < 0) {
+      s3->io_threads = 1; /* no lanes: the caller's loop carries all */
+    } else if (uv_cond_init(&s3->lane_cond) < 0) {
+      uv_mutex_destroy(&s3->lane_mu);
+      s3->io_threads = 1;
+    } else {
+      s3->lane_sync = true;
+    }
+  }
   *out = s3;
   return 0;
 }
@@ -428,6 +517,17 @@ spot__s3_set_request_hook(struct spot_s3 *s3, spot__s3_request_hook_fn fn,
 }
 
 /* ---- op lifetime ----------------------------------------------------- */
+
+static void
+creds_wipe(struct spot_creds *c)
+{
+  if (c->secret_key != NULL)
+    explicit_bzero(c->secret_key, strlen(c->secret_key));
+  free(c->access_key);
+  free(c->secret_key);
+  free(c->session_token);
+  memset(c, 0, sizeof(*c));
+}
 
 static void
 op_free_cb(uv_handle_t *handle)
@@ -452,6 +552,7 @@ op_destroy(struct spot_s3_op *op)
   free(op->owned_body);
   free(op->bucket);
   free(op->key);
+  creds_wipe(&op->creds);
   uv_close((uv_handle_t *)&op->timer, op_free_cb);
 }
 
@@ -685,11 +786,15 @@ attempt(struct spot_s3_op *op)
   const struct spot_creds *creds = NULL;
   int r;
 
-  r = s3->creds->get(s3->creds, &creds);
-  if (r < 0) {
-    snprintf(op->message, sizeof(op->message), "no credentials: %s",
-             strerror(-r));
-    return r;
+  if (op->lane != NULL) {
+    creds = &op->creds; /* the provider belongs to the caller's loop */
+  } else {
+    r = s3->creds->get(s3->creds, &creds);
+    if (r < 0) {
+      snprintf(op->message, sizeof(op->message), "no credentials: %s",
+               strerror(-r));
+      return r;
+    }
   }
   if (creds == NULL || creds->access_key == NULL || creds->secret_key == NULL)
     return -ENOKEY;
@@ -760,11 +865,25 @@ attempt(struct spot_s3_op *op)
     SETOPT(CURLOPT_CUSTOMREQUEST, kinds[op->kind].method);
   }
   op->sent_wall_ms = spot_now_wall_ms();
-  r = spot_http_add(s3->http, op->easy, done_cb, op);
+  r = spot_http_add(op->lane != NULL ? op->lane->http : s3->http, op->easy,
+                    done_cb, op);
   if (r < 0)
     return r;
   set_state(op, OP_SENDING);
   return 0;
+}
+
+static void lane_end(struct spot_s3_op *op, int err);
+
+/* How an attempt's op ends: on the caller's loop, or handed back by its
+ * lane. */
+static void
+end(struct spot_s3_op *op, int err)
+{
+  if (op->lane != NULL)
+    lane_end(op, err);
+  else
+    finish(op, err);
 }
 
 static void
@@ -776,6 +895,17 @@ backoff_cb(uv_timer_t *timer)
   r = attempt(op);
   if (r < 0)
     finish(op, r);
+}
+
+static void
+lane_backoff_cb(uv_timer_t *timer)
+{
+  struct spot_s3_op *op = spot_container_of(timer, struct spot_s3_op, ltimer);
+  int r;
+
+  r = attempt(op);
+  if (r < 0)
+    lane_end(op, r);
 }
 
 static void
@@ -877,7 +1007,12 @@ done_cb(CURL *easy, CURLcode rc, void *data)
   int err;
 
   if (op->cancelled || rc == CURLE_ABORTED_BY_CALLBACK) {
-    queue_cancelled(op);
+    if (op->lane != NULL) {
+      copy_str(op->message, sizeof(op->message), "cancelled");
+      lane_end(op, -ECANCELED);
+    } else {
+      queue_cancelled(op);
+    }
     return;
   }
   curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &op->status);
@@ -897,13 +1032,13 @@ done_cb(CURL *easy, CURLcode rc, void *data)
 
   if (rc != CURLE_OK) {
     if (op->sink_err < 0) {
-      finish(op, op->sink_err);
+      end(op, op->sink_err);
       return;
     }
     if (op->resp_overflow) {
       snprintf(op->message, sizeof(op->message), "response body over %u bytes",
                SPOT__S3_XML_CAP);
-      finish(op, -EMSGSIZE);
+      end(op, -EMSGSIZE);
       return;
     }
     copy_str(op->message, sizeof(op->message),
@@ -951,11 +1086,11 @@ done_cb(CURL *easy, CURLcode rc, void *data)
     err = spot__s3_map_error(rc, op->status, op->code);
   }
   if (err == 0) {
-    finish(op, 0);
+    end(op, 0);
     return;
   }
   if (rc == CURLE_OK && throttle_answer(op->status, op->code))
-    op->s3->throttled++;
+    __atomic_fetch_add(&op->s3->throttled, 1, __ATOMIC_RELAXED);
   if (err != -EBADMSG && spot__s3_should_retry(rc, op->status, op->code) &&
       op->retries < op->s3->max_retries) {
     uint64_t ms = spot_backoff_ms(op->retries, op->s3->retry_base_ms,
@@ -969,13 +1104,327 @@ done_cb(CURL *easy, CURLcode rc, void *data)
              rc != CURLE_OK || op->code[0] == '\0' ? "" : ": ", op->message,
              op->retries, op->s3->max_retries, (unsigned long long)ms);
     set_state(op, OP_BACKOFF);
-    uv_timer_start(&op->timer, backoff_cb, ms, 0);
+    if (op->lane != NULL)
+      uv_timer_start(&op->ltimer, lane_backoff_cb, ms, 0);
+    else
+      uv_timer_start(&op->timer, backoff_cb, ms, 0);
     return;
   }
   if (rc != CURLE_OK)
     log_warn("s3: %s s3://%s/%s: %s", kinds[op->kind].name, op->bucket,
              spot_escape(op->key, key, sizeof(key)), op->message);
-  finish(op, err);
+  end(op, err);
+}
+
+/* ---- lanes ----------------------------------------------------------- */
+
+/* Bodies from this size go to a lane: below it, a transfer is mostly
+ * round trips, which the caller's loop carries as well. */
+#define LANE_MIN_BODY ((size_t)1 << 20)
+
+static bool
+lane_wanted(const struct spot_s3_op *op)
+{
+  if (op->s3->io_threads < 2)
+    return false;
+  switch (op->kind) {
+  case OP_MPU_PART:
+    return op->body_len >= LANE_MIN_BODY;
+  case OP_PUT: /* conditional PUTs (commit, lease, LATEST) stay */
+    return op->body_len >= LANE_MIN_BODY && op->flags == 0 &&
+           op->if_match[0] == '\0' && op->meta_hdr[0] == '\0';
+  case OP_GET:
+    return op->sink != NULL;
+  default:
+    return false;
+  }
+}
+
+static void
+lane_timer_closed(uv_handle_t *h)
+{
+  struct spot_s3_op *op =
+      spot_container_of((uv_timer_t *)h, struct spot_s3_op, ltimer);
+  struct spot_s3 *s3 = op->s3;
+
+  /* The op is the caller's again once it is on back_list; the async is
+   * sent under the lock, so spot_s3_free() (which takes it) cannot free
+   * s3 between the two. */
+  uv_mutex_lock(&s3->lane_mu);
+  op->lnext = s3->back_list;
+  s3->back_list = op;
+  uv_cond_signal(&s3->lane_cond);
+  uv_async_send(s3->back);
+  uv_mutex_unlock(&s3->lane_mu);
+}
+
+/* On the lane: the op is over (err); off the lane's list, its timer
+ * closed, then handed back. */
+static void
+lane_end(struct spot_s3_op *op, int err)
+{
+  struct lane *l = op->lane;
+  struct spot_s3_op **pp = &l->active;
+
+  while (*pp != NULL && *pp != op)
+    pp = &(*pp)->lnext;
+  if (*pp != NULL)
+    *pp = op->lnext;
+  op->lnext = NULL;
+  op->lane_err = err;
+  set_state(op, OP_DONE); /* finish() runs its callback on the caller's loop */
+  uv_timer_stop(&op->ltimer);
+  uv_close((uv_handle_t *)&op->ltimer, lane_timer_closed);
+}
+
+static void
+lane_cancel_op(struct spot_s3_op *op)
+{
+  copy_str(op->message, sizeof(op->message), "cancelled");
+  if (op->state == OP_SENDING) {
+    op->cancelled = true;
+    /* done_cb runs inside and ends the op */
+    spot_http_cancel(op->lane->http, op->easy);
+    if (op->state == OP_SENDING)
+      lane_end(op, -ECANCELED); /* in case http no longer knew it */
+  } else if (op->state == OP_BACKOFF) {
+    lane_end(op, -ECANCELED);
+  }
+}
+
+static void
+lane_closed_cb(void *data)
+{
+  (void)data;
+}
+
+static void
+lane_wake_cb(uv_async_t *a)
+{
+  struct lane *l = spot_container_of(a, struct lane, wake);
+  struct spot_s3 *s3 = l->s3;
+  struct spot_s3_op *in, *op, *next, *cancel = NULL;
+  bool stop;
+
+  uv_mutex_lock(&s3->lane_mu);
+  in = l->inbox;
+  l->inbox = NULL;
+  stop = l->stop;
+  for (op = l->active; op != NULL; op = op->lnext)
+    if (op->lane_cancel && !op->lane_cancel_seen) {
+      op->lane_cancel_seen = true;
+      op->lane_cancel_next = cancel;
+      cancel = op;
+    }
+  for (op = in; op != NULL; op = op->lnext)
+    op->lane_cancel_seen = op->lane_cancel;
+  uv_mutex_unlock(&s3->lane_mu);
+  /* the inbox is pushed at its head: started in the order submitted */
+  for (op = in, in = NULL; op != NULL; op = next) {
+    next = op->lnext;
+    op->lnext = in;
+    in = op;
+  }
+
+  for (op = cancel; op != NULL; op = next) {
+    next = op->lane_cancel_next;
+    lane_cancel_op(op);
+  }
+  for (op = in; op != NULL; op = next) {
+    int r;
+
+    next = op->lnext;
+    op->lnext = l->active;
+    l->active = op;
+    /* Cannot fail: the lane's loop is initialised. */
+    (void)uv_timer_init(&l->loop, &op->ltimer);
+    if (op->lane_cancel_seen) {
+      copy_str(op->message, sizeof(op->message), "cancelled");
+      lane_end(op, -ECANCELED);
+    } else if ((r = attempt(op)) < 0) {
+      lane_end(op, r);
+    }
+  }
+  if (stop) {
+    /* spot_s3_free() took every op back first */
+    spot_http_close(l->http, lane_closed_cb, NULL);
+    uv_close((uv_handle_t *)&l->wake, NULL);
+  }
+}
+
+static void
+lane_main(void *arg)
+{
+  struct lane *l = arg;
+  sigset_t all;
+  int r;
+
+  /* Signals are the caller's loop's (uv_signal_t). */
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, NULL);
+  r = uv_loop_init(&l->loop);
+  if (r == 0) {
+    r = uv_async_init(&l->loop, &l->wake, lane_wake_cb);
+    if (r == 0) {
+      r = spot_http_new(&l->loop, &l->http);
+      if (r < 0)
+        uv_close((uv_handle_t *)&l->wake, NULL);
+    }
+    if (r < 0) {
+      uv_run(&l->loop, UV_RUN_DEFAULT);
+      uv_loop_close(&l->loop);
+    }
+  }
+  l->start_err = r;
+  uv_sem_post(&l->started);
+  if (r < 0)
+    return;
+  uv_run(&l->loop, UV_RUN_DEFAULT);
+  if (uv_loop_close(&l->loop) != 0)
+    log_warn("s3: an I/O thread's loop closed with handles left");
+}
+
+/* One op at a time off back_list: a callback may cancel others or free
+ * s3 (then spot_s3_free() ends the ops still listed, and sets *gone). */
+static void
+back_cb(uv_async_t *a)
+{
+  struct spot_s3 *s3 = a->data;
+  struct spot_s3_op *op;
+  bool gone = false;
+
+  s3->back_gone = &gone;
+  for (;;) {
+    uv_mutex_lock(&s3->lane_mu);
+    op = s3->back_list;
+    if (op != NULL)
+      s3->back_list = op->lnext;
+    uv_mutex_unlock(&s3->lane_mu);
+    if (op == NULL)
+      break;
+    op->lane->load--;
+    if (--s3->lane_out == 0)
+      uv_unref((uv_handle_t *)s3->back);
+    finish(op, op->lane_err);
+    if (gone)
+      return;
+  }
+  s3->back_gone = NULL;
+}
+
+static void
+back_closed_cb(uv_handle_t *h)
+{
+  free(h);
+}
+
+/* Starts the lanes' threads (the first big transfer). 0 or negative
+ * errno: then the op stays on the caller's loop. */
+static int
+lanes_start(struct spot_s3 *s3)
+{
+  unsigned n = s3->io_threads;
+  int r;
+
+  s3->back = calloc(1, sizeof(*s3->back));
+  s3->lanes = calloc(n, sizeof(*s3->lanes));
+  if (s3->back == NULL || s3->lanes == NULL) {
+    free(s3->back);
+    free(s3->lanes);
+    s3->back = NULL;
+    s3->lanes = NULL;
+    return -ENOMEM;
+  }
+  r = uv_async_init(s3->loop, s3->back, back_cb);
+  if (r < 0) {
+    free(s3->back);
+    free(s3->lanes);
+    s3->back = NULL;
+    s3->lanes = NULL;
+    return r;
+  }
+  s3->back->data = s3;
+  uv_unref((uv_handle_t *)s3->back);
+  for (unsigned i = 0; i < n; i++) {
+    struct lane *l = &s3->lanes[i];
+
+    l->s3 = s3;
+    if (uv_sem_init(&l->started, 0) < 0)
+      break;
+    r = uv_thread_create(&l->thread, lane_main, l);
+    if (r == 0)
+      uv_sem_wait(&l->started);
+    uv_sem_destroy(&l->started);
+    if (r < 0 || l->start_err < 0) {
+      if (r == 0)
+        uv_thread_join(&l->thread);
+      break;
+    }
+    s3->nlanes++;
+  }
+  if (s3->nlanes < n)
+    log_warn("s3: %u of %u I/O threads started", s3->nlanes, n);
+  log_debug("s3: %u I/O threads", s3->nlanes);
+  return 0;
+}
+
+static int
+creds_copy(struct spot_creds *dst, const struct spot_creds *src)
+{
+  dst->access_key = strdup(src->access_key);
+  dst->secret_key = strdup(src->secret_key);
+  dst->session_token =
+      src->session_token != NULL ? strdup(src->session_token) : NULL;
+  dst->expires_ms = src->expires_ms;
+  if (dst->access_key == NULL || dst->secret_key == NULL ||
+      (src->session_token != NULL && dst->session_token == NULL)) {
+    creds_wipe(dst);
+    return -ENOMEM;
+  }
+  return 0;
+}
+
+/* Gives op to the least busy lane: 0, 1 (not a lane op: the caller's
+ * loop runs it) or negative errno (op not started). */
+static int
+lane_submit(struct spot_s3_op *op)
+{
+  struct spot_s3 *s3 = op->s3;
+  const struct spot_creds *creds = NULL;
+  struct lane *l = NULL;
+  int r;
+
+  if (!lane_wanted(op))
+    return 1;
+  if (s3->lanes == NULL && lanes_start(s3) < 0)
+    return 1;
+  for (unsigned i = 0; i < s3->nlanes; i++)
+    if (l == NULL || s3->lanes[i].load < l->load)
+      l = &s3->lanes[i];
+  if (l == NULL)
+    return 1;
+  r = s3->creds->get(s3->creds, &creds);
+  if (r < 0) {
+    snprintf(op->message, sizeof(op->message), "no credentials: %s",
+             strerror(-r));
+    return r;
+  }
+  if (creds == NULL || creds->access_key == NULL || creds->secret_key == NULL)
+    return -ENOKEY;
+  r = creds_copy(&op->creds, creds);
+  if (r < 0)
+    return r;
+  op->lane = l;
+  l->load++;
+  if (s3->lane_out++ == 0)
+    uv_ref((uv_handle_t *)s3->back);
+  set_state(op, OP_SENDING);
+  uv_mutex_lock(&s3->lane_mu);
+  op->lnext = l->inbox;
+  l->inbox = op;
+  uv_async_send(&l->wake);
+  uv_mutex_unlock(&s3->lane_mu);
+  return 0;
 }
 
 /* ---- building operations ---------------------------------------------- */
@@ -1081,7 +1530,9 @@ op_start(struct spot_s3_op *op, struct spot_s3_op **out)
   else if (op->upload)
     spot_strlcpy(op->payload_hash, "UNSIGNED-PAYLOAD",
                  sizeof(op->payload_hash));
-  r = attempt(op);
+  r = lane_submit(op);
+  if (r == 1)
+    r = attempt(op);
   if (r < 0) {
     log_debug("s3: %s s3://%s/%s: cannot start: %s", kinds[op->kind].name,
               op->bucket, op->key, strerror(-r));
@@ -1554,6 +2005,16 @@ spot_s3_cancel(struct spot_s3_op *op)
 {
   if (op == NULL)
     return;
+  if (op->lane != NULL) {
+    /* The lane stops it and hands it back; finish() runs from the loop. */
+    uv_mutex_lock(&op->s3->lane_mu);
+    if (!op->lane_cancel) {
+      op->lane_cancel = true;
+      uv_async_send(&op->lane->wake);
+    }
+    uv_mutex_unlock(&op->s3->lane_mu);
+    return;
+  }
   switch (op->state) {
   case OP_SENDING:
     op->cancelled = true;
@@ -1580,13 +2041,54 @@ spot_s3_free(struct spot_s3 *s3)
   if (s3 == NULL)
     return;
   s3->freeing = true;
+  if (s3->back_gone != NULL)
+    *s3->back_gone = true;
+  /* Ops on lanes come back first: each lane stops its transfers, and this
+   * thread waits until every one is handed back (the lanes need nothing
+   * of this loop for that). */
+  if (s3->lanes != NULL) {
+    uv_mutex_lock(&s3->lane_mu);
+    for (op = s3->ops; op != NULL; op = op->next)
+      if (op->lane != NULL && !op->lane_cancel) {
+        op->lane_cancel = true;
+        uv_async_send(&op->lane->wake);
+      }
+    for (;;) {
+      unsigned back = 0;
+
+      for (struct spot_s3_op *b = s3->back_list; b != NULL; b = b->lnext)
+        back++;
+      if (back == s3->lane_out)
+        break;
+      uv_cond_wait(&s3->lane_cond, &s3->lane_mu);
+    }
+    for (unsigned i = 0; i < s3->nlanes; i++) {
+      s3->lanes[i].stop = true;
+      uv_async_send(&s3->lanes[i].wake);
+    }
+    s3->back_list = NULL; /* all still listed in s3->ops */
+    uv_mutex_unlock(&s3->lane_mu);
+    for (unsigned i = 0; i < s3->nlanes; i++)
+      uv_thread_join(&s3->lanes[i].thread);
+    free(s3->lanes);
+    s3->lanes = NULL;
+    s3->nlanes = 0;
+    s3->lane_out = 0;
+    uv_close((uv_handle_t *)s3->back, back_closed_cb);
+    s3->back = NULL;
+  }
   /* The one exception to "from the loop": the ops cannot outlive s3 and
    * the loop may not turn again, so their callbacks run here. One may
    * cancel others; those are still listed and end here too. */
   while ((op = s3->ops) != NULL) {
-    spot_s3_cancel(op);
+    if (op->lane == NULL)
+      spot_s3_cancel(op);
     uv_timer_stop(&op->timer);
     finish(op, -ECANCELED);
+  }
+  if (s3->lane_sync) {
+    uv_cond_destroy(&s3->lane_cond);
+    uv_mutex_destroy(&s3->lane_mu);
   }
   free(s3->scheme);
   free(s3->hostport);

@@ -49,7 +49,15 @@ struct spot_s3_config {
   long low_speed_limit; /* default 1024 */
   /* whole request; 0 = none (big parts on slow links) */
   long request_timeout_ms;
+  /* I/O threads for the transfers of big bodies (parts and PUTs of 1 MiB
+   * and more, GETs into a sink), each with its own loop and connections:
+   * 0 = $SPOT_IO_THREADS (a test knob), else 1 up to 4 cores and a
+   * quarter of the cores above; 1 = none, the caller's loop carries all.
+   * At most SPOT_S3_IO_THREADS_MAX. Made on the first such transfer,
+   * joined by spot_s3_free(). */
+  unsigned io_threads;
 };
+#define SPOT_S3_IO_THREADS_MAX 8
 
 struct spot_s3;
 struct spot_s3_op; /* one operation in flight, for spot_s3_cancel() */
@@ -106,8 +114,14 @@ int64_t spot_s3_clock_skew_ms(const struct spot_s3_result *res);
 typedef void (*spot_s3_cb)(const struct spot_s3_result *res, void *data);
 /* GET body sink: return 0 to continue, negative errno to abort the
  * transfer (the op then fails with that error, no retry). Called with
- * offset relative to the start of the requested range. On a retry the
- * sink is restarted: reset_cb (if set) is called first. */
+ * offset relative to the start of the requested range; a retry goes on
+ * from the bytes already sunk (a ranged GET of the same ETag).
+ *
+ * Thread: with I/O threads (spot_s3_config.io_threads >= 2) a GET into a
+ * sink runs on one of them, and so does its sink: it may touch only what
+ * belongs to that one transfer (the restore's writes into its slot's
+ * buffer), never the caller's loop state. The completion callback still
+ * runs on the caller's loop, after the last sink call. */
 typedef int (*spot_s3_sink_cb)(const void *p, size_t n, uint64_t offset,
                                void *data);
 

@@ -14,6 +14,7 @@
 
 #include "log.h"
 #include "manifest.h"
+#include "pool.h"
 #include "store_internal.h"
 #include "util.h"
 
@@ -109,12 +110,30 @@ min_rate_default(void)
   return SPOT_STORE_MIN_RATE_DEFAULT;
 }
 
+/* SPOT_STORE_WORKERS=N (1..64): a test knob for the default workers, so
+ * CI on 2 cores runs the store with more coders than cores. */
+static unsigned
+workers_default(void)
+{
+  const char *v = getenv("SPOT_STORE_WORKERS");
+  int64_t n;
+  long cores;
+
+  if (v != NULL && spot_parse_int64(v, 1, SPOT_STORE_WORKERS_MAX, &n) == 0)
+    return (unsigned)n;
+  /* the cores this process may run on (its CPU affinity: a run pinned
+   * to 4 cores gets 4), as many as the config allows; pipe_budget()
+   * trims them to the memory budget */
+  cores = (long)uv_available_parallelism();
+  return cores < 1                        ? 1
+         : cores > SPOT_STORE_WORKERS_MAX ? SPOT_STORE_WORKERS_MAX
+                                          : (unsigned)cores;
+}
+
 int
 spot__store_cfg_copy(struct spot__store_cfg *dst,
                      const struct spot_store_config *src)
 {
-  long cores;
-
   memset(dst, 0, sizeof(*dst));
   dst->c = *src;
   dst->bucket = strdup(src->bucket != NULL ? src->bucket : "");
@@ -147,10 +166,8 @@ spot__store_cfg_copy(struct spot__store_cfg *dst,
     dst->c.part_size = SPOT_STORE_PART_DEFAULT;
   if (dst->c.memory == 0)
     dst->c.memory = SPOT_STORE_MEMORY_DEFAULT;
-  if (dst->c.workers == 0) {
-    cores = sysconf(_SC_NPROCESSORS_ONLN);
-    dst->c.workers = cores < 1 ? 1 : cores > 8 ? 8 : (unsigned)cores;
-  }
+  if (dst->c.workers == 0)
+    dst->c.workers = workers_default();
   if (dst->c.stale_upload_age_ms == 0)
     dst->c.stale_upload_age_ms = 3600 * 1000;
   if (dst->c.min_rate == 0)
@@ -161,7 +178,7 @@ spot__store_cfg_copy(struct spot__store_cfg *dst,
                                 ? 0
                                 : dst->c.pack_threshold,
                             NULL, 0) < 0 ||
-      dst->c.parallel > 64 || dst->c.workers > 64 ||
+      dst->c.parallel > 64 || dst->c.workers > SPOT_STORE_WORKERS_MAX ||
       dst->c.parallel_start > SPOT_STORE_PARALLEL_MAX) {
     spot__store_cfg_fini(dst);
     return -EINVAL;
@@ -373,9 +390,19 @@ watch_close_cb(uv_handle_t *h)
       spot_container_of(h, struct spot__store_op, watch_timer));
 }
 
+static void
+pool_closed_cb(void *data)
+{
+  spot__store_handle_closed(data);
+}
+
 void
 spot__store_close(struct spot__store_op *b)
 {
+  if (b->pool != NULL) {
+    spot_pool_close(b->pool, pool_closed_cb, b); /* joins its threads */
+    b->pool = NULL;
+  }
   uv_timer_stop(&b->progress_timer);
   uv_close((uv_handle_t *)&b->progress_timer, progress_close_cb);
   uv_timer_stop(&b->watch_timer);
@@ -477,10 +504,43 @@ work_after_cb(uv_work_t *req, int status)
   b->kind->advance(b);
 }
 
+/* The op's pool, made on its first job: its coders and one thread more
+ * for the op's sequential job or follow's scan beside them. */
+static int
+op_pool(struct spot__store_op *b)
+{
+  unsigned max = b->cfg.c.workers + 1;
+  int r;
+
+  if (b->pool != NULL) {
+    spot_pool_set_max(b->pool, max);
+    return 0;
+  }
+  r = spot_pool_new(b->loop, max, &b->pool);
+  if (r == 0)
+    b->handles++; /* closed in spot__store_close() */
+  return r;
+}
+
+int
+spot__store_work(struct spot__store_op *b, uv_work_t *req, uv_work_cb fn,
+                 uv_after_work_cb after)
+{
+  int r = op_pool(b);
+
+  return r < 0 ? r : spot_pool_queue(b->pool, req, fn, after);
+}
+
+int
+spot__store_work_cancel(struct spot__store_op *b, uv_work_t *req)
+{
+  return b->pool != NULL ? spot_pool_cancel(b->pool, req) : UV_EINVAL;
+}
+
 int
 spot__store_queue(struct spot__store_op *b, uv_work_cb fn)
 {
-  int r = uv_queue_work(b->loop, &b->work, fn, work_after_cb);
+  int r = spot__store_work(b, &b->work, fn, work_after_cb);
 
   if (r == 0)
     b->active_work++;
@@ -747,11 +807,11 @@ spot__store_pipe_work(struct spot__store_pipe *p, struct spot__store_slot *s,
     return 1;
   s->coder = c;
   c->busy = true;
-  r = uv_queue_work(s->op->loop, &s->work, work, after);
+  r = spot__store_work(s->op, &s->work, work, after);
   if (r < 0) {
     c->busy = false;
     s->coder = NULL;
-    spot__store_fail_msg(s->op, r, "queueing work: %s", uv_strerror(r));
+    spot__store_fail_msg(s->op, r, "queueing work: %s", strerror(-r));
     return r;
   }
   s->state = work_state;
@@ -777,7 +837,7 @@ spot__store_pipe_cancel(struct spot__store_pipe *p, unsigned work_state,
     struct spot__store_slot *s = &p->slots[i];
 
     if (s->state == work_state)
-      uv_cancel((uv_req_t *)&s->work);
+      (void)spot__store_work_cancel(s->op, &s->work);
     else if (s->state == s3_state && s->s3op != NULL)
       spot_s3_cancel(s->s3op);
   }

@@ -1,7 +1,7 @@
 /* The checkpoint store: push a folder to S3 as one committed checkpoint,
  * restore one, list them, apply retention. Async on libuv; the S3 client
- * (s3.h) moves the bytes and the codec (codec.h) runs on the libuv thread
- * pool through uv_queue_work, whose work callbacks touch no loop state.
+ * (s3.h) moves the bytes and the codec (codec.h) runs on the op's own
+ * worker pool (pool.h), whose work callbacks touch no loop state.
  *
  * Layout (docs/design.md "Store layout", "Push and the commit
  * protocol"), under ROOT = PREFIX/JOB, ATTEMPT the push attempt's folder
@@ -53,6 +53,7 @@
  * smallest default; with 8 MiB parts and 8 workers it still fits ~100
  * parts in flight, ~6 GB/s at 60 MB/s per connection. */
 #define SPOT_STORE_MEMORY_DEFAULT ((uint64_t)1 << 30)
+#define SPOT_STORE_WORKERS_MAX 64
 /* Where spotd's transfers start (spot_store_config.parallel_start): the
  * upload after a notice and the restore the trainer waits for at once
  * near what the WAN benchmark found best, periodic uploads gently so
@@ -84,7 +85,9 @@ struct spot_store_config {
    * N = exactly N (within memory), no adaptation. */
   unsigned parallel;
   unsigned parallel_start; /* adaptive: the first limit, 0 = 8 */
-  unsigned workers;        /* compressing threads, 0 = online cores (max 8) */
+  /* compressing threads, 0 = the cores this process may use (at most
+   * SPOT_STORE_WORKERS_MAX); each is a thread of the op's own pool */
+  unsigned workers;
   /* The budget of part buffers in bytes (0 = SPOT_STORE_MEMORY_DEFAULT):
    * workers x (raw part + codec scratch + compressed part) + a compressed
    * part per transfer in flight. What does not fit lowers the transfers

@@ -530,7 +530,7 @@ timer_cb(uv_timer_t *t)
   }
   if (fo->working || fo->state != FOLLOW_WATCH || op->state != PUSH_XFER)
     return;
-  r = uv_queue_work(op->b.loop, &fo->work, scan_work_cb, scan_after_cb);
+  r = spot__store_work(&op->b, &fo->work, scan_work_cb, scan_after_cb);
   if (r < 0) {
     fail_msg(op, r, "queueing work: %s", uv_strerror(r));
     spot__push_pump(op);
@@ -737,7 +737,7 @@ spot__follow_hold(struct push_op *op)
     op->manifest = NULL;
     fo->nreused = fo->nchanged = 0;
     set_state(fo, FOLLOW_FINAL);
-    r = uv_queue_work(op->b.loop, &fo->work, final_work_cb, final_after_cb);
+    r = spot__store_work(&op->b, &fo->work, final_work_cb, final_after_cb);
     if (r < 0) {
       final_after_cb(&fo->work, r);
       return true;
@@ -781,7 +781,7 @@ spot__follow_cancel(struct push_op *op)
    * on (to stop() and its aborts) from the loop, never from here. */
   uv_timer_start(&fo->timer, timer_cb, 0, 0);
   if (fo->working)
-    (void)uv_cancel((uv_req_t *)&fo->work);
+    (void)spot__store_work_cancel(&op->b, &fo->work);
 }
 
 static void

@@ -85,9 +85,10 @@ struct spot__store_op {
   char msg[768];
   enum spot__store_life life;
 
-  unsigned active_work; /* uv_queue_work jobs in flight */
-  unsigned active_s3;   /* S3 requests in flight */
-  uv_work_t work;       /* the op's one sequential pool job */
+  unsigned active_work;   /* pool jobs in flight */
+  unsigned active_s3;     /* S3 requests in flight */
+  uv_work_t work;         /* the op's one sequential pool job */
+  struct spot_pool *pool; /* pool.h: made on the first job, joined at close */
 
   uint64_t start_ms;
   uint64_t raw_total, raw_done, stored_done;
@@ -166,6 +167,13 @@ spot__store_s3_done(struct spot__store_op *b, struct spot_s3_op **slot,
     *slot = NULL;
   b->retries += res->retries;
 }
+
+/* Queues a job on the op's own pool (pool.h), made on first use and
+ * joined when the op closes: as uv_queue_work(), 0 or negative errno. */
+int spot__store_work(struct spot__store_op *b, uv_work_t *req, uv_work_cb fn,
+                     uv_after_work_cb after);
+/* As uv_cancel() for a job of spot__store_work(). */
+int spot__store_work_cancel(struct spot__store_op *b, uv_work_t *req);
 
 /* Queues fn on the pool as the op's sequential job; its completion fails
  * the op on a pool error and calls kind->advance. */

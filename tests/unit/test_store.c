@@ -13,6 +13,7 @@
 #include <uv.h>
 
 #include "buf.h"
+#include "s3_internal.h"
 #include "http.h"
 #include "s3.h"
 #include "s3_stand_in.h"
@@ -376,6 +377,75 @@ test_push_cancel_runs_callback_from_loop(void **state)
   assert_int_equal(rmdir(dir), 0);
 }
 
+static uv_thread_t loop_thread;
+static bool sent_off_loop;
+
+static void
+off_loop_hook(const char *headers, size_t len, void *data)
+{
+  uv_thread_t self = uv_thread_self();
+
+  (void)headers;
+  (void)len;
+  (void)data;
+  if (!uv_thread_equal(&self, &loop_thread))
+    sent_off_loop = true; /* only the one PUT: no race on the flag */
+}
+
+/* The same with the part's PUT on an I/O thread (SPOT_IO_THREADS=3, a
+ * 3 MiB body that does not compress) and 4 workers: the cancel reaches
+ * the lane, the push's callback still comes from the loop, once, and
+ * closing leaves no handle nor thread behind (world_fini). */
+static void
+test_push_cancel_on_lane(void **state)
+{
+  char dir[] = "/tmp/spotd-test-store-XXXXXX", file[64];
+  struct spot_store_config c = cfg_of("");
+  struct world w;
+  unsigned char *data;
+  size_t n = (size_t)3 << 20;
+  FILE *f;
+
+  (void)state;
+  assert_non_null(mkdtemp(dir));
+  snprintf(file, sizeof(file), "%s/weights.bin", dir);
+  data = malloc(n);
+  assert_non_null(data);
+  for (size_t i = 0; i < n; i++) /* xorshift: zstd gains nothing */
+    data[i] = (unsigned char)((i * 2654435761u) >> 13 ^ (i >> 7) * 40503u);
+  f = fopen(file, "w");
+  assert_non_null(f);
+  assert_int_equal(fwrite(data, 1, n, f), n);
+  assert_int_equal(fclose(f), 0);
+  free(data);
+
+  assert_int_equal(setenv("SPOT_IO_THREADS", "3", 1), 0);
+  world_init(&w);
+  assert_int_equal(unsetenv("SPOT_IO_THREADS"), 0);
+  loop_thread = uv_thread_self();
+  spot__s3_set_request_hook(w.s3, off_loop_hook, NULL);
+  w.si.on_put = cancel_push_on_put;
+  c.s3 = w.s3;
+  c.bucket = "spotd-test";
+  c.workers = 4;
+  c.parallel = 1;
+  c.compress = SPOT_STORE_COMPRESS_NEVER;
+  assert_int_equal(spot_store_push(&w.loop, &c, dir, "ckpt-1", NULL,
+                                   push_done_cb, &w, &w.storeop),
+                   0);
+  uv_run(&w.loop, UV_RUN_DEFAULT); /* until push_done_cb stops it */
+  assert_int_equal(w.si.puts, 1);
+  assert_int_equal(w.calls_when_cancel_returned, 0);
+  assert_int_equal(w.calls, 1);
+  assert_int_equal(w.err, -ECANCELED);
+  assert_true(sent_off_loop);
+  world_fini(&w);
+  assert_int_equal(w.calls, 1);
+
+  assert_int_equal(unlink(file), 0);
+  assert_int_equal(rmdir(dir), 0);
+}
+
 int
 main(void)
 {
@@ -389,6 +459,7 @@ main(void)
       cmocka_unit_test(test_s3_cancel_runs_callback_from_loop),
       cmocka_unit_test(test_s3_free_runs_queued_callbacks),
       cmocka_unit_test(test_push_cancel_runs_callback_from_loop),
+      cmocka_unit_test(test_push_cancel_on_lane),
   };
 
   return cmocka_run_group_tests(tests, NULL, NULL);

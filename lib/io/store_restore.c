@@ -620,10 +620,11 @@ fetch_sink(const void *p, size_t n, uint64_t offset, void *data)
 
   /* The server must not send more than the frame asked for (a 206 with
    * extra bytes): its own length, not the buffer's, is the limit. */
-  if (offset > s->want || n > s->want - offset || s->want > s->comp_cap) {
-    s->work_err = -EMSGSIZE;
+  /* Runs on an I/O thread when the client has them (s3.h): it touches
+   * only this transfer's buffer, and the error reaches fetch_cb as
+   * res->err, never through the slot's fields the loop also writes. */
+  if (offset > s->want || n > s->want - offset || s->want > s->comp_cap)
     return -EMSGSIZE;
-  }
   memcpy((char *)s->comp + offset, p, n);
   if (offset + n > s->comp_len)
     s->comp_len = (size_t)(offset + n);
@@ -781,7 +782,7 @@ fetch_cb(const struct spot_s3_result *res, void *data)
   spot__store_s3_done(&op->b, &s->s3op, res);
   op->active_fetch--;
   s->state = RS_FREE;
-  if (s->work_err == -EMSGSIZE) {
+  if (res->err == -EMSGSIZE && res->http_status / 100 == 2) {
     fail_msg(op, -EBADMSG,
              "%s part %zu: the server sent more than the frame's %" PRIu64
              " bytes of %s (a ranged read with extra bytes)",
@@ -905,7 +906,7 @@ pack_fetch_cb(const struct spot_s3_result *res, void *data)
   spot__store_s3_done(&op->b, &s->s3op, res);
   op->active_fetch--;
   s->state = RS_FREE;
-  if (s->work_err == -EMSGSIZE) {
+  if (res->err == -EMSGSIZE && res->http_status / 100 == 2) {
     fail_msg(op, -EBADMSG,
              "%s: the server sent more than the %" PRIu64
              " bytes asked of pack %s (a ranged read with extra bytes)",

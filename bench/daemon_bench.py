@@ -30,6 +30,7 @@ Writes OUT/daemon.md, OUT/daemon.png and OUT/daemon.json (every run).
 Only loopback traffic: the S3 endpoint and the emulator are on 127.0.0.1.
 """
 import argparse
+import datetime
 import json
 import os
 import random
@@ -287,6 +288,85 @@ def stop_spotd(p, err, trainer_mark):
         pass
 
 
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z ")
+
+
+def stamp(line):
+    """The wall clock a spotd log line was written at (its UTC prefix, ms),
+    as seconds since the epoch; None without one."""
+    m = STAMP.match(line or "")
+    if not m:
+        return None
+    return datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f") \
+        .replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+# The phases of notice -> durable, each from one log line of spotd to the
+# next (the push's state and follow lines are at debug level). A phase
+# whose lines are missing (no overlap: no follow) is None.
+TAIL_PHASES = (
+    # key, from-line pattern, to-line pattern, what it is
+    ("t_marker", r"checkpoint \S+ is complete", r"push name=\S+: SPOTD_COMPLETE is there",
+     "the push's scan sees the marker (after spotd's watch)"),
+    ("t_drain", r"push name=\S+: SPOTD_COMPLETE is there", r"push name=\S+ follow drain -> final",
+     "the files started before the marker: the rest compressed, "
+     "uploaded, multipart completes"),
+    ("t_final", r"push name=\S+ follow drain -> final", r"push name=\S+: final walk: ",
+     "the final walk: list, stat, sample, and the parts read before the "
+     "marker read again (CRC32C)"),
+    ("t_rest", (r"push name=\S+: final walk: ", r"push name=\S+ state resume -> transfer"),
+     r"push name=\S+ state transfer -> verify",
+     "files not started before the marker (small ones packed, changed ones)"),
+    ("t_verify", r"push name=\S+ state transfer -> verify", r"push name=\S+ state verify -> ",
+     "stat of every file again"),
+    ("t_manifest", r"push name=\S+ state verify -> ", r"push name=\S+ state commit -> latest",
+     "MANIFEST.json PUT (If-None-Match), with the lease read first when held"),
+    ("t_latest", r"push name=\S+ state commit -> latest", r"push name=\S+ state latest -> retain",
+     "LATEST compare-and-swap"),
+    ("t_retain", r"push name=\S+ state latest -> retain", r"push name=\S+ state retain -> done",
+     "retention (list, older manifests)"),
+    ("t_report", r"push name=\S+ state retain -> done", r"committed checkpoint name=",
+     "the push's result to spotd's log"),
+)
+
+
+def tail_breakdown(lines):
+    """{key: seconds} of TAIL_PHASES from spotd's (time read, line) list,
+    plus what was read and stored when the marker was seen."""
+    def first(pattern, after=None):
+        rx = re.compile(pattern)
+        for _, line in lines:
+            if line is None or not rx.search(line):
+                continue
+            t = stamp(line)
+            if t is not None and (after is None or t >= after):
+                return t, line
+        return None, None
+
+    out = {}
+    t_complete = first(r"checkpoint \S+ is complete")[0]
+    for key, a, b, _ in TAIL_PHASES:
+        ta = None
+        for alt in (a,) if isinstance(a, str) else a:
+            ta = first(alt, None)[0]
+            if ta is not None:
+                break
+        tb = first(b, ta)[0] if ta is not None else None
+        out[key] = tb - ta if ta is not None and tb is not None else None
+    t, line = first(r"SPOTD_COMPLETE is there after")
+    m = re.search(r"(\d+) of (\d+) bytes read and (\d+) bytes stored", line or "")
+    if m:
+        out["read_at_marker"] = int(m.group(1))
+        out["known_at_marker"] = int(m.group(2))
+        out["stored_at_marker"] = int(m.group(3))
+    m = re.search(r"\((\d+) bytes read again\)",
+                  first(r"bytes read again")[1] or "")
+    out["reread"] = int(m.group(1)) if m else None
+    t_commit = first(r"committed checkpoint name=")[0]
+    out["t_tail"] = (t_commit - t_complete) if t_complete and t_commit else None
+    return out
+
+
 class Bench:
     def __init__(self, a):
         self.a = a
@@ -353,7 +433,9 @@ class Bench:
                 "--ckpt-dir", os.path.join(wd, "ckpt"),
                 "--socket", os.path.join(wd, "spotd.sock"),
                 "--provider", "aws", "--metadata-url", emu.url,
-                "--interval", "0", "--restore=false"] + list(extra) + ["--"] + trainer
+                "--interval", "0", "--restore=false",
+                # the push's phases after the marker are debug lines
+                "--log-level", "debug"] + list(extra) + ["--"] + trainer
         errf = open(os.path.join(wd, "spotd.err"), "w")
         p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.children.append(p)
@@ -415,6 +497,8 @@ class Bench:
             "retries": int(m.group(5)) if m else None,
         }
         res["overlap"] = self.a.overlap
+        with err.cond:
+            res.update(tail_breakdown(list(err.lines)))
         shutil.rmtree(os.path.join(wd, "ckpt"), ignore_errors=True)
         self.wipe(self.a.prefix + "/spotd")
         if self.a.spotd_only:
@@ -574,10 +658,50 @@ def summarize(runs, sizes):
             row["n2d_" + alt] = med((r["detect"] + r["save"] + r[alt]) / r["total"]
                                     for r in rs)
         row["upload_mbs"] = med(r["size"] / 1e6 / r["upload"] for r in rs)
+        for k in [p[0] for p in TAIL_PHASES] + ["t_tail", "read_at_marker",
+                                                 "stored_at_marker", "reread",
+                                                 "trainer_save"]:
+            row[k] = med(r.get(k) for r in rs)
         row["detect_min"] = min(r["detect"] for r in rs)
         row["detect_max"] = max(r["detect"] for r in rs)
         rows.append(row)
     return rows
+
+
+def breakdown_table(rows):
+    """Where notice -> durable goes, a column per size (medians of the
+    runs; the phases' medians need not add up to the tail's)."""
+    def sec(x):
+        return "–" if x is None or x != x else "%.2f" % x
+
+    def mib(x):
+        return "–" if x is None or x != x else "%.0f" % (x / MIB)
+
+    L = ["### Where the time goes\n",
+         "From the stamps of spotd's log lines (`--log-level debug`: the "
+         "push's state and follow lines), medians of the runs. *Uploaded "
+         "while saving*: what the push had read (and compressed) and stored "
+         "when it saw the marker. The tail is `is complete` → `committed`; "
+         "its phases follow one another (a phase's median need not add up "
+         "with the others' to the tail's).\n"]
+    L.append("| phase | " + " | ".join(size_label(r["size"]) for r in rows) + " |")
+    L.append("|---|" + "---:|" * len(rows))
+
+    def line(label, key, fmt=sec):
+        L.append("| %s | %s |" % (label, " | ".join(fmt(r.get(key)) for r in rows)))
+
+    line("detect s (notice → `checkpoint requested`)", "detect")
+    line("save s (→ `is complete`; the trainer's)", "save")
+    line("&nbsp;&nbsp;of which the trainer's write + fsync s", "trainer_write")
+    line("read while saving, MiB", "read_at_marker", mib)
+    line("stored while saving, MiB (compressed)", "stored_at_marker", mib)
+    line("**tail s** (`is complete` → `committed`)", "t_tail")
+    for key, _, _, what in TAIL_PHASES:
+        line("&nbsp;&nbsp;" + what + " s", key)
+    line("&nbsp;&nbsp;read again by the final walk, MiB", "reread", mib)
+    line("**notice→durable s**", "total")
+    L.append("")
+    return L
 
 
 def write_report(a, rows, runs, idle, machine):
@@ -643,6 +767,7 @@ def write_report(a, rows, runs, idle, machine):
                  "; the trainer's own write+fsync takes " + ", ".join(
                      "%.2f s" % r["trainer_write"] for r in rows) +
                  " of the save.\n")
+        L.extend(breakdown_table(rows))
     if idle:
         g_rss = idle["rss_max"] <= GOAL_RSS_KIB
         g_cpu = idle["cpu_pct"] < GOAL_CPU_PCT
@@ -698,7 +823,11 @@ def write_report(a, rows, runs, idle, machine):
 
 
 def write_plot(a, rows, idle):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        log("no matplotlib: daemon.png not drawn")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     npanels = len(rows) + (1 if idle else 0)

@@ -119,6 +119,11 @@ struct follow {
   size_t nchanged, nreused;
   size_t nwalked; /* files of the final walk (pack entries come after) */
   uint64_t scans;
+  /* where the time after the marker goes (the log lines say): when the
+   * loop saw the marker, when the final walk began, and what the final
+   * check read again (pool, read by the loop once the work is done) */
+  uint64_t marker_ms, final_ms;
+  uint64_t reread_bytes;
 };
 
 static void
@@ -504,9 +509,13 @@ scan_after_cb(uv_work_t *req, int status)
   } else if ((r = take_added(fo)) < 0 || (r = grown(fo)) < 0) {
     fail_msg(op, r, "following the checkpoint folder: %s", strerror(-r));
   } else if (fo->marker && fo->state == FOLLOW_WATCH) {
+    fo->marker_ms = spot_now_mono_ms();
     log_info("push name=%s: %s is there after %" PRIu64
-             " scans: final walk once the files started are stored",
-             op->b.name, SPOT_STORE_MARKER, fo->scans);
+             " scans: final walk once the files started are stored; "
+             "%" PRIu64 " of %" PRIu64 " bytes read and %" PRIu64
+             " bytes stored so far",
+             op->b.name, SPOT_STORE_MARKER, fo->scans, op->b.raw_done,
+             op->b.raw_total, op->b.stored_done);
     uv_timer_stop(&fo->timer);
     for (size_t i = 0; i < op->nfiles; i++)
       op->files[i].growing = false; /* the scan closed them; if not, as is */
@@ -545,7 +554,7 @@ timer_cb(uv_timer_t *t)
 /* Whether every part of f reads back with the CRC its frame has (pool). */
 static bool
 same_bytes(const struct pfile *f, const struct spot_manifest_file *mf,
-           void *buf)
+           void *buf, uint64_t *nread)
 {
   uint64_t off = 0;
   bool same = true;
@@ -573,6 +582,7 @@ same_bytes(const struct pfile *f, const struct spot_manifest_file *mf,
         break;
       }
       crc = spot_crc32c(crc, buf, n);
+      *nread += n;
       off += n;
       left -= n;
     }
@@ -610,7 +620,8 @@ final_work_cb(uv_work_t *req)
         continue;
       if (f->link == NULL && o->size == f->size && o->mtime_ns == f->mtime_ns &&
           o->ino == f->ino && o->dev == f->dev && o->nparts == f->nparts &&
-          same_bytes(f, &fo->old_manifest->files[o->midx], buf)) {
+          same_bytes(f, &fo->old_manifest->files[o->midx], buf,
+                     &fo->reread_bytes)) {
         fo->reuse[i] = j + 1;
         fo->nreused++;
       } else {
@@ -706,9 +717,16 @@ final_after_cb(uv_work_t *req, int status)
     if (op->b.err == 0)
       spot__store_fail(&op->b, -ECANCELED);
   } else {
+    uint64_t now = spot_now_mono_ms();
+
     log_info("push name=%s: final walk: %zu files, %zu uploaded before the "
              "marker and unchanged, %zu changed since (uploaded again)",
              op->b.name, fo->nwalked, fo->nreused, fo->nchanged);
+    log_debug("push name=%s: after the marker, %" PRIu64
+              " ms to store the files started, %" PRIu64
+              " ms for the final walk (%" PRIu64 " bytes read again)",
+              op->b.name, fo->final_ms - fo->marker_ms, now - fo->final_ms,
+              fo->reread_bytes);
     set_state(fo, FOLLOW_DONE);
   }
   old_free(fo);
@@ -736,6 +754,8 @@ spot__follow_hold(struct push_op *op)
     op->nfiles = 0;
     op->manifest = NULL;
     fo->nreused = fo->nchanged = 0;
+    fo->reread_bytes = 0;
+    fo->final_ms = spot_now_mono_ms();
     set_state(fo, FOLLOW_FINAL);
     r = uv_queue_work(op->b.loop, &fo->work, final_work_cb, final_after_cb);
     if (r < 0) {

@@ -359,7 +359,7 @@ def tail_breakdown(lines):
         out["read_at_marker"] = int(m.group(1))
         out["known_at_marker"] = int(m.group(2))
         out["stored_at_marker"] = int(m.group(3))
-    m = re.search(r"\((\d+) bytes read again\)",
+    m = re.search(r"\((\d+) bytes read (?:before the marker read )?again\)",
                   first(r"bytes read again")[1] or "")
     out["reread"] = int(m.group(1)) if m else None
     t_commit = first(r"committed checkpoint name=")[0]

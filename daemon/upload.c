@@ -682,7 +682,8 @@ spotd_checkpoint_complete(struct spotd *d, const char *name)
     spot_store_cancel(d->up.op);
   }
   if (mine) {
-    /* its upload runs already and sees the marker itself */
+    /* its upload runs already and sees the marker itself: now */
+    spot_store_push_poke(d->up.op);
     spotd_advance(d);
     return 0;
   }

@@ -9,12 +9,17 @@
  *          where the transfer pipeline (store_push_xfer.c) picks it up.
  *          Smaller files wait for the marker (they are the packer's).
  *   DRAIN  the scan saw SPOT_STORE_MARKER: no new file; the pipeline
- *          finishes what it started.
- *   FINAL  nothing in flight: the files uploaded so far move aside and the
- *          push's own walk runs on the pool (every file, with its filter);
- *          then every file uploaded early whose size, mtime, inode and part
- *          count are unchanged is read again, and each part's CRC32C is
- *          compared with the frame's. The loop then builds a new manifest:
+ *          finishes what it started. Meanwhile the check of the parts
+ *          read before the marker runs on the pool: each is read again
+ *          and its CRC32C kept (the trainer has finished writing, so what
+ *          it reads now is final). Parts read after the marker was seen
+ *          are final as they were read and are not read again.
+ *   FINAL  nothing in flight, the check done: the files uploaded so far
+ *          move aside and the push's own walk runs on the pool (every
+ *          file, with its filter); every file uploaded early whose size,
+ *          mtime, inode and part count are unchanged, and whose parts read
+ *          before the marker have the CRC32C of their frames, is
+ *          unchanged. The loop then builds a new manifest:
  *          unchanged files keep their objects and frames (they are not
  *          uploaded again), changed and new files are uploaded (same key:
  *          a changed file's object is replaced), files that are gone are
@@ -41,6 +46,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +100,17 @@ struct grow {
   bool closed; /* settled, or the marker is there: its last part */
 };
 
+/* A file's parts read before the marker was seen (the first nparts):
+ * read again on the pool once the marker is there. crc[p] their CRC32C,
+ * ok false when one could not be read whole (the file shrank or went). */
+struct early {
+  char *abs, *rel;
+  uint64_t size;
+  size_t nparts;
+  uint32_t *crc;
+  bool ok;
+};
+
 struct follow {
   struct push_op *op;
   enum follow_state state;
@@ -124,7 +141,18 @@ struct follow {
    * check read again (pool, read by the loop once the work is done) */
   uint64_t marker_ms, final_ms;
   uint64_t reread_bytes;
+  /* DRAIN: the check of the parts read before the marker (pool) */
+  uv_work_t check_work;
+  bool checking;
+  int check_status;
+  struct early *early; /* early[i] is op->files[i] at the marker's */
+  size_t nearly;
+  bool rescan;            /* a poke came while a scan ran: scan again at once */
+  atomic_bool check_stop; /* cancelled: the check stops reading */
 };
+
+static void timer_cb(uv_timer_t *t);
+static int check_start(struct follow *fo);
 
 static void
 set_state(struct follow *fo, enum follow_state s)
@@ -520,7 +548,13 @@ scan_after_cb(uv_work_t *req, int status)
     for (size_t i = 0; i < op->nfiles; i++)
       op->files[i].growing = false; /* the scan closed them; if not, as is */
     set_state(fo, FOLLOW_DRAIN);
+    if ((r = check_start(fo)) < 0)
+      fail_msg(op, r, "checking the files read before the marker: %s",
+               strerror(-r));
+  } else if (fo->rescan && fo->state == FOLLOW_WATCH) {
+    uv_timer_start(&fo->timer, timer_cb, 0, SPOT_STORE_FOLLOW_SCAN_MS);
   }
+  fo->rescan = false;
   spot__push_pump(op);
 }
 
@@ -551,45 +585,150 @@ timer_cb(uv_timer_t *t)
 
 /* ---------------------------------------------------------- the final */
 
-/* Whether every part of f reads back with the CRC its frame has (pool). */
-static bool
-same_bytes(const struct pfile *f, const struct spot_manifest_file *mf,
-           void *buf, uint64_t *nread)
+/* The raw length of part p of a file of size bytes. */
+static uint64_t
+part_len(uint64_t size, uint64_t part, size_t p)
 {
-  uint64_t off = 0;
-  bool same = true;
-  int fd;
+  uint64_t off = (uint64_t)p * part;
 
-  if (mf->nframes != f->nparts)
-    return false;
-  fd = open(f->abs, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0)
-    return false;
-  for (size_t p = 0; same && p < mf->nframes; p++) {
-    const struct spot_manifest_frame *fr = &mf->frames[p];
-    uint64_t left = fr->raw_len;
-    uint32_t crc = 0;
+  return size - off < part ? size - off : part;
+}
 
-    if (!fr->set) {
-      same = false;
-      break;
-    }
-    while (left > 0) {
-      size_t n = left < VERIFY_CHUNK ? (size_t)left : VERIFY_CHUNK;
+/* Reads again the parts read before the marker, keeping their CRC32C
+ * (pool). The final walk compares them with the frames. */
+static void
+check_work_cb(uv_work_t *req)
+{
+  struct follow *fo = spot_container_of(req, struct follow, check_work);
+  uint64_t part = fo->op->b.cfg.c.part_size;
+  void *buf = malloc(VERIFY_CHUNK);
 
-      if (spot__push_read_full(fd, buf, n, off) < 0) {
-        same = false;
-        break;
+  fo->check_status = buf != NULL ? 0 : -ENOMEM;
+  for (size_t i = 0; buf != NULL && i < fo->nearly; i++) {
+    struct early *e = &fo->early[i];
+    uint64_t off = 0;
+    int fd =
+        e->nparts > 0 ? open(e->abs, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) : -1;
+
+    e->ok = e->nparts == 0 || fd >= 0;
+    for (size_t p = 0; e->ok && p < e->nparts; p++) {
+      uint64_t left = part_len(e->size, part, p);
+      uint32_t crc = 0;
+
+      while (left > 0) {
+        size_t n = left < VERIFY_CHUNK ? (size_t)left : VERIFY_CHUNK;
+
+        if (atomic_load(&fo->check_stop) ||
+            spot__push_read_full(fd, buf, n, off) < 0) {
+          e->ok = false;
+          break;
+        }
+        crc = spot_crc32c(crc, buf, n);
+        fo->reread_bytes += n;
+        off += n;
+        left -= n;
       }
-      crc = spot_crc32c(crc, buf, n);
-      *nread += n;
-      off += n;
-      left -= n;
+      e->crc[p] = crc;
     }
-    same = same && crc == fr->crc32c;
+    if (fd >= 0)
+      close(fd);
   }
-  close(fd);
-  return same && off == f->size;
+  free(buf);
+}
+
+static void
+check_after_cb(uv_work_t *req, int status)
+{
+  struct follow *fo = spot_container_of(req, struct follow, check_work);
+  struct push_op *op = fo->op;
+
+  op->b.active_work--;
+  fo->checking = false;
+  if (status < 0 && status != UV_ECANCELED)
+    fail_msg(op, status, "queueing work: %s", uv_strerror(status));
+  else if (status == 0 && fo->check_status < 0)
+    fail_msg(op, fo->check_status,
+             "checking the files read before the marker: %s",
+             strerror(-fo->check_status));
+  else if (status < 0 && op->b.err == 0)
+    spot__store_fail(&op->b, -ECANCELED);
+  spot__push_pump(op);
+}
+
+static void
+early_free(struct follow *fo)
+{
+  for (size_t i = 0; i < fo->nearly; i++) {
+    free(fo->early[i].abs);
+    free(fo->early[i].rel);
+    free(fo->early[i].crc);
+  }
+  free(fo->early);
+  fo->early = NULL;
+  fo->nearly = 0;
+}
+
+/* The marker is there: what each file had dispatched by now may have been
+ * read before the trainer finished; read it again on the pool while the
+ * pipeline stores the rest. 0 or -ENOMEM. */
+static int
+check_start(struct follow *fo)
+{
+  struct push_op *op = fo->op;
+  int r;
+
+  fo->reread_bytes = 0;
+  fo->early = calloc(op->nfiles + 1, sizeof(*fo->early));
+  if (fo->early == NULL)
+    return -ENOMEM;
+  for (size_t i = 0; i < op->nfiles; i++) {
+    const struct pfile *f = &op->files[i];
+    struct early *e = &fo->early[i];
+
+    fo->nearly = i + 1;
+    e->size = f->size;
+    e->nparts = f->next_part < f->nparts ? f->next_part : f->nparts;
+    e->abs = strdup(f->abs);
+    e->rel = strdup(f->rel);
+    e->crc = calloc(e->nparts + 1, sizeof(*e->crc));
+    if (e->abs == NULL || e->rel == NULL || e->crc == NULL)
+      return -ENOMEM;
+  }
+  atomic_store(&fo->check_stop, false);
+  r = uv_queue_work(op->b.loop, &fo->check_work, check_work_cb, check_after_cb);
+  if (r < 0)
+    return r;
+  fo->checking = true;
+  op->b.active_work++;
+  return 0;
+}
+
+/* Whether the parts of old file j read before the marker read back, after
+ * it, with the CRC32C of their frames (the others were read after it).
+ * Pool, once the check is done. */
+static bool
+early_same(const struct follow *fo, size_t j,
+           const struct spot_manifest_file *mf)
+{
+  uint64_t part = fo->op->b.cfg.c.part_size;
+  const struct early *e;
+
+  if (j >= fo->nearly)
+    return false;
+  e = &fo->early[j];
+  if (!e->ok || strcmp(e->rel, fo->old[j].rel) != 0 ||
+      mf->nframes != fo->old[j].nparts || e->nparts > mf->nframes)
+    return false;
+  for (size_t p = 0; p < mf->nframes; p++) {
+    const struct spot_manifest_frame *fr = &mf->frames[p];
+
+    if (!fr->set)
+      return false;
+    if (p < e->nparts &&
+        (fr->raw_len != part_len(e->size, part, p) || fr->crc32c != e->crc[p]))
+      return false;
+  }
+  return true;
 }
 
 static void
@@ -597,15 +736,12 @@ final_work_cb(uv_work_t *req)
 {
   struct follow *fo = spot_container_of(req, struct follow, work);
   struct push_op *op = fo->op;
-  void *buf;
 
   spot__push_walk(op);
   if (op->b.err < 0)
     return;
   fo->reuse = calloc(op->nfiles + 1, sizeof(*fo->reuse));
-  buf = malloc(VERIFY_CHUNK);
-  if (fo->reuse == NULL || buf == NULL) {
-    free(buf);
+  if (fo->reuse == NULL) {
     fail_msg(op, -ENOMEM, "out of memory");
     return;
   }
@@ -620,8 +756,7 @@ final_work_cb(uv_work_t *req)
         continue;
       if (f->link == NULL && o->size == f->size && o->mtime_ns == f->mtime_ns &&
           o->ino == f->ino && o->dev == f->dev && o->nparts == f->nparts &&
-          same_bytes(f, &fo->old_manifest->files[o->midx], buf,
-                     &fo->reread_bytes)) {
+          early_same(fo, j, &fo->old_manifest->files[o->midx])) {
         fo->reuse[i] = j + 1;
         fo->nreused++;
       } else {
@@ -630,7 +765,6 @@ final_work_cb(uv_work_t *req)
       break;
     }
   }
-  free(buf);
 }
 
 /* The new manifest: files reused keep their frames. */
@@ -686,6 +820,7 @@ old_free(struct follow *fo)
   fo->old_manifest = NULL;
   free(fo->reuse);
   fo->reuse = NULL;
+  early_free(fo);
 }
 
 static void
@@ -724,7 +859,8 @@ final_after_cb(uv_work_t *req, int status)
              op->b.name, fo->nwalked, fo->nreused, fo->nchanged);
     log_debug("push name=%s: after the marker, %" PRIu64
               " ms to store the files started, %" PRIu64
-              " ms for the final walk (%" PRIu64 " bytes read again)",
+              " ms for the final walk (%" PRIu64
+              " bytes read before the marker read again)",
               op->b.name, fo->final_ms - fo->marker_ms, now - fo->final_ms,
               fo->reread_bytes);
     set_state(fo, FOLLOW_DONE);
@@ -746,6 +882,8 @@ spot__follow_hold(struct push_op *op)
       uv_timer_start(&fo->timer, timer_cb, 0, SPOT_STORE_FOLLOW_SCAN_MS);
     return true;
   case FOLLOW_DRAIN:
+    if (fo->checking)
+      return true; /* its end moves the push on */
     /* Everything started is stored; the walk fills op->files anew. */
     fo->old = op->files;
     fo->nold = op->nfiles;
@@ -754,7 +892,6 @@ spot__follow_hold(struct push_op *op)
     op->nfiles = 0;
     op->manifest = NULL;
     fo->nreused = fo->nchanged = 0;
-    fo->reread_bytes = 0;
     fo->final_ms = spot_now_mono_ms();
     set_state(fo, FOLLOW_FINAL);
     r = uv_queue_work(op->b.loop, &fo->work, final_work_cb, final_after_cb);
@@ -802,6 +939,24 @@ spot__follow_cancel(struct push_op *op)
   uv_timer_start(&fo->timer, timer_cb, 0, 0);
   if (fo->working)
     (void)uv_cancel((uv_req_t *)&fo->work);
+  if (fo->checking) {
+    atomic_store(&fo->check_stop, true); /* it stops at its next MiB */
+    (void)uv_cancel((uv_req_t *)&fo->check_work);
+  }
+}
+
+void
+spot__follow_poke(struct push_op *op)
+{
+  struct follow *fo = op->follow;
+
+  if (fo == NULL || fo->state != FOLLOW_WATCH ||
+      op->b.life != SPOT__STORE_RUNNING)
+    return;
+  if (fo->working)
+    fo->rescan = true; /* the scan running may have missed it */
+  else
+    uv_timer_start(&fo->timer, timer_cb, 0, SPOT_STORE_FOLLOW_SCAN_MS);
 }
 
 static void

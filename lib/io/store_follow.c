@@ -855,14 +855,14 @@ final_after_cb(uv_work_t *req, int status)
     uint64_t now = spot_now_mono_ms();
 
     log_info("push name=%s: final walk: %zu files, %zu uploaded before the "
-             "marker and unchanged, %zu changed since (uploaded again)",
-             op->b.name, fo->nwalked, fo->nreused, fo->nchanged);
+             "marker and unchanged, %zu changed since (uploaded again); "
+             "%" PRIu64 " bytes read before the marker read again",
+             op->b.name, fo->nwalked, fo->nreused, fo->nchanged,
+             fo->reread_bytes);
     log_debug("push name=%s: after the marker, %" PRIu64
               " ms to store the files started, %" PRIu64
-              " ms for the final walk (%" PRIu64
-              " bytes read before the marker read again)",
-              op->b.name, fo->final_ms - fo->marker_ms, now - fo->final_ms,
-              fo->reread_bytes);
+              " ms for the final walk",
+              op->b.name, fo->final_ms - fo->marker_ms, now - fo->final_ms);
     set_state(fo, FOLLOW_DONE);
   }
   old_free(fo);

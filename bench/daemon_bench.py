@@ -73,9 +73,50 @@ def size_label(n):
 
 # ------------------------------------------------------------- trainer mode
 
-def trainer_main(cache, events_path, write_mbps=0.0):
-    """The fake trainer: load the checkpoint into memory, say ready, then
-    write it out on each SIGUSR1 and exit on SIGTERM."""
+def torch_state(nbytes):
+    """A real-shaped fp32 training state in torch tensors of 64 MiB (16 Mi
+    values, a layer each): weights N(0, 0.02) a third; Adam's exp_avg
+    N(0, 1e-3) and exp_avg_sq its square, the other two thirds. Returns
+    {file name: object for torch.save}."""
+    import torch
+    try:  # numpy's normals are several times faster than torch.randn
+        import numpy as np
+        rng = np.random.default_rng(nbytes)
+
+        def randn(k):
+            return torch.from_numpy(rng.standard_normal(k, dtype=np.float32))
+    except ImportError:
+        g = torch.Generator().manual_seed(nbytes)
+
+        def randn(k):
+            return torch.randn(k, generator=g)
+    layer = 16 * MIB
+    third = nbytes // 3 // 4
+
+    def tensors(nvalues, scale):
+        out, left = [], nvalues
+        while left > 0:
+            k = min(layer, left)
+            out.append(randn(k) * scale)
+            left -= k
+        return out
+
+    model = {"layer%d.weight" % i: t for i, t in enumerate(tensors(third, 0.02))}
+    m = tensors((nbytes // 4 - third) // 2, 1e-3)
+    state = {i: {"step": torch.tensor(1000.0), "exp_avg": t, "exp_avg_sq": t * t}
+             for i, t in enumerate(m)}
+    return {"model.pt": model,
+            "optim.pt": {"state": state, "param_groups": [
+                {"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-8,
+                 "weight_decay": 0.0, "params": list(state)}]}}
+
+
+def trainer_main(cache, events_path, write_mbps=0.0, kind="fake"):
+    """The trainer: load the checkpoint into memory, say ready, then
+    write it out on each SIGUSR1 and exit on SIGTERM. kind "fake" holds
+    the bytes of the files in cache and writes them; "torch" builds a
+    training state of cache (a byte count) in torch tensors and saves it
+    with torch.save, as a trainer does."""
     ck = int(os.environ.get("SPOTD_SIGNAL") or signal.SIGUSR1)
     signal.pthread_sigmask(signal.SIG_BLOCK, {ck, signal.SIGTERM})
     ev = open(events_path, "a")
@@ -86,18 +127,24 @@ def trainer_main(cache, events_path, write_mbps=0.0):
         ev.flush()
 
     files = []
-    for name in sorted(os.listdir(cache)):
-        path = os.path.join(cache, name)
-        buf = bytearray(os.path.getsize(path))
-        with open(path, "rb", buffering=0) as f:
-            mv, got = memoryview(buf), 0
-            while got < len(buf):
-                n = f.readinto(mv[got:])
-                if not n:
-                    raise SystemExit("short read of " + path)
-                got += n
-        files.append((name, buf))
-    emit("ready", bytes=sum(len(b) for _, b in files))
+    state = None
+    if kind == "torch":
+        import torch
+        state = torch_state(int(cache))
+        emit("ready", bytes=int(cache), torch=torch.__version__)
+    else:
+        for name in sorted(os.listdir(cache)):
+            path = os.path.join(cache, name)
+            buf = bytearray(os.path.getsize(path))
+            with open(path, "rb", buffering=0) as f:
+                mv, got = memoryview(buf), 0
+                while got < len(buf):
+                    n = f.readinto(mv[got:])
+                    if not n:
+                        raise SystemExit("short read of " + path)
+                    got += n
+            files.append((name, buf))
+        emit("ready", bytes=sum(len(b) for _, b in files))
     ckpt_dir = os.environ["SPOTD_CKPT_DIR"]
     n = 0
     while True:
@@ -113,6 +160,14 @@ def trainer_main(cache, events_path, write_mbps=0.0):
         name = "ckpt-%03d" % n
         d = os.path.join(ckpt_dir, name)
         os.makedirs(d)
+        if state is not None:
+            import torch
+            for fname in sorted(state):
+                path = os.path.join(d, fname)
+                torch.save(state[fname], path)
+                fd = os.open(path, os.O_RDONLY)
+                os.fsync(fd)
+                os.close(fd)
         for fname, buf in files:
             fd = os.open(os.path.join(d, fname),
                          os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -359,8 +414,8 @@ def tail_breakdown(lines):
         out["read_at_marker"] = int(m.group(1))
         out["known_at_marker"] = int(m.group(2))
         out["stored_at_marker"] = int(m.group(3))
-    m = re.search(r"\((\d+) bytes read (?:before the marker read )?again\)",
-                  first(r"bytes read again")[1] or "")
+    m = re.search(r"(\d+) bytes read (?:before the marker read )?again",
+                  first(r"bytes read (?:before the marker read )?again")[1] or "")
     out["reread"] = int(m.group(1)) if m else None
     t_commit = first(r"committed checkpoint name=")[0]
     out["t_tail"] = (t_commit - t_complete) if t_complete and t_commit else None
@@ -391,6 +446,8 @@ class Bench:
 
     # -- store housekeeping
     def wipe(self, prefix):
+        if not os.access(AWS, os.X_OK):
+            return  # no aws CLI (the GPU host): a fresh s3_mem per run
         subprocess.run([AWS, "--endpoint-url", self.endpoint, "s3", "rm",
                         "--recursive", "--quiet", "s3://%s/%s/" % (self.bucket, prefix)],
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -436,6 +493,9 @@ class Bench:
                 "--interval", "0", "--restore=false",
                 # the push's phases after the marker are debug lines
                 "--log-level", "debug"] + list(extra) + ["--"] + trainer
+        if os.environ.get("LD_LIBRARY_PATH") and trainer[:1] != ["sleep"]:
+            # spotd's libraries (a packed build) are not the trainer's
+            argv[argv.index("--") + 1:] = ["env", "-u", "LD_LIBRARY_PATH"] + trainer
         errf = open(os.path.join(wd, "spotd.err"), "w")
         p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.children.append(p)
@@ -451,8 +511,9 @@ class Bench:
         os.makedirs(wd)
         emu, p, err = self.start_spotd(
             wd, job, "s3://%s/%s/spotd" % (self.bucket, self.a.prefix),
-            [PY, os.path.abspath(__file__), "trainer", cache, events,
-             str(self.a.write_mbps)],
+            [self.a.python, os.path.abspath(__file__), "trainer",
+             str(nbytes) if self.a.trainer == "torch" else cache, events,
+             str(self.a.write_mbps), self.a.trainer],
             ["--overlap=" + ("true" if self.a.overlap == "on" else "false")])
         try:
             if err.wait(r"state \S+ -> running", 60)[0] is None:
@@ -698,7 +759,8 @@ def breakdown_table(rows):
     line("**tail s** (`is complete` → `committed`)", "t_tail")
     for key, _, _, what in TAIL_PHASES:
         line("&nbsp;&nbsp;" + what + " s", key)
-    line("&nbsp;&nbsp;read again by the final walk, MiB", "reread", mib)
+    line("&nbsp;&nbsp;parts read before the marker, read again after it, MiB",
+         "reread", mib)
     line("**notice→durable s**", "total")
     L.append("")
     return L
@@ -715,6 +777,14 @@ def write_report(a, rows, runs, idle, machine):
                  " ".join(a.argv_shown) or "(defaults)", machine, a.build_label, a.runs))
     if rows:
         L.append("## Notice to durable\n")
+        if getattr(a, "trainer", "fake") == "torch":
+            L.append("The trainer (`--trainer torch`) holds a training state in "
+                     "torch tensors of 64 MiB (fp32 weights N(0, 0.02) a third; "
+                     "Adam's exp_avg N(0, 1e-3) and exp_avg_sq its square) and "
+                     "on SIGUSR1 saves it with `torch.save` into `model.pt` and "
+                     "`optim.pt`, fsyncs them and the folder, then creates "
+                     "SPOTD_COMPLETE. What follows about the fake trainer's "
+                     "files holds for these two.\n")
         L.append("A fake trainer holds an fp32 checkpoint in memory (weights N(0, 0.02), "
                  "Adam m N(0, 1e-3), v = m²; `model.pt` a third, `optim.pt` two "
                  "thirds) and on SIGUSR1 writes it from memory, fsyncs each file and "
@@ -767,7 +837,9 @@ def write_report(a, rows, runs, idle, machine):
                  "; the trainer's own write+fsync takes " + ", ".join(
                      "%.2f s" % r["trainer_write"] for r in rows) +
                  " of the save.\n")
-        L.extend(breakdown_table(rows))
+        if any(r.get("t_tail") == r.get("t_tail") and r.get("t_tail")
+               is not None for r in rows):  # runs from before it: none
+            L.extend(breakdown_table(rows))
     if idle:
         g_rss = idle["rss_max"] <= GOAL_RSS_KIB
         g_cpu = idle["cpu_pct"] < GOAL_CPU_PCT
@@ -881,7 +953,8 @@ def write_plot(a, rows, idle):
 def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "trainer":
         return trainer_main(sys.argv[2], sys.argv[3],
-                            float(sys.argv[4]) if len(sys.argv) > 4 else 0.0)
+                            float(sys.argv[4]) if len(sys.argv) > 4 else 0.0,
+                            sys.argv[5] if len(sys.argv) > 5 else "fake")
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.path.join(here, "..", ".build-bench"))
@@ -904,6 +977,13 @@ def main():
                     help="the fake trainer writes at most this many MB/s "
                     "(0 = as fast as it can), like a trainer serializing "
                     "tensors as it goes")
+    ap.add_argument("--trainer", choices=("fake", "torch"), default="fake",
+                    help="fake (default): the checkpoint's bytes held in "
+                    "memory, written out; torch: a training state in torch "
+                    "tensors saved with torch.save (model.pt, optim.pt)")
+    ap.add_argument("--python", default=PY,
+                    help="the trainer's python (default %s; torch needs "
+                    "one with torch)" % PY)
     ap.add_argument("--no-warm", action="store_true",
                     help="no warming upload first (a server already busy)")
     ap.add_argument("--spotd-only", action="store_true",
@@ -932,6 +1012,7 @@ def main():
             old = json.load(f)
         for k in ("argv_shown", "build_label", "machine"):
             setattr(a, k, old.get(k, "?"))
+        a.trainer = old.get("trainer", "fake")
         runs, idle = old.get("runs", []), old.get("idle") or None
         a.sizes = sorted({r["size"] for r in runs})
         a.runs = max([r["run"] for r in runs] or [0])
@@ -959,7 +1040,8 @@ def main():
             th.start()
         if not a.no_notice:
             for n in a.sizes:
-                gen_cache(os.path.join(a.work, "cache", "%dM" % (n >> 20)), n)
+                if a.trainer == "fake" or not a.spotd_only or not a.no_warm:
+                    gen_cache(os.path.join(a.work, "cache", "%dM" % (n >> 20)), n)
             if not a.no_warm:
                 b.warm()
             for n in a.sizes:
@@ -994,6 +1076,7 @@ def main():
     rows = summarize(runs, a.sizes)
     with open(os.path.join(a.out, "daemon.json"), "w") as f:
         json.dump({"argv_shown": a.argv_shown, "build_label": a.build_label,
+                   "trainer": a.trainer,
                    "machine": machine, "runs": runs, "summary": rows,
                    "idle": idle}, f, indent=1)
     write_report(a, rows, runs, idle or None, machine)

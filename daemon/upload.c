@@ -402,6 +402,11 @@ upload_progress_cb(const struct spot_store_progress *p, void *data)
     }
     return;
   }
+  /* The marker came once all written was uploaded: what follows is the
+   * check at the marker, not a transfer (its rate would count the wait). */
+  if (p->phase == SPOT_STORE_PHASE_TRANSFER && u->marker_wait_ms != 0 &&
+      p->raw_done >= p->raw_total)
+    return;
   u->marker_wait_ms = 0;
   /* One progress line every 2 s for long uploads. */
   if (p->phase == SPOT_STORE_PHASE_TRANSFER && p->raw_total > 0 &&

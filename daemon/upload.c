@@ -402,11 +402,11 @@ upload_progress_cb(const struct spot_store_progress *p, void *data)
     }
     return;
   }
-  /* The marker came once all written was uploaded: what follows is the
-   * check at the marker, not a transfer (its rate would count the wait). */
-  if (p->phase == SPOT_STORE_PHASE_TRANSFER && u->marker_wait_ms != 0 &&
-      p->raw_done >= p->raw_total)
-    return;
+  /* A wait for the trainer just ended: the next line 2 s from now, not 2 s
+   * from the last wait line (its rate would count the wait: "100% at 0
+   * MB/s" while the check at the marker runs). */
+  if (u->marker_wait_ms != 0)
+    u->log_ms = p->elapsed_ms;
   u->marker_wait_ms = 0;
   /* One progress line every 2 s for long uploads. */
   if (p->phase == SPOT_STORE_PHASE_TRANSFER && p->raw_total > 0 &&

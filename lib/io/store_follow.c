@@ -10,7 +10,8 @@
  *          Smaller files wait for the marker (they are the packer's).
  *   DRAIN  the scan saw SPOT_STORE_MARKER: no new file; the pipeline
  *          finishes what it started. Meanwhile the check of the parts
- *          read before the marker runs on the pool: each is read again
+ *          read before the marker runs on the pool (split over up to
+ *          `workers` jobs): each is read again
  *          and its CRC32C kept (the trainer has finished writing, so what
  *          it reads now is final). Parts read after the marker was seen
  *          are final as they were read and are not read again.
@@ -102,13 +103,27 @@ struct grow {
 
 /* A file's parts read before the marker was seen (the first nparts):
  * read again on the pool once the marker is there. crc[p] their CRC32C,
- * ok false when one could not be read whole (the file shrank or went). */
+ * bad[p] set when part p could not be read whole (the file shrank or
+ * went); each part is written by one check job only. */
 struct early {
   char *abs, *rel;
   uint64_t size;
   size_t nparts;
   uint32_t *crc;
-  bool ok;
+  unsigned char *bad;
+};
+
+/* The check is split over up to `workers` jobs on the pool (the encoders
+ * have little left to do once the marker is there): job k reads the parts
+ * [from, to) of all the files' early parts, counted in file order. */
+#define CHECK_JOBS_MAX 8
+
+struct check_job {
+  struct follow *fo;
+  uv_work_t work;
+  size_t from, to;
+  uint64_t bytes;
+  int status;
 };
 
 struct follow {
@@ -142,10 +157,9 @@ struct follow {
   uint64_t marker_ms, final_ms;
   uint64_t reread_bytes;
   /* DRAIN: the check of the parts read before the marker (pool) */
-  uv_work_t check_work;
-  bool checking;
-  int check_status;
-  struct early *early; /* early[i] is op->files[i] at the marker's */
+  struct check_job jobs[CHECK_JOBS_MAX];
+  unsigned njobs, checking; /* jobs queued, jobs not back yet */
+  struct early *early;      /* early[i] is op->files[i] at the marker's */
   size_t nearly;
   bool rescan;            /* a poke came while a scan ran: scan again at once */
   atomic_bool check_stop; /* cancelled: the check stops reading */
@@ -594,37 +608,44 @@ part_len(uint64_t size, uint64_t part, size_t p)
   return size - off < part ? size - off : part;
 }
 
-/* Reads again the parts read before the marker, keeping their CRC32C
- * (pool). The final walk compares them with the frames. */
+/* Reads again its share of the parts read before the marker, keeping
+ * their CRC32C (pool). The final walk compares them with the frames. */
 static void
 check_work_cb(uv_work_t *req)
 {
-  struct follow *fo = spot_container_of(req, struct follow, check_work);
+  struct check_job *j = spot_container_of(req, struct check_job, work);
+  struct follow *fo = j->fo;
   uint64_t part = fo->op->b.cfg.c.part_size;
   void *buf = malloc(VERIFY_CHUNK);
+  size_t g = 0; /* the part's index in file order */
 
-  fo->check_status = buf != NULL ? 0 : -ENOMEM;
-  for (size_t i = 0; buf != NULL && i < fo->nearly; i++) {
+  j->status = buf != NULL ? 0 : -ENOMEM;
+  for (size_t i = 0; buf != NULL && i < fo->nearly && g < j->to; i++) {
     struct early *e = &fo->early[i];
-    uint64_t off = 0;
-    int fd =
-        e->nparts > 0 ? open(e->abs, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) : -1;
+    int fd = -1;
 
-    e->ok = e->nparts == 0 || fd >= 0;
-    for (size_t p = 0; e->ok && p < e->nparts; p++) {
-      uint64_t left = part_len(e->size, part, p);
+    for (size_t p = 0; p < e->nparts; p++, g++) {
+      uint64_t off = (uint64_t)p * part, left = part_len(e->size, part, p);
       uint32_t crc = 0;
 
+      if (g < j->from || g >= j->to)
+        continue;
+      if (fd < 0)
+        fd = open(e->abs, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+      if (fd < 0) {
+        e->bad[p] = 1;
+        continue;
+      }
       while (left > 0) {
         size_t n = left < VERIFY_CHUNK ? (size_t)left : VERIFY_CHUNK;
 
         if (atomic_load(&fo->check_stop) ||
             spot__push_read_full(fd, buf, n, off) < 0) {
-          e->ok = false;
+          e->bad[p] = 1;
           break;
         }
         crc = spot_crc32c(crc, buf, n);
-        fo->reread_bytes += n;
+        j->bytes += n;
         off += n;
         left -= n;
       }
@@ -639,17 +660,18 @@ check_work_cb(uv_work_t *req)
 static void
 check_after_cb(uv_work_t *req, int status)
 {
-  struct follow *fo = spot_container_of(req, struct follow, check_work);
+  struct check_job *j = spot_container_of(req, struct check_job, work);
+  struct follow *fo = j->fo;
   struct push_op *op = fo->op;
 
   op->b.active_work--;
-  fo->checking = false;
+  fo->checking--;
+  fo->reread_bytes += j->bytes;
   if (status < 0 && status != UV_ECANCELED)
     fail_msg(op, status, "queueing work: %s", uv_strerror(status));
-  else if (status == 0 && fo->check_status < 0)
-    fail_msg(op, fo->check_status,
-             "checking the files read before the marker: %s",
-             strerror(-fo->check_status));
+  else if (status == 0 && j->status < 0)
+    fail_msg(op, j->status, "checking the files read before the marker: %s",
+             strerror(-j->status));
   else if (status < 0 && op->b.err == 0)
     spot__store_fail(&op->b, -ECANCELED);
   spot__push_pump(op);
@@ -662,6 +684,7 @@ early_free(struct follow *fo)
     free(fo->early[i].abs);
     free(fo->early[i].rel);
     free(fo->early[i].crc);
+    free(fo->early[i].bad);
   }
   free(fo->early);
   fo->early = NULL;
@@ -670,12 +693,12 @@ early_free(struct follow *fo)
 
 /* The marker is there: what each file had dispatched by now may have been
  * read before the trainer finished; read it again on the pool while the
- * pipeline stores the rest. 0 or -ENOMEM. */
+ * pipeline stores the rest. 0 or negative errno (the jobs queued run on). */
 static int
 check_start(struct follow *fo)
 {
   struct push_op *op = fo->op;
-  int r;
+  size_t total = 0, njobs = op->b.cfg.c.workers;
 
   fo->reread_bytes = 0;
   fo->early = calloc(op->nfiles + 1, sizeof(*fo->early));
@@ -691,15 +714,31 @@ check_start(struct follow *fo)
     e->abs = strdup(f->abs);
     e->rel = strdup(f->rel);
     e->crc = calloc(e->nparts + 1, sizeof(*e->crc));
-    if (e->abs == NULL || e->rel == NULL || e->crc == NULL)
+    e->bad = calloc(e->nparts + 1, 1);
+    if (e->abs == NULL || e->rel == NULL || e->crc == NULL || e->bad == NULL)
       return -ENOMEM;
+    total += e->nparts;
   }
   atomic_store(&fo->check_stop, false);
-  r = uv_queue_work(op->b.loop, &fo->check_work, check_work_cb, check_after_cb);
-  if (r < 0)
-    return r;
-  fo->checking = true;
-  op->b.active_work++;
+  if (njobs > CHECK_JOBS_MAX)
+    njobs = CHECK_JOBS_MAX;
+  if (njobs > total)
+    njobs = total;
+  for (size_t k = 0; k < njobs; k++) {
+    struct check_job *j = &fo->jobs[k];
+    int r;
+
+    memset(j, 0, sizeof(*j));
+    j->fo = fo;
+    j->from = total * k / njobs;
+    j->to = total * (k + 1) / njobs;
+    r = uv_queue_work(op->b.loop, &j->work, check_work_cb, check_after_cb);
+    if (r < 0)
+      return r;
+    fo->njobs = (unsigned)k + 1;
+    fo->checking++;
+    op->b.active_work++;
+  }
   return 0;
 }
 
@@ -716,8 +755,8 @@ early_same(const struct follow *fo, size_t j,
   if (j >= fo->nearly)
     return false;
   e = &fo->early[j];
-  if (!e->ok || strcmp(e->rel, fo->old[j].rel) != 0 ||
-      mf->nframes != fo->old[j].nparts || e->nparts > mf->nframes)
+  if (strcmp(e->rel, fo->old[j].rel) != 0 || mf->nframes != fo->old[j].nparts ||
+      e->nparts > mf->nframes)
     return false;
   for (size_t p = 0; p < mf->nframes; p++) {
     const struct spot_manifest_frame *fr = &mf->frames[p];
@@ -725,7 +764,8 @@ early_same(const struct follow *fo, size_t j,
     if (!fr->set)
       return false;
     if (p < e->nparts &&
-        (fr->raw_len != part_len(e->size, part, p) || fr->crc32c != e->crc[p]))
+        (e->bad[p] || fr->raw_len != part_len(e->size, part, p) ||
+         fr->crc32c != e->crc[p]))
       return false;
   }
   return true;
@@ -882,8 +922,8 @@ spot__follow_hold(struct push_op *op)
       uv_timer_start(&fo->timer, timer_cb, 0, SPOT_STORE_FOLLOW_SCAN_MS);
     return true;
   case FOLLOW_DRAIN:
-    if (fo->checking)
-      return true; /* its end moves the push on */
+    if (fo->checking > 0)
+      return true; /* the last one's end moves the push on */
     /* Everything started is stored; the walk fills op->files anew. */
     fo->old = op->files;
     fo->nold = op->nfiles;
@@ -939,9 +979,10 @@ spot__follow_cancel(struct push_op *op)
   uv_timer_start(&fo->timer, timer_cb, 0, 0);
   if (fo->working)
     (void)uv_cancel((uv_req_t *)&fo->work);
-  if (fo->checking) {
-    atomic_store(&fo->check_stop, true); /* it stops at its next MiB */
-    (void)uv_cancel((uv_req_t *)&fo->check_work);
+  if (fo->checking > 0) {
+    atomic_store(&fo->check_stop, true); /* they stop at their next MiB */
+    for (unsigned k = 0; k < fo->njobs; k++)
+      (void)uv_cancel((uv_req_t *)&fo->jobs[k].work);
   }
 }
 

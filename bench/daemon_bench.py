@@ -30,6 +30,7 @@ Writes OUT/daemon.md, OUT/daemon.png and OUT/daemon.json (every run).
 Only loopback traffic: the S3 endpoint and the emulator are on 127.0.0.1.
 """
 import argparse
+import datetime
 import json
 import os
 import random
@@ -72,9 +73,50 @@ def size_label(n):
 
 # ------------------------------------------------------------- trainer mode
 
-def trainer_main(cache, events_path, write_mbps=0.0):
-    """The fake trainer: load the checkpoint into memory, say ready, then
-    write it out on each SIGUSR1 and exit on SIGTERM."""
+def torch_state(nbytes):
+    """A real-shaped fp32 training state in torch tensors of 64 MiB (16 Mi
+    values, a layer each): weights N(0, 0.02) a third; Adam's exp_avg
+    N(0, 1e-3) and exp_avg_sq its square, the other two thirds. Returns
+    {file name: object for torch.save}."""
+    import torch
+    try:  # numpy's normals are several times faster than torch.randn
+        import numpy as np
+        rng = np.random.default_rng(nbytes)
+
+        def randn(k):
+            return torch.from_numpy(rng.standard_normal(k, dtype=np.float32))
+    except ImportError:
+        g = torch.Generator().manual_seed(nbytes)
+
+        def randn(k):
+            return torch.randn(k, generator=g)
+    layer = 16 * MIB
+    third = nbytes // 3 // 4
+
+    def tensors(nvalues, scale):
+        out, left = [], nvalues
+        while left > 0:
+            k = min(layer, left)
+            out.append(randn(k) * scale)
+            left -= k
+        return out
+
+    model = {"layer%d.weight" % i: t for i, t in enumerate(tensors(third, 0.02))}
+    m = tensors((nbytes // 4 - third) // 2, 1e-3)
+    state = {i: {"step": torch.tensor(1000.0), "exp_avg": t, "exp_avg_sq": t * t}
+             for i, t in enumerate(m)}
+    return {"model.pt": model,
+            "optim.pt": {"state": state, "param_groups": [
+                {"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-8,
+                 "weight_decay": 0.0, "params": list(state)}]}}
+
+
+def trainer_main(cache, events_path, write_mbps=0.0, kind="fake"):
+    """The trainer: load the checkpoint into memory, say ready, then
+    write it out on each SIGUSR1 and exit on SIGTERM. kind "fake" holds
+    the bytes of the files in cache and writes them; "torch" builds a
+    training state of cache (a byte count) in torch tensors and saves it
+    with torch.save, as a trainer does."""
     ck = int(os.environ.get("SPOTD_SIGNAL") or signal.SIGUSR1)
     signal.pthread_sigmask(signal.SIG_BLOCK, {ck, signal.SIGTERM})
     ev = open(events_path, "a")
@@ -85,18 +127,24 @@ def trainer_main(cache, events_path, write_mbps=0.0):
         ev.flush()
 
     files = []
-    for name in sorted(os.listdir(cache)):
-        path = os.path.join(cache, name)
-        buf = bytearray(os.path.getsize(path))
-        with open(path, "rb", buffering=0) as f:
-            mv, got = memoryview(buf), 0
-            while got < len(buf):
-                n = f.readinto(mv[got:])
-                if not n:
-                    raise SystemExit("short read of " + path)
-                got += n
-        files.append((name, buf))
-    emit("ready", bytes=sum(len(b) for _, b in files))
+    state = None
+    if kind == "torch":
+        import torch
+        state = torch_state(int(cache))
+        emit("ready", bytes=int(cache), torch=torch.__version__)
+    else:
+        for name in sorted(os.listdir(cache)):
+            path = os.path.join(cache, name)
+            buf = bytearray(os.path.getsize(path))
+            with open(path, "rb", buffering=0) as f:
+                mv, got = memoryview(buf), 0
+                while got < len(buf):
+                    n = f.readinto(mv[got:])
+                    if not n:
+                        raise SystemExit("short read of " + path)
+                    got += n
+            files.append((name, buf))
+        emit("ready", bytes=sum(len(b) for _, b in files))
     ckpt_dir = os.environ["SPOTD_CKPT_DIR"]
     n = 0
     while True:
@@ -112,6 +160,14 @@ def trainer_main(cache, events_path, write_mbps=0.0):
         name = "ckpt-%03d" % n
         d = os.path.join(ckpt_dir, name)
         os.makedirs(d)
+        if state is not None:
+            import torch
+            for fname in sorted(state):
+                path = os.path.join(d, fname)
+                torch.save(state[fname], path)
+                fd = os.open(path, os.O_RDONLY)
+                os.fsync(fd)
+                os.close(fd)
         for fname, buf in files:
             fd = os.open(os.path.join(d, fname),
                          os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -287,6 +343,85 @@ def stop_spotd(p, err, trainer_mark):
         pass
 
 
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z ")
+
+
+def stamp(line):
+    """The wall clock a spotd log line was written at (its UTC prefix, ms),
+    as seconds since the epoch; None without one."""
+    m = STAMP.match(line or "")
+    if not m:
+        return None
+    return datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f") \
+        .replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+# The phases of notice -> durable, each from one log line of spotd to the
+# next (the push's state and follow lines are at debug level). A phase
+# whose lines are missing (no overlap: no follow) is None.
+TAIL_PHASES = (
+    # key, from-line pattern, to-line pattern, what it is
+    ("t_marker", r"checkpoint \S+ is complete", r"push name=\S+: SPOTD_COMPLETE is there",
+     "the push's scan sees the marker (after spotd's watch)"),
+    ("t_drain", r"push name=\S+: SPOTD_COMPLETE is there", r"push name=\S+ follow drain -> final",
+     "the files started before the marker: the rest compressed, "
+     "uploaded, multipart completes"),
+    ("t_final", r"push name=\S+ follow drain -> final", r"push name=\S+: final walk: ",
+     "the final walk: list, stat, sample, and the parts read before the "
+     "marker read again (CRC32C)"),
+    ("t_rest", (r"push name=\S+: final walk: ", r"push name=\S+ state resume -> transfer"),
+     r"push name=\S+ state transfer -> verify",
+     "files not started before the marker (small ones packed, changed ones)"),
+    ("t_verify", r"push name=\S+ state transfer -> verify", r"push name=\S+ state verify -> ",
+     "stat of every file again"),
+    ("t_manifest", r"push name=\S+ state verify -> ", r"push name=\S+ state commit -> latest",
+     "MANIFEST.json PUT (If-None-Match), with the lease read first when held"),
+    ("t_latest", r"push name=\S+ state commit -> latest", r"push name=\S+ state latest -> retain",
+     "LATEST compare-and-swap"),
+    ("t_retain", r"push name=\S+ state latest -> retain", r"push name=\S+ state retain -> done",
+     "retention (list, older manifests)"),
+    ("t_report", r"push name=\S+ state retain -> done", r"committed checkpoint name=",
+     "the push's result to spotd's log"),
+)
+
+
+def tail_breakdown(lines):
+    """{key: seconds} of TAIL_PHASES from spotd's (time read, line) list,
+    plus what was read and stored when the marker was seen."""
+    def first(pattern, after=None):
+        rx = re.compile(pattern)
+        for _, line in lines:
+            if line is None or not rx.search(line):
+                continue
+            t = stamp(line)
+            if t is not None and (after is None or t >= after):
+                return t, line
+        return None, None
+
+    out = {}
+    t_complete = first(r"checkpoint \S+ is complete")[0]
+    for key, a, b, _ in TAIL_PHASES:
+        ta = None
+        for alt in (a,) if isinstance(a, str) else a:
+            ta = first(alt, None)[0]
+            if ta is not None:
+                break
+        tb = first(b, ta)[0] if ta is not None else None
+        out[key] = tb - ta if ta is not None and tb is not None else None
+    t, line = first(r"SPOTD_COMPLETE is there after")
+    m = re.search(r"(\d+) of (\d+) bytes read and (\d+) bytes stored", line or "")
+    if m:
+        out["read_at_marker"] = int(m.group(1))
+        out["known_at_marker"] = int(m.group(2))
+        out["stored_at_marker"] = int(m.group(3))
+    m = re.search(r"(\d+) bytes read (?:before the marker read )?again",
+                  first(r"bytes read (?:before the marker read )?again")[1] or "")
+    out["reread"] = int(m.group(1)) if m else None
+    t_commit = first(r"committed checkpoint name=")[0]
+    out["t_tail"] = (t_commit - t_complete) if t_complete and t_commit else None
+    return out
+
+
 class Bench:
     def __init__(self, a):
         self.a = a
@@ -311,6 +446,8 @@ class Bench:
 
     # -- store housekeeping
     def wipe(self, prefix):
+        if not os.access(AWS, os.X_OK):
+            return  # no aws CLI (the GPU host): a fresh s3_mem per run
         subprocess.run([AWS, "--endpoint-url", self.endpoint, "s3", "rm",
                         "--recursive", "--quiet", "s3://%s/%s/" % (self.bucket, prefix)],
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -353,7 +490,12 @@ class Bench:
                 "--ckpt-dir", os.path.join(wd, "ckpt"),
                 "--socket", os.path.join(wd, "spotd.sock"),
                 "--provider", "aws", "--metadata-url", emu.url,
-                "--interval", "0", "--restore=false"] + list(extra) + ["--"] + trainer
+                "--interval", "0", "--restore=false",
+                # the push's phases after the marker are debug lines
+                "--log-level", "debug"] + list(extra) + ["--"] + trainer
+        if os.environ.get("LD_LIBRARY_PATH") and trainer[:1] != ["sleep"]:
+            # spotd's libraries (a packed build) are not the trainer's
+            argv[argv.index("--") + 1:] = ["env", "-u", "LD_LIBRARY_PATH"] + trainer
         errf = open(os.path.join(wd, "spotd.err"), "w")
         p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.children.append(p)
@@ -369,8 +511,9 @@ class Bench:
         os.makedirs(wd)
         emu, p, err = self.start_spotd(
             wd, job, "s3://%s/%s/spotd" % (self.bucket, self.a.prefix),
-            [PY, os.path.abspath(__file__), "trainer", cache, events,
-             str(self.a.write_mbps)],
+            [self.a.python, os.path.abspath(__file__), "trainer",
+             str(nbytes) if self.a.trainer == "torch" else cache, events,
+             str(self.a.write_mbps), self.a.trainer],
             ["--overlap=" + ("true" if self.a.overlap == "on" else "false")])
         try:
             if err.wait(r"state \S+ -> running", 60)[0] is None:
@@ -415,6 +558,8 @@ class Bench:
             "retries": int(m.group(5)) if m else None,
         }
         res["overlap"] = self.a.overlap
+        with err.cond:
+            res.update(tail_breakdown(list(err.lines)))
         shutil.rmtree(os.path.join(wd, "ckpt"), ignore_errors=True)
         self.wipe(self.a.prefix + "/spotd")
         if self.a.spotd_only:
@@ -574,10 +719,51 @@ def summarize(runs, sizes):
             row["n2d_" + alt] = med((r["detect"] + r["save"] + r[alt]) / r["total"]
                                     for r in rs)
         row["upload_mbs"] = med(r["size"] / 1e6 / r["upload"] for r in rs)
+        for k in [p[0] for p in TAIL_PHASES] + ["t_tail", "read_at_marker",
+                                                 "stored_at_marker", "reread",
+                                                 "trainer_save"]:
+            row[k] = med(r.get(k) for r in rs)
         row["detect_min"] = min(r["detect"] for r in rs)
         row["detect_max"] = max(r["detect"] for r in rs)
         rows.append(row)
     return rows
+
+
+def breakdown_table(rows):
+    """Where notice -> durable goes, a column per size (medians of the
+    runs; the phases' medians need not add up to the tail's)."""
+    def sec(x):
+        return "–" if x is None or x != x else "%.2f" % x
+
+    def mib(x):
+        return "–" if x is None or x != x else "%.0f" % (x / MIB)
+
+    L = ["### Where the time goes\n",
+         "From the stamps of spotd's log lines (`--log-level debug`: the "
+         "push's state and follow lines), medians of the runs. *Uploaded "
+         "while saving*: what the push had read (and compressed) and stored "
+         "when it saw the marker. The tail is `is complete` → `committed`; "
+         "its phases follow one another (a phase's median need not add up "
+         "with the others' to the tail's).\n"]
+    L.append("| phase | " + " | ".join(size_label(r["size"]) for r in rows) + " |")
+    L.append("|---|" + "---:|" * len(rows))
+
+    def line(label, key, fmt=sec):
+        L.append("| %s | %s |" % (label, " | ".join(fmt(r.get(key)) for r in rows)))
+
+    line("detect s (notice → `checkpoint requested`)", "detect")
+    line("save s (→ `is complete`; the trainer's)", "save")
+    line("&nbsp;&nbsp;of which the trainer's write + fsync s", "trainer_write")
+    line("read while saving, MiB", "read_at_marker", mib)
+    line("stored while saving, MiB (compressed)", "stored_at_marker", mib)
+    line("**tail s** (`is complete` → `committed`)", "t_tail")
+    for key, _, _, what in TAIL_PHASES:
+        line("&nbsp;&nbsp;" + what + " s", key)
+    line("&nbsp;&nbsp;parts read before the marker, read again after it, MiB",
+         "reread", mib)
+    line("**notice→durable s**", "total")
+    L.append("")
+    return L
 
 
 def write_report(a, rows, runs, idle, machine):
@@ -591,6 +777,14 @@ def write_report(a, rows, runs, idle, machine):
                  " ".join(a.argv_shown) or "(defaults)", machine, a.build_label, a.runs))
     if rows:
         L.append("## Notice to durable\n")
+        if getattr(a, "trainer", "fake") == "torch":
+            L.append("The trainer (`--trainer torch`) holds a training state in "
+                     "torch tensors of 64 MiB (fp32 weights N(0, 0.02) a third; "
+                     "Adam's exp_avg N(0, 1e-3) and exp_avg_sq its square) and "
+                     "on SIGUSR1 saves it with `torch.save` into `model.pt` and "
+                     "`optim.pt`, fsyncs them and the folder, then creates "
+                     "SPOTD_COMPLETE. What follows about the fake trainer's "
+                     "files holds for these two.\n")
         L.append("A fake trainer holds an fp32 checkpoint in memory (weights N(0, 0.02), "
                  "Adam m N(0, 1e-3), v = m²; `model.pt` a third, `optim.pt` two "
                  "thirds) and on SIGUSR1 writes it from memory, fsyncs each file and "
@@ -643,6 +837,9 @@ def write_report(a, rows, runs, idle, machine):
                  "; the trainer's own write+fsync takes " + ", ".join(
                      "%.2f s" % r["trainer_write"] for r in rows) +
                  " of the save.\n")
+        if any(r.get("t_tail") == r.get("t_tail") and r.get("t_tail")
+               is not None for r in rows):  # runs from before it: none
+            L.extend(breakdown_table(rows))
     if idle:
         g_rss = idle["rss_max"] <= GOAL_RSS_KIB
         g_cpu = idle["cpu_pct"] < GOAL_CPU_PCT
@@ -698,7 +895,11 @@ def write_report(a, rows, runs, idle, machine):
 
 
 def write_plot(a, rows, idle):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        log("no matplotlib: daemon.png not drawn")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     npanels = len(rows) + (1 if idle else 0)
@@ -752,7 +953,8 @@ def write_plot(a, rows, idle):
 def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "trainer":
         return trainer_main(sys.argv[2], sys.argv[3],
-                            float(sys.argv[4]) if len(sys.argv) > 4 else 0.0)
+                            float(sys.argv[4]) if len(sys.argv) > 4 else 0.0,
+                            sys.argv[5] if len(sys.argv) > 5 else "fake")
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.path.join(here, "..", ".build-bench"))
@@ -775,6 +977,13 @@ def main():
                     help="the fake trainer writes at most this many MB/s "
                     "(0 = as fast as it can), like a trainer serializing "
                     "tensors as it goes")
+    ap.add_argument("--trainer", choices=("fake", "torch"), default="fake",
+                    help="fake (default): the checkpoint's bytes held in "
+                    "memory, written out; torch: a training state in torch "
+                    "tensors saved with torch.save (model.pt, optim.pt)")
+    ap.add_argument("--python", default=PY,
+                    help="the trainer's python (default %s; torch needs "
+                    "one with torch)" % PY)
     ap.add_argument("--no-warm", action="store_true",
                     help="no warming upload first (a server already busy)")
     ap.add_argument("--spotd-only", action="store_true",
@@ -803,6 +1012,7 @@ def main():
             old = json.load(f)
         for k in ("argv_shown", "build_label", "machine"):
             setattr(a, k, old.get(k, "?"))
+        a.trainer = old.get("trainer", "fake")
         runs, idle = old.get("runs", []), old.get("idle") or None
         a.sizes = sorted({r["size"] for r in runs})
         a.runs = max([r["run"] for r in runs] or [0])
@@ -830,7 +1040,8 @@ def main():
             th.start()
         if not a.no_notice:
             for n in a.sizes:
-                gen_cache(os.path.join(a.work, "cache", "%dM" % (n >> 20)), n)
+                if a.trainer == "fake" or not a.spotd_only or not a.no_warm:
+                    gen_cache(os.path.join(a.work, "cache", "%dM" % (n >> 20)), n)
             if not a.no_warm:
                 b.warm()
             for n in a.sizes:
@@ -865,6 +1076,7 @@ def main():
     rows = summarize(runs, a.sizes)
     with open(os.path.join(a.out, "daemon.json"), "w") as f:
         json.dump({"argv_shown": a.argv_shown, "build_label": a.build_label,
+                   "trainer": a.trainer,
                    "machine": machine, "runs": runs, "summary": rows,
                    "idle": idle}, f, indent=1)
     write_report(a, rows, runs, idle or None, machine)

@@ -8,12 +8,16 @@
 #                         [--idle-minutes M] [--idle parallel|after|skip]
 #                         [--no-notice] [--overlap on|off] [--write-mbps N]
 #                         [--spotd-only] [--no-warm] [--prefix P]
+#                         [--trainer fake|torch] [--python PY]
 #
 # --overlap off runs spotd with --overlap=false (upload only after the
 # marker) to compare notice->durable with and without the overlap;
 # --write-mbps makes the fake trainer write at most N MB/s (a trainer
 # serializing as it goes); --spotd-only skips spotctl push and the aws
-# tools after each run.
+# tools after each run; --trainer torch saves a training state in torch
+# tensors with torch.save instead of writing the fake trainer's bytes.
+# spotd runs at --log-level debug: the report's breakdown of notice ->
+# durable comes from the stamps of its log lines.
 #
 # Builds the project in .build-bench (meson, release) if needed.
 # Environment: BENCH_WORK scratch folder (default /tmp/spotd-daemon-bench;

@@ -17,6 +17,9 @@
 #   NODE_BENCH_OUT     report (default bench/results/node.md)
 #   NODE_BENCH_NOTE    a sentence about the machine's load, put in the report
 #
+#   NODE_BENCH_PY      the python for the generator and the trainer
+#                      (default /usr/bin/python3)
+#
 # Two sets: fp32 (weights, Adam m and v, a third each) and bf16 (the same
 # three in bf16), generated with numpy like bench/store_bench.sh. For each:
 # push to the sink, push to s3_mem, restore from s3_mem (compared with the
@@ -24,12 +27,17 @@
 # of checkpoint), the share of the machine's cores busy with spotctl
 # (CPU-s / (wall x nproc)), peak RSS against --memory; the server's own
 # CPU from /proc. The source files are in the page cache (just written).
+# Then notice -> durable against s3_mem: spotd runs a trainer that saves
+# an fp32 training state of NODE_BENCH_GIB (torch.save when the python has
+# torch, else bench/daemon_bench.py's fake trainer) and spotd-emulate
+# posts a notice (bench/daemon_bench.py --spotd-only, the breakdown of
+# the time from spotd's log).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 SRC=$(cd "$HERE/.." && pwd)
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-  sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'
   exit 0
 fi
 BUILD=${1:-$SRC/.build-bench}
@@ -39,7 +47,7 @@ WORK=${NODE_BENCH_WORK:-/tmp/spotd-node-bench}
 OUT=${NODE_BENCH_OUT:-$HERE/results/node.md}
 NOTE=${NODE_BENCH_NOTE:-}
 RUNS=${NODE_BENCH_RUNS:-3}
-PY=/usr/bin/python3
+PY=${NODE_BENCH_PY:-/usr/bin/python3}
 TIME=/usr/bin/time
 [[ $GIB =~ ^[0-9]+$ && $GIB -ge 1 ]] ||
   { echo "NODE_BENCH_GIB must be a whole number of GiB >= 1, not '$GIB'" >&2; exit 2; }
@@ -53,7 +61,8 @@ if [[ $# -eq 0 && ! -f $BUILD/build.ninja ]]; then
   meson setup "$BUILD" "$SRC" -Dbuildtype=release >/dev/null
 fi
 if [[ -f $BUILD/build.ninja ]]; then
-  ninja -C "$BUILD" client/spotctl bench/s3_sink bench/s3_mem >/dev/null
+  ninja -C "$BUILD" client/spotctl bench/s3_sink bench/s3_mem daemon/spotd \
+    emulate/spotd-emulate >/dev/null
 fi
 SPOTCTL=$BUILD/client/spotctl
 for x in "$SPOTCTL" "$BUILD/bench/s3_sink" "$BUILD/bench/s3_mem"; do
@@ -71,7 +80,7 @@ stop_server() {
 }
 cleanup() {
   stop_server
-  rm -rf "$WORK/data" "$WORK/restore"
+  rm -rf "$WORK/data" "$WORK/restore" "$WORK/n2d"/run-* "$WORK/n2d"/cache
 }
 trap cleanup EXIT
 
@@ -192,6 +201,48 @@ for set in fp32 bf16; do
   done
 done
 
+# notice -> durable against s3_mem: one daemon_bench.py notice run per
+# run, each with a fresh s3_mem (the trainer's state is built in memory)
+TRAINER=fake
+$PY -c 'import torch' 2>/dev/null && TRAINER=torch
+rm -rf "$WORK/n2d"
+N2D_RUNS=$RUNS
+if [[ ! -x $BUILD/daemon/spotd || ! -x $BUILD/emulate/spotd-emulate ]]; then
+  echo "== no spotd or spotd-emulate in $BUILD: notice->durable not run" >&2
+  N2D_RUNS=0
+fi
+for i in $(seq "$N2D_RUNS"); do
+  echo "== notice->durable, run $i of $RUNS: spotd, a $TRAINER trainer, s3_mem" >&2
+  start_server s3_mem --arena "$((GIB + 1))G"
+  if ! SPOT_TEST_S3_ENDPOINT=$AWS_ENDPOINT_URL SPOT_TEST_S3_BUCKET=bench \
+    "$PY" "$HERE/daemon_bench.py" --build "$BUILD" --work "$WORK/n2d" \
+    --out "$WORK/n2d/r$i" --sizes "${GIB}G" --runs 1 --spotd-only \
+    --idle skip --no-warm --trainer "$TRAINER" --python "$PY" \
+    >"$WORK/n2d.log" 2>&1; then
+    echo "notice->durable run $i failed:" >&2
+    tail -20 "$WORK/n2d.log" >&2
+    exit 1
+  fi
+  grep '^daemon_bench: .*detect' "$WORK/n2d.log" >&2 || true
+  stop_server
+done
+N2D="| not run: no spotd or spotd-emulate in the build |"
+[[ $N2D_RUNS -gt 0 ]] && N2D=$($PY - "$WORK/n2d" "$RUNS" <<'PYEOF'
+import json, os, statistics, sys
+root, runs = sys.argv[1], int(sys.argv[2])
+rs = [json.load(open(os.path.join(root, "r%d" % i, "daemon.json")))["runs"][0]
+      for i in range(1, runs + 1)]
+def med(k):
+    xs = [r[k] for r in rs if r.get(k) is not None]
+    return statistics.median(xs) if xs else float("nan")
+tail = med("t_tail")
+print("| %.2f | %.2f | %.2f | %.2f | %.0f %% | %.2f | %.2f | %.2f | %s |" % (
+    med("total"), med("detect"), med("save"), med("trainer_write"),
+    100.0 * med("read_at_marker") / rs[0]["size"], tail, med("t_drain"),
+    med("t_final"), ", ".join("%.2f" % r["total"] for r in rs)))
+PYEOF
+)
+
 # each measurement's median run by wall time, and every run's wall
 ROWS=()
 for set in fp32 bf16; do
@@ -240,6 +291,23 @@ mkdir -p "$(dirname "$OUT")"
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${ROWS[@]}"
   echo
+  echo "## Notice to durable against s3_mem"
+  echo
+  echo "spotd runs a $TRAINER trainer (bench/daemon_bench.py \`--trainer"
+  echo "$TRAINER\`) holding an fp32 training state of $GIB GiB (weights,"
+  echo "Adam's two moments); spotd-emulate posts an AWS notice; on the"
+  echo "signal the trainer saves model.pt and optim.pt, fsyncs them and"
+  echo "writes SPOTD_COMPLETE; spotd uploads while it saves (overlap) and"
+  echo "commits to s3_mem. Times from spotd's log stamps, the median of $RUNS"
+  echo "runs: detect (notice -> signal), save (-> the marker seen; the"
+  echo "trainer's, its write + fsync apart), what spotd had read by then,"
+  echo "the tail after the marker and in it the files started before the"
+  echo "marker being stored and the final walk."
+  echo
+  echo "| notice->durable s | detect s | save s | trainer write + fsync s | read while saving | tail s | of which storing the files started s | of which the final walk s | notice->durable of the runs |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "$N2D"
+  echo
   echo "Peak RSS is to be read against \`--memory $MEMORY\` (the part"
   echo "buffers' budget). A restore also writes the checkpoint to the local"
   echo "disk and syncs it (the servers hold no disk), so its wall includes"
@@ -252,14 +320,12 @@ mkdir -p "$(dirname "$OUT")"
     echo "to the sink, restore >= 8 GB/s from s3_mem, notice->durable of 4 GB"
     echo "<= 10 s. This machine is not one ($NPROC cores${GPUS:+, }${GPUS:-, no GPU}),"
     echo "so these figures say what the data path costs per GiB and per core,"
-    echo "not whether the goals are met. notice->durable is not measured by"
-    echo "this script (bench/daemon_bench.sh measures it against Ceph)."
+    echo "not whether the goals are met."
   else
     echo "## Goals on this host"
     echo
-    echo "push >= 10 GB/s to the sink, restore >= 8 GB/s from s3_mem (see the"
-    echo "table); notice->durable of 4 GB <= 10 s is not measured by this"
-    echo "script (bench/daemon_bench.sh)."
+    echo "push >= 10 GB/s to the sink, restore >= 8 GB/s from s3_mem,"
+    echo "notice->durable of 4 GB <= 10 s (see the tables)."
   fi
 } >"$OUT"
 echo "== wrote $OUT" >&2

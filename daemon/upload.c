@@ -473,6 +473,12 @@ upload_progress_cb(const struct spot_store_progress *p, void *data)
     }
     return;
   }
+  /* A wait for the trainer just ended: the next line 2 s from now, not 2 s
+   * from the last wait line (its rate would count the wait: "100% at 0
+   * MB/s" while the check at the marker runs). */
+  if (u->marker_wait_ms != 0)
+    u->log_ms = p->elapsed_ms;
+  u->marker_wait_ms = 0;
   if (u->state == UPLOAD_CAUGHT_UP)
     upload_set_state(d, UPLOAD_FOLLOWING); /* the trainer wrote more */
   /* One progress line every 2 s for long uploads. */
@@ -761,7 +767,8 @@ spotd_checkpoint_complete(struct spotd *d, const char *name)
     spot_store_cancel(d->up.op);
   }
   if (mine) {
-    /* its upload runs already and sees the marker itself */
+    /* its upload runs already and sees the marker itself: now */
+    spot_store_push_poke(d->up.op);
     spotd_advance(d);
     return 0;
   }

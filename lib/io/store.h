@@ -307,6 +307,11 @@ int spot_store_list(uv_loop_t *loop, const struct spot_store_config *cfg,
  * runs once, with -ECANCELED, from the loop after this returns. */
 void spot_store_cancel(struct spot_store_op *op);
 
+/* A push following its folder (cfg follow): the caller saw the folder's
+ * SPOT_STORE_MARKER appear (inotify), so the push looks now rather than
+ * at its next scan. Nothing for any other op, or once the marker is seen. */
+void spot_store_push_poke(struct spot_store_op *op);
+
 /* "ROOT/checkpoints/NAME/" etc. into out (capped); pure helpers. */
 int spot_store_key(const struct spot_store_config *cfg, const char *name,
                    const char *rel, struct spot_buf *out);

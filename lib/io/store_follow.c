@@ -9,12 +9,18 @@
  *          where the transfer pipeline (store_push_xfer.c) picks it up.
  *          Smaller files wait for the marker (they are the packer's).
  *   DRAIN  the scan saw SPOT_STORE_MARKER: no new file; the pipeline
- *          finishes what it started.
- *   FINAL  nothing in flight: the files uploaded so far move aside and the
- *          push's own walk runs on the pool (every file, with its filter);
- *          then every file uploaded early whose size, mtime, inode and part
- *          count are unchanged is read again, and each part's CRC32C is
- *          compared with the frame's. The loop then builds a new manifest:
+ *          finishes what it started. Meanwhile the check of the parts
+ *          read before the marker runs on the pool (split over up to
+ *          `workers` jobs): each is read again
+ *          and its CRC32C kept (the trainer has finished writing, so what
+ *          it reads now is final). Parts read after the marker was seen
+ *          are final as they were read and are not read again.
+ *   FINAL  nothing in flight, the check done: the files uploaded so far
+ *          move aside and the push's own walk runs on the pool (every
+ *          file, with its filter); every file uploaded early whose size,
+ *          mtime, inode and part count are unchanged, and whose parts read
+ *          before the marker have the CRC32C of their frames, is
+ *          unchanged. The loop then builds a new manifest:
  *          unchanged files keep their objects and frames (they are not
  *          uploaded again), changed and new files are uploaded (same key:
  *          a changed file's object is replaced), files that are gone are
@@ -41,6 +47,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +101,31 @@ struct grow {
   bool closed; /* settled, or the marker is there: its last part */
 };
 
+/* A file's parts read before the marker was seen (the first nparts):
+ * read again on the pool once the marker is there. crc[p] their CRC32C,
+ * bad[p] set when part p could not be read whole (the file shrank or
+ * went); each part is written by one check job only. */
+struct early {
+  char *abs, *rel;
+  uint64_t size;
+  size_t nparts;
+  uint32_t *crc;
+  unsigned char *bad;
+};
+
+/* The check is split over up to `workers` jobs on the pool (the encoders
+ * have little left to do once the marker is there): job k reads the parts
+ * [from, to) of all the files' early parts, counted in file order. */
+#define CHECK_JOBS_MAX 8
+
+struct check_job {
+  struct follow *fo;
+  uv_work_t work;
+  size_t from, to;
+  uint64_t bytes;
+  int status;
+};
+
 struct follow {
   struct push_op *op;
   enum follow_state state;
@@ -119,7 +151,22 @@ struct follow {
   size_t nchanged, nreused;
   size_t nwalked; /* files of the final walk (pack entries come after) */
   uint64_t scans;
+  /* where the time after the marker goes (the log lines say): when the
+   * loop saw the marker, when the final walk began, and what the final
+   * check read again (pool, read by the loop once the work is done) */
+  uint64_t marker_ms, final_ms;
+  uint64_t reread_bytes;
+  /* DRAIN: the check of the parts read before the marker (pool) */
+  struct check_job jobs[CHECK_JOBS_MAX];
+  unsigned njobs, checking; /* jobs queued, jobs not back yet */
+  struct early *early;      /* early[i] is op->files[i] at the marker's */
+  size_t nearly;
+  bool rescan;            /* a poke came while a scan ran: scan again at once */
+  atomic_bool check_stop; /* cancelled: the check stops reading */
 };
+
+static void timer_cb(uv_timer_t *t);
+static int check_start(struct follow *fo);
 
 static void
 set_state(struct follow *fo, enum follow_state s)
@@ -504,14 +551,24 @@ scan_after_cb(uv_work_t *req, int status)
   } else if ((r = take_added(fo)) < 0 || (r = grown(fo)) < 0) {
     fail_msg(op, r, "following the checkpoint folder: %s", strerror(-r));
   } else if (fo->marker && fo->state == FOLLOW_WATCH) {
+    fo->marker_ms = spot_now_mono_ms();
     log_info("push name=%s: %s is there after %" PRIu64
-             " scans: final walk once the files started are stored",
-             op->b.name, SPOT_STORE_MARKER, fo->scans);
+             " scans: final walk once the files started are stored; "
+             "%" PRIu64 " of %" PRIu64 " bytes read and %" PRIu64
+             " bytes stored so far",
+             op->b.name, SPOT_STORE_MARKER, fo->scans, op->b.raw_done,
+             op->b.raw_total, op->b.stored_done);
     uv_timer_stop(&fo->timer);
     for (size_t i = 0; i < op->nfiles; i++)
       op->files[i].growing = false; /* the scan closed them; if not, as is */
     set_state(fo, FOLLOW_DRAIN);
+    if ((r = check_start(fo)) < 0)
+      fail_msg(op, r, "checking the files read before the marker: %s",
+               strerror(-r));
+  } else if (fo->rescan && fo->state == FOLLOW_WATCH) {
+    uv_timer_start(&fo->timer, timer_cb, 0, SPOT_STORE_FOLLOW_SCAN_MS);
   }
+  fo->rescan = false;
   spot__push_pump(op);
 }
 
@@ -542,44 +599,176 @@ timer_cb(uv_timer_t *t)
 
 /* ---------------------------------------------------------- the final */
 
-/* Whether every part of f reads back with the CRC its frame has (pool). */
-static bool
-same_bytes(const struct pfile *f, const struct spot_manifest_file *mf,
-           void *buf)
+/* The raw length of part p of a file of size bytes. */
+static uint64_t
+part_len(uint64_t size, uint64_t part, size_t p)
 {
-  uint64_t off = 0;
-  bool same = true;
-  int fd;
+  uint64_t off = (uint64_t)p * part;
 
-  if (mf->nframes != f->nparts)
-    return false;
-  fd = open(f->abs, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0)
-    return false;
-  for (size_t p = 0; same && p < mf->nframes; p++) {
-    const struct spot_manifest_frame *fr = &mf->frames[p];
-    uint64_t left = fr->raw_len;
-    uint32_t crc = 0;
+  return size - off < part ? size - off : part;
+}
 
-    if (!fr->set) {
-      same = false;
-      break;
-    }
-    while (left > 0) {
-      size_t n = left < VERIFY_CHUNK ? (size_t)left : VERIFY_CHUNK;
+/* Reads again its share of the parts read before the marker, keeping
+ * their CRC32C (pool). The final walk compares them with the frames. */
+static void
+check_work_cb(uv_work_t *req)
+{
+  struct check_job *j = spot_container_of(req, struct check_job, work);
+  struct follow *fo = j->fo;
+  uint64_t part = fo->op->b.cfg.c.part_size;
+  void *buf = malloc(VERIFY_CHUNK);
+  size_t g = 0; /* the part's index in file order */
 
-      if (spot__push_read_full(fd, buf, n, off) < 0) {
-        same = false;
-        break;
+  j->status = buf != NULL ? 0 : -ENOMEM;
+  for (size_t i = 0; buf != NULL && i < fo->nearly && g < j->to; i++) {
+    struct early *e = &fo->early[i];
+    int fd = -1;
+
+    for (size_t p = 0; p < e->nparts; p++, g++) {
+      uint64_t off = (uint64_t)p * part, left = part_len(e->size, part, p);
+      uint32_t crc = 0;
+
+      if (g < j->from || g >= j->to)
+        continue;
+      if (fd < 0)
+        fd = open(e->abs, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+      if (fd < 0) {
+        e->bad[p] = 1;
+        continue;
       }
-      crc = spot_crc32c(crc, buf, n);
-      off += n;
-      left -= n;
+      while (left > 0) {
+        size_t n = left < VERIFY_CHUNK ? (size_t)left : VERIFY_CHUNK;
+
+        if (atomic_load(&fo->check_stop) ||
+            spot__push_read_full(fd, buf, n, off) < 0) {
+          e->bad[p] = 1;
+          break;
+        }
+        crc = spot_crc32c(crc, buf, n);
+        j->bytes += n;
+        off += n;
+        left -= n;
+      }
+      e->crc[p] = crc;
     }
-    same = same && crc == fr->crc32c;
+    if (fd >= 0)
+      close(fd);
   }
-  close(fd);
-  return same && off == f->size;
+  free(buf);
+}
+
+static void
+check_after_cb(uv_work_t *req, int status)
+{
+  struct check_job *j = spot_container_of(req, struct check_job, work);
+  struct follow *fo = j->fo;
+  struct push_op *op = fo->op;
+
+  op->b.active_work--;
+  fo->checking--;
+  fo->reread_bytes += j->bytes;
+  if (status < 0 && status != UV_ECANCELED)
+    fail_msg(op, status, "queueing work: %s", uv_strerror(status));
+  else if (status == 0 && j->status < 0)
+    fail_msg(op, j->status, "checking the files read before the marker: %s",
+             strerror(-j->status));
+  else if (status < 0 && op->b.err == 0)
+    spot__store_fail(&op->b, -ECANCELED);
+  spot__push_pump(op);
+}
+
+static void
+early_free(struct follow *fo)
+{
+  for (size_t i = 0; i < fo->nearly; i++) {
+    free(fo->early[i].abs);
+    free(fo->early[i].rel);
+    free(fo->early[i].crc);
+    free(fo->early[i].bad);
+  }
+  free(fo->early);
+  fo->early = NULL;
+  fo->nearly = 0;
+}
+
+/* The marker is there: what each file had dispatched by now may have been
+ * read before the trainer finished; read it again on the pool while the
+ * pipeline stores the rest. 0 or negative errno (the jobs queued run on). */
+static int
+check_start(struct follow *fo)
+{
+  struct push_op *op = fo->op;
+  size_t total = 0, njobs = op->b.cfg.c.workers;
+
+  fo->reread_bytes = 0;
+  fo->early = calloc(op->nfiles + 1, sizeof(*fo->early));
+  if (fo->early == NULL)
+    return -ENOMEM;
+  for (size_t i = 0; i < op->nfiles; i++) {
+    const struct pfile *f = &op->files[i];
+    struct early *e = &fo->early[i];
+
+    fo->nearly = i + 1;
+    e->size = f->size;
+    e->nparts = f->next_part < f->nparts ? f->next_part : f->nparts;
+    e->abs = strdup(f->abs);
+    e->rel = strdup(f->rel);
+    e->crc = calloc(e->nparts + 1, sizeof(*e->crc));
+    e->bad = calloc(e->nparts + 1, 1);
+    if (e->abs == NULL || e->rel == NULL || e->crc == NULL || e->bad == NULL)
+      return -ENOMEM;
+    total += e->nparts;
+  }
+  atomic_store(&fo->check_stop, false);
+  if (njobs > CHECK_JOBS_MAX)
+    njobs = CHECK_JOBS_MAX;
+  if (njobs > total)
+    njobs = total;
+  for (size_t k = 0; k < njobs; k++) {
+    struct check_job *j = &fo->jobs[k];
+    int r;
+
+    memset(j, 0, sizeof(*j));
+    j->fo = fo;
+    j->from = total * k / njobs;
+    j->to = total * (k + 1) / njobs;
+    r = spot__store_work(&op->b, &j->work, check_work_cb, check_after_cb);
+    if (r < 0)
+      return r;
+    fo->njobs = (unsigned)k + 1;
+    fo->checking++;
+    op->b.active_work++;
+  }
+  return 0;
+}
+
+/* Whether the parts of old file j read before the marker read back, after
+ * it, with the CRC32C of their frames (the others were read after it).
+ * Pool, once the check is done. */
+static bool
+early_same(const struct follow *fo, size_t j,
+           const struct spot_manifest_file *mf)
+{
+  uint64_t part = fo->op->b.cfg.c.part_size;
+  const struct early *e;
+
+  if (j >= fo->nearly)
+    return false;
+  e = &fo->early[j];
+  if (strcmp(e->rel, fo->old[j].rel) != 0 || mf->nframes != fo->old[j].nparts ||
+      e->nparts > mf->nframes)
+    return false;
+  for (size_t p = 0; p < mf->nframes; p++) {
+    const struct spot_manifest_frame *fr = &mf->frames[p];
+
+    if (!fr->set)
+      return false;
+    if (p < e->nparts &&
+        (e->bad[p] || fr->raw_len != part_len(e->size, part, p) ||
+         fr->crc32c != e->crc[p]))
+      return false;
+  }
+  return true;
 }
 
 static void
@@ -587,15 +776,12 @@ final_work_cb(uv_work_t *req)
 {
   struct follow *fo = spot_container_of(req, struct follow, work);
   struct push_op *op = fo->op;
-  void *buf;
 
   spot__push_walk(op);
   if (op->b.err < 0)
     return;
   fo->reuse = calloc(op->nfiles + 1, sizeof(*fo->reuse));
-  buf = malloc(VERIFY_CHUNK);
-  if (fo->reuse == NULL || buf == NULL) {
-    free(buf);
+  if (fo->reuse == NULL) {
     fail_msg(op, -ENOMEM, "out of memory");
     return;
   }
@@ -610,7 +796,7 @@ final_work_cb(uv_work_t *req)
         continue;
       if (f->link == NULL && o->size == f->size && o->mtime_ns == f->mtime_ns &&
           o->ino == f->ino && o->dev == f->dev && o->nparts == f->nparts &&
-          same_bytes(f, &fo->old_manifest->files[o->midx], buf)) {
+          early_same(fo, j, &fo->old_manifest->files[o->midx])) {
         fo->reuse[i] = j + 1;
         fo->nreused++;
       } else {
@@ -619,7 +805,6 @@ final_work_cb(uv_work_t *req)
       break;
     }
   }
-  free(buf);
 }
 
 /* The new manifest: files reused keep their frames. */
@@ -675,6 +860,7 @@ old_free(struct follow *fo)
   fo->old_manifest = NULL;
   free(fo->reuse);
   fo->reuse = NULL;
+  early_free(fo);
 }
 
 static void
@@ -706,9 +892,17 @@ final_after_cb(uv_work_t *req, int status)
     if (op->b.err == 0)
       spot__store_fail(&op->b, -ECANCELED);
   } else {
+    uint64_t now = spot_now_mono_ms();
+
     log_info("push name=%s: final walk: %zu files, %zu uploaded before the "
-             "marker and unchanged, %zu changed since (uploaded again)",
-             op->b.name, fo->nwalked, fo->nreused, fo->nchanged);
+             "marker and unchanged, %zu changed since (uploaded again); "
+             "%" PRIu64 " bytes read before the marker read again",
+             op->b.name, fo->nwalked, fo->nreused, fo->nchanged,
+             fo->reread_bytes);
+    log_debug("push name=%s: after the marker, %" PRIu64
+              " ms to store the files started, %" PRIu64
+              " ms for the final walk",
+              op->b.name, fo->final_ms - fo->marker_ms, now - fo->final_ms);
     set_state(fo, FOLLOW_DONE);
   }
   old_free(fo);
@@ -728,6 +922,8 @@ spot__follow_hold(struct push_op *op)
       uv_timer_start(&fo->timer, timer_cb, 0, SPOT_STORE_FOLLOW_SCAN_MS);
     return true;
   case FOLLOW_DRAIN:
+    if (fo->checking > 0)
+      return true; /* the last one's end moves the push on */
     /* Everything started is stored; the walk fills op->files anew. */
     fo->old = op->files;
     fo->nold = op->nfiles;
@@ -736,6 +932,7 @@ spot__follow_hold(struct push_op *op)
     op->nfiles = 0;
     op->manifest = NULL;
     fo->nreused = fo->nchanged = 0;
+    fo->final_ms = spot_now_mono_ms();
     set_state(fo, FOLLOW_FINAL);
     r = spot__store_work(&op->b, &fo->work, final_work_cb, final_after_cb);
     if (r < 0) {
@@ -782,6 +979,25 @@ spot__follow_cancel(struct push_op *op)
   uv_timer_start(&fo->timer, timer_cb, 0, 0);
   if (fo->working)
     (void)spot__store_work_cancel(&op->b, &fo->work);
+  if (fo->checking > 0) {
+    atomic_store(&fo->check_stop, true); /* they stop at their next MiB */
+    for (unsigned k = 0; k < fo->njobs; k++)
+      (void)spot__store_work_cancel(&op->b, &fo->jobs[k].work);
+  }
+}
+
+void
+spot__follow_poke(struct push_op *op)
+{
+  struct follow *fo = op->follow;
+
+  if (fo == NULL || fo->state != FOLLOW_WATCH ||
+      op->b.life != SPOT__STORE_RUNNING)
+    return;
+  if (fo->working)
+    fo->rescan = true; /* the scan running may have missed it */
+  else
+    uv_timer_start(&fo->timer, timer_cb, 0, SPOT_STORE_FOLLOW_SCAN_MS);
 }
 
 static void

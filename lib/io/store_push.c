@@ -1012,6 +1012,15 @@ static const struct spot__store_kind push_kind = {
     .close = close_handles,
 };
 
+void
+spot_store_push_poke(struct spot_store_op *op)
+{
+  struct spot__store_op *b = (struct spot__store_op *)(void *)op;
+
+  if (b != NULL && b->kind == &push_kind)
+    spot__follow_poke((struct push_op *)(void *)b);
+}
+
 /* The name defaults to the folder's base name. */
 static int
 set_dir_and_name(struct push_op *op, const char *dir, const char *name)

@@ -18,6 +18,7 @@ its big file, until spotd has stored that file's object before it goes on.
 No timing is asserted: every wait is for an event."""
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -180,6 +181,23 @@ def overlap_on(c, root):
                                r"[123] uploaded before the marker and "
                                r"unchanged, 0 changed"),
                 tag + "big.bin uploaded once (checked at the marker)")
+        # What was read before the marker is read again at it, what was
+        # read after is not: big.bin (stored before the marker) is read
+        # again, grow.bin's last part (12345 bytes, read only once the
+        # marker was there) never is; every other part is whole MiB.
+        fw = d.err.matching(r"push name=ckpt-1: final walk: .*; (\d+) bytes "
+                            r"read before the marker read again")
+        again = int(re.search(r"; (\d+) bytes read before", fw[0]).group(1)) \
+            if fw else -1
+        if d.err.matching(r"push name=ckpt-1: grow\.bin grows"):
+            # (taken while it grew: its last part waited for the marker;
+            # a scan that only saw it whole takes it as closed instead)
+            c.check(again >= 24 * MIB and again % MIB == 0,
+                    tag + "big.bin read again at the marker, grow.bin's "
+                    "last part not", "read again: %d bytes" % again)
+        else:
+            c.check(again >= 24 * MIB, tag + "big.bin read again at the "
+                    "marker", "read again: %d bytes" % again)
         sl.check_restore(c, "%s/%s" % (store, job),
                          os.path.join(wd, "expect", "ckpt-1"),
                          os.path.join(root, "r1"),

@@ -197,6 +197,15 @@ for set in fp32 bf16; do
       exit 1
     fi
     rm -rf "$WORK/restore"
+    # the same into the page cache (--page-cache: what a trainer started
+    # next reads from memory; the default writes whole blocks O_DIRECT)
+    run restore-pc "$set" s3_mem "$SPOTCTL" restore "s3://bench/node/$set" \
+      "$WORK/restore" --page-cache
+    if ! diff -r "$WORK/data/$set" "$WORK/restore" >/dev/null; then
+      echo "the $set --page-cache restore differs from its source" >&2
+      exit 1
+    fi
+    rm -rf "$WORK/restore"
     stop_server
   done
 done
@@ -246,7 +255,8 @@ PYEOF
 # each measurement's median run by wall time, and every run's wall
 ROWS=()
 for set in fp32 bf16; do
-  for m in push.$set.s3_sink push.$set.s3_mem restore.$set.s3_mem; do
+  for m in push.$set.s3_sink push.$set.s3_mem restore.$set.s3_mem \
+    restore-pc.$set.s3_mem; do
     f=$WORK/rows.$m
     row=$(sort -g -k1,1 "$f" | sed -n "$(((RUNS + 1) / 2))p" | cut -f2)
     walls=$(cut -f1 "$f" | paste -sd' ')
@@ -262,7 +272,9 @@ mkdir -p "$(dirname "$OUT")"
   echo "server that discards every body: the push ceiling) and to"
   echo "\`bench/s3_mem\` (a C server that keeps every object in RAM), and"
   echo "spotctl restore from s3_mem (the restored folder compared with the"
-  echo "source), over loopback with no Ceph on the machine. Two sets of"
+  echo "source; \`restore\` is the default, whole blocks written O_DIRECT,"
+  echo "\`restore-pc\` the same with \`--page-cache\`, leaving the files in the"
+  echo "page cache), over loopback with no Ceph on the machine. Two sets of"
   echo "$GIB GiB each: fp32 weights + Adam m + Adam v, and the same three in"
   echo "bf16 (numpy, N(0, 0.02) weights, N(0, 1e-3) m, its square as v)."
   echo "spotctl runs with its defaults (adaptive transfers in flight, the"

@@ -730,6 +730,19 @@ meta_start(struct spotd *d)
   return 0;
 }
 
+void
+spotd_handles_init(struct spotd *d)
+{
+  uv_timer_init(d->loop, &d->interval_timer);
+  uv_timer_init(d->loop, &d->ckpt_timer);
+  uv_timer_init(d->loop, &d->deadline_timer);
+  uv_timer_init(d->loop, &d->relaunch.timer);
+  restarts_init(d);
+  spot_child_init(&d->trainer, d->loop);
+  spot_child_init(&d->relaunch.child, d->loop);
+  fanout_init(d);
+}
+
 int
 spotd_start(struct spotd *d)
 {
@@ -739,14 +752,7 @@ spotd_start(struct spotd *d)
   d->steps.step = -1;
   d->steps.rate = -1;
   d->start_wall_ms = spot_now_wall_ms();
-  uv_timer_init(d->loop, &d->interval_timer);
-  uv_timer_init(d->loop, &d->ckpt_timer);
-  uv_timer_init(d->loop, &d->deadline_timer);
-  uv_timer_init(d->loop, &d->relaunch.timer);
-  restarts_init(d);
-  spot_child_init(&d->trainer, d->loop);
-  spot_child_init(&d->relaunch.child, d->loop);
-  fanout_init(d);
+  spotd_handles_init(d);
   r = folders(d);
   if (r < 0)
     return r;

@@ -25,6 +25,9 @@ enum spotd_state {
   SPOTD_STATE_LAST,
 };
 
+/* Initialises the engine's timers and child handles on d->loop (the part
+ * of spotd_start() a test of the engine needs without starting). */
+void spotd_handles_init(struct spotd *d);
 int spotd_start(struct spotd *d);
 /* The only way the engine's state changes: logs it, tells systemd, and
  * refuses (false, logged) a transition the table does not allow; once

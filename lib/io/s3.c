@@ -886,26 +886,17 @@ end(struct spot_s3_op *op, int err)
     finish(op, err);
 }
 
+/* The retry after a backoff, on the caller's timer or the lane's
+ * (ltimer): either timer's data is the op. */
 static void
 backoff_cb(uv_timer_t *timer)
 {
-  struct spot_s3_op *op = spot_container_of(timer, struct spot_s3_op, timer);
+  struct spot_s3_op *op = timer->data;
   int r;
 
   r = attempt(op);
   if (r < 0)
-    finish(op, r);
-}
-
-static void
-lane_backoff_cb(uv_timer_t *timer)
-{
-  struct spot_s3_op *op = spot_container_of(timer, struct spot_s3_op, ltimer);
-  int r;
-
-  r = attempt(op);
-  if (r < 0)
-    lane_end(op, r);
+    end(op, r);
 }
 
 static void
@@ -1105,7 +1096,7 @@ done_cb(CURL *easy, CURLcode rc, void *data)
              op->retries, op->s3->max_retries, (unsigned long long)ms);
     set_state(op, OP_BACKOFF);
     if (op->lane != NULL)
-      uv_timer_start(&op->ltimer, lane_backoff_cb, ms, 0);
+      uv_timer_start(&op->ltimer, backoff_cb, ms, 0);
     else
       uv_timer_start(&op->timer, backoff_cb, ms, 0);
     return;
@@ -1238,6 +1229,7 @@ lane_wake_cb(uv_async_t *a)
     l->active = op;
     /* Cannot fail: the lane's loop is initialised. */
     (void)uv_timer_init(&l->loop, &op->ltimer);
+    op->ltimer.data = op;
     if (op->lane_cancel_seen) {
       copy_str(op->message, sizeof(op->message), "cancelled");
       lane_end(op, -ECANCELED);
@@ -1505,6 +1497,7 @@ op_new(struct spot_s3 *s3, enum op_kind kind, const char *bucket,
   r = uv_timer_init(s3->loop, &op->timer);
   if (r < 0)
     goto fail;
+  op->timer.data = op;
   *out = op;
   return 0;
 fail:

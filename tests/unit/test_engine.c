@@ -219,14 +219,7 @@ rig_init(struct rig *r)
   d->exit_code = -1;
   d->steps.step = -1;
   d->ckpt_dir = r->dir;
-  uv_timer_init(d->loop, &d->interval_timer);
-  uv_timer_init(d->loop, &d->ckpt_timer);
-  uv_timer_init(d->loop, &d->deadline_timer);
-  uv_timer_init(d->loop, &d->relaunch.timer);
-  restarts_init(d);
-  spot_child_init(&d->trainer, d->loop);
-  spot_child_init(&d->relaunch.child, d->loop);
-  fanout_init(d);
+  spotd_handles_init(d);
 }
 
 /* Runs the loop until spotd closed (or the time runs out). */

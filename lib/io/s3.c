@@ -779,6 +779,23 @@ build_headers(struct spot_s3_op *op, const struct spot_creds *creds)
     }                                                                          \
   } while (0)
 
+/* The provider's credentials now, on the caller's loop: 0, or a negative
+ * errno with op->message saying why. */
+static int
+creds_get(struct spot_s3_op *op, const struct spot_creds **out)
+{
+  int r = op->s3->creds->get(op->s3->creds, out);
+
+  if (r < 0) {
+    snprintf(op->message, sizeof(op->message), "no credentials: %s",
+             strerror(-r));
+    return r;
+  }
+  if (*out == NULL || (*out)->access_key == NULL || (*out)->secret_key == NULL)
+    return -ENOKEY;
+  return 0;
+}
+
 static int
 attempt(struct spot_s3_op *op)
 {
@@ -788,16 +805,13 @@ attempt(struct spot_s3_op *op)
 
   if (op->lane != NULL) {
     creds = &op->creds; /* the provider belongs to the caller's loop */
+    if (creds->access_key == NULL || creds->secret_key == NULL)
+      return -ENOKEY;
   } else {
-    r = s3->creds->get(s3->creds, &creds);
-    if (r < 0) {
-      snprintf(op->message, sizeof(op->message), "no credentials: %s",
-               strerror(-r));
+    r = creds_get(op, &creds);
+    if (r < 0)
       return r;
-    }
   }
-  if (creds == NULL || creds->access_key == NULL || creds->secret_key == NULL)
-    return -ENOKEY;
   r = build_headers(op, creds);
   if (r < 0)
     return r;
@@ -1395,14 +1409,9 @@ lane_submit(struct spot_s3_op *op)
       l = &s3->lanes[i];
   if (l == NULL)
     return 1;
-  r = s3->creds->get(s3->creds, &creds);
-  if (r < 0) {
-    snprintf(op->message, sizeof(op->message), "no credentials: %s",
-             strerror(-r));
+  r = creds_get(op, &creds);
+  if (r < 0)
     return r;
-  }
-  if (creds == NULL || creds->access_key == NULL || creds->secret_key == NULL)
-    return -ENOKEY;
   r = creds_copy(&op->creds, creds);
   if (r < 0)
     return r;

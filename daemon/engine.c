@@ -754,8 +754,13 @@ spotd_start(struct spotd *d)
   d->start_wall_ms = spot_now_wall_ms();
   spotd_handles_init(d);
   r = folders(d);
-  if (r < 0)
+  if (r < 0) {
+    /* The checkpoint folder is the local disk's: read-only, full, no
+     * permission. Exit as the restore's local errors do. */
+    if (r != -ENOMEM)
+      d->exit_code = SPOTD_EXIT_IOERR;
     return r;
+  }
   store_config(d);
   hist_init(d);
   r = control_start(d);

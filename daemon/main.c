@@ -165,7 +165,8 @@ run_daemon(struct spot_config *cfg, char **argv)
 
   r = spotd_start(&d);
   if (r < 0) {
-    d.exit_code = SPOTD_EXIT_ERROR;
+    if (d.exit_code < 0) /* else the start said which */
+      d.exit_code = SPOTD_EXIT_ERROR;
     spotd_close(&d);
   }
   /* Runs until spotd_close() has closed the engine's handles. The signal

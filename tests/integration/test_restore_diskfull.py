@@ -13,7 +13,8 @@ The job has a small good step-000010 and a 3 MiB step-000020 (the newest).
 2. ENOSPC while writing: spotd is stopped right after its space check
    (fault point restore-space-checked:stop), the test fills the disk, then
    lets it go on: the same exit 74 and line, and no partial folder left.
-3. a read-only --ckpt-dir: exit 74, the line says so, no fallback.
+3. a read-only --ckpt-dir: exit 74, the line says so, no fallback; also
+   when spotd cannot even make its journal folder there at start.
 4. an old local copy of step-000020 that the disk can hold only once:
    spotd removes it before the download and restores step-000020; the
    partial download a killed spotd left there is removed too.
@@ -171,6 +172,21 @@ def main():
             sl.skip("cannot remount a tmpfs read-only")
         d = sl.Daemon(node, store, job, trainer=["--step-sleep", 0.05])
         refused(c, d, "read-only: ", "Read-only file system")
+        umount(ckpt)
+
+        # 3b: read-only before spotd could make its journal folder: the
+        # start fails on the local disk, exit 74 as well (it was 71)
+        node, ckpt = tmpfs_node(wd, "n3b", "4m", mounted)
+        if sl.run(["mount", "-o", "remount,ro", ckpt]).returncode != 0:
+            sl.skip("cannot remount a tmpfs read-only")
+        d = sl.Daemon(node, store, job, trainer=["--step-sleep", 0.05])
+        rc = d.wait_exit(90)
+        c.check(rc == 74, "read-only at start: spotd exits 74",
+                "rc=%s\n%s" % (rc, d.log()[-1500:]))
+        c.check(d.events("start") == [], "read-only at start: no trainer")
+        c.check(bool(d.err.matching(r"journal folder \S+: .*[Rr]ead-only")),
+                "read-only at start: one line names the journal folder and "
+                "why", d.log()[-1500:])
         umount(ckpt)
 
         # 4: the old local copy of the newest fits once: replaced, not doubled

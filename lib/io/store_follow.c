@@ -986,6 +986,14 @@ spot__follow_cancel(struct push_op *op)
   }
 }
 
+bool
+spot__follow_walking(const struct push_op *op)
+{
+  const struct follow *fo = op->follow;
+
+  return fo != NULL && fo->state == FOLLOW_FINAL && fo->working;
+}
+
 void
 spot__follow_poke(struct push_op *op)
 {

@@ -306,6 +306,8 @@ int spot__follow_init(struct push_op *op);
  * in place and the push may verify and commit. */
 bool spot__follow_hold(struct push_op *op);
 void spot__follow_cancel(struct push_op *op);
+/* Whether the final walk runs on the pool: op->files is then the walk's. */
+bool spot__follow_walking(const struct push_op *op);
 /* The folder's marker may be there: scan now, not at the next period. */
 void spot__follow_poke(struct push_op *op);
 void spot__follow_close(struct push_op *op);

@@ -499,6 +499,12 @@ void
 spot__push_xfer_cancel(struct push_op *op)
 {
   spot__store_pipe_cancel(&op->pipe, SLOT_ENCODING, SLOT_SENDING);
+  /* While a walk runs on the pool (the first one, or the follow's final
+   * one), op->files is that worker's: it grows, moves and sorts the list,
+   * and none of its files has a transfer yet. The walk's end moves the
+   * push on to stop(). */
+  if (op->state == PUSH_WALK || spot__follow_walking(op))
+    return;
   for (size_t i = 0; i < op->nfiles; i++)
     if (op->files[i].s3op != NULL)
       spot_s3_cancel(op->files[i].s3op);

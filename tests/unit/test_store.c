@@ -5,9 +5,12 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <ftw.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
@@ -446,6 +449,87 @@ test_push_cancel_on_lane(void **state)
   assert_int_equal(rmdir(dir), 0);
 }
 
+static int
+rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+  (void)st;
+  (void)flag;
+  (void)ftw;
+  return remove(path);
+}
+
+#define WALK_DIRS 40
+#define WALK_FILES_PER_DIR 100
+
+/* A push cancelled while its walk runs on the pool: the walk grows (and
+ * moves) op->files on a worker, so the cancel must leave that list alone.
+ * Before, the cancel read op->files for transfers to stop while the worker
+ * reallocated it (ThreadSanitizer: a data race; a use after free when the
+ * array moved under the loop). The test waits, through inotify, until the
+ * walk has opened a folder halfway through the tree, then cancels. */
+static void
+test_push_cancel_during_walk(void **state)
+{
+  char dir[] = "/tmp/spotd-test-store-XXXXXX", path[128];
+  struct spot_store_config c = cfg_of("");
+  struct world w;
+  int ino, seen = 0;
+
+  (void)state;
+  assert_non_null(mkdtemp(dir));
+  for (int d = 0; d < WALK_DIRS; d++) {
+    snprintf(path, sizeof(path), "%s/d%02d", dir, d);
+    assert_int_equal(mkdir(path, 0700), 0);
+    for (int i = 0; i < WALK_FILES_PER_DIR; i++) {
+      FILE *f;
+
+      snprintf(path, sizeof(path), "%s/d%02d/f%03d", dir, d, i);
+      f = fopen(path, "w");
+      assert_non_null(f);
+      assert_int_equal(fclose(f), 0);
+    }
+  }
+  ino = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  assert_true(ino >= 0);
+  assert_true(inotify_add_watch(ino, dir, IN_OPEN | IN_ONLYDIR) >= 0);
+
+  world_init(&w);
+  c.s3 = w.s3;
+  c.bucket = "spotd-test";
+  c.workers = 2;
+  c.parallel = 1;
+  assert_int_equal(spot_store_push(&w.loop, &c, dir, "ckpt-1", NULL,
+                                   push_done_cb, &w, &w.storeop),
+                   0);
+  /* The walk opens the folders in readdir order: wait for the half. */
+  while (seen < WALK_DIRS / 2) {
+    char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    struct pollfd pfd = {.fd = ino, .events = POLLIN};
+    ssize_t n;
+
+    assert_int_equal(poll(&pfd, 1, 60000), 1);
+    n = read(ino, buf, sizeof(buf));
+    assert_true(n > 0);
+    for (char *p = buf; p < buf + n;) {
+      const struct inotify_event *ev = (const struct inotify_event *)p;
+
+      if ((ev->mask & IN_ISDIR) != 0 && ev->len > 0)
+        seen++;
+      p += sizeof(*ev) + ev->len;
+    }
+  }
+  spot_store_cancel(w.storeop);
+  uv_run(&w.loop, UV_RUN_DEFAULT); /* until push_done_cb stops it */
+  assert_int_equal(w.calls, 1);
+  assert_int_equal(w.err, -ECANCELED);
+  assert_int_equal(w.si.puts, 0);
+  world_fini(&w);
+  assert_int_equal(w.calls, 1);
+
+  assert_int_equal(close(ino), 0);
+  assert_int_equal(nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS), 0);
+}
+
 int
 main(void)
 {
@@ -460,6 +544,7 @@ main(void)
       cmocka_unit_test(test_s3_free_runs_queued_callbacks),
       cmocka_unit_test(test_push_cancel_runs_callback_from_loop),
       cmocka_unit_test(test_push_cancel_on_lane),
+      cmocka_unit_test(test_push_cancel_during_walk),
   };
 
   return cmocka_run_group_tests(tests, NULL, NULL);

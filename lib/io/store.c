@@ -339,6 +339,11 @@ spot__store_op_new(size_t size, const struct spot__store_kind *kind,
   b->progress = progress;
   b->cb = cb;
   b->data = data;
+  r = uv_mutex_init(&b->fail_mu);
+  if (r < 0) {
+    free(b);
+    return r;
+  }
   r = spot__store_cfg_copy(&b->cfg, cfg);
   if (r == 0) {
     r = uv_timer_init(loop, &b->progress_timer);
@@ -346,6 +351,7 @@ spot__store_op_new(size_t size, const struct spot__store_kind *kind,
       spot__store_cfg_fini(&b->cfg);
   }
   if (r < 0) {
+    uv_mutex_destroy(&b->fail_mu);
     free(b);
     return r;
   }
@@ -365,6 +371,7 @@ spot__store_op_free(struct spot__store_op *b)
   if (b->kind->free != NULL)
     b->kind->free(b);
   spot__store_cfg_fini(&b->cfg);
+  uv_mutex_destroy(&b->fail_mu);
   free(b->name);
   free(b);
 }
@@ -453,8 +460,10 @@ spot__store_progress(struct spot__store_op *b, enum spot_store_phase phase)
 void
 spot__store_fail(struct spot__store_op *b, int err)
 {
-  if (b->err == 0)
-    b->err = err < 0 ? err : -EIO;
+  int none = 0;
+
+  /* the first one stays, whichever thread it came from */
+  atomic_compare_exchange_strong(&b->err, &none, err < 0 ? err : -EIO);
 }
 
 void
@@ -463,22 +472,25 @@ spot__store_fail_msg(struct spot__store_op *b, int err, const char *fmt, ...)
   va_list ap;
   char raw[sizeof(b->msg)];
 
-  if (b->msg[0] == '\0') {
-    va_start(ap, fmt);
-    vsnprintf(raw, sizeof(raw), fmt, ap);
-    va_end(ap);
-    /* Paths and names may come from the store's manifest: never raw. */
+  va_start(ap, fmt);
+  vsnprintf(raw, sizeof(raw), fmt, ap);
+  va_end(ap);
+  uv_mutex_lock(&b->fail_mu);
+  /* Paths and names may come from the store's manifest: never raw. */
+  if (b->msg[0] == '\0')
     spot_escape(raw, b->msg, sizeof(b->msg));
-  }
   spot__store_fail(b, err);
+  uv_mutex_unlock(&b->fail_mu);
 }
 
 void
 spot__store_fail_s3(struct spot__store_op *b, const char *what,
                     const struct spot_s3_result *res)
 {
+  uv_mutex_lock(&b->fail_mu);
   spot__store_s3_msg(b->msg, sizeof(b->msg), what, res);
   spot__store_fail(b, res->err);
+  uv_mutex_unlock(&b->fail_mu);
 }
 
 bool
@@ -487,8 +499,10 @@ spot__store_cancel_mark(struct spot__store_op *b)
   if (b->life != SPOT__STORE_RUNNING)
     return false;
   b->life = SPOT__STORE_CANCELLING;
+  uv_mutex_lock(&b->fail_mu);
   spot__store_fail(b, -ECANCELED);
   spot__store_msg(b->msg, sizeof(b->msg), "cancelled");
+  uv_mutex_unlock(&b->fail_mu);
   return true;
 }
 

@@ -5,6 +5,7 @@
 #define SPOT_STORE_INTERNAL_H
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 #include "codec.h"
@@ -81,8 +82,12 @@ struct spot__store_op {
   spot_store_cb cb; /* push and restore; list keeps its own */
   void *data;
 
-  int err;
+  /* The first failure and its line. A job on the pool (a walk, the
+   * restore's folder work) may fail while the loop cancels or times the
+   * op out: err is atomic and msg is written under fail_mu. */
+  _Atomic int err;
   char msg[768];
+  uv_mutex_t fail_mu;
   enum spot__store_life life;
 
   unsigned active_work;   /* pool jobs in flight */

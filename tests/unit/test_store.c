@@ -330,6 +330,15 @@ push_done_cb(const struct spot_store_result *res, void *data)
   uv_stop(&w->loop);
 }
 
+static char push_msg[1024];
+
+static void
+push_msg_cb(const struct spot_store_result *res, void *data)
+{
+  snprintf(push_msg, sizeof(push_msg), "%s", res->message);
+  push_done_cb(res, data);
+}
+
 static void
 cancel_push_on_put(struct stand_in *si)
 {
@@ -530,6 +539,44 @@ test_push_cancel_during_walk(void **state)
   assert_int_equal(nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS), 0);
 }
 
+/* A push whose walk fails (a symlink out of the folder) cancelled at the
+ * same time: the walk's failure is written on a pool worker while the
+ * cancel writes its own on the loop. Before, both wrote the op's error
+ * and message unguarded (ThreadSanitizer: a data race; the message could
+ * mix the two). Either may come first; the message is one of them whole. */
+static void
+test_push_cancel_while_walk_fails(void **state)
+{
+  char dir[] = "/tmp/spotd-test-store-XXXXXX", path[128];
+  struct spot_store_config c = cfg_of("");
+  struct world w;
+
+  (void)state;
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof(path), "%s/out", dir);
+  assert_int_equal(symlink("/etc/hostname", path), 0);
+
+  world_init(&w);
+  c.s3 = w.s3;
+  c.bucket = "spotd-test";
+  c.workers = 1;
+  c.parallel = 1;
+  assert_int_equal(spot_store_push(&w.loop, &c, dir, "ckpt-1", NULL,
+                                   push_msg_cb, &w, &w.storeop),
+                   0);
+  spot_store_cancel(w.storeop);
+  uv_run(&w.loop, UV_RUN_DEFAULT); /* until push_msg_cb stops it */
+  assert_int_equal(w.calls, 1);
+  if (w.err == -ECANCELED)
+    assert_string_equal(push_msg, "cancelled");
+  else
+    assert_non_null(strstr(push_msg, "out: a symlink to '/etc/hostname'"));
+  world_fini(&w);
+
+  assert_int_equal(unlink(path), 0);
+  assert_int_equal(rmdir(dir), 0);
+}
+
 int
 main(void)
 {
@@ -545,6 +592,7 @@ main(void)
       cmocka_unit_test(test_push_cancel_runs_callback_from_loop),
       cmocka_unit_test(test_push_cancel_on_lane),
       cmocka_unit_test(test_push_cancel_during_walk),
+      cmocka_unit_test(test_push_cancel_while_walk_fails),
   };
 
   return cmocka_run_group_tests(tests, NULL, NULL);

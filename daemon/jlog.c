@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/uio.h>
 #include <systemd/sd-journal.h>
+#include <uv.h>
 
 #include "engine.h"
 #include "jlog.h"
@@ -19,6 +20,15 @@
 
 #define JLOG_FIELDS 6
 #define JLOG_FIELD_SIZE 2200
+
+/* Lines also come from the S3 client's I/O threads and the store's
+ * workers (a retry's warning during a drain), which must not read struct
+ * spotd while the loop writes it (a notice after a SIGTERM rewrites
+ * d->reason mid-drain). The sink runs under the log's lock, one line at a
+ * time: lines from the loop's thread refresh this copy of the drain's
+ * reason, and every line reads the copy. */
+static uv_thread_t loop_thread;
+static char drain_reason[SPOT_NOTICE_REASON_MAX];
 
 static void
 add(struct iovec *iov, size_t *n, char buf[][JLOG_FIELD_SIZE], const char *key,
@@ -43,10 +53,14 @@ sink(int level, const char *line, void *data)
   struct spot_log_fields f;
   char prio[4];
   size_t n = 0;
+  uv_thread_t self = uv_thread_self();
 
+  if (uv_thread_equal(&self, &loop_thread))
+    snprintf(drain_reason, sizeof(drain_reason), "%s",
+             d->state >= SPOTD_DRAINING ? d->reason : "");
   spot_log_fields(line, &f);
-  if (f.reason[0] == '\0' && d->state >= SPOTD_DRAINING && d->reason[0])
-    snprintf(f.reason, sizeof(f.reason), "%s", d->reason);
+  if (f.reason[0] == '\0' && drain_reason[0] != '\0')
+    snprintf(f.reason, sizeof(f.reason), "%s", drain_reason);
   snprintf(prio, sizeof(prio), "%d", level);
   add(iov, &n, buf, "MESSAGE", line);
   add(iov, &n, buf, "PRIORITY", prio);
@@ -65,8 +79,11 @@ jlog_start(struct spotd *d)
 {
   const char *js = getenv("JOURNAL_STREAM");
 
-  if (js != NULL && *js != '\0' && d->cfg->job != NULL)
+  if (js != NULL && *js != '\0' && d->cfg->job != NULL) {
+    loop_thread = uv_thread_self(); /* spotd starts it from its loop */
+    drain_reason[0] = '\0';
     spot_log_set_sink(sink, d);
+  }
 }
 
 void

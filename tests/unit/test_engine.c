@@ -16,7 +16,9 @@
 
 #include "engine.h"
 #include "fanout.h"
+#include "jlog.h"
 #include "joblease.h"
+#include "log.h"
 #include "request.h"
 #include "restarts.h"
 #include "runjoin.h"
@@ -489,6 +491,47 @@ test_seq_second_sigterm(void **state)
   }
 }
 
+static void
+log_off_loop(void *arg)
+{
+  (void)arg;
+  for (int i = 0; i < 200; i++)
+    log_warn("s3: PUT s3://b/k: SlowDown; retry 1/5 in 200 ms (test %d)", i);
+}
+
+/* The journald sink runs for lines of the S3 client's I/O threads too: a
+ * retry's warning while the loop starts the drain again for a notice
+ * after a SIGTERM (start_drain() rewrites d->reason). Before, the sink
+ * read d->state and d->reason from that thread while the loop wrote them
+ * (ThreadSanitizer: a data race; a torn SPOTD_REASON). No journald here:
+ * the lines go to stderr. */
+static void
+test_jlog_lines_from_threads(void **state)
+{
+  char job[] = "job-1";
+  struct spot_config cfg;
+  struct spotd d;
+  uv_thread_t t;
+
+  (void)state;
+  memset(&cfg, 0, sizeof(cfg));
+  memset(&d, 0, sizeof(d));
+  cfg.job = job;
+  d.cfg = &cfg;
+  d.state = SPOTD_DRAINING;
+  spot_strlcpy(d.reason, "sigterm", sizeof(d.reason));
+  assert_int_equal(setenv("JOURNAL_STREAM", "0:0", 1), 0);
+  jlog_start(&d);
+  log_notice("signal 15: final checkpoint, then stop (test)");
+  assert_int_equal(uv_thread_create(&t, log_off_loop, NULL), 0);
+  for (int i = 0; i < 200; i++)
+    spot_strlcpy(d.reason, i % 2 ? "sigterm" : "spot-interruption",
+                 sizeof(d.reason));
+  assert_int_equal(uv_thread_join(&t), 0);
+  jlog_stop();
+  assert_int_equal(unsetenv("JOURNAL_STREAM"), 0);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -501,6 +544,7 @@ main(int argc, char **argv)
       cmocka_unit_test(test_seq_lease_lost_while_uploading),
       cmocka_unit_test(test_seq_relaunch_vs_fanout),
       cmocka_unit_test(test_seq_second_sigterm),
+      cmocka_unit_test(test_jlog_lines_from_threads),
   };
 
   /* The trainer's guard is this binary again (lib/io/child.h). */

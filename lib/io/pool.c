@@ -26,12 +26,12 @@ struct spot_pool {
   uv_mutex_t mu;
   uv_cond_t cond;
   /* under mu: */
-  struct job *todo, *todo_tail; /* queued, in order */
-  struct job *done, *done_tail; /* finished or cancelled, in order */
-  struct job *running;          /* being worked, unordered */
-  unsigned ntodo;               /* jobs in todo */
-  unsigned idle;                /* threads waiting on cond */
-  unsigned starting;            /* threads made, not yet at their first wait */
+  struct job *queued, *queued_tail; /* waiting for a thread, in order */
+  struct job *done, *done_tail;     /* finished or cancelled, in order */
+  struct job *running;              /* being worked, unordered */
+  unsigned nqueued;                 /* jobs waiting for a thread */
+  unsigned idle;                    /* threads waiting on cond */
+  unsigned starting; /* threads made, not yet at their first wait */
   bool stopping;
   /* loop thread only: */
   uv_thread_t *threads;
@@ -78,18 +78,18 @@ worker(void *arg)
   for (;;) {
     struct job *j;
 
-    while (p->todo == NULL && !p->stopping) {
+    while (p->queued == NULL && !p->stopping) {
       p->idle++;
       uv_cond_wait(&p->cond, &p->mu);
       p->idle--;
     }
     if (p->stopping)
       break;
-    j = p->todo;
-    p->todo = j->next;
-    p->ntodo--;
-    if (p->todo == NULL)
-      p->todo_tail = NULL;
+    j = p->queued;
+    p->queued = j->next;
+    p->nqueued--;
+    if (p->queued == NULL)
+      p->queued_tail = NULL;
     j->next = p->running;
     p->running = j;
     uv_mutex_unlock(&p->mu);
@@ -189,14 +189,14 @@ spot_pool_queue(struct spot_pool *p, uv_work_t *req, uv_work_cb work,
   j->work = work;
   j->after = after;
   uv_mutex_lock(&p->mu);
-  push_tail(&p->todo, &p->todo_tail, j);
-  p->ntodo++;
+  push_tail(&p->queued, &p->queued_tail, j);
+  p->nqueued++;
   /* A thread more only when the jobs waiting outnumber the threads that
    * will take them (waiting, or started and not there yet) and the cap
    * allows: a pool asked for one job at a time stays at one thread. An
    * idle thread counts until it has taken a job, so jobs queued in a burst
    * are not all promised to the same one. */
-  spawn = p->ntodo > p->idle + p->starting && p->nthreads < p->max;
+  spawn = p->nqueued > p->idle + p->starting && p->nthreads < p->max;
   if (spawn)
     p->starting++;
   uv_cond_signal(&p->cond);
@@ -210,8 +210,8 @@ spot_pool_queue(struct spot_pool *p, uv_work_t *req, uv_work_cb work,
       p->starting--;
       if (p->nthreads == 0) {
         /* no thread would ever take it */
-        p->todo = p->todo_tail = NULL;
-        p->ntodo = 0;
+        p->queued = p->queued_tail = NULL;
+        p->nqueued = 0;
         uv_mutex_unlock(&p->mu);
         free(j);
         return r;
@@ -232,7 +232,7 @@ spot_pool_cancel(struct spot_pool *p, uv_work_t *req)
   int ret = UV_EINVAL;
 
   uv_mutex_lock(&p->mu);
-  for (pp = &p->todo, j = NULL; *pp != NULL; pp = &(*pp)->next) {
+  for (pp = &p->queued, j = NULL; *pp != NULL; pp = &(*pp)->next) {
     if ((*pp)->req == req) {
       j = *pp;
       *pp = j->next;
@@ -240,11 +240,11 @@ spot_pool_cancel(struct spot_pool *p, uv_work_t *req)
     }
   }
   if (j != NULL) {
-    p->ntodo--;
+    p->nqueued--;
     /* the tail moves back when the last one left */
-    p->todo_tail = NULL;
-    for (struct job *t = p->todo; t != NULL; t = t->next)
-      p->todo_tail = t;
+    p->queued_tail = NULL;
+    for (struct job *t = p->queued; t != NULL; t = t->next)
+      p->queued_tail = t;
     j->status = UV_ECANCELED;
     push_tail(&p->done, &p->done_tail, j);
     uv_async_send(&p->async);
@@ -299,8 +299,8 @@ spot_pool_close(struct spot_pool *p, void (*cb)(void *data), void *data)
     uv_thread_join(&p->threads[i]);
   if (p->pending > 0)
     log_warn("pool: closed with %u jobs not delivered", p->pending);
-  while ((j = p->todo) != NULL) {
-    p->todo = j->next;
+  while ((j = p->queued) != NULL) {
+    p->queued = j->next;
     free(j);
   }
   while ((j = p->done) != NULL) {

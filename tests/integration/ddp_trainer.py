@@ -1,9 +1,13 @@
 #!/usr/bin/python3
 """A tiny torch.distributed (gloo, CPU) trainer for the torchrun tests,
-following the trainer contract with no wrapper: each worker sets a flag on
-the checkpoint signal; every step the ranks agree on it with one
-all-reduce, so all save at the same step into SPOTD_CKPT_DIR/step-N
-(rank-R.pt each); after a barrier rank 0 writes SPOTD_COMPLETE.
+following the trainer contract with no wrapper: each worker counts the
+checkpoint signals it got; every step the ranks agree on the highest count
+with one all-reduce (MAX) and save when it is above the count already
+served, so all save at the same step into SPOTD_CKPT_DIR/step-N (rank-R.pt
+each); after a barrier rank 0 writes SPOTD_COMPLETE. A count, not a flag
+cleared after the save: spotd signals the process group once, and a rank
+whose Python handler runs late (after the all-reduce that already made the
+others save) must not ask for a second checkpoint.
 
 Each worker appends JSON lines to LOG.rank-R: start (pid), checkpoint."""
 import json
@@ -15,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
-FLAG = {"on": False}
+GOT = {"n": 0}
 
 
 def main():
@@ -29,7 +33,7 @@ def main():
         log.write(json.dumps(kw) + "\n")
 
     signal.signal(int(os.environ.get("SPOTD_SIGNAL") or signal.SIGUSR1),
-                  lambda s, f: FLAG.update(on=True))
+                  lambda s, f: GOT.update(n=GOT["n"] + 1))
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 4)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -37,6 +41,7 @@ def main():
     emit("start", pid=os.getpid(), pgid=os.getpgrp())
     ckpt_dir = os.environ["SPOTD_CKPT_DIR"]
     step = 0
+    served = 0
     while True:
         x = torch.randn(8, 16)
         loss = ddp(x).pow(2).mean()
@@ -44,10 +49,10 @@ def main():
         loss.backward()
         opt.step()
         step += 1
-        flag = torch.tensor([1 if FLAG["on"] else 0])
-        dist.all_reduce(flag)
-        if flag.item() > 0:
-            FLAG["on"] = False
+        asked = torch.tensor([GOT["n"]])
+        dist.all_reduce(asked, op=dist.ReduceOp.MAX)
+        if asked.item() > served:
+            served = asked.item()
             path = os.path.join(ckpt_dir, "step-%06d" % step)
             os.makedirs(path, exist_ok=True)
             with open(os.path.join(path, "rank-%d.pt" % rank), "wb") as f:

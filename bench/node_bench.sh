@@ -19,6 +19,12 @@
 #
 #   NODE_BENCH_PY      the python for the generator and the trainer
 #                      (default /usr/bin/python3)
+#   NODE_BENCH_TIME    the timer: /usr/bin/time (the default when it is
+#                      there) or bench/timecmd.py (the same figures from
+#                      wait4(2), for a machine without it)
+#
+# On a machine without the build's libraries (the GPU host), run it on a
+# kit of bench/node_kit.sh: bench/node_bench.sh KIT.
 #
 # Two sets: fp32 (weights, Adam m and v, a third each) and bf16 (the same
 # three in bf16), generated with numpy like bench/store_bench.sh. For each:
@@ -37,7 +43,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 SRC=$(cd "$HERE/.." && pwd)
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-  sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
   exit 0
 fi
 BUILD=${1:-$SRC/.build-bench}
@@ -48,12 +54,14 @@ OUT=${NODE_BENCH_OUT:-$HERE/results/node.md}
 NOTE=${NODE_BENCH_NOTE:-}
 RUNS=${NODE_BENCH_RUNS:-3}
 PY=${NODE_BENCH_PY:-/usr/bin/python3}
-TIME=/usr/bin/time
+TIME=${NODE_BENCH_TIME:-/usr/bin/time}
+[[ -x $TIME || -n ${NODE_BENCH_TIME:-} ]] || TIME=$HERE/timecmd.py
 [[ $GIB =~ ^[0-9]+$ && $GIB -ge 1 ]] ||
   { echo "NODE_BENCH_GIB must be a whole number of GiB >= 1, not '$GIB'" >&2; exit 2; }
 [[ $RUNS =~ ^[0-9]+$ && $RUNS -ge 1 ]] ||
   { echo "NODE_BENCH_RUNS must be a whole number >= 1, not '$RUNS'" >&2; exit 2; }
-[[ -x $TIME ]] || { echo "needs $TIME (Debian: apt-get install time)" >&2; exit 1; }
+[[ -x $TIME || $TIME == *timecmd.py ]] ||
+  { echo "no timer $TIME (Debian: apt-get install time)" >&2; exit 1; }
 $PY -c 'import numpy' 2>/dev/null ||
   { echo "needs numpy for $PY (Debian: apt-get install python3-numpy)" >&2; exit 1; }
 
@@ -146,6 +154,17 @@ for d, bf in (("fp32", False), ("bf16", True)):
 PYEOF
 
 rm -f "$WORK"/rows.*
+# timed FILE CMD...: runs CMD; FILE gets "wall user sys maxrss-KiB"
+timed() {
+  local out=$1
+  shift
+  if [[ $TIME == *timecmd.py ]]; then
+    "$PY" "$TIME" -o "$out" "$@"
+  else
+    "$TIME" -o "$out" -f '%e %U %S %M' "$@"
+  fi
+}
+
 # run OP SET TARGET CMD...: one measured spotctl run; its table row goes
 # to $WORK/rows.OP.SET.TARGET after its wall time
 run() {
@@ -153,7 +172,7 @@ run() {
   shift 3
   bytes=$(du -sb "$WORK/data/$set" | cut -f1)
   cpu0=$(server_cpu)
-  if ! "$TIME" -o "$WORK/time" -f '%e %U %S %M' "$@" >"$WORK/run.log" 2>&1; then
+  if ! timed "$WORK/time" "$@" >"$WORK/run.log" 2>&1; then
     echo "$op $set ($target) failed:" >&2
     tail -20 "$WORK/run.log" >&2
     exit 1
@@ -332,7 +351,9 @@ mkdir -p "$(dirname "$OUT")"
     echo "to the sink, restore >= 8 GB/s from s3_mem, notice->durable of 4 GB"
     echo "<= 10 s. This machine is not one ($NPROC cores${GPUS:+, }${GPUS:-, no GPU}),"
     echo "so these figures say what the data path costs per GiB and per core,"
-    echo "not whether the goals are met."
+    echo "not whether the goals are met. On such a host without the project's"
+    echo "Debian libraries: \`bench/node_kit.sh\` here, then"
+    echo "\`NODE_BENCH_PY=python3 bash bench/node_bench.sh .nodekit\` there."
   else
     echo "## Goals on this host"
     echo

@@ -115,13 +115,24 @@ handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
 int
 main(int argc, char **argv)
 {
-  unsigned port = argc > 1 ? (unsigned)strtoul(argv[1], NULL, 10) : 0;
+  unsigned long port = 0;
+  char *end = NULL;
 
-  if (argc > 2 || port > 65535) {
+  if (argc > 1 &&
+      (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
+    printf("usage: s3_sink [PORT]\n"
+           "A loopback S3 stand-in that discards every body (a bench tool, "
+           "not a test).\nPORT 0 or none: a free port, printed on stdout.\n");
+    return 0;
+  }
+  if (argc > 1)
+    port = strtoul(argv[1], &end, 10);
+  if (argc > 2 || (argc > 1 && (end == argv[1] || *end != '\0')) ||
+      port > 65535) {
     fprintf(stderr, "usage: s3_sink [PORT]\n");
     return 2;
   }
-  if (mhd_serve("s3_sink", port, handle, NULL) != 0)
+  if (mhd_serve("s3_sink", (unsigned)port, handle, NULL) != 0)
     return 1;
   fprintf(stderr, "s3_sink: drained %llu bytes\n", (unsigned long long)drained);
   return 0;

@@ -40,12 +40,8 @@
 # the time from spotd's log).
 set -euo pipefail
 
-HERE=$(cd "$(dirname "$0")" && pwd)
-SRC=$(cd "$HERE/.." && pwd)
-if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
-  exit 0
-fi
+# shellcheck source=bench/common.sh
+. "$(dirname "$0")/common.sh" "$@"
 BUILD=${1:-$SRC/.build-bench}
 GIB=${NODE_BENCH_GIB:-4}
 MEMORY=${NODE_BENCH_MEMORY:-1G}

@@ -22,12 +22,8 @@
 #   NODE_BENCH_PY=python3 NODE_BENCH_OUT=/tmp/node.md bash bench/node_bench.sh .nodekit
 set -euo pipefail
 
-HERE=$(cd "$(dirname "$0")" && pwd)
-SRC=$(cd "$HERE/.." && pwd)
-if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
-  exit 0
-fi
+# shellcheck source=bench/common.sh
+. "$(dirname "$0")/common.sh" "$@"
 KIT=$(realpath -m "${1:-$SRC/.nodekit}")
 BUILD=$KIT.build
 BINS=(client/spotctl daemon/spotd emulate/spotd-emulate bench/s3_sink bench/s3_mem)
@@ -62,4 +58,4 @@ for b in "${BINS[@]}"; do
   fi
   "$KIT/$b" --help >/dev/null 2>&1 || { echo "$b --help failed in the kit" >&2; exit 1; }
 done
-echo "kit $KIT: $(du -sh "$KIT" | cut -f1), ${#BINS[@]} binaries, $(ls "$KIT/lib" | wc -l) libraries"
+echo "kit $KIT: $(du -sh "$KIT" | cut -f1), ${#BINS[@]} binaries, $(find "$KIT/lib" -type f | wc -l) libraries"

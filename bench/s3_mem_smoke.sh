@@ -14,12 +14,8 @@
 # the first step that fails, with its output.
 set -euo pipefail
 
-HERE=$(cd "$(dirname "$0")" && pwd)
-SRC=$(cd "$HERE/.." && pwd)
-if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
-  exit 0
-fi
+# shellcheck source=bench/common.sh
+. "$(dirname "$0")/common.sh" "$@"
 BUILD=$(cd "${1:-$SRC/build}" && pwd)
 SPOTCTL=$BUILD/client/spotctl
 SPOTD=$BUILD/daemon/spotd

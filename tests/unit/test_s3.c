@@ -826,6 +826,17 @@ lworld_init(struct lworld *w)
   }
 }
 
+/* The same, the server answering none until all LANE_NOPS requests are
+ * in (every lane busy at once), then the first 3 with fault. */
+static void
+lworld_init_held(struct lworld *w, enum fault fault)
+{
+  lworld_init(w);
+  w->b.hold_until = LANE_NOPS;
+  w->b.fault = fault;
+  w->b.faults_left = 3;
+}
+
 static void
 lworld_fini(struct lworld *w)
 {
@@ -908,10 +919,7 @@ test_lanes_fault_while_busy(void **state)
   struct lworld w;
 
   (void)state;
-  lworld_init(&w);
-  w.b.hold_until = LANE_NOPS;
-  w.b.fault = FAULT_SLOWDOWN;
-  w.b.faults_left = 3;
+  lworld_init_held(&w, FAULT_SLOWDOWN);
   put_parts(&w);
   assert_int_equal(w.calls, 0);
   run_until(&w, LANE_NOPS);
@@ -1017,10 +1025,7 @@ test_lanes_get_resume(void **state)
   struct lworld w;
 
   (void)state;
-  lworld_init(&w);
-  w.b.hold_until = LANE_NOPS;
-  w.b.fault = FAULT_CLOSE;
-  w.b.faults_left = 3;
+  lworld_init_held(&w, FAULT_CLOSE);
   for (size_t i = 0; i < LANE_NOPS; i++)
     assert_int_equal(spot_s3_get(w.s3, "bkt", "k", i * LANE_BODY, LANE_BODY,
                                  lane_sink, NULL, lane_cb, &w.slots[i],

@@ -349,6 +349,23 @@ cancel_push_on_put(struct stand_in *si)
   w->calls_when_cancel_returned = w->calls;
 }
 
+/* Pushes dir; the first PUT cancels it (w->si.on_put = cancel_push_on_put):
+ * one PUT, the callback once, -ECANCELED, and never from inside the
+ * cancel. */
+static void
+push_cancelled_at_put(struct world *w, struct spot_store_config *c,
+                      const char *dir)
+{
+  assert_int_equal(spot_store_push(&w->loop, c, dir, "ckpt-1", NULL,
+                                   push_done_cb, w, &w->storeop),
+                   0);
+  uv_run(&w->loop, UV_RUN_DEFAULT); /* until push_done_cb stops it */
+  assert_int_equal(w->si.puts, 1);
+  assert_int_equal(w->calls_when_cancel_returned, 0);
+  assert_int_equal(w->calls, 1);
+  assert_int_equal(w->err, -ECANCELED);
+}
+
 /* A push whose only request in flight is one PUT, cancelled: before, the
  * PUT's callback ran inside spot_store_cancel() and finished the whole push
  * there, re-entering the caller from its own cancel. */
@@ -374,14 +391,7 @@ test_push_cancel_runs_callback_from_loop(void **state)
   c.bucket = "spotd-test";
   c.workers = 1;
   c.parallel = 1;
-  assert_int_equal(spot_store_push(&w.loop, &c, dir, "ckpt-1", NULL,
-                                   push_done_cb, &w, &w.storeop),
-                   0);
-  uv_run(&w.loop, UV_RUN_DEFAULT); /* until push_done_cb stops it */
-  assert_int_equal(w.si.puts, 1);
-  assert_int_equal(w.calls_when_cancel_returned, 0);
-  assert_int_equal(w.calls, 1);
-  assert_int_equal(w.err, -ECANCELED);
+  push_cancelled_at_put(&w, &c, dir);
   world_fini(&w);
   assert_int_equal(w.calls, 1);
 
@@ -442,14 +452,7 @@ test_push_cancel_on_lane(void **state)
   c.workers = 4;
   c.parallel = 1;
   c.compress = SPOT_STORE_COMPRESS_NEVER;
-  assert_int_equal(spot_store_push(&w.loop, &c, dir, "ckpt-1", NULL,
-                                   push_done_cb, &w, &w.storeop),
-                   0);
-  uv_run(&w.loop, UV_RUN_DEFAULT); /* until push_done_cb stops it */
-  assert_int_equal(w.si.puts, 1);
-  assert_int_equal(w.calls_when_cancel_returned, 0);
-  assert_int_equal(w.calls, 1);
-  assert_int_equal(w.err, -ECANCELED);
+  push_cancelled_at_put(&w, &c, dir);
   assert_true(sent_off_loop);
   world_fini(&w);
   assert_int_equal(w.calls, 1);

@@ -378,10 +378,11 @@ spot__store_op_free(struct spot__store_op *b)
   free(b->name);
   free(b);
 #ifdef __GLIBC__
-  /* The op's threads are joined and its buffers unmapped, but what they
-   * malloc'd (zstd's contexts, curl's handles) stays in their malloc
-   * arenas, touched, unless trimmed: ~2 MiB per worker that an idle spotd
-   * would keep after its first checkpoint. */
+  /* The op's threads are joined and its buffers unmapped, but what it
+   * malloc'd and freed (zstd's contexts, curl's handles, the file list)
+   * stays touched in malloc's heap unless trimmed: memory an idle spotd
+   * would keep after its first checkpoint (spotd keeps every thread in one
+   * arena so that this reaches all of it: daemon/main.c). */
   (void)malloc_trim(0);
 #endif
 }

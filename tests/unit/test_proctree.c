@@ -191,12 +191,15 @@ test_real_tree(void **state)
       memset(&ign, 0, sizeof(ign));
       ign.sa_handler = SIG_IGN;
       sigaction(SIGHUP, &ign, NULL);
+      /* B, not A, says ready: A's state is set before B exists, and B
+       * may not have run at all when A returns from fork() (a loaded
+       * machine: B still had A's USR1 handler and no session of its own) */
+      close(open(ready, O_WRONLY | O_CREAT, 0600));
       pause();
       _exit(0);
     }
     if (write(p[1], &b, sizeof(b)) != (ssize_t)sizeof(b))
       _exit(3);
-    close(open(ready, O_WRONLY | O_CREAT, 0600));
     pause();
     _exit(0);
   }

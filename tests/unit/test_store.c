@@ -349,16 +349,28 @@ cancel_push_on_put(struct stand_in *si)
   w->calls_when_cancel_returned = w->calls;
 }
 
+/* Starts a push of dir as "ckpt-1" to w's stand-in with workers coders and
+ * one transfer at a time; cb ends it. */
+static void
+start_push(struct world *w, struct spot_store_config *c, const char *dir,
+           unsigned workers, spot_store_cb cb)
+{
+  c->s3 = w->s3;
+  c->bucket = "spotd-test";
+  c->workers = workers;
+  c->parallel = 1;
+  assert_int_equal(
+      spot_store_push(&w->loop, c, dir, "ckpt-1", NULL, cb, w, &w->storeop), 0);
+}
+
 /* Pushes dir; the first PUT cancels it (w->si.on_put = cancel_push_on_put):
  * one PUT, the callback once, -ECANCELED, and never from inside the
  * cancel. */
 static void
 push_cancelled_at_put(struct world *w, struct spot_store_config *c,
-                      const char *dir)
+                      const char *dir, unsigned workers)
 {
-  assert_int_equal(spot_store_push(&w->loop, c, dir, "ckpt-1", NULL,
-                                   push_done_cb, w, &w->storeop),
-                   0);
+  start_push(w, c, dir, workers, push_done_cb);
   uv_run(&w->loop, UV_RUN_DEFAULT); /* until push_done_cb stops it */
   assert_int_equal(w->si.puts, 1);
   assert_int_equal(w->calls_when_cancel_returned, 0);
@@ -387,11 +399,7 @@ test_push_cancel_runs_callback_from_loop(void **state)
 
   world_init(&w);
   w.si.on_put = cancel_push_on_put;
-  c.s3 = w.s3;
-  c.bucket = "spotd-test";
-  c.workers = 1;
-  c.parallel = 1;
-  push_cancelled_at_put(&w, &c, dir);
+  push_cancelled_at_put(&w, &c, dir, 1);
   world_fini(&w);
   assert_int_equal(w.calls, 1);
 
@@ -447,12 +455,8 @@ test_push_cancel_on_lane(void **state)
   loop_thread = uv_thread_self();
   spot__s3_set_request_hook(w.s3, off_loop_hook, NULL);
   w.si.on_put = cancel_push_on_put;
-  c.s3 = w.s3;
-  c.bucket = "spotd-test";
-  c.workers = 4;
-  c.parallel = 1;
   c.compress = SPOT_STORE_COMPRESS_NEVER;
-  push_cancelled_at_put(&w, &c, dir);
+  push_cancelled_at_put(&w, &c, dir, 4);
   assert_true(sent_off_loop);
   world_fini(&w);
   assert_int_equal(w.calls, 1);
@@ -506,13 +510,7 @@ test_push_cancel_during_walk(void **state)
   assert_true(inotify_add_watch(ino, dir, IN_OPEN | IN_ONLYDIR) >= 0);
 
   world_init(&w);
-  c.s3 = w.s3;
-  c.bucket = "spotd-test";
-  c.workers = 2;
-  c.parallel = 1;
-  assert_int_equal(spot_store_push(&w.loop, &c, dir, "ckpt-1", NULL,
-                                   push_done_cb, &w, &w.storeop),
-                   0);
+  start_push(&w, &c, dir, 2, push_done_cb);
   /* The walk opens the folders in readdir order: wait for the half. */
   while (seen < WALK_DIRS / 2) {
     char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
@@ -560,13 +558,7 @@ test_push_cancel_while_walk_fails(void **state)
   assert_int_equal(symlink("/etc/hostname", path), 0);
 
   world_init(&w);
-  c.s3 = w.s3;
-  c.bucket = "spotd-test";
-  c.workers = 1;
-  c.parallel = 1;
-  assert_int_equal(spot_store_push(&w.loop, &c, dir, "ckpt-1", NULL,
-                                   push_msg_cb, &w, &w.storeop),
-                   0);
+  start_push(&w, &c, dir, 1, push_msg_cb);
   spot_store_cancel(w.storeop);
   uv_run(&w.loop, UV_RUN_DEFAULT); /* until push_msg_cb stops it */
   assert_int_equal(w.calls, 1);

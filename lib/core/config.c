@@ -202,6 +202,13 @@ static const struct key_def keys[] = {
      "still writes it (each once it stops changing); the commit still waits "
      "for SPOTD_COMPLETE and uploads again what changed since. false: upload "
      "only after the marker (trainers that rewrite files in place)."},
+    {"follow-symlinks", T_BOOL, OFF(follow_symlinks), NULL, "false", NULL, NULL,
+     0, 0, NULL, NULL, 0,
+     "Upload the regular file a symlink in a checkpoint points to when the "
+     "link leaves the checkpoint folder (an absolute link, or ../ out of "
+     "it). false: such a checkpoint is never committed, with one line "
+     "naming the link; relative links inside the folder are stored as "
+     "links either way."},
     {"keep", T_INT, OFF(keep), "N", "3", NULL, NULL, 1, 10000, NULL, NULL, 0,
      "Committed checkpoints kept in the store."},
     {"keep-local", T_INT, OFF(keep_local), "N", "1", NULL, NULL, 1, 10000, NULL,

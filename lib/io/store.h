@@ -133,7 +133,7 @@ struct spot_store_config {
   uint64_t restore_timeout_ms;
   /* push: store the content of the file a symlink points to instead of
    * failing on a symlink that is not a relative link inside the folder
-   * (spotctl push --follow-symlinks). */
+   * (spotctl push --follow-symlinks, spotd's follow-symlinks). */
   bool follow_symlinks;
   /* push: how the commit moves LATEST: always through
    * spot_latest_update() (latest.h), a compare-and-swap that never moves

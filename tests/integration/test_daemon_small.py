@@ -12,7 +12,11 @@
   marker:   a save that writes its data, then takes seconds before its
             SPOTD_COMPLETE marker: once the data is uploaded the progress
             line says spotd waits for the marker (and how long), not
-            "100% at 0 MB/s"."""
+            "100% at 0 MB/s".
+  symlink:  a checkpoint holding an absolute symlink is refused with a line
+            naming the link and the option that stores it; with
+            --follow-symlinks (which the line names) the same checkpoint is
+            committed and restores the file the link pointed to."""
 import calendar
 import os
 import re
@@ -147,12 +151,57 @@ def marker_wait(c, wd):
         s3.close()
 
 
+SYMLINK_TRAINER = r"""
+import os, sys
+ck = os.environ["SPOTD_CKPT_DIR"]
+outside = os.path.join(os.path.dirname(ck), "outside.bin")
+with open(outside, "wb") as f:
+    f.write(b"weights-outside" * 1000)
+d = os.path.join(ck, "step-000001")
+os.makedirs(d)
+with open(os.path.join(d, "model.bin"), "wb") as f:
+    f.write(b"model" * 1000)
+os.symlink(outside, os.path.join(d, "tokenizer.bin"))
+open(os.path.join(d, "SPOTD_COMPLETE"), "w").close()
+"""
+
+
+def symlink(c, wd):
+    store, job, prefix = sl.daemon_job("symlink")
+    with sl.cleaned_up(prefix):
+        cmd = [sl.PY3, "-c", SYMLINK_TRAINER]
+        d = sl.Daemon(os.path.join(wd, "refused"), store, job, cmd=cmd)
+        rc = d.wait_exit(60)
+        log = d.log()
+        m = re.search(r"tokenizer\.bin: a symlink to '[^']*outside\.bin'.*"
+                      r"\((--follow-symlinks)", log)
+        c.check(m is not None, "symlink: the refusal names the link and the "
+                "option", log[-2000:])
+        c.check(rc != 0 and sl.latest(prefix) is None,
+                "symlink: nothing committed without the option (exit %s)" % rc)
+        # the option the line names is one spotd takes
+        d = sl.Daemon(os.path.join(wd, "followed"), store, job, cmd=cmd,
+                      args=["--follow-symlinks"])
+        rc = d.wait_exit(60)
+        c.check(rc == 0 and sl.latest(prefix) == "step-000001",
+                "symlink: --follow-symlinks commits it (exit %s, LATEST %r)"
+                % (rc, sl.latest(prefix)), d.log()[-2000:])
+        out = os.path.join(wd, "restored")
+        cp = sl.spotctl("restore", "%s/%s" % (store, job), out, timeout=60)
+        got = os.path.join(out, "tokenizer.bin")
+        c.check(cp.returncode == 0 and not os.path.islink(got) and
+                open(got, "rb").read() == b"weights-outside" * 1000,
+                "symlink: the restore holds the file the link pointed to",
+                cp.stderr)
+
+
 def main():
     c = sl.Checks()
     with tempfile.TemporaryDirectory(prefix="spotd-small-") as wd:
         restarts_and_resume(c, os.path.join(wd, "restarts"))
         ckpt_timeout(c, os.path.join(wd, "timeout"))
         marker_wait(c, os.path.join(wd, "marker"))
+        symlink(c, os.path.join(wd, "symlink"))
     c.finish()
 
 

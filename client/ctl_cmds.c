@@ -229,12 +229,16 @@ print_status(const struct spot_proto_status *st)
     printf("progress:     step %" PRId64, st->trainer.step);
     if (st->trainer.steps_per_s >= 0)
       printf(", %.2f steps/s", st->trainer.steps_per_s);
-    if (st->trainer.steps_at_risk >= 0)
+    if (st->trainer.steps_at_risk >= 0) {
       printf(", %" PRId64 " steps at risk", st->trainer.steps_at_risk);
+      if (st->trainer.steps_per_s > 0)
+        printf(" (about %.0f s of training)",
+               (double)st->trainer.steps_at_risk / st->trainer.steps_per_s);
+    }
     printf("\n");
   }
   if (st->has_last_commit)
-    printf("last commit:  %s at %s (%" PRId64 " s of work at risk)\n",
+    printf("last commit:  %s at %s (committed %" PRId64 " s ago)\n",
            E(st->last_commit.name), spotctl_esc(st->last_commit.time),
            st->last_commit.age_s);
   else

@@ -97,10 +97,16 @@ def progress(c, d):
             "status --json: step %d, %s steps/s, 40 steps at risk since "
             "step %d" % (at + 40, rate, at), repr(tr))
     cp = d.spotctl("status")
-    c.check(cp.returncode == 0 and re.search(
-        r"(?m)^progress: +step %d, [0-9.]+ steps/s, 40 steps at risk$"
-        % (at + 40), cp.stdout),
-        "status: the progress line", cp.stdout + cp.stderr)
+    m = re.search(
+        r"(?m)^progress: +step %d, ([0-9.]+) steps/s, 40 steps at risk "
+        r"\(about (\d+) s of training\)$" % (at + 40), cp.stdout)
+    c.check(cp.returncode == 0 and m is not None and
+            abs(int(m.group(2)) - 40 / float(m.group(1))) <= 1,
+            "status: the progress line gives the steps at risk and the "
+            "training time they took", cp.stdout + cp.stderr)
+    c.check(not re.search(r"(?m)^last commit:.*work at risk", cp.stdout),
+            "status: the commit's age is not called the work at risk",
+            cp.stdout)
 
 
 def with_daemon(c, wd):

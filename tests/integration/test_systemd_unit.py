@@ -111,6 +111,13 @@ def main():
         c.check(len(inst_conf) == 1 and
                 (os.stat(found[inst_conf[0]]).st_mode & 0o777) == 0o640,
                 "config example installed mode 0640: %s" % inst_conf)
+        for doc in re.findall(r"(?m)^Documentation=(.*)$", text):
+            for url in doc.split():
+                if url.startswith("file://"):
+                    path = url[len("file://"):]
+                    c.check(path.lstrip("/") in found,
+                            "Documentation=%s is installed" % url,
+                            repr(sorted(found)))
         exec_path = re.search(r"(?m)^ExecStart=(\S+)", text).group(1)
         c.check("/" + exec_path.lstrip("/") in ["/" + p for p in found],
                 "ExecStart=%s is where meson installs spotd" % exec_path,

@@ -71,6 +71,22 @@ def main():
                     cp.stderr == "", "good file: %s says OK" % flag,
                     cp.stdout + cp.stderr)
 
+        # the Kubernetes ConfigMap's file: the pod gives the command
+        # after '--', so the file has none; docs/kubernetes.md checks it
+        # the way the pod runs it
+        import yaml
+        with open(sl.srcdir_path("deploy", "kubernetes", "config.yaml")) as f:
+            cm = [d for d in yaml.safe_load_all(f)
+                  if d and d.get("kind") == "ConfigMap"][0]
+        k8s = os.path.join(wd, "k8s.conf")
+        with open(k8s, "w") as f:
+            f.write(cm["data"]["spotd.conf"])
+        os.chmod(k8s, 0o640)
+        cp = spotd("run", "--config", k8s, "--check-config", "--", "true")
+        c.check(cp.returncode == 0 and cp.stdout.strip() ==
+                "configuration OK", "spotd run --config FILE --check-config "
+                "-- CMD says OK", cp.stdout + cp.stderr)
+
         for i, (text, errs) in enumerate(BAD):
             path = os.path.join(wd, "bad%d.conf" % i)
             with open(path, "w") as f:

@@ -222,8 +222,9 @@ class Demo:
             % self.ceph_dir)
         self.ceph_started = True
         t = time.monotonic()
+        port = [str(self.a.s3_port)] if self.a.s3_port else []
         cp = subprocess.run(["bash", os.path.join(SRC, "tests", "s3server.sh"),
-                             "start", self.ceph_dir], capture_output=True,
+                             "start", self.ceph_dir] + port, capture_output=True,
                             text=True, timeout=300)
         if cp.returncode != 0:
             raise Failed("the S3 server did not start:\n" + cp.stderr[-2000:])
@@ -303,7 +304,9 @@ class Demo:
         title("3. The cloud takes the machine back")
         say("The metadata service now announces: this spot instance will be\n"
             "stopped in 2 minutes (AWS's notice). spotd asks the trainer for a\n"
-            "checkpoint (SIGUSR1), which it writes after the current step;\n"
+            "checkpoint (through the request file the trainer's helper\n"
+            "reads after each step; a signal only for trainers without the\n"
+            "helper), which it writes after the current step;\n"
             "spotd compresses it with zstd and uploads it in parallel parts,\n"
             "writes the manifest last (the commit), runs the relaunch step and\n"
             "only then stops the trainer.")
@@ -526,6 +529,9 @@ def main():
     ap.add_argument("--notice-at", type=int, default=15,
                     help="publish the notice once this step is done")
     ap.add_argument("--show-every", type=int, default=5)
+    ap.add_argument("--s3-port", type=int, default=0,
+                    help="the local S3 server's port (default: 7480 if "
+                    "free, else another free port)")
     a = ap.parse_args()
     if not 0 < a.notice_at < a.steps - 5:
         ap.error("--notice-at must be between 1 and --steps - 5")

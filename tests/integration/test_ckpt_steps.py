@@ -15,7 +15,12 @@ stays finished.
    final checkpoint saved again holds the same step, so it is no new
    commit: LATEST stays step-000005 and one line says so.
 3. A commit LATEST's step rule refuses (`spotctl push --step` of an older
-   step) leaves no MANIFEST.json behind.
+   step) leaves no MANIFEST.json behind; nor does the upload journal: a
+   spotd killed just before it commits checkpoint-N (the fault point
+   before-commit) leaves its journal, another writer commits
+   checkpoint-228 meanwhile, and the spotd started again on that node
+   resumes the journaled upload: refused before its manifest, LATEST stays
+   checkpoint-228 and the trainer resumes from it.
 4. spotd.hf.SpotdCallback.on_save passes the Trainer's global step to the
    marker (a stand-in TrainerCallback base: transformers is not needed).
 """
@@ -49,6 +54,9 @@ while True:
         with spotd.checkpoint(name="checkpoint-%d" % step, step=step) as ck:
             with ck.open("step") as f:
                 f.write(b"%d" % step)
+            if os.environ.get("T_BIG"):  # multipart: a journaled upload
+                with ck.open("data.bin") as f:
+                    f.write(os.urandom(20 << 20))
         log.write(json.dumps({"ev": "checkpoint", "step": step,
                               "name": ck.name}) + "\n")
 """
@@ -187,6 +195,51 @@ def push_refused(c, wd):
         sl.s3_cleanup(prefix)
 
 
+def journal(c, wd):
+    store, job, prefix = sl.daemon_job("steps-journal")
+    node = os.path.join(wd, "jnode")
+    script = os.path.join(wd, "trainer.py")
+    with open(script, "w") as f:
+        f.write(TRAINER)
+    env = {"PYTHONPATH": sl.srcdir_path("python"),
+           "T_LOG": os.path.join(node, "trainer.log"), "T_BIG": "1"}
+    try:
+        da = sl.Daemon(node, store, job, cmd=[sl.PY3, script],
+                       env=dict(env, SPOTD_FAULT="before-commit"))
+        c.check(da.wait_event("start", 60) is not None, "journal: trainer "
+                "started")
+        da.spotctl("checkpoint")
+        line = da.wait_log(r"fault point before-commit: killing", 120)
+        c.check(line is not None, "journal: spotd killed before its commit")
+        da.wait_exit(60)
+        ev = da.wait_event("checkpoint", 10)
+        name = ev["name"] if ev else "?"
+        src = os.path.join(wd, "newer")
+        os.makedirs(src)
+        with open(os.path.join(src, "step"), "w") as f:
+            f.write("228")
+        cp = sl.spotctl("push", src, "%s/%s" % (store, job), "--name",
+                        "checkpoint-228", "--step", "228")
+        c.check(cp.returncode == 0 and sl.latest(prefix) == "checkpoint-228",
+                "journal: another writer commits checkpoint-228", cp.stderr)
+        db = sl.Daemon(node, store, job, cmd=[sl.PY3, script], env=env)
+        st = db.wait_event("start", 120)
+        c.check(db.wait_log(r"resuming that upload", 0) is not None and
+                st is not None and st["resume"] == "checkpoint-228" and
+                st["step"] == 228, "journal: the journaled %s is resumed, "
+                "refused; the trainer resumes from checkpoint-228" % name,
+                repr(st))
+        keys = [k for k in sl.s3_keys(prefix) if
+                k.endswith("/%s/MANIFEST.json" % name)]
+        c.check(keys == [] and sl.latest(prefix) == "checkpoint-228",
+                "journal: no manifest of %s, LATEST stays" % name,
+                "%r latest=%r" % (keys, sl.latest(prefix)))
+        db.send(signal.SIGTERM)
+        db.wait_exit(120)
+    finally:
+        sl.s3_cleanup(prefix)
+
+
 def hf_callback(c, wd):
     """on_save with a stand-in transformers: the marker states the step."""
     sys.path.insert(0, sl.srcdir_path("python"))
@@ -223,6 +276,7 @@ def main():
         with tempfile.TemporaryDirectory(prefix="spotd-steps-") as wd:
             hf_callback(c, wd)
             push_refused(c, wd)
+            journal(c, wd)
             hf_names(c, wd, store, job, prefix)
             finished_job(c, wd)
     c.finish()

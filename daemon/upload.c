@@ -40,6 +40,8 @@
 #include "watch.h"
 
 static void start_upload(struct spotd *d, const char *name, bool follow);
+static bool new_commit(struct spotd *d, const char *name, bool follow,
+                       int64_t *step);
 static bool complete_note(struct spotd *d, const char *name);
 static bool final_complete(struct spotd *d, const char *name);
 
@@ -610,6 +612,21 @@ start_waiting(struct spotd *d)
   spotd_advance(d);
 }
 
+/* A followed push refused its folder once the marker stated its step
+ * (-EALREADY): judged as a complete folder is. True when handled. */
+static bool
+not_new(struct spotd *d, const char *name)
+{
+  int64_t step;
+
+  if (new_commit(d, name, false, &step))
+    return false; /* not known older after all: the failure stands */
+  if (d->final.state == FINAL_UPLOADING && strcmp(d->final.name, name) == 0)
+    final_pushed(d, name, -ESTALE);
+  control_commit_event(d, name, -ESTALE, "older than the committed checkpoint");
+  return true;
+}
+
 static void
 push_done_cb(const struct spot_store_result *res, void *data)
 {
@@ -633,6 +650,10 @@ push_done_cb(const struct spot_store_result *res, void *data)
     log_info("stopped uploading %s before it was complete%s%s", name,
              res->err == -ECANCELED ? "" : ": ",
              res->err == -ECANCELED ? "" : res->message);
+    start_waiting(d);
+    return;
+  }
+  if (res->err == -EALREADY && not_new(d, name)) {
     start_waiting(d);
     return;
   }
@@ -724,8 +745,12 @@ start_upload(struct spotd *d, const char *name, bool follow)
 
   if (!new_commit(d, name, follow, &step))
     return;
-  /* the push reads the marker's step itself when it has none yet */
+  /* the push reads the marker's step itself when it has none yet, and
+   * refuses a step not past the committed one before its manifest */
   sc.step = follow ? 0 : step;
+  sc.step_floor = d->last_commit[0] != '\0' && d->last_commit_step >= 0
+                      ? d->last_commit_step + 1
+                      : 0;
   snprintf(dir, sizeof(dir), "%s/%s", d->ckpt_dir, name);
   spot_strlcpy(u->name, name, sizeof(u->name));
   u->done_bytes = u->total_bytes = 0;

@@ -154,6 +154,11 @@ struct spot_store_config {
   const char *lease_owner;
   uint64_t lease_epoch, lease_seq;
   int64_t step;
+  /* push (spotd): when > 0, a checkpoint whose known step is below it is
+   * no new commit: refused before its manifest with -EALREADY (spotd sets
+   * the committed step + 1; a followed folder's step is only known once
+   * its marker is there). */
+  int64_t step_floor;
   /* A checkpoint the caller found damaged (spotd's restore fallback):
    * when LATEST names it, the step rule does not keep LATEST on it. */
   char latest_damaged[129]; /* SPOT_CKPT_NAME_MAX + 1 */

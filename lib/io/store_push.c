@@ -671,15 +671,25 @@ fence(struct push_op *op)
 {
   const struct spot_store_config *c = &op->b.cfg.c;
   char root[1200];
+  int64_t step;
   int r;
 
   if (op->fenced)
     return 1;
+  step = spot__push_step(op);
+  if (c->step_floor > 0 && step >= 0 && step < c->step_floor) {
+    fail_msg(op, -EALREADY,
+             "checkpoint %s (step %" PRId64 ") is no new commit: step %" PRId64
+             " is committed (no manifest written)",
+             op->b.name, step, c->step_floor - 1);
+    spot__push_advance(op);
+    return 0;
+  }
   snprintf(root, sizeof(root), "%s%s%s", c->prefix, c->prefix[0] ? "/" : "",
            c->job);
   r = spot_latest_fence(c->s3, op->b.cfg.bucket, root, op->b.name,
-                        commit_order(op), spot__push_step(op), c->lease_owner,
-                        fence_cb, op, &op->latest_op);
+                        commit_order(op), step, c->lease_owner, fence_cb, op,
+                        &op->latest_op);
   if (r == 0 && c->latest_damaged[0] != '\0')
     spot_latest_set_damaged(op->latest_op, c->latest_damaged);
   if (r < 0) {

@@ -473,6 +473,7 @@ spotd_trainer_exited(struct spotd *d)
   /* A checkpoint completed just before the exit may not have been seen. */
   watch_scan(d);
   upload_follow_drop(d, "the trainer exited");
+  upload_drop_local(d);
   if (d->state == SPOTD_RUNNING) {
     if (d->exit_code != 0 && fanout_exit_check(d))
       return; /* a peer's preemption, or spotd_trainer_exited() again */
@@ -751,6 +752,7 @@ spotd_start(struct spotd *d)
 
   d->exit_code = -1;
   d->steps.step = -1;
+  d->last_commit_step = -1;
   d->steps.rate = -1;
   d->start_wall_ms = spot_now_wall_ms();
   spotd_handles_init(d);

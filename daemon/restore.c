@@ -246,7 +246,9 @@ restore_place(struct spotd *d, const struct spot_store_result *res)
     }
   }
   spot_strlcpy(d->last_commit, res->name, sizeof(d->last_commit));
+  d->last_commit_step = res->step;
   spot_strlcpy(d->restored_name, res->name, sizeof(d->restored_name));
+  d->restored_at_wall = spot_now_wall_ms();
   if (d->fb.nbad > 0) {
     log_warn("restored checkpoint %s instead of the newest, which failed "
              "verification (see above)",
@@ -388,6 +390,9 @@ resume_journaled(struct spotd *d)
   if (!journal_find(d, name, sizeof(name)) || !lease_may_commit(d))
     return false;
   sc.lease_seq = lease_next_seq(d);
+  /* the step its marker states: LATEST's step rule judges it before its
+   * manifest is written */
+  sc.step = upload_ckpt_step(d, name);
   log_info("the previous spotd was interrupted while uploading %s: resuming "
            "that upload",
            name);

@@ -181,8 +181,11 @@ struct spotd {
   int64_t last_commit_wall; /* committed, or restored, by this spotd */
   int64_t last_commit_made; /* when last_commit was committed (a restored
                                one: its manifest's time) */
-  /* the checkpoint restored at startup ("" none) */
+  int64_t last_commit_step; /* the trainer's step it holds, -1 unknown */
+  /* the checkpoint restored at startup ("" none), and when it was put in
+   * place (0 none): a folder complete before then is an earlier run's */
   char restored_name[256];
+  int64_t restored_at_wall;
 
   struct relaunch_step relaunch;
   struct fanout fan;

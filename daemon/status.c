@@ -75,7 +75,7 @@ steps_at_risk(const struct spotd *d)
     return -1;
   if (d->last_commit[0] == '\0')
     return d->steps.step;
-  at = spot_ckpt_name_step(d->last_commit);
+  at = d->last_commit_step;
   if (at < 0)
     return -1;
   return d->steps.step > at ? d->steps.step - at : 0;

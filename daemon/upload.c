@@ -40,6 +40,8 @@
 #include "watch.h"
 
 static void start_upload(struct spotd *d, const char *name, bool follow);
+static bool new_commit(struct spotd *d, const char *name, bool follow,
+                       int64_t *step);
 static bool complete_note(struct spotd *d, const char *name);
 static bool final_complete(struct spotd *d, const char *name);
 
@@ -56,6 +58,35 @@ marker_ms(const struct spotd *d, const char *name)
   if (lstat(marker, &st) < 0)
     return -1;
   return (int64_t)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
+}
+
+/* The step folder name's marker states, -1 when none (an empty marker,
+ * as older trainers write it) or unreadable; warn: say why a marker is
+ * not understood. The trainer wrote the file: read at most
+ * SPOT_MARKER_MAX + 1 bytes, never through a symlink (store.h). */
+static int64_t
+marker_step(const struct spotd *d, const char *name, bool warn)
+{
+  char dir[4300], err[200];
+  int64_t step;
+
+  snprintf(dir, sizeof(dir), "%s/%s", d->ckpt_dir, name);
+  step = spot_store_marker_step(dir, err, sizeof(err));
+  if (step == -EINVAL && warn)
+    log_warn("checkpoint %s: ignoring its %s (%s): its step is unknown", name,
+             SPOTD_COMPLETE, err);
+  return step >= 0 ? step : -1;
+}
+
+int64_t
+upload_ckpt_step(const struct spotd *d, const char *name)
+{
+  int64_t step;
+
+  if (d->last_commit[0] != '\0' && strcmp(name, d->last_commit) == 0)
+    return d->last_commit_step;
+  step = marker_step(d, name, false);
+  return step >= 0 ? step : spot_ckpt_name_step(name);
 }
 
 /* Whether folder name completed before folder other: both markers read,
@@ -404,6 +435,31 @@ spotd_request_checkpoint(struct spotd *d, const char *why)
 
 /* ------------------------------------------------------------ uploads */
 
+/* Whether local folder n is older than the commit keep: by the trainer's
+ * step when both are known, else by their markers (the restored folder,
+ * which has none, is older than any commit made since). Unknown: no. */
+static bool
+older_than_commit(const struct spotd *d, const char *n, const char *keep)
+{
+  int64_t a = upload_ckpt_step(d, n), b = upload_ckpt_step(d, keep);
+
+  if (a >= 0 && b >= 0)
+    return a < b;
+  return strcmp(n, d->restored_name) == 0 || completed_before(d, n, keep);
+}
+
+void
+upload_drop_local(struct spotd *d)
+{
+  char path[4300];
+
+  if (d->up.drop[0] == '\0')
+    return;
+  snprintf(path, sizeof(path), "%s/%s", d->ckpt_dir, d->up.drop);
+  d->up.drop[0] = '\0';
+  spot_rm_tree(path);
+}
+
 /* Local copies older than the newest commit are not needed any more,
  * but for the --keep-local N - 1 newest of them (by step): each takes its
  * full size on the local disk. */
@@ -411,25 +467,31 @@ static void
 prune_local(struct spotd *d, const char *keep)
 {
   const char *old[SPOTD_NAMES_MAX];
+  int64_t old_step[SPOTD_NAMES_MAX];
   size_t nold = 0, spare = (size_t)d->cfg->keep_local - 1;
 
+  upload_drop_local(d);
   for (size_t i = 0; i < d->nknown && nold < SPOTD_NAMES_MAX; i++) {
     const char *n = d->known[i];
     char path[4300];
+    int64_t step;
     size_t j;
 
     if (strcmp(n, keep) == 0 || strcmp(n, d->up.waiting) == 0 ||
         (d->up.state != UPLOAD_IDLE && strcmp(n, d->up.name) == 0) ||
-        spot_ckpt_name_step(n) > spot_ckpt_name_step(keep))
-      continue; /* newer by step: never removed for an older commit */
+        !older_than_commit(d, n, keep))
+      continue; /* newer, or not known older: never removed for it */
     snprintf(path, sizeof(path), "%s/%s", d->ckpt_dir, n);
     if (access(path, F_OK) != 0)
       continue;
     /* newest first */
-    for (j = nold;
-         j > 0 && spot_ckpt_name_step(old[j - 1]) < spot_ckpt_name_step(n); j--)
+    step = upload_ckpt_step(d, n);
+    for (j = nold; j > 0 && old_step[j - 1] < step; j--) {
       old[j] = old[j - 1];
+      old_step[j] = old_step[j - 1];
+    }
     old[j] = n;
+    old_step[j] = step;
     nold++;
   }
   for (size_t i = spare; i < nold; i++) {
@@ -521,6 +583,9 @@ committed(struct spotd *d, const char *name,
            own);
   if (res->warning != NULL && res->warning[0] != '\0')
     spotd_warn(d, "%s", res->warning);
+  /* the step the store recorded: its marker's (there now), else its
+   * name's */
+  d->last_commit_step = upload_ckpt_step(d, name);
   spot_strlcpy(d->last_commit, name, sizeof(d->last_commit));
   d->last_commit_wall = spot_now_wall_ms();
   d->last_commit_made = d->last_commit_wall;
@@ -545,6 +610,21 @@ start_waiting(struct spotd *d)
     start_upload(d, next, false);
   }
   spotd_advance(d);
+}
+
+/* A followed push refused its folder once the marker stated its step
+ * (-EALREADY): judged as a complete folder is. True when handled. */
+static bool
+not_new(struct spotd *d, const char *name)
+{
+  int64_t step;
+
+  if (new_commit(d, name, false, &step))
+    return false; /* not known older after all: the failure stands */
+  if (d->final.state == FINAL_UPLOADING && strcmp(d->final.name, name) == 0)
+    final_pushed(d, name, -ESTALE);
+  control_commit_event(d, name, -ESTALE, "older than the committed checkpoint");
+  return true;
 }
 
 static void
@@ -573,6 +653,10 @@ push_done_cb(const struct spot_store_result *res, void *data)
     start_waiting(d);
     return;
   }
+  if (res->err == -EALREADY && not_new(d, name)) {
+    start_waiting(d);
+    return;
+  }
   hist_pushed(d, name, res);
   if (res->err == 0) {
     committed(d, name, res);
@@ -590,21 +674,62 @@ push_done_cb(const struct spot_store_result *res, void *data)
   start_waiting(d);
 }
 
-/* A folder older by the trainer's step than the checkpoint LATEST names
- * as far as this spotd knows (the one it restored or last committed) is
- * never uploaded: the store would refuse to move LATEST back to it. It
- * stays in --ckpt-dir, for an operator to look at. */
+/* Whether folder name is a new commit after the checkpoint LATEST names
+ * as far as this spotd knows (the one it restored or last committed),
+ * in the trainer's steps (its marker's, else its name's):
+ * - older: never uploaded, the store would refuse to move LATEST back to
+ *   it; it stays in --ckpt-dir, for an operator to look at;
+ * - the same step (a finished job started again saves its last step
+ *   again, maybe with other bytes): not a new commit and not an error;
+ *   the committed one stays, the local copy is dropped;
+ * - step unknown (either side), and the folder was complete before this
+ *   spotd restored its checkpoint: an earlier run's, older than what the
+ *   trainer resumed from; kept, not uploaded.
+ * Returns true when name is to be uploaded; *step its step. A folder
+ * still written (follow) is only not followed when its name says it is
+ * not newer: it is judged again once complete. */
 static bool
-older_than_committed(const struct spotd *d, const char *name)
+new_commit(struct spotd *d, const char *name, bool follow, int64_t *step)
 {
-  int64_t step = spot_ckpt_name_step(name);
-  int64_t ref = spot_ckpt_name_step(d->last_commit);
+  int64_t ref = d->last_commit_step, at;
 
-  if (step < 0 || ref <= step)
+  *step = follow ? -1 : marker_step(d, name, true);
+  if (*step < 0)
+    *step = spot_ckpt_name_step(name);
+  if (d->last_commit[0] == '\0')
+    return true;
+  if (follow)
+    return *step < 0 || ref < 0 || *step > ref;
+  if (*step >= 0 && ref >= 0 && *step < ref) {
+    log_info("not uploading checkpoint %s (step %" PRId64 "): %s (step %" PRId64
+             ") is newer; the folder is kept in %s",
+             name, *step, d->last_commit, ref, d->ckpt_dir);
     return false;
-  log_info("not uploading checkpoint %s (step %" PRId64 "): %s (step %" PRId64
-           ") is newer; the folder is kept in %s",
-           name, step, d->last_commit, ref, d->ckpt_dir);
+  }
+  if (*step >= 0 && ref >= 0 && *step == ref) {
+    /* removed once the trainer is done with it: it may still fsync the
+     * folder it has just marked */
+    log_info("checkpoint %s holds step %" PRId64 ", as the committed %s "
+             "does: not a new commit; its local copy is dropped",
+             name, *step, d->last_commit);
+    upload_drop_local(d);
+    spot_strlcpy(d->up.drop, name, sizeof(d->up.drop));
+    if (d->final.state == FINAL_UPLOADING && strcmp(d->final.name, name) == 0) {
+      spot_strlcpy(d->final.name, d->last_commit, sizeof(d->final.name));
+      final_set_state(d, FINAL_COMMITTED);
+    }
+    control_commit_event(d, d->last_commit, 0, "");
+    return false;
+  }
+  at = marker_ms(d, name);
+  if ((*step < 0 || ref < 0) && d->restored_at_wall > 0 && at >= 0 &&
+      at < d->restored_at_wall) {
+    log_info("not uploading checkpoint %s: its step is unknown and it was "
+             "complete before %s was restored, which the trainer resumed "
+             "from; the folder is kept in %s",
+             name, d->restored_name, d->ckpt_dir);
+    return false;
+  }
   return true;
 }
 
@@ -615,10 +740,17 @@ start_upload(struct spotd *d, const char *name, bool follow)
   /* This push's settings: the store's, with what differs per push. */
   struct spot_store_config sc = d->store;
   char dir[4300];
+  int64_t step;
   int r;
 
-  if (older_than_committed(d, name))
+  if (!new_commit(d, name, follow, &step))
     return;
+  /* the push reads the marker's step itself when it has none yet, and
+   * refuses a step not past the committed one before its manifest */
+  sc.step = follow ? 0 : step;
+  sc.step_floor = d->last_commit[0] != '\0' && d->last_commit_step >= 0
+                      ? d->last_commit_step + 1
+                      : 0;
   snprintf(dir, sizeof(dir), "%s/%s", d->ckpt_dir, name);
   spot_strlcpy(u->name, name, sizeof(u->name));
   u->done_bytes = u->total_bytes = 0;

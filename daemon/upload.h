@@ -49,6 +49,9 @@ struct upload {
   char failed[256]; /* the newest upload that failed after the last commit */
   /* the request (req.seq) a follow was started for: one per request */
   uint64_t follow_seq;
+  /* a folder saved at the step already committed, removed once the
+   * trainer is done with it (it exited, or a later commit): "" none */
+  char drop[256];
 };
 
 struct final_ckpt {
@@ -63,6 +66,13 @@ void spotd_request_checkpoint(struct spotd *d, const char *why);
 int spotd_checkpoint_complete(struct spotd *d, const char *name);
 /* No push runs and none waits. */
 bool upload_idle(const struct spotd *d);
+/* Removes the local copy of a save that was no new commit (up.drop):
+ * the trainer exited, or a later commit was made. */
+void upload_drop_local(struct spotd *d);
+/* The trainer's step of checkpoint folder name: the last commit's as
+ * known, else what its SPOTD_COMPLETE marker states (spot_marker_parse),
+ * else what its name states; -1 unknown. */
+int64_t upload_ckpt_step(const struct spotd *d, const char *name);
 const char *upload_state_name(enum upload_state s);
 /* An incomplete checkpoint folder appeared (watch.c): with overlap, its
  * upload starts now when it answers the pending request. */

@@ -186,6 +186,85 @@ spot_ckpt_name_step(const char *name)
   return strspn(name, "0123456789") == strlen(name) ? step_digits(name) : -1;
 }
 
+/* The value of a marker line: decimal digits only, within the step
+ * bound; -1 otherwise. */
+static int64_t
+marker_step_value(const char *v, size_t n)
+{
+  int64_t x = 0;
+
+  if (n == 0 || n > 16)
+    return -1;
+  for (size_t i = 0; i < n; i++) {
+    if (v[i] < '0' || v[i] > '9')
+      return -1;
+    x = x * 10 + (v[i] - '0');
+  }
+  return x <= SPOT_CKPT_STEP_MAX ? x : -1;
+}
+
+int
+spot_marker_parse(const char *buf, size_t len, int64_t *step, char *err,
+                  size_t errlen)
+{
+  int64_t found = -1;
+  size_t line = 0;
+
+  if (buf == NULL && len > 0)
+    return fail(err, errlen, -EINVAL, "marker: no text");
+  if (len > SPOT_MARKER_MAX)
+    return fail(err, errlen, -EINVAL, "marker: larger than %d bytes",
+                SPOT_MARKER_MAX);
+  if (len > 0 && memchr(buf, '\0', len) != NULL)
+    return fail(err, errlen, -EINVAL, "marker: holds a NUL byte");
+  for (size_t pos = 0; pos < len;) {
+    const char *l = buf + pos, *nl = memchr(l, '\n', len - pos), *eq;
+    size_t n = nl != NULL ? (size_t)(nl - l) : len - pos, k;
+
+    pos += n + (nl != NULL ? 1 : 0);
+    line++;
+    if (n > 0 && l[n - 1] == '\r')
+      n--;
+    while (n > 0 && (l[0] == ' ' || l[0] == '\t')) {
+      l++;
+      n--;
+    }
+    while (n > 0 && (l[n - 1] == ' ' || l[n - 1] == '\t'))
+      n--;
+    if (n == 0 || l[0] == '#')
+      continue;
+    eq = memchr(l, '=', n);
+    if (eq == NULL)
+      return fail(err, errlen, -EINVAL, "marker line %zu: no '='", line);
+    k = (size_t)(eq - l);
+    while (k > 0 && (l[k - 1] == ' ' || l[k - 1] == '\t'))
+      k--;
+    if (k != strlen(SPOT_MARKER_STEP_KEY) ||
+        memcmp(l, SPOT_MARKER_STEP_KEY, k) != 0)
+      continue; /* another key: for someone else */
+    {
+      const char *v = eq + 1;
+      size_t vn = n - (size_t)(v - l);
+      int64_t x;
+
+      while (vn > 0 && (v[0] == ' ' || v[0] == '\t')) {
+        v++;
+        vn--;
+      }
+      x = marker_step_value(v, vn);
+      if (x < 0)
+        return fail(err, errlen, -EINVAL,
+                    "marker line %zu: step is not a number in 0..2^53", line);
+      if (found >= 0)
+        return fail(err, errlen, -EINVAL, "marker line %zu: a second step",
+                    line);
+      found = x;
+    }
+  }
+  *step = found;
+  return 0;
+}
+
 bool
 spot_manifest_link_valid(const char *path, const char *target)
 {
@@ -260,6 +339,7 @@ spot_manifest_new(const char *name, const char *job, int64_t created_ms,
     return -ENOMEM;
   m->version = SPOT_MANIFEST_VERSION;
   m->created_ms = created_ms;
+  m->step = -1;
   m->name = strdup(name);
   m->job = strdup(job);
   if (!m->name || !m->job) {
@@ -926,6 +1006,8 @@ spot_manifest_to_json(struct spot_manifest *m, char **out, char *err,
     r = spot_buf_printf(&b, ",\"created\":\"%s\"", created);
   if (r == 0 && m->epoch > 0)
     r = spot_buf_printf(&b, ",\"epoch\":%" PRIu64, m->epoch);
+  if (r == 0 && m->step >= 0)
+    r = spot_buf_printf(&b, ",\"step\":%" PRId64, m->step);
   if (r == 0)
     r = spot_buf_printf(&b,
                         ",\"totals\":{\"files\":%zu,"
@@ -1416,8 +1498,8 @@ static int
 parse_header(struct parse *ps, json_t *root, struct spot_manifest *m)
 {
   static const char *const root_keys[] = {
-      "format", "version", "name",  "job",   "created",
-      "epoch",  "totals",  "packs", "files", NULL};
+      "format", "version", "name",  "job",   "created", "epoch",
+      "step",   "totals",  "packs", "files", NULL};
   const char *s;
   size_t len;
   int64_t v;
@@ -1471,6 +1553,14 @@ parse_header(struct parse *ps, json_t *root, struct spot_manifest *m)
     if (r < 0)
       return r;
     m->epoch = (uint64_t)v;
+  }
+  /* optional: the trainer's step (absent = unknown, older writers) */
+  m->step = -1;
+  if (json_object_get(root, "step") != NULL) {
+    r = get_int(ps, root, "", "step", 0, SPOT_CKPT_STEP_MAX, &v);
+    if (r < 0)
+      return r;
+    m->step = v;
   }
   return 0;
 }

@@ -26,6 +26,10 @@
  *
  * "epoch" (optional, >= 0; absent = 0) is the job lease epoch of the
  * spotd that committed it (lib/io/lease.h); older manifests lack it.
+ * "step" (optional, 0..2^53; absent = unknown) is the trainer's step the
+ * checkpoint holds, as its marker stated it (spot_marker_parse()) or its
+ * name does (spot_ckpt_name_step()): what orders checkpoints by training
+ * progress whatever their names (latest.h). Older manifests lack it.
  *
  * Per file: "path" relative to the checkpoint folder; "mode" the permission
  * bits (<= 07777; restore drops setuid/setgid/sticky, store.h);
@@ -149,6 +153,7 @@ struct spot_manifest {
   char *job;
   int64_t created_ms; /* 1970..9999, serialized with second precision */
   uint64_t epoch;     /* optional "epoch": the writer's lease epoch, 0 none */
+  int64_t step;       /* optional "step": the trainer's step, -1 unknown */
   uint64_t total_raw;
   uint64_t total_stored;
   struct spot_manifest_file *files; /* nfiles entries, in insertion order */
@@ -173,6 +178,23 @@ bool spot_ckpt_name_valid(const char *name);
  * 2^53. Only a stated step orders checkpoints by training progress (see
  * latest.h); other names are ordered by commit alone. */
 int64_t spot_ckpt_name_step(const char *name);
+/* The largest step a name, a marker or a manifest may state. */
+#define SPOT_CKPT_STEP_MAX ((int64_t)1 << 53)
+
+/* The trainer's marker file, SPOTD_COMPLETE (README "Trainer contract"):
+ * empty, as older trainers write it (step unknown), or text lines
+ * "key=value" of which spotd reads "step" (the training step the
+ * checkpoint holds, decimal, 0..SPOT_CKPT_STEP_MAX) and skips the others;
+ * blank lines and lines starting with '#' are skipped. At most
+ * SPOT_MARKER_MAX bytes. The file is written by the trainer, so it is
+ * untrusted: returns 0 with *step set (-1: none stated), or -EINVAL with
+ * one line in err (a line without '=', a bad or repeated step, a NUL, too
+ * long) and *step untouched. */
+#define SPOT_MARKER_MAX 4096
+#define SPOT_MARKER_STEP_KEY "step"
+int spot_marker_parse(const char *buf, size_t len, int64_t *step, char *err,
+                      size_t errlen);
+
 /* The rules above in words, for messages. */
 #define SPOT_CKPT_NAME_RULES                                                   \
   "1-128 printable ASCII characters, no space, '/', '\\' or '..', not "        \

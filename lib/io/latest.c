@@ -1,7 +1,8 @@
 /* LATEST only moves forward. See latest.h.
  *
  *   LEASE  (with a lease owner) GET ROOT/LEASE: still ours at our epoch?
- *   READ   GET ROOT/LATEST: its name, ETag and order
+ *   READ   GET ROOT/LATEST: its name, ETag, order and step; the check
+ *          before a manifest (spot_latest_fence) ends here
  *   WRITE  PUT ROOT/LATEST If-Match (If-None-Match when absent); on 412
  *          back to READ (ours after all, the other If-Match form, or
  *          someone moved it: judge again)
@@ -323,14 +324,14 @@ s3_cb(const struct spot_s3_result *res, void *data)
   switch (op->state) {
   case LT_LEASE:
     r = check_lease(op, res);
-    if (r == 0 && op->fence_only)
-      r = 1;
-    else if (r == 0)
+    if (r == 0)
       r = start_get(op, LT_READ, op->latest_key);
     break;
   case LT_READ:
     r = take_latest(op, res);
-    if (r == 0)
+    if (r == 0 && op->fence_only)
+      r = 1; /* the update would be taken: nothing to write now */
+    else if (r == 0)
       r = next_write(op);
     break;
   case LT_WRITE:
@@ -428,17 +429,15 @@ spot_latest_set_max_epoch(struct spot_latest_op *op, uint64_t epoch)
 
 int
 spot_latest_fence(struct spot_s3 *s3, const char *bucket, const char *root,
-                  const char *name, uint64_t epoch, const char *lease_owner,
-                  spot_latest_cb cb, void *data, struct spot_latest_op **out)
+                  const char *name, struct spot_latest_order order,
+                  int64_t step, const char *lease_owner, spot_latest_cb cb,
+                  void *data, struct spot_latest_op **out)
 {
-  struct spot_latest_order o = {epoch, 0};
   struct spot_latest_op *op = NULL;
   int r;
 
-  if (lease_owner == NULL)
-    return -EINVAL;
-  r = spot_latest_update(s3, bucket, root, name, o, -1, lease_owner, cb, data,
-                         &op);
+  r = spot_latest_update(s3, bucket, root, name, order, step, lease_owner, cb,
+                         data, &op);
   if (r == 0)
     op->fence_only = true; /* before its lease read is answered */
   if (out != NULL)

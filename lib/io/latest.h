@@ -83,13 +83,16 @@ void spot_latest_set_max_epoch(struct spot_latest_op *op, uint64_t epoch);
 /* A checkpoint found damaged (restore fallback): the step rule does not
  * keep LATEST on it. Call right after spot_latest_update(). */
 void spot_latest_set_damaged(struct spot_latest_op *op, const char *name);
-/* The lease check alone (fencing before a manifest is written): calls back
- * with 0 when ROOT/LEASE is held, unexpired, by lease_owner at epoch, else
- * -ESTALE with one line (or an S3 error). name is only for messages. */
+/* The checks of spot_latest_update() without the write, before a
+ * manifest is written (a refused commit leaves no manifest behind): the
+ * lease (when lease_owner is given: held, unexpired, by it at
+ * order.epoch), then LATEST's order and step as the update judges them.
+ * Calls back with 0 when the update would be taken, else -ESTALE with one
+ * line (or an S3 error). The setters below apply to it too. */
 int spot_latest_fence(struct spot_s3 *s3, const char *bucket, const char *root,
-                      const char *name, uint64_t epoch, const char *lease_owner,
-                      spot_latest_cb cb, void *data,
-                      struct spot_latest_op **op);
+                      const char *name, struct spot_latest_order order,
+                      int64_t step, const char *lease_owner, spot_latest_cb cb,
+                      void *data, struct spot_latest_op **op);
 /* Legal until the callback has run; the callback runs later, from the
  * loop, with -ECANCELED (never before this returns). */
 void spot_latest_cancel(struct spot_latest_op *op);

@@ -67,6 +67,13 @@
  * start"): a file of that name at the top of a pushed folder is not
  * part of the checkpoint. */
 #define SPOT_STORE_MARKER "SPOTD_COMPLETE"
+/* The step the SPOT_STORE_MARKER file of folder dir states
+ * (spot_marker_parse(), manifest.h): >= 0, or -1 when it states none (an
+ * empty marker) or there is none; -EINVAL with one line in err when the
+ * trainer's text is not understood. Reads at most SPOT_MARKER_MAX + 1
+ * bytes, never through a symlink. A push records it in the manifest
+ * ("step") unless spot_store_config.step is given. */
+int64_t spot_store_marker_step(const char *dir, char *err, size_t errlen);
 
 enum spot_store_compress {
   SPOT_STORE_COMPRESS_AUTO = 0, /* trial per file; raw when net is faster */
@@ -147,6 +154,11 @@ struct spot_store_config {
   const char *lease_owner;
   uint64_t lease_epoch, lease_seq;
   int64_t step;
+  /* push (spotd): when > 0, a checkpoint whose known step is below it is
+   * no new commit: refused before its manifest with -EALREADY (spotd sets
+   * the committed step + 1; a followed folder's step is only known once
+   * its marker is there). */
+  int64_t step_floor;
   /* A checkpoint the caller found damaged (spotd's restore fallback):
    * when LATEST names it, the step rule does not keep LATEST on it. */
   char latest_damaged[129]; /* SPOT_CKPT_NAME_MAX + 1 */
@@ -248,6 +260,8 @@ struct spot_store_result {
   uint64_t need_bytes, free_bytes;
   int64_t created_ms; /* restore: when the checkpoint was committed (its
                          manifest's "created"), 0 if unknown */
+  int64_t step;       /* restore: the trainer's step it holds (its manifest's
+                         "step", else what its name states), -1 unknown */
 };
 
 struct spot_store_entry {
@@ -255,6 +269,8 @@ struct spot_store_entry {
   bool committed; /* false: objects without a manifest (leftovers) */
   bool latest;
   int64_t created_ms; /* committed only */
+  int64_t step;       /* committed only: its manifest's "step", else what its
+                         name states; -1 unknown */
   uint64_t files, raw_bytes, stored_bytes;
   const char *problem; /* committed but unreadable manifest, else NULL */
 };
@@ -262,8 +278,10 @@ struct spot_store_entry {
 struct spot_store_list_result {
   int err;
   const char *message;
-  const char *latest;                     /* "" when LATEST is absent */
-  const struct spot_store_entry *entries; /* newest first, then leftovers */
+  const char *latest; /* "" when LATEST is absent */
+  /* newest first: by step when every committed one has a known step,
+   * else by when each was committed; then leftovers */
+  const struct spot_store_entry *entries;
   size_t n;
 };
 

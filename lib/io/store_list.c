@@ -80,13 +80,19 @@ op_free(struct spot__store_op *b)
   free(op->token);
 }
 
+/* Newest first: by the trainer's step when every committed checkpoint
+ * has a known one (every one is checked in finish()), else by when each was
+ * committed: a commit refused by LATEST's order is never the newest by step. */
 static int
-cmp_entries(const void *a, const void *b)
+cmp_entries(const void *a, const void *b, void *data)
 {
   const struct lentry *x = a, *y = b;
+  const bool *by_step = data;
 
   if (x->e.committed != y->e.committed)
     return x->e.committed ? -1 : 1;
+  if (*by_step && x->e.committed && x->e.step != y->e.step)
+    return x->e.step > y->e.step ? -1 : 1;
   if (x->e.created_ms != y->e.created_ms)
     return x->e.created_ms > y->e.created_ms ? -1 : 1;
   return strcmp(x->name, y->name);
@@ -102,7 +108,12 @@ finish(struct list_op *op)
   op->b.life = SPOT__STORE_FINISHED;
   memset(&res, 0, sizeof(res));
   if (op->b.err == 0 && op->n > 0) {
-    qsort(op->entries, op->n, sizeof(*op->entries), cmp_entries);
+    bool by_step = true;
+
+    for (size_t i = 0; i < op->n; i++)
+      if (op->entries[i].e.committed && op->entries[i].e.step < 0)
+        by_step = false;
+    qsort_r(op->entries, op->n, sizeof(*op->entries), cmp_entries, &by_step);
     arr = calloc(op->n, sizeof(*arr));
     if (arr == NULL) {
       op->b.err = -ENOMEM;
@@ -205,6 +216,7 @@ get_cb(const struct spot_s3_result *res, void *data)
         strcmp(m->name, e->name) == 0) {
       e->e.committed = true;
       e->e.created_ms = m->created_ms;
+      e->e.step = m->step >= 0 ? m->step : spot_ckpt_name_step(m->name);
       e->e.files = m->nfiles;
       e->e.raw_bytes = m->total_raw;
       e->e.stored_bytes = m->total_stored;

@@ -649,23 +649,49 @@ fence_cb(const struct spot_latest_result *res, void *data)
   spot__push_advance(op);
 }
 
-/* With a lease: read it just before the manifest, so a writer that lost
- * it writes nothing more (the LATEST update checks it again). 0 when the
- * read runs, 1 when there is nothing to check. */
+/* The commit's order, unordered (0.0) without a lease: the step rule
+ * alone. */
+static struct spot_latest_order
+commit_order(const struct push_op *op)
+{
+  const struct spot_store_config *c = &op->b.cfg.c;
+  struct spot_latest_order order = {c->lease_epoch, c->lease_seq};
+
+  if (c->lease_owner == NULL)
+    order.epoch = order.seq = 0;
+  return order;
+}
+
+/* Read the lease (when there is one) and LATEST just before the manifest,
+ * so a writer that lost its lease, or whose commit LATEST's order or step
+ * would refuse, writes no manifest (the LATEST update checks again after
+ * it). 0 when the read runs, 1 when it is done already. */
 static int
 fence(struct push_op *op)
 {
   const struct spot_store_config *c = &op->b.cfg.c;
   char root[1200];
+  int64_t step;
   int r;
 
-  if (c->lease_owner == NULL || op->fenced)
+  if (op->fenced)
     return 1;
+  step = spot__push_step(op);
+  if (c->step_floor > 0 && step >= 0 && step < c->step_floor) {
+    fail_msg(op, -EALREADY,
+             "checkpoint %s (step %" PRId64 ") is no new commit: step %" PRId64
+             " is committed (no manifest written)",
+             op->b.name, step, c->step_floor - 1);
+    spot__push_advance(op);
+    return 0;
+  }
   snprintf(root, sizeof(root), "%s%s%s", c->prefix, c->prefix[0] ? "/" : "",
            c->job);
   r = spot_latest_fence(c->s3, op->b.cfg.bucket, root, op->b.name,
-                        c->lease_epoch, c->lease_owner, fence_cb, op,
+                        commit_order(op), step, c->lease_owner, fence_cb, op,
                         &op->latest_op);
+  if (r == 0 && c->latest_damaged[0] != '\0')
+    spot_latest_set_damaged(op->latest_op, c->latest_damaged);
   if (r < 0) {
     fail_msg(op, r, "checking the lease before the commit: %s", strerror(-r));
     spot__push_advance(op);
@@ -727,17 +753,14 @@ static int
 put_latest_fenced(struct push_op *op)
 {
   const struct spot_store_config *c = &op->b.cfg.c;
-  struct spot_latest_order order = {c->lease_epoch, c->lease_seq};
   char root[1200];
   int r;
 
   snprintf(root, sizeof(root), "%s%s%s", c->prefix, c->prefix[0] ? "/" : "",
            c->job);
-  if (c->lease_owner == NULL)
-    order.epoch = order.seq = 0; /* unordered: the step rule alone */
-  r = spot_latest_update(c->s3, op->b.cfg.bucket, root, op->b.name, order,
-                         c->step > 0 ? c->step : -1, c->lease_owner, fenced_cb,
-                         op, &op->latest_op);
+  r = spot_latest_update(c->s3, op->b.cfg.bucket, root, op->b.name,
+                         commit_order(op), spot__push_step(op), c->lease_owner,
+                         fenced_cb, op, &op->latest_op);
   if (r == 0 && op->publish)
     spot_latest_set_max_epoch(op->latest_op, op->publish_epoch);
   if (r == 0 && c->latest_damaged[0] != '\0')

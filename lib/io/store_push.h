@@ -156,6 +156,7 @@ enum retain_state {
 struct retain_entry {
   char *name;
   int64_t created_ms;
+  int64_t step; /* the manifest's, else the name's; -1 unknown */
 };
 
 struct retain {
@@ -247,6 +248,10 @@ int spot__push_read_full(int fd, void *buf, size_t n, uint64_t off);
 int spot__push_xfer_setup(struct push_op *op);
 /* A new op->manifest with every file of op->files (keys, entries). */
 int spot__push_manifest_build(struct push_op *op);
+/* The trainer's step of the checkpoint pushed: cfg step when > 0, else
+ * what its marker states, else what its name states; -1 unknown.
+ * Recorded in the manifest, and what LATEST's step rule compares. */
+int64_t spot__push_step(const struct push_op *op);
 /* Adds op->files[i] to op->manifest (its key and entry). */
 int spot__push_add_to_manifest(struct push_op *op, struct pfile *f);
 void spot__push_xfer_start(struct push_op *op);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include "crc32c.h"
 #include "log.h"
@@ -565,6 +566,47 @@ spot__push_add_to_manifest(struct push_op *op, struct pfile *f)
   return 0;
 }
 
+int64_t
+spot_store_marker_step(const char *dir, char *err, size_t errlen)
+{
+  char path[4200], buf[SPOT_MARKER_MAX + 1];
+  size_t len = 0;
+  int64_t step = -1;
+  ssize_t n;
+  int fd;
+
+  if (snprintf(path, sizeof(path), "%s/%s", dir, SPOT_STORE_MARKER) >=
+      (int)sizeof(path))
+    return -1;
+  fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0)
+    return -1;
+  while (len < sizeof(buf)) {
+    n = read(fd, buf + len, sizeof(buf) - len);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      break;
+    len += (size_t)n;
+  }
+  close(fd);
+  if (spot_marker_parse(buf, len, &step, err, errlen) < 0)
+    return -EINVAL;
+  return step;
+}
+
+int64_t
+spot__push_step(const struct push_op *op)
+{
+  const struct spot_store_config *c = &op->b.cfg.c;
+  int64_t step;
+
+  if (c->step > 0 && c->step <= SPOT_CKPT_STEP_MAX)
+    return c->step;
+  step = op->dir != NULL ? spot_store_marker_step(op->dir, NULL, 0) : -1;
+  return step >= 0 ? step : spot_ckpt_name_step(op->b.name);
+}
+
 int
 spot__push_manifest_build(struct push_op *op)
 {
@@ -577,6 +619,7 @@ spot__push_manifest_build(struct push_op *op)
     return r;
   }
   op->manifest->epoch = op->b.cfg.c.lease_epoch;
+  op->manifest->step = spot__push_step(op);
   if ((r = spot__pack_plan(op)) < 0) {
     fail_msg(op, r, "packing small files: %s", strerror(-r));
     return r;

@@ -287,6 +287,7 @@ got_markers(struct push_op *op, const struct spot_s3_result *res)
     return;
   }
   rk->merged->epoch = op->b.cfg.c.lease_epoch;
+  rk->merged->step = spot__push_step(op);
   rk->idx = 0;
   set_state(op, RANKS_READ);
   step(op);

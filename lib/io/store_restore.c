@@ -193,6 +193,9 @@ finish(struct restore_op *op)
   res.ckpt_stored_bytes = op->m != NULL ? op->ckpt_stored : 0;
   res.ckpt_nranks = op->ckpt_nranks;
   res.created_ms = op->m != NULL ? op->m->created_ms : 0;
+  res.step = op->m == NULL      ? -1
+             : op->m->step >= 0 ? op->m->step
+                                : spot_ckpt_name_step(op->m->name);
   spot__store_finish(&op->b, &res);
 }
 

@@ -135,6 +135,7 @@ got_manifest(struct push_op *op, const struct spot_s3_result *res)
     struct retain_entry *e = &rt->entries[rt->nentries];
     e->name = strdup(rt->names[rt->read_idx]);
     e->created_ms = m->created_ms;
+    e->step = m->step >= 0 ? m->step : spot_ckpt_name_step(m->name);
     if (e->name != NULL)
       rt->nentries++;
     spot_manifest_free(m);
@@ -259,11 +260,16 @@ retain_cb(const struct spot_s3_result *res, void *data)
   step(op);
 }
 
+/* Newest first: by the trainer's step when every checkpoint has a known
+ * one, else by when each was committed. */
 static int
-cmp_entries(const void *a, const void *b)
+cmp_entries(const void *a, const void *b, void *data)
 {
   const struct retain_entry *x = a, *y = b;
+  const bool *by_step = data;
 
+  if (*by_step && x->step != y->step)
+    return x->step > y->step ? -1 : 1;
   if (x->created_ms != y->created_ms)
     return x->created_ms > y->created_ms ? -1 : 1;
   return strcmp(y->name, x->name);
@@ -282,8 +288,14 @@ read_next(struct push_op *op)
   if (rt->entries == NULL)
     return -ENOMEM;
   if (rt->read_idx >= rt->nnames) {
+    bool by_step = true;
+
+    for (size_t i = 0; i < rt->nentries; i++)
+      if (rt->entries[i].step < 0)
+        by_step = false;
     if (rt->nentries > 1)
-      qsort(rt->entries, rt->nentries, sizeof(*rt->entries), cmp_entries);
+      qsort_r(rt->entries, rt->nentries, sizeof(*rt->entries), cmp_entries,
+              &by_step);
     rt->del_idx = op->b.cfg.c.keep;
     set_state(op, RETAIN_DEL_MANIFEST);
     return 1;

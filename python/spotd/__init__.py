@@ -435,19 +435,30 @@ def _call(cmd, args, timeout):
         return None
 
 
-def done(path, strict=True):
+def done(path, strict=True, step=None):
     """Marks the checkpoint folder path complete, as `spotctl done` does:
     fsyncs everything in it, creates SPOTD_COMPLETE (fsynced, with the
     folder and its parent), then tells spotd over $SPOTD_SOCKET when there
-    is one. Call it only once every file is written. Returns the folder's
-    name. When spotd refuses the folder (not directly under its
-    SPOTD_CKPT_DIR, say) it raises RuntimeError, or with strict=False
-    prints one warning line on stderr."""
+    is one. Call it only once every file is written. step: the training
+    step the folder holds; the marker then says "step=N", and spotd orders
+    checkpoints by it whatever their names (without it, an empty marker).
+    Returns the folder's name. When spotd refuses the folder (not directly
+    under its SPOTD_CKPT_DIR, say) it raises RuntimeError, or with
+    strict=False prints one warning line on stderr."""
     path = os.path.abspath(path)
+    body = b""
+    if step is not None:
+        step = int(step)
+        if step < 0:
+            raise ValueError("done(): step must be >= 0, not %d" % step)
+        body = b"step=%d\n" % step
     _fsync_tree(path)
     marker = os.path.join(path, MARKER)
-    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                 0o644)
     try:
+        while body:
+            body = body[os.write(fd, body):]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -594,7 +605,8 @@ class Checkpoint:
         if failed:
             return False  # no marker: spotd never uploads this folder
         if self.writer:
-            done(self.path, strict=False)  # a refusal must not kill training
+            # a refusal must not kill training
+            done(self.path, strict=False, step=self.step)
         self.complete = True
         return False
 

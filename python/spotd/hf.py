@@ -19,7 +19,9 @@ SpotdCallback does two things:
 - on_save (after the Trainer wrote checkpoint-N, on every rank): a barrier,
   so that every rank has written its files (rng_state_K.pth, the shards
   of FSDP or DeepSpeed), then the node's local rank 0 marks the folder
-  complete with spotd.done(): one SPOTD_COMPLETE per node. Saves the
+  complete with spotd.done(folder, step=global step): one SPOTD_COMPLETE
+  per node, stating the step, so spotd orders checkpoint-N folders by it
+  (their names state none it reads). Saves the
   Trainer makes on its own schedule (save_steps) are marked too, and
   spotd uploads them as well.
 
@@ -104,7 +106,7 @@ def _build():
                                   "checkpoint-%d" % state.global_step)
             _barrier()  # every rank has written its part of the folder
             if state.is_local_process_zero and os.path.isdir(folder):
-                spotd.done(folder, strict=False)
+                spotd.done(folder, strict=False, step=state.global_step)
                 self.marked.append(os.path.abspath(folder))
             return control
 

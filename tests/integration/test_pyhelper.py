@@ -112,8 +112,11 @@ def test_complete_after_files(c, tmp):
             c.check(not os.path.exists(os.path.join(ck.path, MARKER)),
                     "still no marker after every file is written")
         marker = os.path.join(ck.path, MARKER)
-        c.check(os.path.isfile(marker) and os.path.getsize(marker) == 0
-                and ck.complete, "the empty marker exists after the block")
+        with open(marker) as f:
+            body = f.read()
+        c.check(os.path.isfile(marker) and body == "step=7\n"
+                and ck.complete, "the marker exists after the block and "
+                "states the step", repr(body))
         with spotd.checkpoint(step=7) as ck2:
             pass
     c.check(ck2.name == "step-000007-1",

@@ -315,6 +315,46 @@ test_epoch(void **state)
   (void)state;
 }
 
+/* The optional "step" (the trainer's step the checkpoint holds): absent
+ * is -1 (unknown) and not written, present survives a round trip, out of
+ * 0..2^53 is refused naming it. */
+static void
+test_step(void **state)
+{
+  struct spot_manifest *m = NULL, *m2 = NULL;
+  char err[256] = "", *s, *json = NULL;
+
+  assert_int_equal(
+      spot_manifest_parse(base, strlen(base), &m, err, sizeof(err)), 0);
+  assert_true(m->step == -1);
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), 0);
+  assert_null(strstr(json, "\"step\""));
+  free(json);
+  m->step = 94;
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), 0);
+  assert_non_null(strstr(json, "\"step\":94"));
+  assert_int_equal(
+      spot_manifest_parse(json, strlen(json), &m2, err, sizeof(err)), 0);
+  assert_true(m2->step == 94);
+  free(json);
+  spot_manifest_free(m2);
+  spot_manifest_free(m);
+  m = NULL;
+  s = subst("\"totals\"", "\"step\":-1,\"totals\"");
+  assert_int_equal(spot_manifest_parse(s, strlen(s), &m, err, sizeof(err)),
+                   -EBADMSG);
+  assert_non_null(strstr(err, "step"));
+  free(s);
+  s = subst("\"totals\"", "\"step\":9007199254740993,\"totals\"");
+  assert_int_equal(spot_manifest_parse(s, strlen(s), &m, err, sizeof(err)),
+                   -EBADMSG);
+  free(s);
+  assert_int_equal(spot_manifest_new("checkpoint-94", "j", CREATED_MS, &m), 0);
+  assert_true(m->step == -1);
+  spot_manifest_free(m);
+  (void)state;
+}
+
 static void
 test_build_roundtrip(void **state)
 {
@@ -794,6 +834,70 @@ test_name_step(void **state)
   assert_true(spot_ckpt_name_step("../step-1") == -1);
 }
 
+/* The marker file: empty is an unknown step (older trainers), "step=N"
+ * states it, other keys are skipped, anything malformed is refused with
+ * one line and leaves the output alone. */
+static void
+test_marker(void **state)
+{
+  char err[200];
+  int64_t step;
+  char big[SPOT_MARKER_MAX + 2];
+  static const char *const bad[] = {
+      "step=",
+      "step=-1",
+      "step=12b",
+      "step=0x10",
+      "step=9007199254740993",
+      "step=99999999999999999999",
+      "step=1\nstep=2",
+      "garbage",
+      "step 5",
+  };
+
+  (void)state;
+  step = 7;
+  assert_int_equal(spot_marker_parse("", 0, &step, err, sizeof(err)), 0);
+  assert_true(step == -1);
+  assert_int_equal(spot_marker_parse(NULL, 0, &step, err, sizeof(err)), 0);
+  assert_true(step == -1);
+  assert_int_equal(spot_marker_parse("step=48\n", 8, &step, err, sizeof(err)),
+                   0);
+  assert_true(step == 48);
+  assert_int_equal(
+      spot_marker_parse("# spotd\r\n  step = 94 \r\nname=checkpoint-94\n\n",
+                        strlen("# spotd\r\n  step = 94 \r\nname=checkpoint-94"
+                               "\n\n"),
+                        &step, err, sizeof(err)),
+      0);
+  assert_true(step == 94);
+  assert_int_equal(
+      spot_marker_parse("framework=hf\n", 13, &step, err, sizeof(err)), 0);
+  assert_true(step == -1);
+  assert_int_equal(
+      spot_marker_parse("step=9007199254740992", 21, &step, err, sizeof(err)),
+      0);
+  assert_true(step == ((int64_t)1 << 53));
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    step = 3;
+    err[0] = '\0';
+    assert_int_equal(
+        spot_marker_parse(bad[i], strlen(bad[i]), &step, err, sizeof(err)),
+        -EINVAL);
+    assert_true(step == 3);
+    assert_true(err[0] != '\0');
+  }
+  assert_int_equal(spot_marker_parse("step=1\0", 7, &step, err, sizeof(err)),
+                   -EINVAL);
+  memset(big, '#', sizeof(big));
+  big[0] = '\n';
+  assert_int_equal(
+      spot_marker_parse(big, SPOT_MARKER_MAX + 1, &step, err, sizeof(err)),
+      -EINVAL);
+  assert_int_equal(
+      spot_marker_parse(big, SPOT_MARKER_MAX, &step, err, sizeof(err)), 0);
+}
+
 int
 main(void)
 {
@@ -811,6 +915,8 @@ main(void)
       cmocka_unit_test(test_packs_build),
       cmocka_unit_test(test_packs_reject),
       cmocka_unit_test(test_name_step),
+      cmocka_unit_test(test_step),
+      cmocka_unit_test(test_marker),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -262,7 +262,7 @@ def flood(c, wd, store, job):
              if "control: refused" in l or "control: dropped" in l or
              "more clients refused" in l]
     bound = 2 * (int(took / 10) + 1) + 2
-    c.check(refused >= 100 and len(lines) <= bound,
+    c.check(refused >= 50 and len(lines) <= bound,
             "%d refused or dropped connections in %.0f s make %d log lines "
             "(at most %d: one per 10 s and a count)" %
             (refused, took, len(lines), bound), "\n".join(lines[:5]))

@@ -401,7 +401,8 @@ spotctl_cmd_status(int argc, char **argv)
 static const char checkpoint_usage[] =
     "Usage: spotctl checkpoint [--wait] [--timeout SEC]\n\n"
     "Asks spotd to have the trainer checkpoint now. With --wait, returns\n"
-    "once that checkpoint is committed in the store (exit 1 if it fails).\n\n"
+    "once that checkpoint is committed in the store (exit 1 if it fails,\n"
+    "or when no checkpoint completes within spotd's --ckpt-timeout).\n\n"
     "  --wait             wait for the commit\n"
     "  --timeout SEC      give up waiting after SEC seconds\n";
 

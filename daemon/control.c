@@ -5,12 +5,18 @@
  * client is dropped, never the daemon. Each request line must arrive
  * within CTL_LINE_MS of the connection or of the previous line (bytes
  * trickled in do not extend it), and one process or user holds only a
- * few of the slots; a refused client gets one JSON line saying why. Each
+ * few of the slots: past the user's share (or all of them), the newcomer
+ * takes the oldest slot of the process holding the most, so a flood of
+ * clients from one user (even spotd's own) cannot lock out `spotctl
+ * status`; one process past its own share is refused. A refused or
+ * dropped client gets one JSON line saying why, and the log says so at
+ * most once per CTL_LOG_EVERY_MS, with the count of those not told. Each
  * connection embeds two handles (the pipe and the deadline timer) and is
  * freed in the last close callback. A socket another spotd still listens
  * on is never taken over; only a stale one is replaced. */
 #include <errno.h>
 #include <grp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +41,7 @@
 #define CTL_CONNS_PER_UID 24 /* from one user: others keep a few slots */
 #define CTL_GROUPS_MAX 4096  /* supplementary groups looked at per peer */
 #define CTL_WRITE_CAP (256 * 1024)
+#define CTL_LOG_EVERY_MS 10000 /* one refusal line per this, at most */
 
 struct ctl_conn {
   struct spotd *d;
@@ -365,29 +372,87 @@ peer_allowed(struct spotd *d, int fd, const struct ucred *cred)
   return false;
 }
 
-/* Why a new client from pid/uid may not have a slot, or NULL. */
+/* Why a new client from pid/uid may not have a slot, or NULL. *by_pid
+ * says whether its own process holds its share (then nothing makes room
+ * for it). */
 static const char *
-over_limit(struct spotd *d, const struct ctl_conn *me, char *why, size_t n)
+over_limit(struct spotd *d, const struct ctl_conn *me, char *why, size_t n,
+           bool *by_pid)
 {
   unsigned same_pid = 0, same_uid = 0;
 
+  *by_pid = false;
   for (const struct ctl_conn *c = d->conns; c != NULL; c = c->next) {
     if (c == me)
       continue;
     same_pid += c->pid == me->pid;
     same_uid += c->uid == me->uid;
   }
-  if (d->nconns > CTL_CONNS_MAX)
-    snprintf(why, n, "too many clients (%d at once)", CTL_CONNS_MAX);
-  else if (same_pid >= CTL_CONNS_PER_PID)
+  if (same_pid >= CTL_CONNS_PER_PID) {
+    *by_pid = true;
     snprintf(why, n, "too many connections from pid %d (%d at once)",
              (int)me->pid, CTL_CONNS_PER_PID);
-  else if (same_uid >= CTL_CONNS_PER_UID)
+  } else if (d->nconns > CTL_CONNS_MAX) {
+    snprintf(why, n, "too many clients (%d at once)", CTL_CONNS_MAX);
+  } else if (same_uid >= CTL_CONNS_PER_UID) {
     snprintf(why, n, "too many connections from uid %d (%d at once)",
              (int)me->uid, CTL_CONNS_PER_UID);
-  else
+  } else {
     return NULL;
+  }
   return why;
+}
+
+/* The slot a newcomer over its user's share (or over all slots) takes:
+ * the oldest connection of the process that holds the most of them (of
+ * the newcomer's uid, or of anyone when all slots are taken), never one
+ * waiting for a commit. NULL when there is none. The list is newest
+ * first. */
+static struct ctl_conn *
+make_room(struct spotd *d, const struct ctl_conn *me, bool any_uid)
+{
+  struct ctl_conn *pick = NULL;
+  unsigned most = 0;
+
+  for (struct ctl_conn *c = d->conns; c != NULL; c = c->next) {
+    unsigned held = 0;
+
+    if (c == me || c->closing || c->waiting || (!any_uid && c->uid != me->uid))
+      continue;
+    for (const struct ctl_conn *o = d->conns; o != NULL; o = o->next)
+      held += o != me && !o->closing && o->pid == c->pid;
+    if (held >= most) { /* later in the list: older */
+      most = held;
+      pick = c;
+    }
+  }
+  return pick;
+}
+
+/* A refused or dropped client, in the log at most once per
+ * CTL_LOG_EVERY_MS: a flood must not fill the journal. */
+static void say_refused(struct spotd *d, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void
+say_refused(struct spotd *d, const char *fmt, ...)
+{
+  uint64_t now = uv_now(d->loop);
+  va_list ap;
+
+  if (d->ctl_said_ms != 0 && now - d->ctl_said_ms < CTL_LOG_EVERY_MS) {
+    d->ctl_unsaid++;
+    return;
+  }
+  if (d->ctl_unsaid > 0)
+    log_warn("control: %u more clients refused or dropped in the last "
+             "%.0f s (not logged one by one)",
+             d->ctl_unsaid, (double)(now - d->ctl_said_ms) / 1000.0);
+  d->ctl_unsaid = 0;
+  d->ctl_said_ms = now != 0 ? now : 1;
+  va_start(ap, fmt);
+  spot_logv(SPOT_LOG_WARNING, fmt, ap);
+  va_end(ap);
 }
 
 /* Tells the client why in one JSON line, then drops it. */
@@ -411,7 +476,8 @@ connection_cb(uv_stream_t *server, int status)
   struct ucred cred;
   socklen_t len = sizeof(cred);
   uv_os_fd_t fd;
-  char why[128];
+  char why[128], vwhy[192];
+  bool by_pid;
 
   if (status < 0) {
     log_warn("control: accept: %s", uv_strerror(status));
@@ -441,20 +507,32 @@ connection_cb(uv_stream_t *server, int status)
   c->pid = cred.pid;
   c->uid = cred.uid;
   if (!peer_allowed(d, fd, &cred)) {
-    log_warn("control: refused pid=%d uid=%d gid=%d (not root, our user or "
-             "group)",
-             (int)cred.pid, (int)cred.uid, (int)cred.gid);
+    say_refused(d,
+                "control: refused pid=%d uid=%d gid=%d (not root, our user "
+                "or group)",
+                (int)cred.pid, (int)cred.uid, (int)cred.gid);
     snprintf(why, sizeof(why),
              "permission denied: uid %d may not control this spotd",
              (int)cred.uid);
     refuse(c, why);
     return;
   }
-  if (over_limit(d, c, why, sizeof(why)) != NULL) {
-    log_warn("control: refused pid=%d uid=%d: %s", (int)cred.pid, (int)cred.uid,
-             why);
-    refuse(c, why);
-    return;
+  if (over_limit(d, c, why, sizeof(why), &by_pid) != NULL) {
+    struct ctl_conn *old =
+        by_pid ? NULL : make_room(d, c, d->nconns > CTL_CONNS_MAX);
+
+    if (old == NULL) {
+      say_refused(d, "control: refused pid=%d uid=%d: %s", (int)cred.pid,
+                  (int)cred.uid, why);
+      refuse(c, why);
+      return;
+    }
+    say_refused(d,
+                "control: dropped the oldest client of pid=%d uid=%d for "
+                "pid=%d: %s",
+                (int)old->pid, (int)old->uid, (int)cred.pid, why);
+    snprintf(vwhy, sizeof(vwhy), "dropped for a newer client: %s", why);
+    refuse(old, vwhy);
   }
   uv_timer_start(&c->idle, idle_cb, CTL_LINE_MS, 0);
   uv_read_start((uv_stream_t *)&c->pipe, alloc_cb, read_cb);

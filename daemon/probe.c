@@ -26,6 +26,11 @@ hint(const struct spot_s3_result *res)
 {
   if (strcmp(res->s3_code, "NoSuchBucket") == 0)
     return "the bucket does not exist: check --store";
+  if (spot_s3_bad_credentials(res))
+    return "the credentials are wrong (a wrong secret key, an unknown or "
+           "disabled access key id, or an expired session token): check "
+           "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, the profile or the "
+           "instance role";
   if (res->err == -EACCES)
     return "access denied: spotd needs s3:PutObject, s3:GetObject and "
            "s3:DeleteObject under the job root (check the credentials and "

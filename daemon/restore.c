@@ -1,6 +1,6 @@
 /* The startup, one operation (struct restore_op, enum restore_state):
  *
- *   CONNECTING  credentials and the S3 client
+ *   CONNECTING  credentials and the S3 client (none: exit 69)
  *   PROBING     the store check (probe.c): write, read, delete under the
  *               job root, or exit 69 with one line
  *   LEASING     the job lease (lease.c): wait while another node holds
@@ -314,8 +314,11 @@ restore_finished(struct spotd *d, const struct spot_store_result *res)
   if (res->err < 0) {
     if (fallback_damage(res) && fallback_next(d, res))
       return;
+    /* Not damage, not the local disk: the store cannot be reached or
+     * refused (the network, the server, permissions): exit 69 as the
+     * probe's. */
     log_err("restore failed: %s", res->message);
-    fail(d, SPOTD_EXIT_ERROR);
+    fail(d, res->err == -ENOMEM ? SPOTD_EXIT_ERROR : SPOTD_EXIT_UNAVAILABLE);
     return;
   }
   if (restore_place(d, res) < 0) {
@@ -420,8 +423,10 @@ aws_ready_cb(int err, const char *msg, void *data)
   if (cancelled(d))
     return;
   if (err < 0) {
+    /* No credentials (or no region) to reach the store with: the store
+     * is not available, as when the probe fails. */
     log_err("%s", msg[0] ? msg : strerror(-err));
-    fail(d, SPOTD_EXIT_ERROR);
+    fail(d, err == -ENOMEM ? SPOTD_EXIT_ERROR : SPOTD_EXIT_UNAVAILABLE);
     return;
   }
   memset(&sc, 0, sizeof(sc));

@@ -203,8 +203,10 @@ struct spotd {
   bool ctl_open;
   struct ctl_conn *conns;
   unsigned nconns;
-  bool ctl_bound;   /* we created the socket file */
-  bool ctl_has_gid; /* socket-group, resolved once at start */
+  uint64_t ctl_said_ms; /* the last refusal logged (loop time), 0 none */
+  unsigned ctl_unsaid;  /* refusals not logged since */
+  bool ctl_bound;       /* we created the socket file */
+  bool ctl_has_gid;     /* socket-group, resolved once at start */
   gid_t ctl_gid;
   dev_t ctl_dev; /* the socket file bound: removed on exit only if ours */
   ino_t ctl_ino;

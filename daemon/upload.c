@@ -384,6 +384,7 @@ static void
 ckpt_timer_cb(uv_timer_t *t)
 {
   struct spotd *d = spot_container_of(t, struct spotd, ckpt_timer);
+  char msg[128];
 
   if (d->closing || !request_pending(d))
     return;
@@ -397,6 +398,12 @@ ckpt_timer_cb(uv_timer_t *t)
              (double)d->cfg->ckpt_timeout_ms / 1000.0,
              (unsigned long long)d->req.seq, d->ckpt_dir);
   upload_follow_drop(d, "checkpoint timeout");
+  /* `spotctl checkpoint --wait` waited on this request: no commit comes. */
+  snprintf(msg, sizeof(msg),
+           "no checkpoint completed within %.0f s of the request "
+           "(--ckpt-timeout)",
+           (double)d->cfg->ckpt_timeout_ms / 1000.0);
+  control_commit_event(d, "", -ETIMEDOUT, msg);
   /* A SIGTERM drain waited on this very request. */
   if (d->state == SPOTD_DRAINING)
     final_give_up(d, "no final checkpoint");

@@ -153,13 +153,13 @@ read_small(const char *path, char *buf, size_t size)
   return len == 0 ? -ESRCH : 0;
 }
 
-int
-spot_proc_read(pid_t pid, struct spot_proc *out)
+static int
+read_stat_at(const char *proc, pid_t pid, struct spot_proc *out)
 {
-  char path[64], buf[1024];
+  char path[4200], buf[1024];
   int r;
 
-  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  snprintf(path, sizeof(path), "%s/%d/stat", proc, (int)pid);
   r = read_small(path, buf, sizeof(buf));
   if (r < 0)
     return r;
@@ -167,12 +167,23 @@ spot_proc_read(pid_t pid, struct spot_proc *out)
 }
 
 int
-spot_proc_scan(struct spot_proc **out, size_t *n)
+spot_proc_read(pid_t pid, struct spot_proc *out)
+{
+  return read_stat_at("/proc", pid, out);
+}
+
+/* Every entry is read: a job's process may sort after any number of
+ * others (a busy machine, a launcher with thousands of workers), and a
+ * tree missing one would leave it running unsignalled. More than max is
+ * an error, never a silent cut. */
+int
+spot_proc_scan_at(const char *proc, size_t max, struct spot_proc **out,
+                  size_t *n)
 {
   struct spot_proc *v = NULL;
   size_t nv = 0, cap = 0;
   struct dirent *de;
-  DIR *dir = opendir("/proc");
+  DIR *dir = opendir(proc);
 
   if (dir == NULL)
     return errno > 0 ? -errno : -EIO;
@@ -181,14 +192,19 @@ spot_proc_scan(struct spot_proc **out, size_t *n)
     char *end;
     long pid = strtol(de->d_name, &end, 10);
 
-    if (*end != '\0' || pid <= 0 || spot_proc_read((pid_t)pid, &p) < 0)
+    if (*end != '\0' || pid <= 0 || read_stat_at(proc, (pid_t)pid, &p) < 0)
       continue;
     if (nv == cap) {
       struct spot_proc *nvv;
 
-      if (cap >= SPOT_PROCTREE_MAX)
-        break;
+      if (cap >= max) {
+        free(v);
+        closedir(dir);
+        return -E2BIG;
+      }
       cap = cap ? cap * 2 : 256;
+      if (cap > max)
+        cap = max;
       nvv = realloc(v, cap * sizeof(*v));
       if (nvv == NULL) {
         free(v);
@@ -203,6 +219,12 @@ spot_proc_scan(struct spot_proc **out, size_t *n)
   *out = v;
   *n = nv;
   return 0;
+}
+
+int
+spot_proc_scan(struct spot_proc **out, size_t *n)
+{
+  return spot_proc_scan_at("/proc", SPOT_PROCTREE_MAX, out, n);
 }
 
 int

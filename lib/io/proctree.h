@@ -27,8 +27,9 @@ struct spot_proc {
   char state;     /* R, S, D, Z, T, ... */
 };
 
-/* Hard cap on the processes one scan keeps. */
-#define SPOT_PROCTREE_MAX 8192
+/* Hard cap on the processes one scan keeps: the kernel's own limit on
+ * pids (PID_MAX_LIMIT, 2^22), so a scan never stops short of a process. */
+#define SPOT_PROCTREE_MAX 4194304
 
 /* ------------------------------------------------------------- parsers */
 
@@ -54,6 +55,10 @@ size_t spot_proc_descendants(struct spot_proc *procs, size_t n, pid_t root);
 /* Every process on this machine (zombies included), allocated in *out
  * (free() it). 0, or negative errno. */
 int spot_proc_scan(struct spot_proc **out, size_t *n);
+/* The same of the /proc at proc (tests), keeping at most max processes:
+ * -E2BIG when there are more. */
+int spot_proc_scan_at(const char *proc, size_t max, struct spot_proc **out,
+                      size_t *n);
 /* The descendants of root that run (zombies left out), parents first. */
 int spot_proc_tree(pid_t root, struct spot_proc **out, size_t *n);
 /* The process as /proc says now: 0, -ESRCH when it is gone. */

@@ -335,6 +335,17 @@ spot__s3_map_error(CURLcode rc, long status, const char *s3_code)
   }
 }
 
+bool
+spot_s3_bad_credentials(const struct spot_s3_result *res)
+{
+  static const char *const codes[] = {
+      "SignatureDoesNotMatch", "InvalidAccessKeyId",   "InvalidToken",
+      "ExpiredToken",          "TokenRefreshRequired", NULL,
+  };
+
+  return res->s3_code != NULL && code_is(res->s3_code, codes);
+}
+
 const char *
 spot_s3_strerror(const struct spot_s3_result *res, char *buf, size_t size)
 {

@@ -223,6 +223,10 @@ int spot_s3_uri_encode(const char *in, bool keep_slash, struct spot_buf *out);
  * result's meta lines into out. 0, -ENOENT (absent) or -E2BIG. */
 int spot_s3_meta_get(const char *meta, const char *name, char *out,
                      size_t size);
+/* Whether S3 refused the request's credentials themselves (a wrong
+ * secret, an unknown key id, a bad or expired session token), as opposed
+ * to a policy denying a signed request (AccessDenied). */
+bool spot_s3_bad_credentials(const struct spot_s3_result *res);
 const char *spot_s3_strerror(const struct spot_s3_result *res, char *buf,
                              size_t size);
 

@@ -133,15 +133,16 @@ class FaultProxy:
     # ---- control (any thread)
     def configure(self, slowdown=0.0, reset_req=0.0, reset_resp=0.0, stall=0.0,
                   stall_s=5.0, latency_ms=0, bandwidth=0, kinds=None,
-                  max_per_request=1, seed=None):
+                  max_per_request=1, seed=None, match=None):
         """Replaces the fault plan (everything off by default) and restarts
-        the attempt counts."""
+        the attempt counts. match: only requests whose target (path and
+        query) holds this string are hit."""
         with self.mu:
             self.cfg = dict(slowdown=slowdown, reset_req=reset_req,
                             reset_resp=reset_resp, stall=stall, stall_s=stall_s,
                             latency_ms=latency_ms, bandwidth=bandwidth,
                             kinds=set(kinds) if kinds else None,
-                            max_per_request=max_per_request)
+                            max_per_request=max_per_request, match=match)
             if seed is not None:
                 self.seed = seed
             self.attempts = {}
@@ -184,7 +185,7 @@ class FaultProxy:
             f.write(data)
         os.replace(tmp, self.stats_path)
 
-    def _decide(self, kind, ident):
+    def _decide(self, kind, ident, target=""):
         """The fault for this attempt of this request, or None."""
         with self.mu:
             cfg = dict(self.cfg)
@@ -192,6 +193,8 @@ class FaultProxy:
             self.attempts[ident] = n + 1
             self._stats["requests"][kind] = self._stats["requests"].get(kind, 0) + 1
             if cfg["kinds"] is not None and kind not in cfg["kinds"]:
+                return None, cfg
+            if cfg.get("match") and cfg["match"] not in target:
                 return None, cfg
             if n >= cfg["max_per_request"]:
                 return None, cfg
@@ -294,7 +297,7 @@ class FaultProxy:
         hmap = {k.lower(): v for k, v in headers}
         n = int(hmap.get("content-length", "0") or 0)
         kind, ident = classify(method, target)
-        fault, cfg = self._decide(kind, ident)
+        fault, cfg = self._decide(kind, ident, target)
         akid = hmap.get("authorization", "").partition("Credential=")[2].split("/")[0]
         with self.mu:  # which key signed (credential rotation tests)
             ak = self._stats["access_keys"]

@@ -11,6 +11,13 @@ clients.
    deadline (the slots are freed within it).
 3. A peer whose supplementary groups hold --socket-group is accepted; the
    same uid without it is refused (root only: setpriv).
+4. A flood from spotd's own user: 8 processes each holding their 4 slots
+   (32, more than the user's 24) and reconnecting as soon as a slot is
+   taken from them, and each trying a fifth connection in a loop. Every one
+   of 20 `spotctl status` probes is answered (a newcomer takes the oldest
+   slot of the process holding the most), and the thousands of refused or
+   dropped connections make a few log lines (at most one per 10 s and a
+   count), not one each.
 """
 import json
 import os
@@ -170,6 +177,100 @@ def trickle(c, wd, store, job):
     d.wait_exit(40)
 
 
+FLOODER = r"""
+import os, socket, sys, time
+path, stop, out = sys.argv[1:4]
+held, refused = [], 0
+def conn():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+    except OSError:
+        s.close()
+        return None
+    s.setblocking(False)
+    return s
+while not os.path.exists(stop):
+    while len(held) < 4:  # this process's share: taken back at once
+        s = conn()
+        if s is None:
+            break
+        held.append(s)
+    for s in list(held):
+        try:
+            if s.recv(4096) == b"":
+                raise OSError
+        except BlockingIOError:
+            continue
+        except OSError:
+            pass
+        held.remove(s)  # refused or dropped: spotd closed it
+        s.close()
+        refused += 1
+    extra = conn()  # a fifth: over this process's share
+    if extra is not None:
+        extra.setblocking(True)
+        extra.settimeout(0.1)  # a slot of its own: no answer
+        try:
+            extra.recv(4096)
+            refused += 1
+        except OSError:
+            pass
+        extra.close()
+    time.sleep(0.01)
+with open(out, "w") as f:
+    f.write("%d\n" % refused)
+"""
+
+
+def flood(c, wd, store, job):
+    d = sl.Daemon(os.path.join(wd, "flood"), store, job,
+                  trainer=["--step-sleep", 0.05])
+    c.check(d.wait_log(r"state \S+ -> running", 20) is not None,
+            "spotd runs (flood test)")
+    stop = os.path.join(wd, "flood.stop")
+    outs = [os.path.join(wd, "flood.%d" % i) for i in range(8)]
+    n0 = d.err.count()
+    t0 = time.time()
+    procs = [subprocess.Popen([sl.PY3, "-c", FLOODER, d.socket, stop, o])
+             for o in outs]
+    answered, fails = 0, []
+    try:
+        time.sleep(2)
+        for _ in range(20):
+            cp = d.spotctl("status", "--json", timeout=20)
+            if cp.returncode == 0 and json.loads(cp.stdout or "{}").get(
+                    "state") == "running":
+                answered += 1
+            else:
+                fails.append(cp.stderr.strip()[:160])
+    finally:
+        open(stop, "w").close()
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+    took = time.time() - t0
+    refused = sum(int(sl.read_text(o) or "0") for o in outs
+                  if os.path.exists(o))
+    c.check(answered == 20,
+            "spotctl status answers all 20 probes under a flood from its own "
+            "user (%d answered)" % answered, repr(fails[:3]))
+    lines = [l for l in d.err.text().splitlines()[n0:]
+             if "control: refused" in l or "control: dropped" in l or
+             "more clients refused" in l]
+    bound = 2 * (int(took / 10) + 1) + 2
+    c.check(refused >= 50 and len(lines) <= bound,
+            "%d refused or dropped connections in %.0f s make %d log lines "
+            "(at most %d: one per 10 s and a count)" %
+            (refused, took, len(lines), bound), "\n".join(lines[:5]))
+    c.check(d.status() is not None, "spotd serves clients after the flood")
+    d.send(signal.SIGTERM)
+    d.wait_exit(40)
+
+
 def groups(c, wd, store, job):
     if os.geteuid() != 0 or not os.path.exists("/usr/bin/setpriv"):
         print("note: not root, the supplementary group check is not run")
@@ -210,6 +311,7 @@ def main():
             sl.cleaned_up(prefix):
         second_spotd(c, wd, store, job)
         trickle(c, wd, store, job)
+        flood(c, wd, store, job)
         groups(c, wd, store, job)
     c.finish()
 

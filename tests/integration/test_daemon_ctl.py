@@ -1,7 +1,10 @@
 """spotctl status / checkpoint / done against a real spotd (status with the
 trainer's reported step, steps/s and steps at risk), and the control
 socket itself: a clear error without a daemon, mode 0660, SO_PEERCRED
-refusing another uid, a bad or oversized line dropping only that client."""
+refusing another uid, a bad or oversized line dropping only that client;
+`spotctl checkpoint --wait` answered (exit 1, with the reason) once the
+request's --ckpt-timeout passes without a checkpoint, not left waiting
+until a later commit or spotd's exit."""
 import json
 import os
 import re
@@ -242,12 +245,34 @@ def with_daemon(c, wd):
                 "after the exit: a clear error", cp.stderr)
 
 
+def wait_timeout(c, wd):
+    store, job, prefix = sl.daemon_job("ctl-wait")
+    with sl.cleaned_up(prefix):
+        # a trainer that never saves: the request times out after 2 s
+        d = sl.Daemon(wd, store, job, args=["--ckpt-timeout", "2"],
+                      trainer=["--step-sleep", 0.05, "--ignore-signal"])
+        c.check(d.wait_event("start", 20) is not None and
+                d.wait_log(r"state \S+ -> running", 20) is not None,
+                "wait: the daemon runs")
+        cp = d.spotctl("checkpoint", "--wait", "--timeout", "60", timeout=90)
+        c.check(cp.returncode == 1 and
+                "no checkpoint completed within 2 s" in cp.stderr,
+                "checkpoint --wait ends with the request's timeout (exit 1, "
+                "the reason)", "rc=%d %r" % (cp.returncode, cp.stderr))
+        s = d.status()
+        c.check(s is not None and s.get("state") == "running",
+                "wait: spotd still runs the trainer", repr(s))
+        d.send(signal.SIGTERM)
+        d.wait_exit(40)
+
+
 def main():
     sl.daemon_env()
     c = sl.Checks()
     with tempfile.TemporaryDirectory(prefix="spotd-ctl-") as wd:
         no_daemon(c, wd)
         with_daemon(c, os.path.join(wd, "d"))
+        wait_timeout(c, os.path.join(wd, "w"))
     c.finish()
 
 

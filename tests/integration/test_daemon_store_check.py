@@ -6,7 +6,13 @@ clear line and exit 69 (the store is not available) otherwise:
             fake S3): NoSuchBucket.
   denied:   the server refuses the probe's PUT: AccessDenied.
   endpoint: nothing listens at --endpoint.
-  ok:       a usable store: the trainer starts, no probe object is left."""
+  ok:       a usable store: the trainer starts, no probe object is left.
+  Ceph:     a wrong secret (SignatureDoesNotMatch) and an unknown key id
+            (InvalidAccessKeyId): the line says the credentials are wrong,
+            not that permissions are missing; no credentials at all: exit
+            69 too; a restore that fails on the network (the checkpoint's
+            objects reset by a proxy, the probe passing): exit 69, not
+            71."""
 import os
 import socket
 import sys
@@ -14,6 +20,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import spotlib as sl  # noqa: E402
+from faultproxy import FaultProxy  # noqa: E402
 
 
 def refused(c, tag, d, pattern):
@@ -65,10 +72,60 @@ def ceph_case(c, wd):
             os.environ.get("SPOT_TEST_FAKE_S3") == "1":
         print("(no Ceph: the real-server case is skipped)")
         return
-    sl.daemon_env()
+    endpoint, _ = sl.daemon_env()
     d = sl.Daemon(wd, "s3://no-such-bucket-%d/x" % os.getpid(), "job")
     refused(c, "bucket (Ceph): ", d, "NoSuchBucket")
     sl.kill_started()
+    store, job, prefix = sl.daemon_job("check")
+    with sl.cleaned_up(prefix):
+        for tag, env, code in [
+                ("wrong secret: ",
+                 {"AWS_SECRET_ACCESS_KEY": "not-the-secret-0123456789"},
+                 "SignatureDoesNotMatch"),
+                ("unknown key id: ",
+                 {"AWS_ACCESS_KEY_ID": "SPOTDNOSUCHKEY000001"},
+                 "InvalidAccessKeyId")]:
+            d = sl.Daemon(os.path.join(wd, tag.split(":")[0].replace(" ", "-")),
+                          store, job, env=env)
+            refused(c, tag, d, code)
+            line = "".join(d.err.matching(r"error: the store"))
+            c.check("credentials are wrong" in line and
+                    "s3:PutObject" not in line,
+                    tag + "the line says the credentials are wrong, not "
+                    "which permissions to grant", line)
+        home = os.path.join(wd, "home")
+        os.makedirs(home)
+        d = sl.Daemon(os.path.join(wd, "nocreds"), store, job,
+                      env={"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "",
+                           "AWS_SESSION_TOKEN": "", "AWS_PROFILE": "",
+                           "HOME": home, "AWS_SHARED_CREDENTIALS_FILE": "",
+                           "AWS_CONFIG_FILE": "",
+                           "AWS_EC2_METADATA_DISABLED": "true"})
+        rc = d.wait_exit(30)
+        c.check(rc == 69 and d.err.matching(r"error: no AWS credentials"),
+                "no credentials: exit 69 with one line (%s)" % rc, d.log())
+        # a committed checkpoint, then a restore whose object GETs fail
+        src = os.path.join(wd, "src")
+        os.makedirs(src)
+        with open(os.path.join(src, "step"), "w") as f:
+            f.write("3\n")
+        cp = sl.spotctl("push", src, store + "/" + job, "--name", "step-3")
+        c.check(cp.returncode == 0, "network: a checkpoint is committed",
+                cp.stderr)
+        px = FaultProxy(endpoint, seed=5)
+        try:
+            px.configure(reset_resp=1.0, kinds={"get"}, match="/checkpoints/",
+                         max_per_request=1000)
+            d = sl.Daemon(os.path.join(wd, "network"), store, job,
+                          args=["--endpoint", px.url])
+            rc = d.wait_exit(120)
+            c.check(rc == 69 and d.err.matching(r"error: restore failed") and
+                    not d.events("start"),
+                    "network: a restore that fails on the network exits 69 "
+                    "(%s), the trainer never started" % rc, d.log()[-1500:])
+        finally:
+            px.close()
+            sl.kill_started()
 
 
 def main():

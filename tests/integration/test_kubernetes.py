@@ -7,8 +7,7 @@ are, with only what a cluster would provide put in by the test:
   spotd.conf written there, its store set to the test's and its provider
   to none or to a metadata emulator);
 - `$(VAR)` expanded from the container's env, as the kubelet does;
-- JOB_COMPLETION_INDEX and the downward-API values (the Job's uid, the
-  index's failure counts) set as the Job controller would;
+- JOB_COMPLETION_INDEX set as the Job controller would;
 - the Secret's keys from the test's own credentials;
 - the trainer after `--` replaced by fake_trainer.py.
 
@@ -21,9 +20,9 @@ are, with only what a cluster would provide put in by the test:
    checkpoint took, spotd says so in one line and still exits 75.
 3. A bad config: exit 78, which the podFailurePolicy fails the Job on.
 4. The Indexed Job, two pods: rank and node count from the environment
-   only; a metadata notice on pod 0 preempts both (exit 75 each, one
-   commit); the next run (the failure counts moved, a new run id)
-   restores it on both ranks."""
+   only; both join one run through the store (no --run-id); a metadata
+   notice on pod 0 preempts both (exit 75 each, one commit); the next
+   run (both pods join the next run) restores it on both ranks."""
 import os
 import re
 import signal
@@ -31,7 +30,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 
 import yaml
 
@@ -232,18 +230,21 @@ def single_node(c, wd, store):
 def indexed(c, wd, store):
     job = job_of("train-indexed.yaml")
     n = job["spec"]["completions"]
-    uid = str(uuid.uuid4())
     job_id = "train-ddp"
     grace = job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     slow = ["--step-sleep", 4.0]
 
-    def downward(k, failed, ignored):
-        return {"JOB_COMPLETION_INDEX": str(k),
-                "metadata.labels['batch.kubernetes.io/controller-uid']": uid,
-                "metadata.annotations['batch.kubernetes.io/job-index-failure-count']": str(failed),
-                "metadata.annotations['batch.kubernetes.io/job-index-ignored-failure-count']": str(ignored)}
+    def joined(pods, run):
+        got = []
+        for p in pods:
+            line = p.err.wait(r"joined run r\d+", 60)[1] or ""
+            m = re.search(r"joined run (r\d+)", line)
+            got.append(m.group(1) if m else None)
+        c.check(got == [run] * len(pods),
+                "indexed: the pods agree on run %s through the store" % run,
+                repr(got))
 
-    def run(ignored, tr0, tr1):
+    def run(tr0, tr1):
         emus = [sl.EmulatorProc("aws") for _ in range(n)]
         pods = []
         for k, tr in enumerate((tr0, tr1)):
@@ -251,11 +252,11 @@ def indexed(c, wd, store):
                             store, job_id,
                             {"provider": "aws", "metadata-url": emus[k].url,
                              "poll-interval": "500ms"}, tr,
-                            downward(k, 0, ignored)))
+                            {"JOB_COMPLETION_INDEX": str(k)}))
         return pods, emus
 
     log0 = os.path.join(wd, "idx-0", "trainer.log")
-    pods, emus = run(0, slow, slow + ["--die-with", log0 + ":signal:1.5"])
+    pods, emus = run(slow, slow + ["--die-with", log0 + ":signal:1.5"])
     c.check(n == 2, "indexed: completions %d" % n)
     t = pods[1].trainer_args
     c.check("--nnodes" in t and t[t.index("--nnodes") + 1] == str(n) and
@@ -264,6 +265,7 @@ def indexed(c, wd, store):
             "(%s)" % " ".join(t))
     ok = all(p.wait_event("start", 60) for p in pods)
     c.check(ok, "indexed: both trainers started")
+    joined(pods, "r1")
     for k, p in enumerate(pods):
         st = p.events("start")
         env = st[0]["env"] if st else {}
@@ -288,8 +290,9 @@ def indexed(c, wd, store):
     for e in emus:
         e.stop()
 
-    # the next run: the Job controller counted one ignored failure per index
-    pods, emus = run(1, ["--step-sleep", 0.2], ["--step-sleep", 0.2])
+    # the next run: a new pod per index
+    pods, emus = run(["--step-sleep", 0.2], ["--step-sleep", 0.2])
+    joined(pods, "r2")
     for k, p in enumerate(pods):
         st = p.wait_event("start", 90)
         env = (st or {}).get("env", {})
@@ -306,8 +309,7 @@ def indexed(c, wd, store):
         time.sleep(0.2)
     c.check(all(p.running() for p in pods) and
             all(p.err.matching(r"job-wide notice from") == [] for p in pods),
-            "indexed: the next run (run id %s.0.1) does not see the previous "
-            "run's notice" % uid)
+            "indexed: the next run does not see the previous run's notice")
     for p in pods:
         p.send(signal.SIGKILL)
         p.wait_exit(30)

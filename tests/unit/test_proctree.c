@@ -1,5 +1,6 @@
 /* lib/io/proctree.c: the /proc parsers on fixed texts, the tree rules
- * (re-parenting, a reused pid), and real processes: a child that catches
+ * (re-parenting, a reused pid), a scan of a fake /proc larger than any
+ * old cap, and real processes: a child that catches
  * a signal, one that does not, a grandchild in a session of its own. */
 #include "cmocka-compat.h"
 
@@ -11,6 +12,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -252,6 +254,75 @@ test_real_tree(void **state)
   rmdir(dir);
 }
 
+/* A /proc of n processes under dir: pid 1 the parent of all but the
+ * last, which is the child of pid n - 1 (so it sorts after the others). */
+static void
+fake_proc(const char *dir, unsigned n)
+{
+  char path[256];
+
+  for (unsigned pid = 1; pid <= n; pid++) {
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s/%u", dir, pid);
+    assert_int_equal(mkdir(path, 0700), 0);
+    snprintf(path, sizeof(path), "%s/%u/stat", dir, pid);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "%u (p) S %u %u %u 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 %u 0 0 0\n",
+            pid,
+            pid == n   ? n - 1
+            : pid == 1 ? 0
+                       : 1,
+            pid, pid, 100 + pid);
+    fclose(f);
+  }
+}
+
+static void
+rm_fake_proc(const char *dir, unsigned n)
+{
+  char path[256];
+
+  for (unsigned pid = 1; pid <= n; pid++) {
+    snprintf(path, sizeof(path), "%s/%u/stat", dir, pid);
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/%u", dir, pid);
+    rmdir(path);
+  }
+  rmdir(dir);
+}
+
+/* A scan reads every entry of /proc: the child of the last process is in
+ * its tree; past the scan's cap it fails instead of returning a part (a
+ * scan once stopped at 8192 entries, missing whatever sorted after). The
+ * real cap is the kernel's own limit on pids. */
+static void
+test_scan_all(void **state)
+{
+  enum { N = 600 };
+  char dir[] = "/tmp/spot-fakeproc-XXXXXX";
+  struct spot_proc *v = NULL;
+  size_t n = 0;
+
+  (void)state;
+  assert_true(SPOT_PROCTREE_MAX >= 4194304);
+  assert_non_null(mkdtemp(dir));
+  fake_proc(dir, N);
+  assert_int_equal(spot_proc_scan_at(dir, N, &v, &n), 0);
+  assert_int_equal(n, N);
+  n = spot_proc_descendants(v, n, N - 1);
+  assert_int_equal(n, 1);
+  assert_int_equal(v[0].pid, N);
+  free(v);
+  v = NULL;
+  assert_int_equal(spot_proc_scan_at(dir, N - 1, &v, &n), -E2BIG);
+  assert_null(v);
+  assert_int_equal(spot_proc_scan_at(dir, 100, &v, &n), -E2BIG);
+  assert_null(v);
+  rm_fake_proc(dir, N);
+}
+
 int
 main(void)
 {
@@ -259,6 +330,7 @@ main(void)
       cmocka_unit_test(test_parse_stat),
       cmocka_unit_test(test_parse_sigmask),
       cmocka_unit_test(test_descendants),
+      cmocka_unit_test(test_scan_all),
       cmocka_unit_test_teardown(test_real_tree, kill_kids),
   };
 

@@ -4,7 +4,7 @@ spotd asks, fit(ckpt_path=spotd.lightning.ckpt_path()) resumes.
 
     fw_lightning_trainer.py --steps N [--devices 2] [--sleep S]
 
-A Linear-Dropout-Linear model on 40 fixed samples, a plain DataLoader
+A Linear-Dropout-Linear model on 64 fixed samples, a plain DataLoader
 (batch 4, shuffle=True with a seeded generator; under DDP Lightning's
 DistributedSampler), SGD; several epochs. Every rank prints after each
 optimizer step
@@ -71,8 +71,8 @@ def main():
     a = ap.parse_args()
     pl.seed_everything(7, workers=True)
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(40, 4, generator=g)
-    ds = torch.utils.data.TensorDataset(torch.arange(40), x,
+    x = torch.randn(64, 4, generator=g)
+    ds = torch.utils.data.TensorDataset(torch.arange(64), x,
                                         x.sum(1, keepdim=True))
     data = torch.utils.data.DataLoader(
         ds, batch_size=4, shuffle=True,

@@ -27,8 +27,8 @@ import spotlib as sl
 
 PY3 = sl.PY3
 USERBASE_VAR = "SPOTD_TEST_PYTHONUSERBASE"
-STEP_RE = re.compile(r"^step (\d+) rank (\d+) (.*)$")
-FINAL_RE = re.compile(r"^final rank (\d+) (\S+)$")
+STEP_RE = re.compile(r"^(?:\[\d+\]:)?step (\d+) rank (\d+) (.*)$")
+FINAL_RE = re.compile(r"^(?:\[\d+\]:)?final rank (\d+) (\S+)$")
 
 
 def fw_env(modules, what):
@@ -149,14 +149,16 @@ def step_of(name):
 
 
 def run(c, what, cmd, env, steps, ranks, notice_at, resume_cmd=None,
-        folder_check=None, step_timeout=240):
+        folder_check=None, step_timeout=240, ref_cmd=None):
     """The whole check for one trainer: the uninterrupted reference run
     and, beside it, node 0 under spotd, a notice once step notice_at is
     printed (exit 75 with its checkpoint committed), node 1 on a fresh
     folder restoring it from the store and running to the end (exit 0).
     Checks every (step, rank) line after the checkpoint and the final
     weights of every rank against the reference. folder_check(c, path)
-    looks at the committed folder. Returns node 1's trainer lines."""
+    looks at the committed folder. resume_cmd: node 1's command, ref_cmd
+    the reference's (default: resume_cmd, else cmd). Returns node 1's
+    trainer lines."""
     store, job, prefix = sl.daemon_job(
         "fw-" + re.sub(r"[^a-z0-9]+", "-", what.lower()).strip("-"))
     tmp = tempfile.mkdtemp(prefix="spotd-fw-")
@@ -164,7 +166,7 @@ def run(c, what, cmd, env, steps, ranks, notice_at, resume_cmd=None,
     t0 = time.monotonic()
     ref = None
     try:
-        ref = reference(resume_cmd or cmd, env, tmp)
+        ref = reference(ref_cmd or resume_cmd or cmd, env, tmp)
         return _run(c, what, cmd, env, steps, ranks, notice_at, resume_cmd,
                     folder_check, step_timeout, store, job, prefix, tmp,
                     nodes, ref)

@@ -27,6 +27,14 @@ import spotlib as sl
 
 PY3 = sl.PY3
 USERBASE_VAR = "SPOTD_TEST_PYTHONUSERBASE"
+RAN_VAR = "SPOTD_TEST_FRAMEWORKS_RAN"  # tools/test: ran once already
+
+
+def skip_if_ran():
+    """Skips when tools/test ran the framework tests already (in its gcc
+    run: they test Python code, the ASan run adds nothing)."""
+    if os.environ.get(RAN_VAR):
+        sl.skip("the framework tests ran once already, in the gcc run")
 STEP_RE = re.compile(r"^(?:\[\d+\]:)?step (\d+) rank (\d+) (.*)$")
 FINAL_RE = re.compile(r"^(?:\[\d+\]:)?final rank (\d+) (\S+)$")
 
@@ -36,6 +44,7 @@ def fw_env(modules, what):
     when given, offline Hugging Face, no GPU, this source's spotd), after
     checking that /usr/bin/python3 imports modules there: skips without
     them, unless the user site was given (then it fails)."""
+    skip_if_ran()
     env = dict(os.environ, PYTHONPATH=sl.srcdir_path("python"),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                HF_DATASETS_OFFLINE="1", CUDA_VISIBLE_DEVICES="",

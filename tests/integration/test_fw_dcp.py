@@ -81,6 +81,7 @@ def ranks(script, arg, env, timeout=300):
 
 
 def main():
+    fwlib.skip_if_ran()
     sl.daemon_env()
     env = dict(os.environ, PYTHONPATH=sl.srcdir_path("python"))
     for k in ("SPOTD_SOCKET", "SPOTD_RESUME_DIR", "SPOTD_REQUEST_FILE"):

@@ -411,9 +411,24 @@ def world_size():
     return _env_int("WORLD_SIZE", default=1)
 
 
+# Where launchers put the rank among the node's processes, first match
+# wins: an explicit override, torchrun (also Lightning, accelerate,
+# DeepSpeed), srun, Open MPI, MPICH/Intel MPI (Hydra), PMI, MVAPICH2.
+# torchrun under srun: LOCAL_RANK (the worker) comes before SLURM_LOCALID
+# (the launcher's task).
+LOCAL_RANK_VARS = ("SPOTD_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID",
+                   "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                   "PMI_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK")
+
+
 def local_rank():
-    """The rank among this node's processes ($LOCAL_RANK of torchrun, 0)."""
-    return _env_int("LOCAL_RANK")
+    """The rank among this node's processes: $SPOTD_LOCAL_RANK when set,
+    else what the launcher set (torchrun's $LOCAL_RANK, srun's
+    $SLURM_LOCALID, Open MPI's $OMPI_COMM_WORLD_LOCAL_RANK, MPICH's
+    $MPI_LOCALRANKID, $PMI_LOCAL_RANK, MVAPICH2's
+    $MV2_COMM_WORLD_LOCAL_RANK), else 0. The node's local rank 0 writes
+    the marker and ck.writer's files: one of each per node."""
+    return _env_int(*LOCAL_RANK_VARS)
 
 
 # ------------------------------------------------------------ durability

@@ -3,6 +3,7 @@ run as spotd would run it: spotd.lightning.SpotdCheckpoint saves when
 spotd asks, fit(ckpt_path=spotd.lightning.ckpt_path()) resumes.
 
     fw_lightning_trainer.py --steps N [--devices 2] [--sleep S]
+                            [--signals STEP:SIG,...]
 
 A Linear-Dropout-Linear model on 64 fixed samples, a plain DataLoader
 (batch 4, shuffle=True with a seeded generator; under DDP Lightning's
@@ -16,6 +17,7 @@ draws change it) and at the end `final rank R SHA256` of the weights."""
 import argparse
 import hashlib
 import os
+import signal
 import sys
 import time
 
@@ -36,8 +38,9 @@ def say(line):
 
 
 class Tiny(pl.LightningModule):
-    def __init__(self, sleep):
+    def __init__(self, sleep, signals):
         super().__init__()
+        self.signals = signals
         self.net = torch.nn.Sequential(torch.nn.Linear(4, 16),
                                        torch.nn.Dropout(0.5),
                                        torch.nn.Linear(16, 1))
@@ -56,6 +59,10 @@ class Tiny(pl.LightningModule):
             (self.trainer.global_step, self.global_rank,
              self.trainer.current_epoch, ",".join(map(str, idx)),
              float(loss).hex()))
+        sig = self.signals.get(self.trainer.global_step)
+        if sig:  # as if the scheduler sent it
+            os.kill(os.getpid(), getattr(signal, "SIG" + sig))
+            time.sleep(0.2)
         if self.sleep:
             time.sleep(self.sleep)
 
@@ -68,7 +75,11 @@ def main():
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--devices", type=int, default=1)
     ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--signals", default="",
+                    help="STEP:SIG,...: send SIG to itself after STEP")
     a = ap.parse_args()
+    signals = {int(k): v for k, v in (x.split(":") for x in
+                                      a.signals.split(",") if x)}
     pl.seed_everything(7, workers=True)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(64, 4, generator=g)
@@ -77,7 +88,7 @@ def main():
     data = torch.utils.data.DataLoader(
         ds, batch_size=4, shuffle=True,
         generator=torch.Generator().manual_seed(3))
-    model = Tiny(a.sleep)
+    model = Tiny(a.sleep, signals)
     kw = {}
     if a.devices > 1:
         kw["strategy"] = "ddp"

@@ -106,7 +106,7 @@ def main():
     if cb.saved:
         say("saved rank %d %s" % (trainer.global_rank, ",".join(
             os.path.basename(p) for p in cb.saved)))
-    if cb.skipped:
+    if getattr(cb, "skipped", 0):  # a replayed epoch
         say("skipped rank %d %d" % (trainer.global_rank, cb.skipped))
 
 

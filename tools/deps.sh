@@ -13,6 +13,9 @@ s3_pkgs=(ceph-mon ceph-osd radosgw ceph-common ceph-base uuid-runtime
 test_pkgs=(valgrind clang clang-tidy cppcheck libclang-rt-14-dev
   python3-torch slurm-wlm munge systemd-container awscli iproute2
   python3-prometheus-client python3-pil python3-yaml nodejs)
+# What the frameworks archive of the framework tests (transformers,
+# Lightning: tools/test, $SPOTD_TEST_FRAMEWORKS) imports from Debian.
+test_pkgs+=(python3-tqdm python3-packaging python3-fsspec python3-filelock python3-regex python3-psutil python3-typing-extensions python3-requests python3-setuptools)
 demo_pkgs=(python3-torch)
 # bench/: the pictures and the peers (aws s3 cp, its CRT client) it measures.
 bench_pkgs=(python3-matplotlib python3-numpy awscli)

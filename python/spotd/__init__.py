@@ -40,9 +40,11 @@ What it does for you:
   or a name, else SIGUSR1) that only sets a flag; `kill -USR1 PID` then
   asks for a checkpoint by hand. request() sets the same flag.
 - checkpoint_requested() is meant for a safe point (between optimizer
-  steps). Under torch.distributed (initialised) the ranks agree with one
-  all_reduce(MAX), so every rank saves at the same step even if only one
-  of them saw the request. With nothing pending and no torch.distributed
+  steps). Under torch.distributed (initialised) the ranks agree on a CPU flag
+  (MAX over a gloo group of the helper's own, reduced in the background
+  and read at the next call), so every rank saves at the same step, one
+  step after the first rank saw the request, with no host-device
+  synchronisation and no wait for a slower rank. With nothing pending and no torch.distributed
   it costs about a microsecond (bench/helper_bench.py).
 - checkpoint() makes the next folder under $SPOTD_CKPT_DIR (step-NNNNNN,
   or the name you give; a name already taken gets a suffix, a folder is
@@ -281,14 +283,55 @@ def _agree_max(dist, value):
     return int(t.item())
 
 
+# The ranks' agreement in checkpoint_requested(): a CPU flag all-reduced
+# (MAX) over a gloo group of its own, started without waiting and waited
+# for at the next call. Every rank makes the same calls, so every rank
+# gets the same answer at the same call, one call after a rank saw the
+# request; nothing touches a device, and a call waits only for the ranks
+# to have made the previous one (the first call waits for its own result:
+# a request made before the start is answered there).
+_agree = {"group": None, "work": None, "buf": None, "pid": None,
+          "world": None}
+
+
+def _agree_next(dist, local):
+    """The MAX over the ranks of the local flags posted at the previous
+    call (at the first call: of this one); posts this call's flag, or 0
+    when the answer is True (what it takes is not asked again)."""
+    import torch
+    world = getattr(dist.group, "WORLD", None)
+    if _agree["group"] is None or _agree["pid"] != os.getpid() or \
+            _agree["world"] is not world:
+        # First call, a forked child, or a new default process group.
+        _agree.update(group=dist.new_group(backend="gloo"), work=None,
+                      buf=None, pid=os.getpid(), world=world)
+    group = _agree["group"]
+    if _agree["work"] is None:
+        buf = torch.tensor([int(local)], dtype=torch.int32)
+        dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=group)
+    else:
+        _agree["work"].wait()
+        buf = _agree["buf"]
+    asked = int(buf[0]) > 0
+    nxt = torch.tensor([0 if asked else int(local)], dtype=torch.int32)
+    _agree["work"] = dist.all_reduce(nxt, op=dist.ReduceOp.MAX, group=group,
+                                     async_op=True)
+    _agree["buf"] = nxt
+    return asked
+
+
 def checkpoint_requested():
     """True when a checkpoint was asked for since the last True: a request
     of spotd's channel this process has not taken, or the local flag (the
     signal fallback, or request()). Call it once per step at the safe
     point, on every rank under torch.distributed: it is then a collective
-    (one all_reduce) and every rank gets the same answer. A True takes
-    the pending request: it is not answered again, spotd marks it served
-    once the checkpoint is complete."""
+    and every rank gets the same answer at the same call, the call after
+    the one where a rank first saw the request (the first call answers
+    for itself). The ranks agree on a CPU flag over a gloo group of the
+    helper's own, reduced in the background: no host-device
+    synchronisation, and a call does not wait for a slower rank to reach
+    it. A True takes the pending request: it is not answered again, spotd
+    marks it served once the checkpoint is complete."""
     global _taken
     m = _req if _req is not None else _mapped()
     seq = 0
@@ -303,7 +346,7 @@ def checkpoint_requested():
     local = local or _flag.is_set()
     dist = _dist()
     if dist is not None and dist.get_world_size() > 1:
-        asked = _agree_max(dist, local) > 0
+        asked = _agree_next(dist, local)
     else:
         asked = local
     if asked:
@@ -368,9 +411,24 @@ def world_size():
     return _env_int("WORLD_SIZE", default=1)
 
 
+# Where launchers put the rank among the node's processes, first match
+# wins: an explicit override, torchrun (also Lightning, accelerate,
+# DeepSpeed), srun, Open MPI, MPICH/Intel MPI (Hydra), PMI, MVAPICH2.
+# torchrun under srun: LOCAL_RANK (the worker) comes before SLURM_LOCALID
+# (the launcher's task).
+LOCAL_RANK_VARS = ("SPOTD_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID",
+                   "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                   "PMI_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK")
+
+
 def local_rank():
-    """The rank among this node's processes ($LOCAL_RANK of torchrun, 0)."""
-    return _env_int("LOCAL_RANK")
+    """The rank among this node's processes: $SPOTD_LOCAL_RANK when set,
+    else what the launcher set (torchrun's $LOCAL_RANK, srun's
+    $SLURM_LOCALID, Open MPI's $OMPI_COMM_WORLD_LOCAL_RANK, MPICH's
+    $MPI_LOCALRANKID, $PMI_LOCAL_RANK, MVAPICH2's
+    $MV2_COMM_WORLD_LOCAL_RANK), else 0. The node's local rank 0 writes
+    the marker and ck.writer's files: one of each per node."""
+    return _env_int(*LOCAL_RANK_VARS)
 
 
 # ------------------------------------------------------------ durability

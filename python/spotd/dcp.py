@@ -24,10 +24,17 @@ SPOTD_CKPT_DIR should be on storage every node sees (a node-local folder
 holds only that node's shards and, on nodes other than the first, no
 .metadata).
 
-DCP needs torch 2.0 or newer (save/load with checkpoint_id from 2.2;
-older 2.x use save_state_dict/load_state_dict): with an older torch,
-save() and load() raise RuntimeError saying so. `import spotd.dcp` does
-not import torch.
+DCP comes with torch 2.0 and newer (save/load with checkpoint_id from
+2.2; older 2.x use save_state_dict/load_state_dict). On torch 1.13 the
+same API is a prototype, torch.distributed._shard.checkpoint, which
+spotd.dcp uses when there is no torch.distributed.checkpoint; that
+prototype writes a plain (not sharded) tensor from rank 0 only, so there
+save() refuses (RuntimeError, on every rank) a state dict whose keys
+differ between ranks: keep per-rank state out of it (write it with
+spotd.checkpoint's ck.open, one file per rank) or use ShardedTensor.
+Where neither imports (torch 1.13's prototype does not import under
+Python 3.11 as Debian ships it), save() and load() raise RuntimeError
+saying so. `import spotd.dcp` does not import torch.
 """
 import spotd
 
@@ -35,18 +42,51 @@ __all__ = ["available", "load", "save"]
 
 
 def _dcp():
+    """torch.distributed.checkpoint, else torch 1.13's prototype of it;
+    RuntimeError saying what is missing when neither imports."""
     try:
         import torch.distributed.checkpoint as dcp
+        return dcp
     except ImportError as e:
-        try:
-            import torch
-            have = "torch %s" % torch.__version__
-        except ImportError:
-            have = "no torch"
+        first = e
+    try:
+        import torch.distributed._shard.checkpoint as dcp
+        if hasattr(dcp, "save_state_dict") and \
+                hasattr(dcp, "FileSystemWriter"):
+            return dcp
+    except Exception as e:  # noqa: BLE001 - 1.13 under 3.11: a TypeError
+        first = e
+    try:
+        import torch
+        have = "torch %s" % torch.__version__
+    except ImportError:
+        have = "no torch"
+    raise RuntimeError(
+        "spotd.dcp needs torch.distributed.checkpoint (torch 2.0 or newer) "
+        "or torch 1.13's prototype torch.distributed._shard.checkpoint; "
+        "this Python has %s, where neither imports (%s: %s)" %
+        (have, type(first).__name__, first)) from first
+
+
+def _prototype(dcp):
+    return dcp.__name__.endswith("_shard.checkpoint")
+
+
+def _same_keys(state_dict):
+    """On torch 1.13's prototype: RuntimeError on every rank when the
+    ranks' keys differ (it would save rank 0's plain tensors only)."""
+    dist = spotd._dist()
+    if dist is None or dist.get_world_size() == 1:
+        return
+    keys = sorted(str(k) for k in state_dict)
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, keys)
+    if any(k != every[0] for k in every):
         raise RuntimeError(
-            "spotd.dcp needs torch.distributed.checkpoint (torch 2.0 or "
-            "newer); this Python has %s" % have) from e
-    return dcp
+            "spotd.dcp: torch 1.13's prototype DCP saves plain tensors from "
+            "rank 0 only, and the ranks' state dicts have different keys: "
+            "their own entries would be lost; save per-rank state in files "
+            "of their own (spotd.checkpoint, ck.open) or as ShardedTensor")
 
 
 def available():
@@ -63,6 +103,8 @@ def save(state_dict, step=None, name=None, root=None):
     (step-NNNNNN or name, see spotd.checkpoint) and marks it complete once
     every rank has written its shards. Returns the folder."""
     dcp = _dcp()
+    if _prototype(dcp):
+        _same_keys(state_dict)
     with spotd.checkpoint(name=name, step=step, root=root) as ck:
         if hasattr(dcp, "save"):
             dcp.save(state_dict, checkpoint_id=ck.path)

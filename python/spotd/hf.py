@@ -30,14 +30,33 @@ spotd only uploads folders directly under it. Leave save_total_limit
 unset: the Trainer's rotation deletes old checkpoint folders, maybe the
 one spotd is uploading (spotd's --keep prunes the store instead). On
 several nodes with node-local disks set save_on_each_node=True, so every
-node's folder holds the whole checkpoint. The callback warns once about
-each of these at the start of training.
+node's folder holds the whole checkpoint. save_only_model=True writes no
+optimizer, scheduler or random state: such a checkpoint cannot resume
+the run. The callback warns once about each of these at the start of
+training.
+
+During a hyperparameter search the Trainer saves into
+output_dir/run-<trial>/checkpoint-N: the callback marks that folder too,
+but spotd uploads only folders directly under $SPOTD_CKPT_DIR (it says
+so in one warning line): give each trial its own spotd job, or leave the
+search's checkpoints local.
+
+A Trainer with enable_jit_checkpoint=True (newer transformers) saves a
+checkpoint of its own when it gets SIGTERM. spotd stops the trainer with
+SIGTERM after the checkpoint it asked for is complete; a second save
+started then would race the stop and never be uploaded. Under spotd the
+callback wraps the Trainer's SIGTERM handler: once a checkpoint spotd
+asked for is saved and marked, SIGTERM ends the process at once (its
+default action); before that, the Trainer's own handler runs as usual.
 
 `import spotd.hf` does not import transformers; the first use of
 SpotdCallback does.
 """
+import glob
 import os
+import signal
 import sys
+import threading
 
 import spotd
 
@@ -60,6 +79,21 @@ def _barrier():
         dist.barrier()
 
 
+def _saved_folder(output_dir, step):
+    """The folder the Trainer just saved for step: output_dir/
+    checkpoint-N, or during a hyperparameter search output_dir/<run>/
+    checkpoint-N (the newest such), else None."""
+    name = "checkpoint-%d" % step
+    folder = os.path.join(output_dir, name)
+    if os.path.isdir(folder):
+        return folder
+    runs = [d for d in glob.glob(os.path.join(glob.escape(output_dir), "*",
+                                              name)) if os.path.isdir(d)]
+    if not runs:
+        return None
+    return max(runs, key=lambda d: os.stat(d).st_mtime_ns)
+
+
 def _build():
     from transformers import TrainerCallback
 
@@ -71,8 +105,12 @@ def _build():
             super().__init__()
             self.report_steps = report_steps
             self.marked = []  # folders marked by this process
+            self.requested = []  # those of them spotd asked for
+            self._asked = False
+            self.jit_guarded = False
 
         def on_train_begin(self, args, state, control, **kwargs):
+            self._guard_jit(args)
             if not state.is_local_process_zero:
                 return control
             out = os.path.realpath(args.output_dir)
@@ -85,6 +123,11 @@ def _build():
                 _warn("save_total_limit=%s deletes checkpoint folders spotd "
                       "may be uploading; leave it unset (spotd --keep "
                       "prunes the store)" % args.save_total_limit)
+            if getattr(args, "save_only_model", False):
+                _warn("save_only_model=True: the checkpoints hold no "
+                      "optimizer, scheduler or random state, so a run "
+                      "resumed from them does not continue this one; leave "
+                      "it False")
             world = spotd._env_int("WORLD_SIZE", default=1)
             local = spotd._env_int("LOCAL_WORLD_SIZE", default=world)
             if world > local and not getattr(args, "save_on_each_node",
@@ -99,16 +142,43 @@ def _build():
                 spotd.report_step(state.global_step)
             if spotd.checkpoint_requested():  # every rank, same answer
                 control.should_save = True
+                self._asked = True
             return control
 
         def on_save(self, args, state, control, **kwargs):
-            folder = os.path.join(args.output_dir,
-                                  "checkpoint-%d" % state.global_step)
+            folder = _saved_folder(args.output_dir, state.global_step)
             _barrier()  # every rank has written its part of the folder
-            if state.is_local_process_zero and os.path.isdir(folder):
+            if state.is_local_process_zero and folder is not None:
                 spotd.done(folder, strict=False, step=state.global_step)
                 self.marked.append(os.path.abspath(folder))
+            if self._asked and folder is not None:
+                self.requested.append(os.path.abspath(folder))
+            self._asked = False
             return control
+
+        def _guard_jit(self, args):
+            """Under spotd, with the Trainer's SIGTERM checkpointing on:
+            SIGTERM after a checkpoint spotd asked for ends the process
+            instead of starting a second save."""
+            if self.jit_guarded or not spotd.under_spotd() or \
+                    not getattr(args, "enable_jit_checkpoint", False) or \
+                    threading.current_thread() is not \
+                    threading.main_thread():
+                return
+            prev = signal.getsignal(signal.SIGTERM)
+            if not callable(prev):
+                return
+            cb = self
+
+            def on_sigterm(signum, frame):
+                if cb.requested:  # spotd's checkpoint is complete: stop
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+                prev(signum, frame)
+
+            signal.signal(signal.SIGTERM, on_sigterm)
+            self.jit_guarded = True
 
     return SpotdCallback
 

@@ -10,18 +10,54 @@ SpotdCheckpoint, after each optimizer step (on_train_batch_end, at the
 end of a gradient-accumulation cycle):
 
 - asks spotd.checkpoint_requested() on every rank. Under torch.distributed
-  (DDP, FSDP, DeepSpeed) that is the helper's collective (one all_reduce),
-  otherwise the strategy's reduce_boolean_decision: every rank takes the
-  same decision, which trainer.save_checkpoint needs (it is collective).
+  (DDP, FSDP, DeepSpeed) that is the helper's collective, otherwise the
+  strategy's reduce_boolean_decision: every rank takes the same decision,
+  which trainer.save_checkpoint needs (it is collective).
 - saves inside spotd.checkpoint(step=trainer.global_step): a new folder
   SPOTD_CKPT_DIR/step-NNNNNN, trainer.save_checkpoint(folder/last.ckpt)
   on every rank (the strategy decides who writes: global rank 0 for DDP,
-  every rank its shards for FSDP or DeepSpeed), then, after every rank has
-  left the block, one SPOTD_COMPLETE per node by its local rank 0.
+  every rank its shards for FSDP or DeepSpeed), and each rank's data
+  position (DATA_FILE, below); then, after every rank has left the block,
+  one SPOTD_COMPLETE per node by its local rank 0.
+
+Mid-epoch resume, exactly. Lightning alone restarts a resumed epoch from
+its first batch when the DataLoader is a plain one (no state_dict), so
+the batches before the checkpoint are trained twice and the epoch's later
+ones never (Lightning 2.2 also counts the batch the checkpoint was taken
+after as not done, and redoes it). The callback makes the resumed run
+continue with the batch the interrupted one would have taken next, in the
+same order, with the same random numbers:
+
+- each rank writes step-NNNNNN/spotd-data-rank<R>.pt: the epoch, how many
+  of its batches were consumed, the random state the epoch's data order
+  came from (torch, Python, NumPy and CUDA generators, and the torch
+  generators of the train DataLoader and its sampler, captured when the
+  epoch's iterator was made) and the random state at the checkpoint;
+  last.ckpt records that batch as complete;
+- on resume (fit(ckpt_path=...) from such a folder), at the start of the
+  resumed epoch each rank puts back the epoch's random state, makes the
+  epoch's iterator again (after the sampler's set_epoch), reads and drops
+  the consumed batches (they are loaded again, not trained), then puts
+  back the random state of the checkpoint.
+
+So that both runs make the epoch's iterator the same way, the callback
+makes the first epoch's iterator again at on_train_epoch_start (Lightning
+makes one earlier, before the random state can be captured). The data
+order must come from those generators (a shuffled DataLoader, a seeded
+generator, Lightning's DistributedSampler): an iterable dataset with
+its own unseeded randomness, or a LightningModule.on_train_epoch_start
+that draws random numbers, is not replayed. A DataLoader that has its
+own state_dict (a resumable loader) is left to Lightning.
 
 Lightning needs no signal from spotd: the request comes through spotd's
-request channel. (A process that loads LLVM, which Lightning's stack may
-do, can lose a SIGUSR1 handler to it; the channel has no such problem.)
+request channel. On Slurm, Lightning's SLURMEnvironment (on by default,
+auto_requeue=True) catches the requeue signal (SIGUSR1), writes its own
+hpc_ckpt_N.ckpt outside spotd's folder and runs `scontrol requeue`, and
+it ignores SIGTERM, the signal spotd stops the trainer with. Under spotd
+the callback turns that off at setup (auto_requeue = False, one line on
+stderr): the requeue signal becomes a spotd checkpoint request (saved at
+the next step, uploaded by spotd), requeueing is spotd's, and SIGTERM
+stops the trainer again.
 
 ckpt_path() is the file to resume from (in $SPOTD_RESUME_DIR) or None.
 
@@ -29,12 +65,15 @@ ckpt_path() is the file to resume from (in $SPOTD_RESUME_DIR) or None.
 use of SpotdCheckpoint imports lightning.pytorch (else pytorch_lightning).
 """
 import os
+import random
+import sys
 
 import spotd
 
-__all__ = ["SpotdCheckpoint", "ckpt_path", "FILENAME"]
+__all__ = ["SpotdCheckpoint", "ckpt_path", "FILENAME", "DATA_FILE"]
 
 FILENAME = "last.ckpt"
+DATA_FILE = "spotd-data-rank%d.pt"  # per global rank, next to FILENAME
 
 
 def ckpt_path(filename=FILENAME):
@@ -52,18 +91,178 @@ def _pl():
     return pl
 
 
+def _say(msg):
+    print("spotd.lightning: " + msg, file=sys.stderr, flush=True)
+
+
+def _generators(trainer):
+    """The torch generators the train DataLoaders draw their order from
+    (the loader's, its sampler's, its batch sampler's sampler's), each
+    once, in a fixed order."""
+    import torch
+    loader = getattr(trainer.fit_loop, "_combined_loader", None)
+    out, seen = [], set()
+    for dl in (loader.flattened if loader is not None else []):
+        bs = getattr(dl, "batch_sampler", None)
+        for obj in (dl, getattr(dl, "sampler", None),
+                    getattr(bs, "sampler", None)):
+            g = getattr(obj, "generator", None)
+            if isinstance(g, torch.Generator) and id(g) not in seen:
+                seen.add(id(g))
+                out.append(g)
+    return out
+
+
+def _rng_get(trainer):
+    import torch
+    st = {"torch": torch.get_rng_state(), "python": random.getstate(),
+          "gens": [g.get_state() for g in _generators(trainer)]}
+    if "numpy" in sys.modules:
+        st["numpy"] = sys.modules["numpy"].random.get_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _rng_set(trainer, st):
+    import torch
+    torch.set_rng_state(st["torch"])
+    random.setstate(st["python"])
+    if "numpy" in st:
+        import numpy
+        numpy.random.set_state(st["numpy"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+    gens = _generators(trainer)
+    if len(gens) == len(st["gens"]):
+        for g, s in zip(gens, st["gens"]):
+            g.set_state(s)
+    elif st["gens"]:
+        _say("warning: the train DataLoader has %d generator(s), the "
+             "checkpoint %d: its order is not restored" %
+             (len(gens), len(st["gens"])))
+
+
+def _fetcher(trainer):
+    """The fit loop's data fetcher when the callback can replay it (a
+    plain fetcher over non-resumable loaders), else None."""
+    loop = trainer.fit_loop
+    f = getattr(loop, "_data_fetcher", None)
+    loader = getattr(loop, "_combined_loader", None)
+    if f is None or loader is None or type(f).__name__ not in (
+            "_DataFetcher", "_PrefetchDataFetcher"):
+        return None
+    if any(hasattr(dl, "state_dict") and hasattr(dl, "load_state_dict")
+           for dl in loader.flattened):
+        return None  # resumable loaders: Lightning restores them itself
+    return f
+
+
+def _slurm_guard(trainer):
+    """Under spotd, turns off Lightning's Slurm auto-requeue (its own
+    checkpoint and `scontrol requeue` on the requeue signal, SIGTERM
+    ignored) and takes the requeue signal as a checkpoint request.
+    Returns True when it changed something."""
+    if not spotd.under_spotd():
+        return False
+    conn = getattr(trainer, "_accelerator_connector", None)
+    env = getattr(conn, "cluster_environment", None)
+    if env is None or type(env).__name__ != "SLURMEnvironment" or \
+            not getattr(env, "auto_requeue", False):
+        return False
+    env.auto_requeue = False
+    sig = getattr(env, "requeue_signal", None)
+    how = "ignored"
+    if sig is not None:
+        try:
+            spotd.install(sig)
+            how = "a spotd checkpoint request"
+        except ValueError:  # not the main thread
+            pass
+    if trainer.is_global_zero:
+        _say("under spotd: Lightning's Slurm auto-requeue is off (spotd "
+             "requeues and uploads); %s is %s, SIGTERM stops the trainer" %
+             (getattr(sig, "name", sig), how))
+    return True
+
+
 def _build():
     pl = _pl()
 
     class SpotdCheckpoint(pl.Callback):
         """Saves into a new folder of SPOTD_CKPT_DIR when spotd asks (a
-        collective decision) and marks it complete once per node."""
+        collective decision), marks it complete once per node, and makes
+        a mid-epoch resume continue the epoch's data where it stopped."""
 
-        def __init__(self, filename=FILENAME, report_steps=True):
+        def __init__(self, filename=FILENAME, report_steps=True,
+                     resume_data=True):
             super().__init__()
             self.filename = filename
             self.report_steps = report_steps
+            self.resume_data = resume_data
             self.saved = []  # folders saved (and marked) by this callback
+            self.skipped = 0  # batches dropped at the last resume
+            self._epoch_rng = None  # random state the epoch's data came from
+            self._resume = None  # this rank's data position to resume at
+            self._first = True
+            self._saving = False
+
+        def setup(self, trainer, pl_module, stage):
+            _slurm_guard(trainer)
+
+        def on_fit_start(self, trainer, pl_module):
+            self._first = True
+            self._resume = None
+
+        def on_train_start(self, trainer, pl_module):
+            # After Lightning restored its loops (restarting is set then).
+            path = trainer.ckpt_path
+            if not self.resume_data or not path or \
+                    not trainer.fit_loop.epoch_loop.restarting:
+                return
+            f = os.path.join(os.path.dirname(os.path.abspath(str(path))),
+                             DATA_FILE % trainer.global_rank)
+            if not os.path.isfile(f):
+                _say("warning: %s has no data position for rank %d: the "
+                     "epoch restarts from its first batch" %
+                     (path, trainer.global_rank))
+                return
+            import torch
+            self._resume = torch.load(f)
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            first, self._first = self._first, False
+            res, self._resume = self._resume, None
+            if not self.resume_data:
+                return
+            fetcher = _fetcher(trainer)
+            if res is not None and res["epoch"] == trainer.current_epoch \
+                    and fetcher is not None:
+                # The resumed epoch: its order, its consumed batches
+                # dropped, then the random state of the checkpoint.
+                _rng_set(trainer, res["epoch_rng"])
+                self._epoch_rng = res["epoch_rng"]
+                iter(fetcher)
+                n = 0
+                for _ in range(res["batches"]):
+                    try:
+                        next(fetcher)
+                    except StopIteration:
+                        break
+                    n += 1
+                fetcher.fetched -= n  # Lightning adds the done batches
+                _rng_set(trainer, res["rng"])
+                self.skipped = n
+                return
+            if res is not None:
+                _say("warning: cannot replay the data position of epoch %d "
+                     "in epoch %d" % (res["epoch"], trainer.current_epoch))
+                _rng_set(trainer, res["rng"])
+            self._epoch_rng = _rng_get(trainer)
+            if first and fetcher is not None:
+                # Lightning made this epoch's iterator before any hook
+                # ran; make it again from the state just captured.
+                iter(fetcher)
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch,
                                batch_idx):
@@ -78,12 +277,44 @@ def _build():
                 asked = trainer.strategy.reduce_boolean_decision(
                     asked, all=False)
             if asked:
-                self.save(trainer)
+                self.save(trainer, batch_idx + 1)
 
-        def save(self, trainer):
-            """Saves now (on every rank) into a new folder and marks it."""
+        def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+            if not self._saving:
+                return
+            # Saved after the batch's optimizer step, before Lightning
+            # counts the batch as completed: count it, else the resumed
+            # run does that batch again.
+            loops = checkpoint.get("loops", {}).get("fit_loop", {})
+            bp = loops.get("epoch_loop.batch_progress")
+            if bp:
+                for k in ("current", "total"):
+                    if k in bp and "processed" in bp[k]:
+                        bp[k]["completed"] = bp[k]["processed"]
+                sd = loops.get("epoch_loop.state_dict", {})
+                if "_batches_that_stepped" in sd:
+                    sd["_batches_that_stepped"] += 1
+
+        def save(self, trainer, batches=None):
+            """Saves now (on every rank) into a new folder and marks it.
+            batches: how many of the epoch's batches are consumed (given
+            when called after a batch); the data position is saved then."""
             with spotd.checkpoint(step=trainer.global_step) as ck:
-                trainer.save_checkpoint(os.path.join(ck.path, self.filename))
+                self._saving = batches is not None
+                try:
+                    trainer.save_checkpoint(
+                        os.path.join(ck.path, self.filename))
+                finally:
+                    self._saving = False
+                if batches is not None and self.resume_data and \
+                        self._epoch_rng is not None:
+                    import torch
+                    pos = {"epoch": trainer.current_epoch,
+                           "batches": int(batches),
+                           "epoch_rng": self._epoch_rng,
+                           "rng": _rng_get(trainer)}
+                    with ck.open(DATA_FILE % trainer.global_rank) as f:
+                        torch.save(pos, f)
             self.saved.append(ck.path)
             return ck.path
 

@@ -1,16 +1,34 @@
-"""spotd.dcp with torch.distributed.checkpoint: two ranks (gloo, CPU)
-save a state dict with spotd.dcp.save() into one folder, each rank its own
-shard file; one SPOTD_COMPLETE after all of them; spotd.dcp.load() from
-spotd.resume_dir() restores it on both ranks. Skips (77) when this torch
-has no torch.distributed.checkpoint (torch before 2.0, Debian's 1.13 in
-CI); then it checks that spotd.dcp says so with a clear error instead."""
+"""spotd.dcp with torch.distributed.checkpoint, or torch 1.13's prototype
+of it (torch.distributed._shard.checkpoint), under `spotd run --
+torchrun` with 2 gloo workers: a spot notice, the DCP folder committed to
+the store (exit 75), a fresh node restores it, spotd.dcp.load() loads it
+in place on both ranks; every later step (each rank's batch and loss) and
+the final weights equal an uninterrupted run's (fwlib.run).
+
+Then two ranks whose state dicts differ (a per-rank entry each): with
+DCP (torch 2) each rank's shard file, DCP's metadata and one
+SPOTD_COMPLETE land in one folder and spotd.dcp.load() restores every
+rank's tensor; with torch 1.13's prototype, which would save rank 0's
+entries only, spotd.dcp.save() refuses on both ranks with a clear error.
+
+With neither importable (Debian's torch 1.13 under Python 3.11 without
+the frameworks archive's import fix) it checks that spotd.dcp says so
+clearly, then skips (77); with $SPOTD_TEST_PYTHONUSERBASE set (tools/test
+with the frameworks archive) that is a failure. Skips without the test
+S3 server."""
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import spotlib as sl  # noqa: E402
+import fwlib  # noqa: E402
+
+TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                       "fw_dcp_trainer.py")
+STEPS = 20
 
 WORKER = r"""
 import os, sys
@@ -22,8 +40,11 @@ r = dist.get_rank()
 # Per-rank entries make per-rank shard files.
 state = {"w%d" % r: torch.full((64,), float(r + 1)), "step": 7}
 if sys.argv[1] == "save":
-    path = spotd.dcp.save(state, step=7)
-    print("saved", os.path.basename(path), flush=True)
+    try:
+        path = spotd.dcp.save(state, step=7)
+        print("saved", os.path.basename(path), flush=True)
+    except RuntimeError as e:
+        print("refused:", e, flush=True)
 else:
     into = {"w%d" % r: torch.zeros(64), "step": 0}
     got = spotd.dcp.load(into)
@@ -60,33 +81,89 @@ def ranks(script, arg, env, timeout=300):
 
 
 def main():
+    fwlib.skip_if_ran()
+    sl.daemon_env()
     env = dict(os.environ, PYTHONPATH=sl.srcdir_path("python"))
     for k in ("SPOTD_SOCKET", "SPOTD_RESUME_DIR", "SPOTD_REQUEST_FILE"):
         env.pop(k, None)
-    cp = subprocess.run([sl.PY3, "-c", "import torch.distributed.checkpoint"],
+    given = os.environ.get(fwlib.USERBASE_VAR)
+    if given:
+        env["PYTHONUSERBASE"] = given
+    cp = subprocess.run([sl.PY3, "-c", "import spotd.dcp\n"
+                         "print(spotd.dcp.available())"],
                         capture_output=True, text=True, env=env)
-    if cp.returncode != 0:
+    if cp.stdout.strip() != "True":
         probe = subprocess.run(
             [sl.PY3, "-c", "import spotd.dcp\n"
              "try:\n spotd.dcp.save({}, step=1)\n"
              "except RuntimeError as e:\n print(e)"],
             capture_output=True, text=True, env=env)
         msg = probe.stdout.strip()
-        if "needs torch.distributed.checkpoint" not in msg:
-            print("FAIL spotd.dcp without DCP: no clear error\n     " +
-                  probe.stdout + probe.stderr)
+        if "needs torch.distributed.checkpoint" not in msg or given:
+            print("FAIL spotd.dcp is not usable (%s=%s): %s\n     %s" %
+                  (fwlib.USERBASE_VAR, given, msg, probe.stderr[-2000:]))
             sys.exit(1)
-        sl.skip("this torch has no torch.distributed.checkpoint (spotd.dcp "
-                "says: %s)" % msg)
+        sl.skip("neither torch.distributed.checkpoint nor torch 1.13's "
+                "prototype imports (spotd.dcp says: %s)" % msg)
+    proto = subprocess.run([sl.PY3, "-c", "import torch.distributed."
+                            "checkpoint"], capture_output=True,
+                           env=env).returncode != 0
     c = sl.Checks()
+    fw = fwlib.fw_env(["torch"], "DCP")
+    t = threading.Thread(target=preempt_resume, args=(c, fw, proto))
+    t.start()
+    per_rank(c, env, proto)
+    t.join()
+    sl.kill_started()
+    c.finish()
+
+
+def torchrun(wd, args):
+    os.makedirs(wd, exist_ok=True)
+    return ["/usr/bin/torchrun"] + sl.torchrun_one_node() + [
+        "--nproc_per_node", "2", "--redirects", "2", "--tee", "2",
+        "--log_dir", wd, TRAINER] + args
+
+
+def preempt_resume(c, env, proto):
+    what = "DCP%s, torchrun, 2 gloo workers" % (
+        " (torch 1.13's prototype)" if proto else "")
+    with tempfile.TemporaryDirectory(prefix="spotd-dcp-tr-") as tmp:
+        args = ["--steps", str(STEPS)]
+
+        def folder(c, path):
+            files = sorted(os.listdir(path)) if os.path.isdir(path) else []
+            c.check("SPOTD_COMPLETE" in files and ".metadata" in files and
+                    any(f.endswith(".distcp") for f in files),
+                    "%s: the committed folder holds DCP's files and the "
+                    "marker" % what, repr(files))
+
+        fwlib.run(c, what, torchrun(os.path.join(tmp, "t0"),
+                                    args + ["--sleep", "0.3"]),
+                  env, STEPS, 2, notice_at=5,
+                  resume_cmd=torchrun(os.path.join(tmp, "t1"), args),
+                  ref_cmd=torchrun(os.path.join(tmp, "t2"), args),
+                  folder_check=folder)
+
+
+def per_rank(c, env, proto):
     with tempfile.TemporaryDirectory(prefix="spotd-dcp-") as tmp:
         root = os.path.join(tmp, "ckpt")
         script = os.path.join(tmp, "worker.py")
         with open(script, "w") as f:
             f.write(WORKER)
-        env["SPOTD_CKPT_DIR"] = root
+        env = dict(env, SPOTD_CKPT_DIR=root)
         outs = ranks(script, "save", env)
         detail = "\n".join("rc=%d\n%s" % o for o in outs)
+        if proto:
+            c.check(all(rc == 0 and "refused: spotd.dcp: torch 1.13's "
+                        "prototype DCP saves plain tensors from rank 0 "
+                        "only" in out for rc, out in outs) and
+                    not os.path.exists(root),
+                    "torch 1.13's prototype: per-rank entries are refused "
+                    "on both ranks with a clear error, nothing written",
+                    detail)
+            return
         c.check(all(rc == 0 and "saved step-000007" in out
                     for rc, out in outs),
                 "both ranks saved step-000007 with spotd.dcp.save", detail)
@@ -106,7 +183,6 @@ def main():
                     for rc, out in outs),
                 "spotd.dcp.load() from spotd.resume_dir() restores every "
                 "rank's tensor", detail)
-    c.finish()
 
 
 if __name__ == "__main__":

@@ -1,105 +1,132 @@
-"""spotd.hf.SpotdCallback on a real Hugging Face Trainer (CPU, a tiny
-model), spotd's request channel played by this test (a request file with
-seq 1 before the start, seq 2 written at step 5, as spotd writes them):
-the Trainer saves checkpoint-1 and checkpoint-5, each gets SPOTD_COMPLETE
-after the Trainer's files; a second run with
-resume_from_checkpoint=spotd.resume_dir() (checkpoint-5) continues at
-step 6. Skips (77) when transformers is not importable by /usr/bin/python3
-(Debian has no package for it: CI here skips it)."""
-import json
+"""spotd.hf.SpotdCallback on a real Hugging Face Trainer (CPU, a tiny model
+with dropout, gradient accumulation, a DataLoader worker) under `spotd
+run`: a spot notice, the Trainer's checkpoint-N committed to the store
+(exit 75), a fresh node restores it and resumes with
+train(resume_from_checkpoint=spotd.resume_dir()); every later step (each
+micro-batch's sample ids and loss) and the final weights equal an
+uninterrupted run's (fwlib.run).
+
+Then the callback alone, on the Trainer's own argument and state objects:
+- save_only_model=True is warned about at the start of training;
+- a checkpoint saved during a hyperparameter search
+  (output_dir/run-<trial>/checkpoint-N) gets its marker;
+- with the Trainer's SIGTERM checkpointing on (enable_jit_checkpoint,
+  here a stand-in handler): SIGTERM after a checkpoint spotd asked for
+  ends the process without a second save; before one, the Trainer's
+  handler runs.
+
+Needs transformers: tools/test gives it (the frameworks archive,
+$SPOTD_TEST_PYTHONUSERBASE; then a missing import fails); otherwise skips
+(77) when /usr/bin/python3 does not import it. Skips without the test S3
+server."""
 import os
 import struct
-import subprocess
 import sys
 import tempfile
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import spotlib as sl  # noqa: E402
+import fwlib  # noqa: E402
 
-RUN = r"""
-import json, os, struct, sys
+TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                       "fw_hf_trainer.py")
+STEPS = 20  # 64 samples, 8 per optimizer step: 8 steps per epoch
+
+UNIT = r"""
+import os, signal, struct, sys, time
 import spotd, spotd.hf
-import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import TrainingArguments
+from transformers.trainer_callback import TrainerControl, TrainerState
 
-class Tiny(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(4, 1)
-    def forward(self, x, labels=None):
-        out = self.lin(x)
-        return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
-
-class Data(torch.utils.data.Dataset):
-    def __len__(self):
-        return 256
-    def __getitem__(self, i):
-        g = torch.Generator().manual_seed(i)
-        x = torch.randn(4, generator=g)
-        return {"x": x, "labels": x.sum(0, keepdim=True)}
-
-steps_seen = []
-class Spotd(TrainerCallback):  # plays spotd: a second request at step 5
-    def on_step_end(self, args, state, control, **kw):
-        steps_seen.append(state.global_step)
-        if state.global_step == 5:
-            with open(os.environ["SPOTD_REQUEST_FILE"], "r+b") as f:
-                f.seek(16)
-                f.write(struct.pack("<Q", 2))
-
-args = TrainingArguments(output_dir=spotd.hf.output_dir(),
-                         max_steps=int(sys.argv[1]),
-                         per_device_train_batch_size=4, save_strategy="no",
-                         logging_strategy="no", report_to=[],
-                         dataloader_num_workers=0)
-cb = spotd.hf.SpotdCallback()
-trainer = Trainer(model=Tiny(), args=args, train_dataset=Data(),
-                  callbacks=[Spotd(), cb])
-trainer.train(resume_from_checkpoint=spotd.resume_dir())
-print(json.dumps({"first": steps_seen[0], "last": trainer.state.global_step,
-                  "marked": [os.path.basename(m) for m in cb.marked]}))
+mode, root = sys.argv[1], sys.argv[2]
+args = TrainingArguments(output_dir=root, report_to=[],
+                         save_only_model=(mode == "save_only_model"))
+state, control = TrainerState(), TrainerControl()
+cb = spotd.hf.SpotdCallback(report_steps=False)
+if mode == "save_only_model":
+    cb.on_train_begin(args, state, control)
+elif mode == "hp_search":
+    d = os.path.join(root, "run-0", "checkpoint-3")
+    os.makedirs(d)
+    open(os.path.join(d, "model.safetensors"), "wb").close()
+    state.global_step = 3
+    cb.on_save(args, state, control)
+    print("marked", os.path.exists(os.path.join(d, "SPOTD_COMPLETE")))
+else:  # jit-after, jit-before
+    def jit(signum, frame):
+        print("jit save", flush=True)
+        os._exit(3)
+    signal.signal(signal.SIGTERM, jit)  # what the Trainer installs
+    args.enable_jit_checkpoint = True
+    cb.on_train_begin(args, state, control)
+    state.global_step = 4
+    cb.on_step_end(args, state, control)
+    if control.should_save:
+        os.makedirs(os.path.join(root, "checkpoint-4"))
+        cb.on_save(args, state, control)
+    print("saved", [os.path.basename(p) for p in cb.requested], flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10)
+    print("survived", flush=True)
 """
 
 
+def unit(c, env):
+    with tempfile.TemporaryDirectory(prefix="spotd-hf-unit-") as tmp:
+        def run(mode, seq=0):
+            root = os.path.join(tmp, mode)
+            req = os.path.join(tmp, mode + ".req")
+            with open(req, "wb") as f:
+                f.write(b"SPOTDREQ" + struct.pack("<IIQ", 1, 0, seq) +
+                        bytes(4096 - 24))
+            e = dict(env, SPOTD_CKPT_DIR=root, SPOTD_REQUEST_FILE=req,
+                     SPOTD_SOCKET=os.path.join(tmp, "no-spotd.sock"))
+            return sl.run([sl.PY3, "-c", UNIT, mode, root], env=e,
+                          timeout=300)
+
+        cp = run("save_only_model")
+        c.check(cp.returncode == 0 and "save_only_model=True" in cp.stderr,
+                "HF: save_only_model=True is warned about",
+                cp.stdout + cp.stderr[-2000:])
+        cp = run("hp_search")
+        c.check(cp.returncode == 0 and "marked True" in cp.stdout,
+                "HF: a hyperparameter-search checkpoint "
+                "(output_dir/run-0/checkpoint-3) gets its marker",
+                cp.stdout + cp.stderr[-2000:])
+        cp = run("jit-after", seq=1)
+        c.check(cp.returncode == -15 and "saved ['checkpoint-4']" in
+                cp.stdout and "jit save" not in cp.stdout,
+                "HF: SIGTERM after spotd's checkpoint ends the trainer; the "
+                "Trainer's own SIGTERM save does not start",
+                "rc=%d\n%s%s" % (cp.returncode, cp.stdout, cp.stderr[-2000:]))
+        cp = run("jit-before")
+        c.check(cp.returncode == 3 and "jit save" in cp.stdout,
+                "HF: SIGTERM before any spotd checkpoint: the Trainer's own "
+                "SIGTERM save runs", "rc=%d\n%s%s" % (
+                    cp.returncode, cp.stdout, cp.stderr[-2000:]))
+
+
 def main():
-    cp = subprocess.run([sl.PY3, "-c", "import transformers"],
-                        capture_output=True, text=True)
-    if cp.returncode != 0:
-        sl.skip("transformers is not importable by %s: the Hugging Face "
-                "Trainer integration (spotd.hf) is not tested here" % sl.PY3)
+    sl.daemon_env()
+    env = fwlib.fw_env(["torch", "transformers"],
+                       "the Hugging Face Trainer integration (spotd.hf)")
     c = sl.Checks()
-    with tempfile.TemporaryDirectory(prefix="spotd-hf-") as tmp:
-        env, root, req = sl.played_request_env(tmp)
-        cp = sl.run([sl.PY3, "-c", RUN, "8"], timeout=600, env=env)
-        out = cp.stdout.strip().splitlines()
-        got = json.loads(out[-1]) if cp.returncode == 0 and out else {}
-        c.check(got.get("marked") == ["checkpoint-1", "checkpoint-5"],
-                "the Trainer saved and the callback marked checkpoint-1 "
-                "(request before the start) and checkpoint-5", cp.stdout +
-                cp.stderr[-3000:])
-        for n in ("checkpoint-1", "checkpoint-5"):
-            files = os.listdir(os.path.join(root, n)) if os.path.isdir(
-                os.path.join(root, n)) else []
-            c.check("SPOTD_COMPLETE" in files and "trainer_state.json" in files
-                    and any(f.startswith(("model.safetensors",
-                                          "pytorch_model")) for f in files),
-                    "%s holds the Trainer's files and the marker" % n,
-                    repr(files))
-        c.check(sorted(os.listdir(root)) == ["checkpoint-1", "checkpoint-5"],
-                "no other folder", repr(os.listdir(root)))
-        # The rerun resumes from checkpoint-5 (its own request file: none).
-        with open(req, "r+b") as f:
-            f.seek(24)
-            f.write(struct.pack("<Q", 2))  # served
-        env["SPOTD_RESUME_DIR"] = os.path.join(root, "checkpoint-5")
-        cp = sl.run([sl.PY3, "-c", RUN, "8"], timeout=600, env=env)
-        out = cp.stdout.strip().splitlines()
-        got = json.loads(out[-1]) if cp.returncode == 0 and out else {}
-        c.check(got.get("first") == 6 and got.get("last") == 8 and
-                got.get("marked") == [],
-                "resume_from_checkpoint=spotd.resume_dir(): the rerun "
-                "continues at step 6, no new request", cp.stdout +
-                cp.stderr[-3000:])
+    cmd = [sl.PY3, TRAINER, "--steps", str(STEPS)]
+
+    def folder(c, path):
+        files = os.listdir(path) if os.path.isdir(path) else []
+        c.check("SPOTD_COMPLETE" in files and "trainer_state.json" in files
+                and "optimizer.pt" in files and "rng_state.pth" in files,
+                "HF: the committed folder holds the Trainer's files and the "
+                "marker", repr(sorted(files)))
+
+    t = threading.Thread(target=unit, args=(c, env))  # beside the run
+    t.start()
+    fwlib.run(c, "HF Trainer", cmd + ["--sleep", "0.3"], env, STEPS, 1,
+              notice_at=4, resume_cmd=cmd, folder_check=folder)
+    t.join()
+    sl.kill_started()
     c.finish()
 
 

@@ -1,98 +1,131 @@
-"""spotd.lightning.SpotdCheckpoint on a real PyTorch Lightning Trainer
-(CPU, a tiny model), spotd's request channel played by this test (seq 1
-before the start, seq 2 written after step 5): the callback saves
-step-000001/last.ckpt and step-000005/last.ckpt, each marked
-SPOTD_COMPLETE; a second run with ckpt_path=spotd.lightning.ckpt_path()
-continues at step 6. Skips (77) when neither lightning nor
-pytorch_lightning is importable by /usr/bin/python3 (Debian has no
-package for them: CI here skips it)."""
-import json
+"""spotd.lightning on a real PyTorch Lightning Trainer (CPU, a tiny model
+with dropout, a plain shuffled DataLoader), one process and 2-rank DDP
+(gloo), each under `spotd run`: a spot notice mid-epoch, the checkpoint
+committed to the store (exit 75), a fresh node restores it and resumes
+with fit(ckpt_path=spotd.lightning.ckpt_path()); every later step (the
+batch's sample ids, the loss) and the final weights of every rank equal
+an uninterrupted run's (fwlib.run). The committed folder holds last.ckpt,
+each rank's data position and the marker.
+
+Also Lightning on Slurm (SLURM_* set as srun sets them, a stand-in
+scontrol) under spotd: Lightning's auto-requeue is off, so the requeue
+signal (SIGUSR1) becomes spotd's checkpoint instead of Lightning's own
+hpc_ckpt and `scontrol requeue`, and SIGTERM stops the trainer.
+
+Needs the Lightning package: tools/test gives it (the frameworks archive,
+$SPOTD_TEST_PYTHONUSERBASE; then a missing import fails); otherwise skips
+(77) when /usr/bin/python3 does not import lightning.pytorch. Skips
+without the test S3 server."""
 import os
+import re
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import spotlib as sl  # noqa: E402
+import fwlib  # noqa: E402
 
-RUN = r"""
-import json, os, struct, sys
-import spotd, spotd.lightning
-import torch
-try:
-    import lightning.pytorch as pl
-except ImportError:
-    import pytorch_lightning as pl
+TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                       "fw_lightning_trainer.py")
+STEPS = 28  # 64 samples in batches of 4: 16 per epoch, 8 per rank in DDP
 
-class Tiny(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(4, 1)
-    def training_step(self, batch, i):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.lin(x), y)
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
 
-g = torch.Generator().manual_seed(0)
-x = torch.randn(256, 4, generator=g)
-data = torch.utils.data.DataLoader(
-    torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
+def one(c, env, devices):
+    what = "Lightning, %s" % ("1 process" if devices == 1 else
+                              "%d-rank DDP" % devices)
+    cmd = [sl.PY3, TRAINER, "--steps", str(STEPS), "--devices", str(devices)]
 
-steps_seen = []
-class Spotd(pl.Callback):  # plays spotd: a second request after step 5
-    def on_train_batch_end(self, trainer, m, out, batch, i):
-        steps_seen.append(trainer.global_step)
-        if trainer.global_step == 5:
-            with open(os.environ["SPOTD_REQUEST_FILE"], "r+b") as f:
-                f.seek(16)
-                f.write(struct.pack("<Q", 2))
+    def folder(c, path):
+        files = sorted(os.listdir(path)) if os.path.isdir(path) else []
+        want = sorted(["SPOTD_COMPLETE", "last.ckpt"] +
+                      ["spotd-data-rank%d.pt" % r for r in range(devices)])
+        c.check(files == want, "%s: the committed folder holds last.ckpt, "
+                "each rank's data position and the marker" % what,
+                repr(files))
 
-cb = spotd.lightning.SpotdCheckpoint()
-trainer = pl.Trainer(max_steps=int(sys.argv[1]), accelerator="cpu",
-                     devices=1, logger=False, enable_checkpointing=False,
-                     enable_progress_bar=False, enable_model_summary=False,
-                     callbacks=[Spotd(), cb])
-trainer.fit(Tiny(), data, ckpt_path=spotd.lightning.ckpt_path())
-print(json.dumps({"first": steps_seen[0], "last": trainer.global_step,
-                  "saved": [os.path.basename(p) for p in cb.saved]}))
+    lines = fwlib.run(c, what, cmd + ["--sleep", "0.3"], env, STEPS, devices,
+                      notice_at=5, resume_cmd=cmd, folder_check=folder)
+    if lines is None:
+        return
+    skipped = {int(m.group(1)): int(m.group(2)) for m in
+               (re.match(r"^skipped rank (\d+) (\d+)$", x) for x in lines)
+               if m}
+    c.check(sorted(skipped) == list(range(devices)) and
+            all(v > 0 for v in skipped.values()),
+            "%s: every rank replayed its epoch's consumed batches (%s)" %
+            (what, skipped), "\n".join(lines[-20:]))
+
+
+SCONTROL = """#!/bin/sh
+echo "$@" >> "%s"
 """
 
 
+def slurm(c, env):
+    """Lightning on Slurm (its SLURMEnvironment, auto_requeue on by
+    default) under spotd: the requeue signal (SIGUSR1) becomes a spotd
+    checkpoint, not Lightning's hpc_ckpt and `scontrol requeue`; SIGTERM
+    stops the trainer instead of being ignored."""
+    with tempfile.TemporaryDirectory(prefix="spotd-lightning-slurm-") as tmp:
+        calls = os.path.join(tmp, "scontrol.calls")
+        bindir = os.path.join(tmp, "bin")
+        os.makedirs(bindir)
+        with open(os.path.join(bindir, "scontrol"), "w") as f:
+            f.write(SCONTROL % calls)
+        os.chmod(os.path.join(bindir, "scontrol"), 0o755)
+        req = os.path.join(tmp, "req")
+        with open(req, "wb") as f:
+            f.write(b"SPOTDREQ" + struct.pack("<IIQ", 1, 0, 0) +
+                    bytes(4096 - 24))
+        root = os.path.join(tmp, "ckpt")
+        e = dict(env, PATH=bindir + ":" + os.environ.get("PATH", ""),
+                 SPOTD_CKPT_DIR=root, SPOTD_REQUEST_FILE=req,
+                 SPOTD_SOCKET=os.path.join(tmp, "no-spotd.sock"),
+                 SLURM_JOB_ID="4242", SLURM_JOB_NAME="train",
+                 SLURM_NTASKS="1", SLURM_NTASKS_PER_NODE="1",
+                 SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0",
+                 SLURM_NNODES="1", SLURM_STEP_NUM_NODES="1")
+        cp = subprocess.run([sl.PY3, TRAINER, "--steps", "12", "--signals",
+                             "3:USR1,6:TERM"], env=e, cwd=tmp,
+                            capture_output=True, text=True, timeout=600)
+        log = "rc=%d\n%s%s" % (cp.returncode, cp.stdout[-2000:],
+                               cp.stderr[-3000:])
+        hpc = [f for f in os.listdir(tmp) if f.startswith("hpc_ckpt")]
+        saved = sorted(os.listdir(root)) if os.path.isdir(root) else []
+        c.check("SLURM auto-requeue" in cp.stderr or "auto-requeue is off"
+                in cp.stderr, "Lightning on Slurm: Lightning saw a Slurm "
+                "environment", log)
+        c.check(not hpc and not os.path.exists(calls) and
+                saved == ["step-000004"],
+                "Lightning on Slurm under spotd: SIGUSR1 in step 3 makes "
+                "spotd's checkpoint at the next step (step-000004), not "
+                "Lightning's hpc_ckpt "
+                "and `scontrol requeue`", "hpc %s, scontrol %s, saved %s\n%s"
+                % (hpc, os.path.exists(calls), saved, log))
+        last = max([int(m.group(1)) for m in (re.match(
+            r"^step (\d+) rank 0", x) for x in cp.stdout.splitlines())
+                    if m] or [0])
+        c.check(last < 12 and "final rank" not in cp.stdout,
+                "Lightning on Slurm under spotd: SIGTERM after step 6 stops "
+                "the trainer (last step %d of 12)" % last, log)
+
+
 def main():
-    cp = subprocess.run([sl.PY3, "-c", "try:\n import lightning.pytorch\n"
-                         "except ImportError:\n import pytorch_lightning"],
-                        capture_output=True, text=True)
-    if cp.returncode != 0:
-        sl.skip("neither lightning nor pytorch_lightning is importable by "
-                "%s: the Lightning integration (spotd.lightning) is not "
-                "tested here" % sl.PY3)
+    sl.daemon_env()
+    env = fwlib.fw_env(["torch", "lightning.pytorch"],
+                       "the Lightning integration (spotd.lightning)")
     c = sl.Checks()
-    with tempfile.TemporaryDirectory(prefix="spotd-lightning-") as tmp:
-        env, root, req = sl.played_request_env(tmp, drop=("LOCAL_RANK",))
-        cp = sl.run([sl.PY3, "-c", RUN, "8"], timeout=600, env=env)
-        out = cp.stdout.strip().splitlines()
-        got = json.loads(out[-1]) if cp.returncode == 0 and out else {}
-        c.check(got.get("saved") == ["step-000001", "step-000005"],
-                "the callback saved step-000001 (request before the start) "
-                "and step-000005", cp.stdout + cp.stderr[-3000:])
-        for n in ("step-000001", "step-000005"):
-            d = os.path.join(root, n)
-            files = sorted(os.listdir(d)) if os.path.isdir(d) else []
-            c.check(files == ["SPOTD_COMPLETE", "last.ckpt"],
-                    "%s holds last.ckpt and the marker" % n, repr(files))
-        with open(req, "r+b") as f:
-            f.seek(24)
-            f.write(struct.pack("<Q", 2))  # served
-        env["SPOTD_RESUME_DIR"] = os.path.join(root, "step-000005")
-        cp = sl.run([sl.PY3, "-c", RUN, "8"], timeout=600, env=env)
-        out = cp.stdout.strip().splitlines()
-        got = json.loads(out[-1]) if cp.returncode == 0 and out else {}
-        c.check(got.get("first") == 6 and got.get("last") == 8 and
-                got.get("saved") == [],
-                "fit(ckpt_path=spotd.lightning.ckpt_path()): the rerun "
-                "continues at step 6", cp.stdout + cp.stderr[-3000:])
+    threads = [threading.Thread(target=one, args=(c, env, d))
+               for d in (1, 2)]
+    threads.append(threading.Thread(target=slurm, args=(c, env)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sl.kill_started()
     c.finish()
 
 

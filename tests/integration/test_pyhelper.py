@@ -342,6 +342,101 @@ dist.destroy_process_group()
 """
 
 
+DIST_LATE_WORKER = r"""
+import os, sys, time
+import spotd
+import torch.distributed as dist
+dist.init_process_group("gloo")
+r = dist.get_rank()
+flag = sys.argv[1]
+seen, first = [], None
+for call in range(1, 7):
+    if r == 1 and call == 3:
+        spotd.request()
+    if r == 1 and call == 5:
+        end = time.monotonic() + 30
+        while not os.path.exists(flag) and time.monotonic() < end:
+            time.sleep(0.01)
+        first = os.path.exists(flag)
+    if spotd.checkpoint_requested():
+        seen.append(call)
+    if r == 0 and call == 5:
+        open(flag, "w").close()
+print("rank=%d seen=%s" % (r, seen) +
+      (" r0_first=%s" % first if r == 1 else ""), flush=True)
+dist.destroy_process_group()
+"""
+
+
+# Every launcher's local-rank variable (none of them LOCAL_RANK's).
+LAUNCHER_VARS = ["SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK",
+                 "MPI_LOCALRANKID", "PMI_LOCAL_RANK",
+                 "MV2_COMM_WORLD_LOCAL_RANK", "SPOTD_LOCAL_RANK"]
+
+DIST_LOCAL_WORKER = r"""
+import os, sys
+import spotd
+import torch.distributed as dist
+dist.init_process_group("gloo")
+r = dist.get_rank()
+names = sys.argv[2].split(",")
+calls = []
+real_done = spotd.done
+def done(path, strict=True):
+    calls.append(path)
+    return real_done(path, strict)
+spotd.done = done
+out = []
+for var in names:
+    for v in names + ["LOCAL_RANK"]:
+        os.environ.pop(v, None)
+    os.environ[var] = str(r)  # one node, its two processes
+    del calls[:]
+    with spotd.checkpoint(name=var.lower(), root=sys.argv[1]) as ck:
+        pass
+    out.append("%s:%s:%d" % (var, ck.writer, len(calls)))
+print("rank=%d %s" % (r, " ".join(out)), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_local_rank(c, tmp):
+    """The local rank from every launcher; one marker per node."""
+    clear = {v: None for v in LAUNCHER_VARS + ["LOCAL_RANK"]}
+    got = {}
+    for var in LAUNCHER_VARS + ["LOCAL_RANK"]:
+        with env(**dict(clear, **{var: "3"})):
+            got[var] = spotd.local_rank()
+    c.check(all(v == 3 for v in got.values()),
+            "local_rank() from torchrun, srun, Open MPI, MPICH, PMI, "
+            "MVAPICH2 and spotd's own variable", repr(got))
+    with env(**dict(clear, LOCAL_RANK="2", SLURM_LOCALID="0")):
+        c.check(spotd.local_rank() == 2, "torchrun under srun: the "
+                "worker's LOCAL_RANK, not the launcher task's SLURM_LOCALID")
+    with env(**clear):
+        c.check(spotd.local_rank() == 0, "no launcher: local rank 0")
+    cp = subprocess.run([PY3, "-c", "import torch.distributed as d; "
+                         "assert d.is_available()"], capture_output=True)
+    if cp.returncode != 0:
+        return
+    root = os.path.join(tmp, "local")
+    script = os.path.join(tmp, "local_worker.py")
+    with open(script, "w") as f:
+        f.write(DIST_LOCAL_WORKER)
+    outs = run_ranks(script, [root, ",".join(LAUNCHER_VARS)],
+                     lambda r: {"LOCAL_RANK": ""})
+    detail = "\n".join("rc=%d\n%s" % o for o in outs)
+    lines = [o[1].strip().splitlines()[-1] if o[1].strip() else ""
+             for o in outs]
+    want = ["rank=%d %s" % (r, " ".join("%s:%s:%d" % (v, r == 0, r == 0)
+                                        for v in LAUNCHER_VARS))
+            for r in (0, 1)]
+    c.check(all(o[0] == 0 for o in outs) and lines == want,
+            "two processes of one node started by srun, Open MPI, MPICH, "
+            "PMI, MVAPICH2 or with SPOTD_LOCAL_RANK: only local rank 0 is "
+            "the writer and marks the folder (one marker per node)", detail)
+
+
 def run_ranks(script, args, env_of, timeout=120):
     """Starts ranks 0 and 1 of script (gloo on loopback); [(rc, output)]."""
     port = str(free_port())
@@ -389,17 +484,18 @@ def test_distributed(c, tmp):
     lines = [o[1].strip().splitlines()[-1] if o[1].strip() else ""
              for o in outs]
     c.check(all(o[0] == 0 for o in outs), "both ranks exit 0", detail)
-    c.check(lines[0].startswith("rank=0 seen=[5] writer=True") and
-            lines[1].startswith("rank=1 seen=[5] writer=False"),
-            "signal on rank 1 only: both ranks save at step 5; local rank 0 "
-            "is the writer", detail)
-    folder = os.path.join(root, "step-000005")
+    c.check(lines[0].startswith("rank=0 seen=[6] writer=True") and
+            lines[1].startswith("rank=1 seen=[6] writer=False"),
+            "signal on rank 1 only at step 5: both ranks save at step 6 (the "
+            "agreement is read one call later); local rank 0 is the writer",
+            detail)
+    folder = os.path.join(root, "step-000006")
     files = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
     c.check(files == sorted([MARKER, "model.pt", "rng-rank0.pt",
                              "rng-rank1.pt"]),
             "one folder: the writer's model, each rank's file, one marker",
             repr(files))
-    c.check(sorted(os.listdir(root)) == ["failing", "step-000005"],
+    c.check(sorted(os.listdir(root)) == ["failing", "step-000006"],
             "no other folder was made", repr(os.listdir(root)))
     c.check(lines[0].endswith("failing=abandoned") and
             lines[1].endswith("failing=raised") and
@@ -422,6 +518,22 @@ def test_distributed(c, tmp):
                       "rank=1 chan=True seen=[1]"],
             "a request in rank 1's channel only: both ranks agree at the "
             "first poll, and only once", detail)
+    # A rank that is late does not hold the other one's call back: rank 1
+    # makes its call 5 only once rank 0's call 5 has returned (or after
+    # 30 s). With an agreement that waits for every rank at each call,
+    # rank 0's call 5 returns only after rank 1 made it.
+    script = os.path.join(tmp, "late_worker.py")
+    with open(script, "w") as f:
+        f.write(DIST_LATE_WORKER)
+    outs = run_ranks(script, [os.path.join(tmp, "r0-call5")], lambda r: {})
+    detail = "\n".join("rc=%d\n%s" % o for o in outs)
+    lines = [o[1].strip().splitlines()[-1] if o[1].strip() else ""
+             for o in outs]
+    c.check(all(o[0] == 0 for o in outs) and
+            lines == ["rank=0 seen=[4]", "rank=1 seen=[4] r0_first=True"],
+            "rank 0's call returns while rank 1 is late (no wait for the "
+            "slowest rank); a request at call 3 is answered at call 4 on "
+            "both", detail)
 
 
 REQ_SIZE = 4096
@@ -676,6 +788,7 @@ def main():
         test_fallback(c, tmp)
         test_light_import(c, tmp)
         test_distributed(c, tmp)
+        test_local_rank(c, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     c.finish()

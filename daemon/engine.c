@@ -467,6 +467,7 @@ spotd_trainer_exited(struct spotd *d)
   }
   if (d->exit_code < 0 && d->state == SPOTD_RUNNING)
     d->exit_code = spot_child_status(&d->trainer);
+  hist_exited(d);
   uv_timer_stop(&d->interval_timer);
   uv_timer_stop(&d->ckpt_timer);
   request_end(d);
@@ -513,9 +514,32 @@ sigterm_grace_ms(struct spotd *d)
   return (uint64_t)s * 1000;
 }
 
+/* The signal's drain as a notice, for the history and, multi-node, for
+ * the other ranks (fanout.c): a drain of one rank (a Kubernetes node
+ * drain, a Slurm or systemd stop) is the job's, with its deadline, so
+ * every rank takes the final checkpoint instead of dying on the lost
+ * peer. */
+static void
+signal_notice(struct spotd *d, uint64_t ms, struct spot_notice *n)
+{
+  memset(n, 0, sizeof(*n));
+  n->provider = SPOT_PROVIDER_NONE;
+  n->kind = SPOT_NOTICE_TERMINATE;
+  n->deadline_wall_ms = spot_now_wall_ms() + (int64_t)ms;
+  n->deadline_mono_ms = spot_now_mono_ms() + ms;
+  spot_strlcpy(n->reason, "sigterm", sizeof(n->reason));
+  spot_strlcpy(n->id, "signal", sizeof(n->id));
+  /* With a termination grace the node is going away: a preemption in the
+   * history too. A plain stop stays a stop. */
+  if (d->sigterm_reclaim)
+    hist_notice(d, n);
+  fanout_publish(d, n);
+}
+
 void
 spotd_on_signal(struct spotd *d, int signum)
 {
+  struct spot_notice n;
   uint64_t ms;
 
   if (d->closing) {
@@ -555,10 +579,11 @@ spotd_on_signal(struct spotd *d, int signum)
   d->drain_sigterm = true;
   d->stop_signal = signum;
   ms = sigterm_grace_ms(d);
+  signal_notice(d, ms, &n);
   if (d->state == SPOTD_RESTARTING)
     restart_abandon(d);
   if (d->state == SPOTD_RUNNING || d->state == SPOTD_RESTARTING)
-    start_drain(d, "sigterm", spot_now_mono_ms() + ms, spot_now_wall_ms() + ms);
+    start_drain(d, "sigterm", n.deadline_mono_ms, n.deadline_wall_ms);
 }
 
 /* ------------------------------------------------------------- launch */

@@ -176,7 +176,9 @@ put_cb(const struct spot_s3_result *res, void *data)
   if (res->err < 0) {
     spot__store_s3_msg(msg, sizeof(msg), "writing a history event", res);
   } else {
-    h->since_prune++;
+    /* A progress event replaces its predecessor: no growth to prune. */
+    if (!h->q[0].progress)
+      h->since_prune++;
     if (h->q[0].progress) {
       char *k = strdup(h->q[0].key);
       if (k != NULL) {
@@ -469,6 +471,15 @@ spot_history_emit(struct spot_history *h, const struct spot_hist_event *ev)
     free(e.body);
     return -ENOMEM;
   }
+  /* A newer progress event replaces one still waiting in the queue: one
+   * waits at most, however often the trainer reports. */
+  for (size_t i = h->state == H_PUT ? 1 : 0; e.progress && i < h->qlen; i++)
+    if (h->q[i].progress) {
+      free(h->q[i].key);
+      free(h->q[i].body);
+      h->q[i] = e;
+      return 0;
+    }
   if (h->qlen == h->queue_max) {
     /* Drop the oldest event that is not being written. */
     size_t i = h->state == H_PUT ? 1 : 0;

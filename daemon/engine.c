@@ -579,11 +579,12 @@ spotd_on_signal(struct spotd *d, int signum)
   d->drain_sigterm = true;
   d->stop_signal = signum;
   ms = sigterm_grace_ms(d);
+  if (d->state != SPOTD_RUNNING && d->state != SPOTD_RESTARTING)
+    return; /* finishing: the trainer ended by itself */
   signal_notice(d, ms, &n);
   if (d->state == SPOTD_RESTARTING)
     restart_abandon(d);
-  if (d->state == SPOTD_RUNNING || d->state == SPOTD_RESTARTING)
-    start_drain(d, "sigterm", n.deadline_mono_ms, n.deadline_wall_ms);
+  start_drain(d, "sigterm", n.deadline_mono_ms, n.deadline_wall_ms);
 }
 
 /* ------------------------------------------------------------- launch */

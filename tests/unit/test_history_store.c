@@ -146,6 +146,71 @@ test_writer_failure_is_reported(void **state)
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+static int
+some_creds(struct spot_creds_provider *p, const struct spot_creds **out)
+{
+  static char ak[] = "AKIDEXAMPLE", sk[] = "secret";
+  static const struct spot_creds c = {ak, sk, NULL, 0};
+
+  (void)p;
+  *out = &c;
+  return 0;
+}
+
+/* Progress events while one is being written (the endpoint does not
+ * answer yet): a newer one replaces the one waiting, so a trainer that
+ * reports every step never fills the queue nor pushes other events out. */
+static void
+test_progress_coalesces(void **state)
+{
+  struct spot_creds_provider creds = {some_creds, NULL};
+  struct spot_s3_config sc;
+  struct spot_store_config c;
+  struct spot_history_options o;
+  struct spot_history *h;
+  struct spot_hist_event ev;
+  struct spot_http *http;
+  struct spot_s3 *s3;
+  struct seen seen;
+  uv_loop_t loop;
+
+  (void)state;
+  assert_int_equal(uv_loop_init(&loop), 0);
+  assert_int_equal(spot_http_new(&loop, &http), 0);
+  memset(&sc, 0, sizeof(sc));
+  sc.endpoint = "http://127.0.0.1:1";
+  sc.region = "us-east-1";
+  sc.path_style = true;
+  sc.creds = &creds;
+  assert_int_equal(spot_s3_new(http, &sc, &s3), 0);
+  memset(&c, 0, sizeof(c));
+  c.s3 = s3;
+  c.bucket = "spotd-test";
+  c.job = "job-1";
+  memset(&o, 0, sizeof(o));
+  memset(&seen, 0, sizeof(seen));
+  o.owner = "node-a";
+  o.queue_max = 2;
+  o.replace_progress = true;
+  assert_int_equal(spot_history_new(&loop, &c, &o, report_cb, &seen, &h), 0);
+  for (int step = 1; step <= 5; step++) {
+    assert_int_equal(spot_history_event_init(h, &ev, SPOT_HIST_PROGRESS), 0);
+    ev.step = step;
+    assert_int_equal(spot_history_emit(h, &ev), 0);
+  }
+  /* The first is in flight, the newest waits: nothing was dropped. */
+  assert_int_equal(seen.reports, 0);
+  assert_int_equal(spot_history_close(h, 0, closed_cb, &seen), 0);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(seen.closed, 1);
+  /* the one in flight and the one waiting, each cancelled once */
+  assert_int_equal(seen.reports, 2);
+  spot_s3_free(s3);
+  spot_http_close(http, NULL, NULL);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
 static void
 test_metrics_file(void **state)
 {
@@ -179,6 +244,7 @@ main(void)
       cmocka_unit_test(test_key),
       cmocka_unit_test(test_owner),
       cmocka_unit_test(test_writer_failure_is_reported),
+      cmocka_unit_test(test_progress_coalesces),
       cmocka_unit_test(test_metrics_file),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -314,6 +314,24 @@ spotd_job_notice(struct spotd *d, const struct spot_notice *n)
   notice_cb(NULL, n, d);
 }
 
+void
+spotd_operator_final(struct spotd *d)
+{
+  struct spot_notice n;
+
+  if (d->closing || d->state != SPOTD_RUNNING)
+    return;
+  memset(&n, 0, sizeof(n));
+  n.provider = SPOT_PROVIDER_NONE;
+  n.kind = SPOT_NOTICE_TERMINATE;
+  n.deadline_wall_ms = spot_now_wall_ms() + SIGTERM_DRAIN_MS;
+  n.deadline_mono_ms = spot_now_mono_ms() + SIGTERM_DRAIN_MS;
+  spot_strlcpy(n.reason, "spotctl-final", sizeof(n.reason));
+  spot_strlcpy(n.id, "spotctl", sizeof(n.id));
+  fanout_publish(d, &n);
+  notice_cb(NULL, &n, d);
+}
+
 static void
 meta_status_cb(struct spot_meta *m, void *data)
 {

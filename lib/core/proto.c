@@ -76,6 +76,13 @@ decode_args(struct spot_proto_msg *msg)
       msg->args_error = "checkpoint: 'wait' must be true or false";
     else
       msg->u.checkpoint.wait = v != NULL && json_is_true(v);
+    v = json_object_get(msg->args, "final");
+    if (v != NULL && !json_is_boolean(v))
+      msg->args_error = "checkpoint: 'final' must be true or false";
+    else
+      msg->u.checkpoint.final = v != NULL && json_is_true(v);
+    if (msg->u.checkpoint.final && msg->u.checkpoint.wait)
+      msg->args_error = "checkpoint: 'final' ends spotd: no 'wait'";
     break;
   case SPOT_PROTO_CMD_DONE:
     v = json_object_get(msg->args, "dir");
@@ -385,6 +392,19 @@ spot_proto_encode_request(struct spot_buf *out, uint64_t id,
     return -ENOMEM;
   }
   return emit(out, o);
+}
+
+int
+spot_proto_encode_checkpoint_final(struct spot_buf *out, uint64_t id)
+{
+  json_t *args = json_pack("{s:b}", "final", 1);
+  int r;
+
+  if (args == NULL)
+    return -ENOMEM;
+  r = spot_proto_encode_request(out, id, SPOT_PROTO_CMD_CHECKPOINT, args);
+  json_decref(args);
+  return r;
 }
 
 int

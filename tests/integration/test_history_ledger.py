@@ -14,7 +14,10 @@ event logs.
   raises    the trainer raises once, no restarts: exit 1, a crash with
             exit status 1 and its lost steps.
   drain     SIGTERM with SPOTD_TERMINATION_GRACE (a pod's drain): exit 75,
-            one preemption (kind sigterm), final checkpoint, 0 steps lost.
+            one preemption (kind sigterm), final checkpoint, 0 steps lost;
+            then `spotctl checkpoint --final` on the next start, the
+            operator's road: exit 75 again, a second preemption (kind
+            spotctl-final), 0 steps lost.
   kill9     spotd and its trainer killed with SIGKILL 0.6 s after a step
             (1 s steps): the steps lost are exactly the trainer's last step
             less its checkpoint's, and not marked as a bound."""
@@ -133,6 +136,23 @@ def drain(c, wd):
             r.get("lost_steps") == 0,
             tag + "history: one preemption by SIGTERM, final committed, 0 "
             "steps lost", text[:1500])
+    log2 = os.path.join(wd, "d2.jsonl")
+    d = sl.Daemon(os.path.join(wd, "d2"), store, job, cmd=cmd(log2))
+    end = time.time() + 30
+    while len(sl.trainer_events(log2, "step")) < 10 and time.time() < end:
+        time.sleep(0.1)
+    cp = d.spotctl("checkpoint", "--final")
+    rc = d.wait_exit(60)
+    c.check(cp.returncode == 0 and rc == 75,
+            tag + "spotctl checkpoint --final: exit 75 (%s)" % rc, cp.stderr)
+    j, text = history(store, job)
+    s, runs = j.get("summary", {}), j.get("runs", [])
+    r = runs[1] if len(runs) > 1 else {}
+    c.check(s.get("preemptions") == 2 and r.get("outcome") == "preempted" and
+            r.get("notice_kind") == "spotctl-final" and
+            r.get("final_committed") and r.get("lost_steps") == 0,
+            tag + "history: the second preemption, by spotctl checkpoint "
+            "--final, 0 steps lost", text[:1500])
 
 
 def kill9(c, wd):

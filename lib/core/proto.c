@@ -394,10 +394,12 @@ spot_proto_encode_request(struct spot_buf *out, uint64_t id,
   return emit(out, o);
 }
 
-int
-spot_proto_encode_checkpoint_final(struct spot_buf *out, uint64_t id)
+/* checkpoint {"KEY":value} */
+static int
+encode_checkpoint(struct spot_buf *out, uint64_t id, const char *key,
+                  bool value)
 {
-  json_t *args = json_pack("{s:b}", "final", 1);
+  json_t *args = json_pack("{s:b}", key, value);
   int r;
 
   if (args == NULL)
@@ -408,16 +410,15 @@ spot_proto_encode_checkpoint_final(struct spot_buf *out, uint64_t id)
 }
 
 int
+spot_proto_encode_checkpoint_final(struct spot_buf *out, uint64_t id)
+{
+  return encode_checkpoint(out, id, "final", true);
+}
+
+int
 spot_proto_encode_checkpoint(struct spot_buf *out, uint64_t id, bool wait)
 {
-  json_t *args = json_pack("{s:b}", "wait", wait);
-  int r;
-
-  if (args == NULL)
-    return -ENOMEM;
-  r = spot_proto_encode_request(out, id, SPOT_PROTO_CMD_CHECKPOINT, args);
-  json_decref(args);
-  return r;
+  return encode_checkpoint(out, id, "wait", wait);
 }
 
 int

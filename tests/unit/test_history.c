@@ -340,6 +340,20 @@ test_summary_saturates(void **state)
   free(ev);
 }
 
+/* A checkpoint of owner committed at T0 + at, saved and uploaded in 1 s
+ * each (its state is that of 2 s before). */
+static void
+committed_at(struct spot_hist_event *ev, const char *owner, int64_t at,
+             uint64_t seq, const char *name, int64_t step)
+{
+  spot_hist_event_init(ev, SPOT_HIST_CHECKPOINT, T0 + at, owner, seq);
+  SPOT_HIST_SET(ev, checkpoint, name);
+  ev->save_s = 1;
+  ev->upload_s = 1;
+  ev->step = step;
+  ev->committed = true;
+}
+
 /* spotd killed (kill -9) after a commit at step 279 while its trainer
  * reached step 300: nothing but its PROGRESS events says how far it got.
  * The next start restores step-279: 21 steps lost, and the time from
@@ -355,12 +369,7 @@ test_killed_lost_steps(void **state)
 
   (void)state;
   spot_hist_event_init(&ev[n++], SPOT_HIST_RUN_START, T0, "a", 0);
-  spot_hist_event_init(&ev[n], SPOT_HIST_CHECKPOINT, T0 + S(100), "a", 1);
-  SPOT_HIST_SET(&ev[n], checkpoint, "step-279");
-  ev[n].save_s = 1;
-  ev[n].upload_s = 1;
-  ev[n].step = 279;
-  ev[n++].committed = true;
+  committed_at(&ev[n++], "a", S(100), 1, "step-279", 279);
   spot_hist_event_init(&ev[n], SPOT_HIST_PROGRESS, T0 + S(115), "a", 2);
   ev[n++].step = 290;
   spot_hist_event_init(&ev[n], SPOT_HIST_PROGRESS, T0 + S(130), "a", 3);
@@ -638,12 +647,7 @@ test_restarts_ledger(void **state)
 
   (void)state;
   spot_hist_event_init(&ev[n++], SPOT_HIST_RUN_START, T0, "a", 0);
-  spot_hist_event_init(&ev[n], SPOT_HIST_CHECKPOINT, T0 + S(100), "a", 1);
-  SPOT_HIST_SET(&ev[n], checkpoint, "step-100");
-  ev[n].save_s = 1;
-  ev[n].upload_s = 1;
-  ev[n].step = 100;
-  ev[n++].committed = true;
+  committed_at(&ev[n++], "a", S(100), 1, "step-100", 100);
   spot_hist_event_init(&ev[n], SPOT_HIST_RESTART, T0 + S(212), "a", 2);
   SPOT_HIST_SET(&ev[n], checkpoint, "step-100");
   ev[n].restart_count = 1;

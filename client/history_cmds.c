@@ -201,9 +201,10 @@ print_runs(const struct spot_hist_summary *s)
       snprintf(node, sizeof(node), "%s",
                spotctl_esc(r->host[0] != '\0' ? r->host : r->owner));
     spot_rfc3339_format(r->start_ms, when, sizeof(when));
-    spotctl_fmt_dur(
-        r->outcome == SPOT_HIST_REFUSED ? -1 : r->end_ms - r->train_start_ms,
-        trained, sizeof(trained));
+    spotctl_fmt_dur(r->outcome == SPOT_HIST_REFUSED
+                        ? -1
+                        : r->end_ms - r->train_start_ms - r->down_ms,
+                    trained, sizeof(trained));
     lost[0] = r->lost_bound ? '>' : '\0';
     lost[1] = '\0';
     spotctl_fmt_dur(r->lost_ms, lost + (r->lost_bound ? 1 : 0),

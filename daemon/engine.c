@@ -540,6 +540,8 @@ sigterm_grace_ms(struct spotd *d)
 static void
 signal_notice(struct spotd *d, uint64_t ms, struct spot_notice *n)
 {
+  char when[32] = "";
+
   memset(n, 0, sizeof(*n));
   n->provider = SPOT_PROVIDER_NONE;
   n->kind = SPOT_NOTICE_TERMINATE;
@@ -547,6 +549,9 @@ signal_notice(struct spotd *d, uint64_t ms, struct spot_notice *n)
   n->deadline_mono_ms = spot_now_mono_ms() + ms;
   spot_strlcpy(n->reason, "sigterm", sizeof(n->reason));
   spot_strlcpy(n->id, "signal", sizeof(n->id));
+  spot_rfc3339_format(n->deadline_wall_ms, when, sizeof(when));
+  log_notice("drain deadline %s%s", when,
+             d->store.nranks > 1 ? ": the job's, told to the other ranks" : "");
   /* With a termination grace the node is going away: a preemption in the
    * history too. A plain stop stays a stop. */
   if (d->sigterm_reclaim)

@@ -410,6 +410,11 @@ def drain_torchrun(c, wd, store):
             pods[0].err.text()[-1500:])
     c.check(pods[0].err.matching(r"job-wide notice from rank 1: sigterm") != [],
             "drain: pod 0 drains on pod 1's published SIGTERM")
+    dl = [re.findall(r"(?:drain deadline|interruption notice: sigterm "
+                     r"\(terminate\) deadline) (\d{4}-[0-9T:.-]+Z)", p.err.text())
+          for p in pods]
+    c.check(dl[0] != [] and dl[0] == dl[1],
+            "drain: pod 0's deadline is pod 1's: %s" % dl)
     new = [x for x in sl.committed(store_prefix(store, job_id)) if x not in before]
     c.check(len(new) == 1, "drain: one commit for the job %s" % new)
     saved = [[e["step"] for e in ddp_events(logs[0], r, "checkpoint")]

@@ -18,7 +18,7 @@
 
 struct ctl_opts {
   const char *socket;
-  bool json, wait;
+  bool json, wait, final;
   int64_t timeout_ms; /* -1 = none */
 };
 
@@ -49,6 +49,7 @@ parse(int argc, char **argv, struct ctl_opts *o, const char *usage,
       {"socket", required_argument, NULL, 's'},
       {"json", no_argument, NULL, 'j'},
       {"wait", no_argument, NULL, 'w'},
+      {"final", no_argument, NULL, 'f'},
       {"timeout", required_argument, NULL, 't'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
@@ -71,6 +72,11 @@ parse(int argc, char **argv, struct ctl_opts *o, const char *usage,
       if (!allow_wait)
         return spotctl_usage("%s: unknown option '--wait'", argv[0]);
       o->wait = true;
+      break;
+    case 'f':
+      if (!allow_wait)
+        return spotctl_usage("%s: unknown option '--final'", argv[0]);
+      o->final = true;
       break;
     case 't': {
       int64_t secs;
@@ -399,11 +405,14 @@ spotctl_cmd_status(int argc, char **argv)
 }
 
 static const char checkpoint_usage[] =
-    "Usage: spotctl checkpoint [--wait] [--timeout SEC]\n\n"
+    "Usage: spotctl checkpoint [--wait] [--timeout SEC] | --final\n\n"
     "Asks spotd to have the trainer checkpoint now. With --wait, returns\n"
     "once that checkpoint is committed in the store (exit 1 if it fails,\n"
-    "or when no checkpoint completes within spotd's --ckpt-timeout).\n\n"
+    "or when no checkpoint completes within spotd's --ckpt-timeout).\n"
+    "With --final, preempts the job as a notice would: the final\n"
+    "checkpoint (on every rank of a multi-node job), then spotd exits 75.\n\n"
     "  --wait             wait for the commit\n"
+    "  --final            the job's final checkpoint, then exit 75\n"
     "  --timeout SEC      give up waiting after SEC seconds\n";
 
 int
@@ -419,15 +428,22 @@ spotctl_cmd_checkpoint(int argc, char **argv)
   r = parse_no_args(argc, argv, &o, checkpoint_usage, true);
   if (r >= 0)
     return r;
+  if (o.final && o.wait)
+    return spotctl_usage("checkpoint: --final ends spotd: no --wait");
   if (!o.wait && o.timeout_ms < 0)
     o.timeout_ms = 10000;
   spot_buf_init(&req, 4096);
-  spot_proto_encode_checkpoint(&req, 1, o.wait);
+  if (o.final)
+    spot_proto_encode_checkpoint_final(&req, 1);
+  else
+    spot_proto_encode_checkpoint(&req, 1, o.wait);
   r = request(&o, &req, &root, &msg);
   if (r != 0)
     return r;
   if (o.wait)
     printf("committed %s\n", spotctl_esc(jstr(msg.result, "name")));
+  else if (o.final)
+    printf("final checkpoint requested: spotd exits once it is committed\n");
   else
     printf("checkpoint requested\n");
   json_decref(root);

@@ -201,10 +201,14 @@ print_runs(const struct spot_hist_summary *s)
       snprintf(node, sizeof(node), "%s",
                spotctl_esc(r->host[0] != '\0' ? r->host : r->owner));
     spot_rfc3339_format(r->start_ms, when, sizeof(when));
-    spotctl_fmt_dur(
-        r->outcome == SPOT_HIST_REFUSED ? -1 : r->end_ms - r->train_start_ms,
-        trained, sizeof(trained));
-    spotctl_fmt_dur(r->lost_ms, lost, sizeof(lost));
+    spotctl_fmt_dur(r->outcome == SPOT_HIST_REFUSED
+                        ? -1
+                        : r->end_ms - r->train_start_ms - r->down_ms,
+                    trained, sizeof(trained));
+    lost[0] = r->lost_bound ? '>' : '\0';
+    lost[1] = '\0';
+    spotctl_fmt_dur(r->lost_ms, lost + (r->lost_bound ? 1 : 0),
+                    sizeof(lost) - 1);
     if (r->lost_steps >= 0) {
       size_t n = strlen(lost);
       snprintf(lost + n, sizeof(lost) - n, " (%" PRId64 " st)", r->lost_steps);
@@ -215,6 +219,21 @@ print_runs(const struct spot_hist_summary *s)
            spotctl_fmt_dur(r->gap_before_ms, gap, sizeof(gap)));
     if (r->outcome == SPOT_HIST_REFUSED)
       printf("    start refused: %s\n", spotctl_esc(r->refused));
+    if (r->outcome == SPOT_HIST_CRASHED && r->exit_signal > 0)
+      printf("    the trainer was killed by signal %" PRId64 "%s\n",
+             r->exit_signal, r->exhausted ? ": restarts used up" : "");
+    else if (r->outcome == SPOT_HIST_CRASHED && r->exit_code >= 0)
+      printf("    the trainer exited with status %" PRId64 "%s\n", r->exit_code,
+             r->exhausted ? ": restarts used up" : "");
+    if (r->restarts > 0) {
+      char w[32];
+      printf("    %u restart%s in place, trainer down %s\n", r->restarts,
+             r->restarts == 1 ? "" : "s",
+             spotctl_fmt_dur(r->down_ms, w, sizeof(w)));
+    }
+    if (r->lost_bound)
+      printf("    killed, and its trainer reported no step: at least this "
+             "much work was lost\n");
     if (r->lease_wait_ms > 0) {
       char w[32];
       printf("    waited %s for the job lease\n",
@@ -264,12 +283,13 @@ print_summary(const char *job, const struct spot_hist_summary *s)
          spotctl_fmt_dur(s->max_gap_ms, b, sizeof(b)));
   printf("  %-16s %s\n", "lease wait",
          spotctl_fmt_dur(s->lease_wait_ms, a, sizeof(a)));
-  printf("  %-16s %s", "work lost", spotctl_fmt_dur(s->lost_ms, a, sizeof(a)));
+  printf("  %-16s %s%s", "work lost", s->lost_bound ? "at least " : "",
+         spotctl_fmt_dur(s->lost_ms, a, sizeof(a)));
   if (s->lost_steps >= 0)
     printf(" (%" PRId64 " steps)", s->lost_steps);
-  printf(" over %u preemption%s and %u crash%s\n", s->preemptions,
-         s->preemptions == 1 ? "" : "s", s->crashes,
-         s->crashes == 1 ? "" : "es");
+  printf(" over %u preemption%s, %u crash%s and %u restart%s in place\n",
+         s->preemptions, s->preemptions == 1 ? "" : "s", s->crashes,
+         s->crashes == 1 ? "" : "es", s->restarts, s->restarts == 1 ? "" : "s");
   printf("  %-16s %u (%u committed, %u failed); saving %.1f s (%.2f%% of "
          "training), uploads %.1f s\n",
          "checkpoints", s->checkpoints, s->commits, s->failed, s->save_s,
@@ -278,8 +298,12 @@ print_summary(const char *job, const struct spot_hist_summary *s)
          s->relaunch_failures);
   if (s->restarts > 0)
     printf("  %-16s %u (the trainer failed and was started again in "
-           "place)\n",
-           "trainer restarts", s->restarts);
+           "place), down %s\n",
+           "trainer restarts", s->restarts,
+           spotctl_fmt_dur(s->down_ms, a, sizeof(a)));
+  if (s->exhausted > 0)
+    printf("  %-16s %u run%s ended with its restarts used up\n",
+           "restarts used up", s->exhausted, s->exhausted == 1 ? "" : "s");
   if (s->priced)
     printf("  %-16s spot %.2f (%s of nodes at %.3f/h) vs on-demand %.2f "
            "(%s of useful training at %.3f/h): %s %.2f (%.0f%%)\n",

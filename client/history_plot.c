@@ -3,7 +3,9 @@
  * run a bar (the wait for the job lease and the restore before it in
  * colors of their own, the work a preemption or crash lost as an orange
  * strip under it), committed checkpoints as ticks above it, notices as red
- * triangles, a crash as a square mark at its end, a refused start as a
+ * triangles, a crash as a square mark at its end, each restart in place
+ * as the same mark where the trainer failed, the time it was down in pink
+ * and the work it lost as an orange strip, a refused start as a
  * short grey bar, the time without a node as grey bands across all lanes;
  * a time axis and a legend. Rectangles are drawn without antialiasing on
  * whole pixels, so each bar is one block of exactly RUN_RGB (tests count
@@ -49,6 +51,7 @@ static const struct rgb restore_c = RGB(SPOTCTL_PLOT_RESTORE_RGB);
 static const struct rgb lease_c = RGB(SPOTCTL_PLOT_LEASE_RGB);
 static const struct rgb refused_c = RGB(SPOTCTL_PLOT_REFUSED_RGB);
 static const struct rgb crash_c = RGB(SPOTCTL_PLOT_CRASH_RGB);
+static const struct rgb down_c = RGB(SPOTCTL_PLOT_DOWN_RGB);
 static const struct rgb lost_c = {240 / 255.0, 150 / 255.0, 40 / 255.0};
 static const struct rgb gap_c = {225 / 255.0, 225 / 255.0, 225 / 255.0};
 static const struct rgb notice_c = {214 / 255.0, 39 / 255.0, 40 / 255.0};
@@ -208,6 +211,8 @@ legend(struct plot *p, double y)
   swatch(cr, x, y, crash_c, "crash");
   x += 90;
   swatch(cr, x, y, refused_c, "refused start");
+  x += 130;
+  swatch(cr, x, y, down_c, "restart (down)");
 }
 
 static void
@@ -234,10 +239,19 @@ draw_node(struct plot *p, const struct spot_hist_node *r, double top)
   if (r->restore_from_ms >= 0 && xt > x_of(p, r->restore_from_ms))
     box(cr, x_of(p, r->restore_from_ms), y, xt, BAR_H, restore_c);
   box(cr, xt, y, xe > xt ? xe : xt + 1, BAR_H, run_c);
-  if (r->lost_ms > 0) {
+  if (r->lost_ms - r->restart_lost_ms > 0) {
     int64_t t_end = r->noticed ? r->notice_ms : r->end_ms;
-    box(cr, x_of(p, t_end - r->lost_ms), y + BAR_H + 1, x_of(p, t_end), 5,
-        lost_c);
+    box(cr, x_of(p, t_end - (r->lost_ms - r->restart_lost_ms)), y + BAR_H + 1,
+        x_of(p, t_end), 5, lost_c);
+  }
+  for (size_t i = 0; i + 2 < r->nrestart_times; i += 3) {
+    const int64_t *t = r->restart_times + i; /* failed, running, resumed */
+    double xf = x_of(p, t[0]), xr = x_of(p, t[1]);
+    if (t[0] > t[2])
+      box(cr, x_of(p, t[2]), y + BAR_H + 1, xf, 5, lost_c);
+    box(cr, xf, y, xr > xf ? xr : xf + 1, BAR_H, down_c);
+    box(cr, xf - CRASH_W / 2.0, y + (BAR_H - CRASH_W) / 2.0, xf + CRASH_W / 2.0,
+        CRASH_W, crash_c);
   }
   if (r->outcome == SPOT_HIST_CRASHED)
     box(cr, xe, y + (BAR_H - CRASH_W) / 2.0, xe + CRASH_W, CRASH_W, crash_c);
@@ -290,11 +304,13 @@ draw(struct plot *p, const char *job, double height)
   spot_rfc3339_format(s->first_ms, start, sizeof(start));
   spotctl_fmt_dur(s->lost_ms, lost, sizeof(lost));
   snprintf(title, sizeof(title),
-           "Job %s: %u run%s, %u preemption%s, %u crash%s, %u refused, %s "
-           "of work lost (from %s)",
+           "Job %s: %u run%s, %u preemption%s, %u crash%s, %u restart%s, "
+           "%u refused, %s%s of work lost (from %s)",
            job, s->trained_runs, s->trained_runs == 1 ? "" : "s",
            s->preemptions, s->preemptions == 1 ? "" : "s", s->crashes,
-           s->crashes == 1 ? "" : "es", s->refused, lost, start);
+           s->crashes == 1 ? "" : "es", s->restarts,
+           s->restarts == 1 ? "" : "s", s->refused, s->lost_bound ? ">=" : "",
+           lost, start);
   color(cr, ink);
   text(cr, 10, 24, 15, title);
   axis(p, TOP + lanes_h + 6);

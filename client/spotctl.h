@@ -102,6 +102,8 @@ void spotctl_s3_close(struct spotctl_s3 *c);
 #define SPOTCTL_PLOT_RESTORE_RGB 157, 187, 224
 #define SPOTCTL_PLOT_REFUSED_RGB 150, 150, 150
 #define SPOTCTL_PLOT_CRASH_RGB 110, 30, 130
+/* a restart in place: the trainer down (backoff, restore) */
+#define SPOTCTL_PLOT_DOWN_RGB 230, 120, 170
 struct spot_hist_summary;
 /* history_cmds.c: "3h05m", "6m55s", "12.5s"; "-" when ms < 0. */
 const char *spotctl_fmt_dur(long long ms, char *buf, size_t size);

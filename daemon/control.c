@@ -203,6 +203,14 @@ cmd_checkpoint(struct ctl_conn *c, const struct spot_proto_msg *m,
                             spotd_state_name(d->state));
     return 0;
   }
+  if (m->u.checkpoint.final) {
+    log_notice("control: final checkpoint requested by pid=%d uid=%d: the "
+               "job is preempted",
+               (int)c->pid, (int)c->uid);
+    send_json(out, m->id, json_pack("{s:b,s:b}", "requested", 1, "final", 1));
+    spotd_operator_final(d);
+    return 0;
+  }
   log_info("control: checkpoint requested by pid=%d uid=%d", (int)c->pid,
            (int)c->uid);
   spotd_request_checkpoint(d, "spotctl checkpoint");

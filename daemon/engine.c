@@ -314,6 +314,24 @@ spotd_job_notice(struct spotd *d, const struct spot_notice *n)
   notice_cb(NULL, n, d);
 }
 
+void
+spotd_operator_final(struct spotd *d)
+{
+  struct spot_notice n;
+
+  if (d->closing || d->state != SPOTD_RUNNING)
+    return;
+  memset(&n, 0, sizeof(n));
+  n.provider = SPOT_PROVIDER_NONE;
+  n.kind = SPOT_NOTICE_TERMINATE;
+  n.deadline_wall_ms = spot_now_wall_ms() + SIGTERM_DRAIN_MS;
+  n.deadline_mono_ms = spot_now_mono_ms() + SIGTERM_DRAIN_MS;
+  spot_strlcpy(n.reason, "spotctl-final", sizeof(n.reason));
+  spot_strlcpy(n.id, "spotctl", sizeof(n.id));
+  fanout_publish(d, &n);
+  notice_cb(NULL, &n, d);
+}
+
 static void
 meta_status_cb(struct spot_meta *m, void *data)
 {
@@ -467,6 +485,7 @@ spotd_trainer_exited(struct spotd *d)
   }
   if (d->exit_code < 0 && d->state == SPOTD_RUNNING)
     d->exit_code = spot_child_status(&d->trainer);
+  hist_exited(d);
   uv_timer_stop(&d->interval_timer);
   uv_timer_stop(&d->ckpt_timer);
   request_end(d);
@@ -514,9 +533,37 @@ sigterm_grace_ms(struct spotd *d)
   return (uint64_t)s * 1000;
 }
 
+/* The signal's drain as a notice, for the history and, multi-node, for
+ * the other ranks (fanout.c): a drain of one rank (a Kubernetes node
+ * drain, a Slurm or systemd stop) is the job's, with its deadline, so
+ * every rank takes the final checkpoint instead of dying on the lost
+ * peer. */
+static void
+signal_notice(struct spotd *d, uint64_t ms, struct spot_notice *n)
+{
+  char when[32] = "";
+
+  memset(n, 0, sizeof(*n));
+  n->provider = SPOT_PROVIDER_NONE;
+  n->kind = SPOT_NOTICE_TERMINATE;
+  n->deadline_wall_ms = spot_now_wall_ms() + (int64_t)ms;
+  n->deadline_mono_ms = spot_now_mono_ms() + ms;
+  spot_strlcpy(n->reason, "sigterm", sizeof(n->reason));
+  spot_strlcpy(n->id, "signal", sizeof(n->id));
+  spot_rfc3339_format(n->deadline_wall_ms, when, sizeof(when));
+  log_notice("drain deadline %s%s", when,
+             d->store.nranks > 1 ? ": the job's, told to the other ranks" : "");
+  /* With a termination grace the node is going away: a preemption in the
+   * history too. A plain stop stays a stop. */
+  if (d->sigterm_reclaim)
+    hist_notice(d, n);
+  fanout_publish(d, n);
+}
+
 void
 spotd_on_signal(struct spotd *d, int signum)
 {
+  struct spot_notice n;
   uint64_t ms;
 
   if (d->closing) {
@@ -556,10 +603,12 @@ spotd_on_signal(struct spotd *d, int signum)
   d->drain_sigterm = true;
   d->stop_signal = signum;
   ms = sigterm_grace_ms(d);
+  if (d->state != SPOTD_RUNNING && d->state != SPOTD_RESTARTING)
+    return; /* finishing: the trainer ended by itself */
+  signal_notice(d, ms, &n);
   if (d->state == SPOTD_RESTARTING)
     restart_abandon(d);
-  if (d->state == SPOTD_RUNNING || d->state == SPOTD_RESTARTING)
-    start_drain(d, "sigterm", spot_now_mono_ms() + ms, spot_now_wall_ms() + ms);
+  start_drain(d, "sigterm", n.deadline_mono_ms, n.deadline_wall_ms);
 }
 
 /* ------------------------------------------------------------- launch */

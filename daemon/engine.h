@@ -54,6 +54,9 @@ void spotd_relaunch_trainer(struct spotd *d);
 /* A fatal error: exit status, one line already logged, close. */
 void spotd_fail(struct spotd *d, int exit_code);
 void spotd_trainer_exited(struct spotd *d);
+/* `spotctl checkpoint --final`: the operator preempts the job, as a
+ * notice with SIGTERM's drain time, told to the other ranks. */
+void spotd_operator_final(struct spotd *d);
 /* A notice of the job from another rank (fanout.c): as the node's own. */
 void spotd_job_notice(struct spotd *d, const struct spot_notice *n);
 void spotd_close(struct spotd *d);

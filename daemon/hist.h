@@ -24,7 +24,9 @@ void hist_pushed(struct spotd *d, const char *name,
 void hist_notice(struct spotd *d, const struct spot_notice *n);
 void hist_meta_error(struct spotd *d);
 void hist_relaunched(struct spotd *d, bool ok);
-/* The trainer failed and restarts (RESTART); then started again. */
+/* The trainer exited (the start of a restart's downtime). */
+void hist_exited(struct spotd *d);
+/* The failed trainer starts again (RESTART); then it runs again. */
 void hist_restart(struct spotd *d);
 void hist_restarted(struct spotd *d);
 void hist_step(struct spotd *d, int64_t step);

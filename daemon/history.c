@@ -14,12 +14,17 @@
  *   hist_pushed()     CHECKPOINT (committed or not)
  *   hist_notice()     NOTICE
  *   hist_relaunched() RELAUNCH
- *   hist_restart()    RESTART: the trainer failed, a restart begins
+ *   hist_exited()     the trainer exited (when, for a restart's downtime)
+ *   hist_restart()    RESTART: the failed trainer starts again, with the
+ *                     step it reached, the checkpoint it resumes from, the
+ *                     backoff and the time it was down
  *   hist_restarted()  ... and the trainer runs again (the metric)
- *   hist_step()       the trainer's step (control socket "step"); a
- *                     changed step goes into a PROGRESS event at most
- *                     every metrics-interval, so the step a killed spotd's
- *                     trainer reached is in the store for the next start
+ *   hist_step()       the trainer's step (control socket "step"): each
+ *                     report goes into a PROGRESS event, at most one per
+ *                     PROGRESS_MIN_MS (a later report waits that long and
+ *                     replaces an unsent one; the writer keeps one queued
+ *                     at most), so the step a killed spotd's trainer
+ *                     reached is in the store for the next start
  *   hist_lease()      LEASE (waiting, held, failed, released, lost)
  *   hist_refused()    why the trainer is not started: the RUN_END of a
  *                     spotd that never started it says "refused" and why
@@ -63,6 +68,7 @@ struct spotd_hist {
   struct spot_history *w; /* NULL until the S3 client exists, or failed */
   struct spot_metrics *m;
   uv_timer_t timer;                 /* the metrics file */
+  uv_timer_t progress_timer;        /* a PROGRESS event held back */
   unsigned pending;                 /* closes to wait for before free */
   bool started;                     /* RUN_START emitted */
   char why[SPOT_HIST_WORD_MAX + 1]; /* reason of the signalled request */
@@ -74,6 +80,7 @@ struct spotd_hist {
   int64_t notice_wall;                  /* 0 none */
   int64_t progress_step;                /* in the last PROGRESS event, -1 */
   uint64_t progress_mono;               /* when that was written */
+  int64_t exit_wall;                    /* the trainer's last exit, 0 */
   char refused[SPOT_HIST_WORD_MAX + 1]; /* hist_refused(), "" none */
   unsigned warned;
   unsigned emitted; /* events handed to the writer */
@@ -120,11 +127,13 @@ static bool event(struct spotd *d, struct spot_hist_event *ev,
                   enum spot_hist_type t);
 static void emit(struct spotd *d, struct spot_hist_event *ev);
 
-#define PROGRESS_MIN_MS 1000
+/* At most one PROGRESS event per this long: the Python helper reports a
+ * step at most every 100 ms. */
+#define PROGRESS_MIN_MS 100
 
 /* The trainer's step, when it moved since the last PROGRESS event: one
- * small PUT per metrics-interval (and per second) at most, nothing while
- * it stands still. */
+ * small PUT per report (PROGRESS_MIN_MS apart at most), nothing while it
+ * stands still. */
 static void
 progress(struct spotd_hist *h)
 {
@@ -138,6 +147,31 @@ progress(struct spotd_hist *h)
   h->progress_step = h->step;
   h->progress_mono = now;
   emit(h->d, &ev);
+}
+
+static void
+progress_timer_cb(uv_timer_t *t)
+{
+  struct spotd_hist *h =
+      spot_container_of(t, struct spotd_hist, progress_timer);
+
+  if (!h->d->closing)
+    progress(h);
+}
+
+/* A report: written now, or once PROGRESS_MIN_MS since the last is over. */
+static void
+progress_soon(struct spotd_hist *h)
+{
+  uint64_t now = spot_now_mono_ms(), since = now - h->progress_mono;
+
+  if (h->progress_mono == 0 || since >= PROGRESS_MIN_MS) {
+    progress(h);
+    return;
+  }
+  if (!uv_is_active((uv_handle_t *)&h->progress_timer))
+    uv_timer_start(&h->progress_timer, progress_timer_cb,
+                   PROGRESS_MIN_MS - since, 0);
 }
 
 static void
@@ -188,7 +222,8 @@ hist_init(struct spotd *d)
   h->d = d;
   h->step = h->commit_step = h->progress_step = -1;
   uv_timer_init(d->loop, &h->timer);
-  h->pending = 1;
+  uv_timer_init(d->loop, &h->progress_timer);
+  h->pending = 2;
   d->hist = h;
   /* The metrics file and the trainer's progress in the history. */
   uv_timer_start(&h->timer, metrics_timer_cb, d->cfg->metrics_interval_ms,
@@ -472,9 +507,17 @@ hist_relaunched(struct spotd *d, bool ok)
 }
 
 void
+hist_exited(struct spotd *d)
+{
+  if (live(d))
+    d->hist->exit_wall = spot_now_wall_ms();
+}
+
+void
 hist_restart(struct spotd *d)
 {
   struct spot_hist_event ev;
+  int64_t exited = d->hist != NULL ? d->hist->exit_wall : 0;
 
   if (!event(d, &ev, SPOT_HIST_RESTART))
     return;
@@ -482,6 +525,8 @@ hist_restart(struct spotd *d)
   ev.exit_code = d->crash.last_signal ? -1 : d->crash.last_status;
   ev.exit_signal = d->crash.last_signal;
   ev.seconds = (double)d->crash.wait_ms / 1000.0;
+  if (exited > 0 && ev.time_ms > exited)
+    ev.down_s = (double)(ev.time_ms - exited) / 1000.0;
   SPOT_HIST_SET(&ev, checkpoint, d->last_commit);
   emit(d, &ev);
   flush_soon(d->hist);
@@ -511,8 +556,10 @@ hist_lease(struct spotd *d, const char *action, int64_t epoch)
 void
 hist_step(struct spotd *d, int64_t step)
 {
-  if (live(d))
-    d->hist->step = step;
+  if (!live(d))
+    return;
+  d->hist->step = step;
+  progress_soon(d->hist);
 }
 
 void
@@ -560,6 +607,13 @@ timer_closed_cb(uv_handle_t *t)
   maybe_free(spot_container_of((uv_timer_t *)t, struct spotd_hist, timer));
 }
 
+static void
+progress_closed_cb(uv_handle_t *t)
+{
+  maybe_free(
+      spot_container_of((uv_timer_t *)t, struct spotd_hist, progress_timer));
+}
+
 static const char *
 outcome(const struct spotd *d)
 {
@@ -570,10 +624,16 @@ outcome(const struct spotd *d)
     return d->signals_seen > 0 ? "stopped" : "refused";
   if (d->have_notice && !d->drain_sigterm)
     return "preempted";
+  /* SIGTERM with a termination grace: the node is going away. */
   if (d->drain_sigterm)
-    return "stopped";
+    return d->sigterm_reclaim ? "preempted" : "stopped";
+  /* The trainer ended by itself: with an error (or a signal) it crashed,
+   * whatever spotd did next; a success is "exited". */
   if (d->state == SPOTD_FINISHING)
-    return "exited";
+    return d->crash.exhausted || d->trainer.exit_status != 0 ||
+                   d->trainer.term_signal != 0
+               ? "crashed"
+               : "exited";
   return "crashed";
 }
 
@@ -591,6 +651,8 @@ run_end(struct spotd *d)
   ev.committed = final;
   if (strcmp(o, "refused") == 0)
     SPOT_HIST_SET(&ev, reason, h->refused[0] ? h->refused : "error");
+  if (d->crash.exhausted)
+    SPOT_HIST_SET(&ev, reason, "restarts-used");
   if (strcmp(o, "preempted") == 0 || strcmp(o, "crashed") == 0) {
     int64_t end = h->notice_wall ? h->notice_wall : spot_now_wall_ms();
     int64_t from = h->commit_capture_wall ? h->commit_capture_wall
@@ -621,6 +683,7 @@ hist_end(struct spotd *d)
   metrics_flush(h);
   d->hist = NULL;
   uv_close((uv_handle_t *)&h->timer, timer_closed_cb);
+  uv_close((uv_handle_t *)&h->progress_timer, progress_closed_cb);
   if (h->w != NULL &&
       spot_history_close(h->w, HIST_CLOSE_MS, writer_closed_cb, h) < 0)
     maybe_free(h);

@@ -42,7 +42,8 @@ static const struct field {
   unsigned types;
 } fields[] = {
     {"step", F_I64, OFF(step), 0, -1,
-     T(RESTORE) | T(CHECKPOINT) | T(NOTICE) | T(RUN_END) | T(PROGRESS)},
+     T(RESTORE) | T(CHECKPOINT) | T(NOTICE) | T(RUN_END) | T(PROGRESS) |
+         T(RESTART)},
     {"host", F_STR, OFF(host), SZ(host), 0, T(RUN_START)},
     {"instance_id", F_STR, OFF(instance_id), SZ(instance_id), 0, T(RUN_START)},
     {"instance_type", F_STR, OFF(instance_type), SZ(instance_type), 0,
@@ -59,6 +60,7 @@ static const struct field {
     {"stored_bytes", F_U64, OFF(stored_bytes), 0, 0,
      T(RESTORE) | T(CHECKPOINT)},
     {"seconds", F_DBL, OFF(seconds), 0, 0, T(RESTORE) | T(RESTART)},
+    {"down_s", F_DBL, OFF(down_s), 0, 0, T(RESTART)},
     {"reason", F_STR, OFF(reason), SZ(reason), 0,
      T(CHECKPOINT) | T(RELAUNCH) | T(RUN_END)},
     {"save_s", F_DBL, OFF(save_s), 0, 0, T(CHECKPOINT)},
@@ -372,6 +374,7 @@ struct acc {
   bool ended, committed_any, lease_closed;
   unsigned notices, failed;
   int64_t last_ms, capture_ms, capture_step, start_step, end_step;
+  const char *last_commit; /* the newest checkpoint it committed */
 };
 
 struct work {
@@ -410,6 +413,7 @@ take_checkpoint(struct spot_hist_node *r, struct acc *a,
   }
   r->commits++;
   a->committed_any = true;
+  a->last_commit = e->checkpoint;
   /* The state saved is the one when the trainer began writing. */
   a->capture_ms = e->time_ms - (int64_t)((e->save_s + e->upload_s) * 1000.0);
   a->capture_step = e->step;
@@ -439,6 +443,8 @@ take_end(struct spot_hist_node *r, struct acc *a,
       r->outcome = map[i].o;
   if (r->outcome == SPOT_HIST_REFUSED)
     r->refused = e->reason[0] != '\0' ? e->reason : "unknown";
+  r->exhausted = r->outcome == SPOT_HIST_CRASHED &&
+                 strcmp(e->reason, "restarts-used") == 0;
   if (e->step >= 0 && a->end_step < 0)
     a->end_step = e->step;
 }
@@ -569,6 +575,7 @@ take_event(struct work *w, const struct spot_hist_event *e)
     break;
   case SPOT_HIST_RESTART:
     s->restarts++;
+    r->restarts++;
     break;
   default:
     break;
@@ -652,19 +659,11 @@ group_nodes(struct work *w)
   return 0;
 }
 
-/* The state a later start resumed from: the capture time and step of the
- * commit of the checkpoint the first node of run `next` restored. */
+/* The capture time and step of the commit of checkpoint `name`. */
 static bool
-resumed_from(const struct work *w, size_t next, int64_t *ms, int64_t *step)
+commit_capture(const struct work *w, const char *name, int64_t *ms,
+               int64_t *step)
 {
-  const struct spot_hist_summary *s = w->s;
-  const char *name = NULL;
-
-  for (size_t i = 0; i < s->nnodes && name == NULL; i++)
-    if (s->nodes[i].run == next && s->nodes[i].restored[0] != '\0')
-      name = s->nodes[i].restored;
-  if (name == NULL)
-    return false;
   for (size_t i = 0; i < w->n; i++) {
     const struct spot_hist_event *e = &w->ev[i];
     if (e->type == SPOT_HIST_CHECKPOINT && e->committed &&
@@ -677,7 +676,88 @@ resumed_from(const struct work *w, size_t next, int64_t *ms, int64_t *step)
   return false;
 }
 
+/* The checkpoint the first node of run `next` restored, NULL none. */
+static const char *
+next_restored(const struct work *w, size_t next)
+{
+  const struct spot_hist_summary *s = w->s;
+
+  for (size_t i = 0; i < s->nnodes; i++)
+    if (s->nodes[i].run == next && s->nodes[i].restored[0] != '\0')
+      return s->nodes[i].restored;
+  return NULL;
+}
+
+/* The state a later start resumed from: the capture time and step of the
+ * commit of the checkpoint the first node of run `next` restored. */
+static bool
+resumed_from(const struct work *w, size_t next, int64_t *ms, int64_t *step)
+{
+  const char *name = next_restored(w, next);
+
+  return name != NULL && commit_capture(w, name, ms, step);
+}
+
+/* Restarts in place, in the order they happened: each one's failure
+ * (its start again less the time it was down), the state it resumed
+ * (the commit it names, else what the node started from) and the work
+ * between them. */
+static void
+take_restarts(struct work *w)
+{
+  struct spot_hist_summary *s = w->s;
+  size_t k = 0;
+
+  for (size_t i = 0; i < s->nnodes; i++) {
+    struct spot_hist_node *r = &s->nodes[i];
+    const struct acc *a = &w->accs[i];
+    r->restart_times = s->rtimes_ + k;
+    r->restart_lost_steps = -1;
+    for (size_t j = 0; j < w->n; j++) {
+      const struct spot_hist_event *e = &w->ev[j];
+      int64_t down, failed, cap = r->train_start_ms;
+      int64_t cap_step = r->restored[0] != '\0' ? a->start_step : 0;
+
+      if (e->type != SPOT_HIST_RESTART || strcmp(e->owner, r->owner) != 0)
+        continue;
+      down = (int64_t)(e->down_s * 1000.0 + 0.5);
+      failed = max64(r->start_ms, e->time_ms - down);
+      if (e->checkpoint[0] != '\0')
+        (void)commit_capture(w, e->checkpoint, &cap, &cap_step);
+      else /* an older writer's: the node's newest commit before it */
+        for (size_t m = 0; m < j; m++)
+          if (w->ev[m].type == SPOT_HIST_CHECKPOINT && w->ev[m].committed &&
+              strcmp(w->ev[m].owner, r->owner) == 0) {
+            cap = w->ev[m].time_ms -
+                  (int64_t)((w->ev[m].save_s + w->ev[m].upload_s) * 1000.0);
+            cap_step = w->ev[m].step;
+          }
+      cap = cap < failed ? cap : failed;
+      s->rtimes_[k++] = failed;
+      s->rtimes_[k++] = e->time_ms;
+      s->rtimes_[k++] = cap;
+      r->down_ms += e->time_ms - failed;
+      r->restart_lost_ms += failed - cap;
+      if (e->step >= 0 && cap_step >= 0)
+        r->restart_lost_steps =
+            max64(r->restart_lost_steps, 0) + max64(0, e->step - cap_step);
+    }
+    r->nrestart_times = (size_t)(s->rtimes_ + k - r->restart_times);
+  }
+}
+
 #define SPOT_HIST_CAPTURE_SLACK_MS 2
+
+/* The restarts' loss is part of the node's. */
+static void
+add_restart_loss(struct spot_hist_node *r)
+{
+  if (r->restarts == 0)
+    return;
+  r->lost_ms = max64(r->lost_ms, 0) + r->restart_lost_ms;
+  if (r->restart_lost_steps >= 0)
+    r->lost_steps = max64(r->lost_steps, 0) + r->restart_lost_steps;
+}
 
 /* Outcome and lost work of one node once all events are in. */
 static void
@@ -701,8 +781,10 @@ close_node(struct work *w, size_t i)
   if (r->outcome == SPOT_HIST_REFUSED)
     r->train_start_ms = r->end_ms;
   r->lost_ms = r->lost_steps = -1;
-  if (r->outcome != SPOT_HIST_PREEMPTED && r->outcome != SPOT_HIST_CRASHED)
+  if (r->outcome != SPOT_HIST_PREEMPTED && r->outcome != SPOT_HIST_CRASHED) {
+    add_restart_loss(r);
     return;
+  }
   t_end = r->noticed ? r->notice_ms : r->end_ms;
   capture = a->committed_any ? a->capture_ms : r->train_start_ms;
   cap_step = a->committed_any         ? a->capture_step
@@ -712,6 +794,9 @@ close_node(struct work *w, size_t i)
    * not verify, or a newer one by another node, moves that point. */
   if (r->run + 1 < s->nruns)
     resumed_from(w, r->run + 1, &capture, &cap_step);
+  /* The time before the last restart is the restarts' loss already. */
+  if (r->nrestart_times >= 3)
+    capture = max64(capture, r->restart_times[r->nrestart_times - 2]);
   /* The trainer's step at the end: the notice's, the run_end's, else the
    * newest it reported (a killed node's progress events). */
   end_step = a->end_step >= 0 ? a->end_step : r->last_step;
@@ -728,6 +813,20 @@ close_node(struct work *w, size_t i)
     r->lost_ms = 0;
     r->lost_steps = 0;
   }
+  /* Final committed and the job goes on from it (or the next run is not
+   * known yet): nothing lost, on every rank. A rank that learned of the
+   * notice from another (through the store, up to a poll later) saw its
+   * trainer save for the peer before its own notice: still nothing. */
+  if (r->final_committed && r->noticed && a->committed_any &&
+      (r->run + 1 >= s->nruns || next_restored(w, r->run + 1) == NULL ||
+       strcmp(next_restored(w, r->run + 1), a->last_commit) == 0)) {
+    r->lost_ms = 0;
+    r->lost_steps = r->lost_steps >= 0 || end_step >= 0 ? 0 : -1;
+  }
+  /* Killed (no run_end) and no step ever reported: its last event is the
+   * last thing known, the work lost is at least this much. */
+  r->lost_bound = !a->ended && r->last_step < 0 && r->lost_ms > 0;
+  add_restart_loss(r);
 }
 
 static int
@@ -804,6 +903,10 @@ close_run(struct work *w, size_t k)
       run->exit_code = nd->exit_code;
       run->exit_signal = nd->exit_signal;
     }
+    run->restarts = nd->restarts > run->restarts ? nd->restarts : run->restarts;
+    run->down_ms = max64(run->down_ms, nd->down_ms);
+    run->exhausted |= nd->exhausted;
+    run->lost_bound |= nd->lost_bound;
   }
   if (!trained_any)
     run->train_start_ms = run->end_ms;
@@ -844,7 +947,12 @@ totals(struct work *w)
       s->max_gap_ms = max64(s->max_gap_ms, run->gap_before_ms);
     }
     prev_end = run->end_ms;
-    add64(&s->train_ms, max64(0, run->end_ms - run->train_start_ms));
+    add64(&s->train_ms,
+          max64(0, run->end_ms - run->train_start_ms - run->down_ms));
+    add64(&s->down_ms, run->down_ms);
+    if (run->exhausted)
+      s->exhausted++;
+    s->lost_bound |= run->lost_bound;
     s->checkpoints += run->checkpoints;
     s->commits += run->commits;
     s->failed += run->failed;
@@ -891,7 +999,7 @@ on_demand_ms(const struct spot_hist_summary *s)
     const struct spot_hist_run *run = &s->runs[k];
     if (run->outcome == SPOT_HIST_REFUSED)
       continue;
-    ms += (double)max64(0, run->end_ms - run->train_start_ms -
+    ms += (double)max64(0, run->end_ms - run->train_start_ms - run->down_ms -
                                max64(0, run->lost_ms)) *
           (double)run->nnodes;
   }
@@ -918,12 +1026,15 @@ spot_hist_summarize(const struct spot_hist_event *ev, size_t n,
   if (r == 0)
     r = group_nodes(&w);
   s.times_ = r == 0 ? calloc(n + 1, sizeof(*s.times_)) : NULL;
-  if (s.times_ == NULL) {
+  s.rtimes_ = s.times_ != NULL ? calloc(3 * n + 1, sizeof(*s.rtimes_)) : NULL;
+  if (s.rtimes_ == NULL) {
+    free(s.times_);
     free(w.accs);
     free(s.nodes);
     free(s.runs);
     return -ENOMEM;
   }
+  take_restarts(&w);
   for (size_t i = 0; i < s.nnodes; i++)
     close_node(&w, i);
   for (size_t k = 0; k < s.nruns; k++)
@@ -958,6 +1069,7 @@ spot_hist_summary_fini(struct spot_hist_summary *s)
   free(s->runs);
   free(s->nodes);
   free(s->times_);
+  free(s->rtimes_);
   memset(s, 0, sizeof(*s));
 }
 
@@ -993,6 +1105,18 @@ node_json(const struct spot_hist_node *r)
       (json_int_t)r->last_step, "lost_steps", (json_int_t)r->lost_steps,
       "lost_s", secs_or(r->lost_ms), "exit_code", (json_int_t)r->exit_code,
       "exit_signal", (json_int_t)r->exit_signal);
+
+  if (o != NULL &&
+      json_object_update_new(
+          o,
+          json_pack("{s:i,s:f,s:I,s:f,s:b,s:b}", "restarts", (int)r->restarts,
+                    "restart_lost_s", secs(r->restart_lost_ms),
+                    "restart_lost_steps", (json_int_t)r->restart_lost_steps,
+                    "down_s", secs(r->down_ms), "exhausted", r->exhausted,
+                    "lost_bound", r->lost_bound)) < 0) {
+    json_decref(o);
+    return NULL;
+  }
   return o;
 }
 
@@ -1019,6 +1143,11 @@ run_json(const struct spot_hist_summary *s, size_t k)
       (json_int_t)r->exit_code, "exit_signal", (json_int_t)r->exit_signal);
   int bad = o == NULL || nodes == NULL;
 
+  if (!bad)
+    bad |= json_object_update_new(
+               o, json_pack("{s:i,s:f,s:b,s:b}", "restarts", (int)r->restarts,
+                            "down_s", secs(r->down_ms), "exhausted",
+                            r->exhausted, "lost_bound", r->lost_bound)) < 0;
   for (size_t i = 0; !bad && i < s->nnodes; i++)
     if (s->nodes[i].run == k)
       bad |= json_array_append_new(nodes, node_json(&s->nodes[i])) < 0;
@@ -1052,6 +1181,14 @@ summary_json(const struct spot_hist_summary *s)
       secs(s->max_gap_ms), "save_s", s->save_s, "upload_s", s->upload_s,
       "overhead", s->overhead);
 
+  if (o != NULL &&
+      json_object_update_new(o, json_pack("{s:i,s:f,s:b}", "restarts_used_up",
+                                          (int)s->exhausted, "down_s",
+                                          secs(s->down_ms), "lost_bound",
+                                          s->lost_bound)) < 0) {
+    json_decref(o);
+    return NULL;
+  }
   if (o != NULL && s->priced) {
     json_t *c =
         json_pack("{s:f,s:f,s:f,s:f,s:f}", "price_spot", s->price_spot,

@@ -22,13 +22,18 @@
  *   notice      kind, deadline_ms, step (time_ms = when seen)
  *   run_end     outcome, committed (final checkpoint), lost_s, step,
  *               exit_code, exit_signal; reason (outcome "refused": why
- *               spotd did not start the trainer, e.g. "lease-held")
+ *               spotd did not start the trainer, e.g. "lease-held";
+ *               outcome "crashed": "restarts-used" when the trainer
+ *               failed once more with all --max-restarts used)
  *   relaunch    backend, result, reason
  *   lease       action ("waiting", "acquired"/"held", "renewed", "lost",
  *               "released", "failed"), epoch
  *   restart     the trainer failed and is started again in place:
  *               restart_count (this restart, 1..), exit_code,
- *               exit_signal, checkpoint (resumed from), seconds (backoff)
+ *               exit_signal, checkpoint (resumed from), seconds (backoff),
+ *               down_s (the trainer's exit -> started again: the backoff
+ *               and the restore; time_ms = started again), step (the
+ *               newest step the failed trainer reported)
  *   progress    step (the trainer's newest reported step, written now and
  *               then so that the step a killed node reached is known)
  * step is the trainer's step when it reports one (-1 unknown).
@@ -80,7 +85,8 @@ struct spot_hist_event {
   /* restore, checkpoint */
   char checkpoint[SPOT_HIST_NAME_MAX + 1];
   uint64_t raw_bytes, stored_bytes;
-  double seconds; /* restore: how long it took */
+  double seconds; /* restore: how long it took; restart: the backoff */
+  double down_s;  /* restart: the trainer's exit -> started again */
   /* checkpoint: reason "periodic", "notice", "manual", "trainer", ... */
   char reason[SPOT_HIST_WORD_MAX + 1]; /* also relaunch: SPOTD_REASON */
   double save_s;                       /* trainer's signal -> folder complete */
@@ -174,6 +180,20 @@ struct spot_hist_node {
   /* Checkpoint commit times of this node (for the plot), borrowed. */
   const int64_t *commit_times;
   size_t ncommit_times;
+  /* Restarts in place (the trainer failed, spotd started it again): how
+   * many; the work they lost, each from the failure back to the state of
+   * the checkpoint it resumed from (steps -1: not reported); the time the
+   * trainer was down (backoff and restore: no training). lost_ms and
+   * lost_steps above include restart_lost_*; a node that only restarted
+   * has them too. restart_times: per restart 3 values (failed at, running
+   * again at, state resumed), borrowed. */
+  unsigned restarts;
+  int64_t restart_lost_ms, restart_lost_steps, down_ms;
+  const int64_t *restart_times;
+  size_t nrestart_times;
+  bool exhausted;  /* ended as the trainer failed with all restarts used */
+  bool lost_bound; /* lost_ms is a lower bound: killed, and its trainer
+                      never reported a step (its last event is all known) */
 };
 
 /* One run: one run id (multi-node), else one node. */
@@ -199,6 +219,9 @@ struct spot_hist_run {
   int64_t gap_before_ms;       /* previous trained run's end -> this
                                   run training; -1 */
   int64_t exit_code, exit_signal; /* the first node's that has one */
+  unsigned restarts;              /* the node with the most */
+  int64_t down_ms;                /* the most any node was down */
+  bool exhausted, lost_bound;     /* any node's */
 };
 
 struct spot_hist_summary {
@@ -209,7 +232,10 @@ struct spot_hist_summary {
   unsigned trained_runs; /* runs that were not refused */
   unsigned preemptions, crashes, refused, notices, checkpoints, commits, failed;
   unsigned relaunches, relaunch_failures, lease_changes;
-  unsigned restarts; /* a failed trainer started again in place */
+  unsigned restarts;  /* a failed trainer started again in place */
+  unsigned exhausted; /* runs that ended with all restarts used */
+  int64_t down_ms;    /* sum of runs' restart downtime (not training) */
+  bool lost_bound;    /* lost_ms is a lower bound (lost_bound runs) */
   int64_t first_ms, last_ms;
   int64_t wall_ms;       /* first event -> last event */
   int64_t node_ms;       /* sum of nodes' start -> end: what the nodes cost */
@@ -229,6 +255,7 @@ struct spot_hist_summary {
                             one node per rank */
   double saving;         /* cost_on_demand - cost_spot */
   int64_t *times_;       /* storage behind commit_times */
+  int64_t *rtimes_;      /* storage behind restart_times */
 };
 
 /* Computes the summary of events sorted with spot_hist_sort(). The

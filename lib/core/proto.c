@@ -76,6 +76,13 @@ decode_args(struct spot_proto_msg *msg)
       msg->args_error = "checkpoint: 'wait' must be true or false";
     else
       msg->u.checkpoint.wait = v != NULL && json_is_true(v);
+    v = json_object_get(msg->args, "final");
+    if (v != NULL && !json_is_boolean(v))
+      msg->args_error = "checkpoint: 'final' must be true or false";
+    else
+      msg->u.checkpoint.final = v != NULL && json_is_true(v);
+    if (msg->u.checkpoint.final && msg->u.checkpoint.wait)
+      msg->args_error = "checkpoint: 'final' ends spotd: no 'wait'";
     break;
   case SPOT_PROTO_CMD_DONE:
     v = json_object_get(msg->args, "dir");
@@ -387,10 +394,12 @@ spot_proto_encode_request(struct spot_buf *out, uint64_t id,
   return emit(out, o);
 }
 
-int
-spot_proto_encode_checkpoint(struct spot_buf *out, uint64_t id, bool wait)
+/* checkpoint {"KEY":value} */
+static int
+encode_checkpoint(struct spot_buf *out, uint64_t id, const char *key,
+                  bool value)
 {
-  json_t *args = json_pack("{s:b}", "wait", wait);
+  json_t *args = json_pack("{s:b}", key, value);
   int r;
 
   if (args == NULL)
@@ -398,6 +407,18 @@ spot_proto_encode_checkpoint(struct spot_buf *out, uint64_t id, bool wait)
   r = spot_proto_encode_request(out, id, SPOT_PROTO_CMD_CHECKPOINT, args);
   json_decref(args);
   return r;
+}
+
+int
+spot_proto_encode_checkpoint_final(struct spot_buf *out, uint64_t id)
+{
+  return encode_checkpoint(out, id, "final", true);
+}
+
+int
+spot_proto_encode_checkpoint(struct spot_buf *out, uint64_t id, bool wait)
+{
+  return encode_checkpoint(out, id, "wait", wait);
 }
 
 int

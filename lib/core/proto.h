@@ -26,6 +26,9 @@
  *   checkpoint  {"wait":false} -> {"requested":true}
  *               {"wait":true}  -> {"name":"NAME","committed":true} sent once
  *                  the checkpoint is committed (or ok:false if it failed)
+ *               {"final":true} -> {"requested":true,"final":true}: a
+ *                  preemption by the operator: the final checkpoint, the
+ *                  other ranks told as of a notice, exit 75
  *   done        {"dir":"PATH"} -> {"name":"NAME"}: the trainer (or an
  *                  operator) says PATH, a subdirectory of SPOTD_CKPT_DIR,
  *                  is a complete checkpoint; same as creating SPOTD_COMPLETE
@@ -116,6 +119,7 @@ struct spot_proto_msg {
   union {
     struct {
       bool wait;
+      bool final; /* the operator's preemption of the job */
     } checkpoint;
     struct {
       const char *dir;
@@ -179,6 +183,8 @@ int spot_proto_decode(const char *line, size_t len, enum spot_proto_kind expect,
 int spot_proto_encode_request(struct spot_buf *out, uint64_t id,
                               enum spot_proto_cmd cmd, json_t *args);
 int spot_proto_encode_checkpoint(struct spot_buf *out, uint64_t id, bool wait);
+/* checkpoint {"final":true} */
+int spot_proto_encode_checkpoint_final(struct spot_buf *out, uint64_t id);
 int spot_proto_encode_done(struct spot_buf *out, uint64_t id, const char *dir);
 int spot_proto_encode_step(struct spot_buf *out, uint64_t id, int64_t step);
 int spot_proto_encode_ok(struct spot_buf *out, uint64_t id, json_t *result);

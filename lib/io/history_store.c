@@ -67,10 +67,13 @@ struct spot_history {
   struct keylist prune;
   size_t del_next;
   /* Only the newest PROGRESS event of a writer matters: once a new one
-   * is written the previous one is deleted, so they never crowd the
-   * events kept (keep) out of the history. */
-  char *progress_key; /* the newest written */
-  char *stale;        /* the one before it, to delete */
+   * is written the one before the previous is deleted, so they never
+   * crowd the events kept (keep) out of the history, and a reader that
+   * listed the previous one (written a report ago, 100 ms) still finds
+   * one of the two. */
+  char *progress_key;  /* the newest written */
+  char *progress_prev; /* the one before it */
+  char *stale;         /* the one before that, to delete */
   spot_history_report_cb report;
   void *data;
   /* close(): draining until the queue is empty or the timer fires */
@@ -158,6 +161,7 @@ timer_close_cb(uv_handle_t *handle)
 
   keylist_fini(&h->prune);
   free(h->progress_key);
+  free(h->progress_prev);
   free(h->stale);
   free(h->q);
   spot__store_cfg_fini(&h->cfg);
@@ -176,12 +180,15 @@ put_cb(const struct spot_s3_result *res, void *data)
   if (res->err < 0) {
     spot__store_s3_msg(msg, sizeof(msg), "writing a history event", res);
   } else {
-    h->since_prune++;
+    /* A progress event replaces its predecessor: no growth to prune. */
+    if (!h->q[0].progress)
+      h->since_prune++;
     if (h->q[0].progress) {
       char *k = strdup(h->q[0].key);
       if (k != NULL) {
         free(h->stale); /* (none: advance() deletes it before a PUT) */
-        h->stale = h->progress_key;
+        h->stale = h->progress_prev;
+        h->progress_prev = h->progress_key;
         h->progress_key = k;
       }
     }
@@ -469,6 +476,15 @@ spot_history_emit(struct spot_history *h, const struct spot_hist_event *ev)
     free(e.body);
     return -ENOMEM;
   }
+  /* A newer progress event replaces one still waiting in the queue: one
+   * waits at most, however often the trainer reports. */
+  for (size_t i = h->state == H_PUT ? 1 : 0; e.progress && i < h->qlen; i++)
+    if (h->q[i].progress) {
+      free(h->q[i].key);
+      free(h->q[i].body);
+      h->q[i] = e;
+      return 0;
+    }
   if (h->qlen == h->queue_max) {
     /* Drop the oldest event that is not being written. */
     size_t i = h->state == H_PUT ? 1 : 0;

@@ -102,8 +102,9 @@ def main():
         c.check(not [e for e in evs if e.get("type") == "run_end"],
                 "the killed node wrote no run_end")
         seen = [e["owner"] for e in evs if e.get("type") == "progress"]
-        c.check(len(seen) <= 2,
-                "spotd keeps its newest progress event, not one per interval "
+        # the newest, the one before it and one a kill caught mid-write
+        c.check(len(seen) <= 3,
+                "spotd keeps its newest progress events, not one per report "
                 "(%d in the store)" % len(seen))
         c.check(saved < reached <= trained,
                 "its last progress (step %d) is past its checkpoint (%d) and "

@@ -22,7 +22,14 @@ are, with only what a cluster would provide put in by the test:
 4. The Indexed Job, two pods: rank and node count from the environment
    only; both join one run through the store (no --run-id); a metadata
    notice on pod 0 preempts both (exit 75 each, one commit); the next
-   run (both pods join the next run) restores it on both ranks."""
+   run (both pods join the next run) restores it on both ranks.
+5. The Indexed Job with the manifest's torchrun (2 nodes, one gloo worker
+   each, Debian's torch): a node drain (SIGTERM) of pod 1 only. Its spotd
+   publishes the drain to the other rank as a notice is published; both
+   workers save at the same step, the job commits one checkpoint and both
+   spotd exit 75 (pod 0's trainer dies with its peer, which is no
+   failure). Both pods start again and resume from that checkpoint, and the
+   history shows one preemption and 0 steps lost."""
 import os
 import re
 import signal
@@ -31,12 +38,15 @@ import sys
 import tempfile
 import time
 
+import json
+
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import spotlib as sl  # noqa: E402
 
 K8S = sl.srcdir_path("deploy", "kubernetes")
+DDP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ddp_trainer.py")
 
 
 def load(name):
@@ -84,7 +94,7 @@ class Pod(sl.Daemon):
     """The train container of JOB (a manifest file) as one process."""
 
     def __init__(self, workdir, manifest, store, job_id, conf_extra,
-                 trainer, downward, env_over=None):
+                 trainer, downward, env_over=None, cmd=None):
         self.job_obj = job_of(manifest)
         c = train_container(self.job_obj)
         os.makedirs(workdir, exist_ok=True)
@@ -133,9 +143,12 @@ class Pod(sl.Daemon):
                       c["readinessProbe"]["exec"]["command"]]
         self.probe[0] = sl.spotctl_exe()
         self.job, self.store = job_id, store
-        argv = [sl.spotd_exe()] + args[:cut + 1] + [
-            sl.PY3, sl.FAKE_TRAINER, "--log", self.trainer_log] + \
-            [str(a) for a in trainer]
+        if cmd is None:
+            cmd = [sl.PY3, sl.FAKE_TRAINER, "--log", self.trainer_log] + \
+                [str(a) for a in trainer]
+        else:
+            cmd = cmd(self.trainer_args)
+        argv = [sl.spotd_exe()] + args[:cut + 1] + cmd
         self.argv = argv
         self.t0 = time.time()
         self.p = subprocess.Popen(argv, stdout=subprocess.PIPE,
@@ -317,6 +330,118 @@ def indexed(c, wd, store):
         e.stop()
 
 
+def torchrun_of(manifest_args, port, log):
+    """The manifest's trainer command for this machine: one CPU worker per
+    node, the rendezvous on a free loopback port, ddp_trainer.py for
+    train_ddp.py; Debian's torchrun (torch 1.13) spells the options with
+    '_' only."""
+    out, i = [], 0
+    while i < len(manifest_args):
+        a = manifest_args[i]
+        v = manifest_args[i + 1] if i + 1 < len(manifest_args) else None
+        if a == "torchrun":
+            out.append("/usr/bin/torchrun")
+        elif a == "--nproc-per-node":
+            out += ["--nproc_per_node", "1"]
+            i += 1
+        elif a == "--master-addr":
+            out += ["--master_addr", "127.0.0.1"]
+            i += 1
+        elif a == "--master-port":
+            out += ["--master_port", str(port)]
+            i += 1
+        elif a.startswith("--") and v is not None:
+            out += [a.replace("-", "_").replace("__", "--", 1), v]
+            i += 1
+        elif a == "train_ddp.py":
+            # Debian's torchrun needs --redirects (its default fails)
+            out += ["--redirects", "1", "--tee", "1", "--log_dir",
+                    log + ".tlogs", DDP, log, "--report"]
+        else:
+            out.append(a)
+        i += 1
+    return out
+
+
+def ddp_events(log, rank, ev):
+    return [e for e in sl.read_jsonl("%s.rank-%d" % (log, rank))
+            if e["ev"] == ev]
+
+
+def drain_torchrun(c, wd, store):
+    job = job_of("train-indexed.yaml")
+    n = job["spec"]["completions"]
+    grace = job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    job_id = "train-ddp-drain"
+    logs = [os.path.join(wd, "ddp-%d.log" % i) for i in range(2)]
+    conf = {"provider": "none", "poll-interval": "500ms"}
+
+    def run(ignored):  # ignored: the Job's count of ignored failures
+        port = sl.free_port()
+        pods = []
+        for k in range(n):
+            down = {"JOB_COMPLETION_INDEX": str(k)}
+            pods.append(Pod(os.path.join(wd, "drain-%d-%d" % (ignored, k)),
+                            "train-indexed.yaml", store, job_id, conf, [],
+                            down, env_over={"SPOTD_TERMINATION_GRACE": "30"},
+                            cmd=lambda t: torchrun_of(t, port, logs[ignored])))
+        return pods
+
+    def started(log, timeout=120):
+        end = time.time() + timeout
+        while time.time() < end:
+            s = [ddp_events(log, r, "start") for r in range(n)]
+            if all(s) and all(len(ddp_events(log, r, "step")) >= 3
+                              for r in range(n)):
+                return [x[-1] for x in s]
+            time.sleep(0.2)
+        return None
+
+    pods = run(0)
+    c.check(started(logs[0]) is not None, "drain: torchrun on both pods, one gloo "
+            "worker each, trains")
+    before = sl.committed(store_prefix(store, job_id))
+    pods[1].send(signal.SIGTERM)  # the node of pod 1 is drained
+    rcs = [p.wait_exit(grace) for p in pods]
+    c.check(rcs == [75, 75], "drain: SIGTERM on pod 1 only ends both pods "
+            "with 75 (the podFailurePolicy ignores it): %s" % rcs,
+            pods[0].err.text()[-1500:])
+    c.check(pods[0].err.matching(r"job-wide notice from rank 1: sigterm") != [],
+            "drain: pod 0 drains on pod 1's published SIGTERM")
+    dl = [re.findall(r"(?:drain deadline|interruption notice: sigterm "
+                     r"\(terminate\) deadline) (\d{4}-[0-9T:.-]+Z)", p.err.text())
+          for p in pods]
+    c.check(dl[0] != [] and dl[0] == dl[1],
+            "drain: pod 0's deadline is pod 1's: %s" % dl)
+    new = [x for x in sl.committed(store_prefix(store, job_id)) if x not in before]
+    c.check(len(new) == 1, "drain: one commit for the job %s" % new)
+    saved = [[e["step"] for e in ddp_events(logs[0], r, "checkpoint")]
+             for r in range(n)]
+    c.check(all(len(x) == 1 for x in saved) and saved[0] == saved[1] and
+            new == ["step-%06d" % saved[0][0]],
+            "drain: both workers saved once, at the same step: %s" % saved)
+
+    # Both pods again: they join the next run through the store.
+    pods = run(1)
+    st = started(logs[1])
+    step = saved[0][0] if saved[0] else None
+    c.check(st is not None and [e.get("step") for e in st] == [step] * n,
+            "drain: both workers resume from step %s: %s" % (step, st))
+    cp = sl.spotctl("history", "%s/%s" % (store, job_id), "--json")
+    j = json.loads(cp.stdout) if cp.returncode == 0 else {}
+    s = j.get("summary", {})
+    runs = j.get("runs", [])
+    c.check(s.get("preemptions") == 1 and runs and
+            runs[0].get("outcome") == "preempted" and
+            runs[0].get("lost_steps") == 0 and s.get("lost_steps") == 0 and
+            s.get("crashes") == 0,
+            "drain: history shows one preemption, 0 steps lost",
+            cp.stdout[:1500] + cp.stderr)
+    for p in pods:
+        p.send(signal.SIGKILL)
+        p.wait_exit(30)
+
+
 def store_prefix(store, job_id):
     m = re.match(r"s3://[^/]+/(.*)$", store)
     return m.group(1).rstrip("/") + "/" + job_id + "/"
@@ -332,6 +457,8 @@ def main():
         try:
             single_node(c, wd, store)
             indexed(c, wd, store)
+            if os.path.exists("/usr/bin/torchrun"):
+                drain_torchrun(c, wd, store)
         finally:
             sl.kill_started()
             sl.s3_cleanup(prefix + "/")

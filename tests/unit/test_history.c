@@ -340,6 +340,20 @@ test_summary_saturates(void **state)
   free(ev);
 }
 
+/* A checkpoint of owner committed at T0 + at, saved and uploaded in 1 s
+ * each (its state is that of 2 s before). */
+static void
+committed_at(struct spot_hist_event *ev, const char *owner, int64_t at,
+             uint64_t seq, const char *name, int64_t step)
+{
+  spot_hist_event_init(ev, SPOT_HIST_CHECKPOINT, T0 + at, owner, seq);
+  SPOT_HIST_SET(ev, checkpoint, name);
+  ev->save_s = 1;
+  ev->upload_s = 1;
+  ev->step = step;
+  ev->committed = true;
+}
+
 /* spotd killed (kill -9) after a commit at step 279 while its trainer
  * reached step 300: nothing but its PROGRESS events says how far it got.
  * The next start restores step-279: 21 steps lost, and the time from
@@ -355,12 +369,7 @@ test_killed_lost_steps(void **state)
 
   (void)state;
   spot_hist_event_init(&ev[n++], SPOT_HIST_RUN_START, T0, "a", 0);
-  spot_hist_event_init(&ev[n], SPOT_HIST_CHECKPOINT, T0 + S(100), "a", 1);
-  SPOT_HIST_SET(&ev[n], checkpoint, "step-279");
-  ev[n].save_s = 1;
-  ev[n].upload_s = 1;
-  ev[n].step = 279;
-  ev[n++].committed = true;
+  committed_at(&ev[n++], "a", S(100), 1, "step-279", 279);
   spot_hist_event_init(&ev[n], SPOT_HIST_PROGRESS, T0 + S(115), "a", 2);
   ev[n++].step = 290;
   spot_hist_event_init(&ev[n], SPOT_HIST_PROGRESS, T0 + S(130), "a", 3);
@@ -622,6 +631,151 @@ test_lease_wait(void **state)
   spot_hist_summary_fini(&s);
 }
 
+/* Restarts in place: the trainer failed at step 150 (commit step-100 held
+ * the state of 98 s), was down 12 s (backoff and restore) and ran again
+ * at 212 s; then failed for good at step 130 with its restarts used up.
+ * Each failure loses the work back to step-100; the downtime is not
+ * training. */
+static void
+test_restarts_ledger(void **state)
+{
+  struct spot_hist_event ev[8];
+  struct spot_hist_summary s;
+  size_t n = 0;
+  char *json;
+  json_t *root, *run;
+
+  (void)state;
+  spot_hist_event_init(&ev[n++], SPOT_HIST_RUN_START, T0, "a", 0);
+  committed_at(&ev[n++], "a", S(100), 1, "step-100", 100);
+  spot_hist_event_init(&ev[n], SPOT_HIST_RESTART, T0 + S(212), "a", 2);
+  SPOT_HIST_SET(&ev[n], checkpoint, "step-100");
+  ev[n].restart_count = 1;
+  ev[n].exit_code = 1;
+  ev[n].seconds = 10;
+  ev[n].down_s = 12;
+  ev[n++].step = 150;
+  spot_hist_event_init(&ev[n], SPOT_HIST_RUN_END, T0 + S(260), "a", 3);
+  SPOT_HIST_SET(&ev[n], outcome, "crashed");
+  SPOT_HIST_SET(&ev[n], reason, "restarts-used");
+  ev[n].exit_code = 1;
+  ev[n++].step = 130;
+  spot_hist_sort(ev, n);
+  assert_int_equal(spot_hist_summarize(ev, n, 0, 0, &s), 0);
+  assert_int_equal(s.nruns, 1);
+  assert_int_equal(s.runs[0].outcome, SPOT_HIST_CRASHED);
+  assert_true(s.runs[0].exhausted);
+  assert_int_equal(s.exhausted, 1);
+  assert_int_equal(s.crashes, 1);
+  assert_int_equal(s.restarts, 1);
+  assert_int_equal(s.nodes[0].restarts, 1);
+  assert_true(s.nodes[0].down_ms == S(12));
+  assert_true(s.down_ms == S(12));
+  /* failed at 200 s, state of 98 s: 102 s and 50 steps; then from the
+   * restart at 212 s to the end at 260 s: 48 s and 30 steps */
+  assert_true(s.nodes[0].restart_lost_ms == S(102));
+  assert_true(s.nodes[0].restart_lost_steps == 50);
+  assert_true(s.runs[0].lost_ms == S(102) + S(48));
+  assert_true(s.runs[0].lost_steps == 50 + 30);
+  assert_true(s.train_ms == S(260) - S(12));
+  assert_int_equal(s.nodes[0].nrestart_times, 3);
+  assert_true(s.nodes[0].restart_times[0] == T0 + S(200));
+  assert_true(s.nodes[0].restart_times[1] == T0 + S(212));
+  assert_true(s.nodes[0].restart_times[2] == T0 + S(98));
+  assert_false(s.runs[0].lost_bound);
+  assert_int_equal(spot_hist_summary_json(&s, "j", ev, n, &json), 0);
+  root = json_loads(json, 0, NULL);
+  assert_non_null(root);
+  run = json_array_get(json_object_get(root, "runs"), 0);
+  assert_true(json_is_true(json_object_get(run, "exhausted")));
+  assert_int_equal(json_integer_value(json_object_get(run, "restarts")), 1);
+  assert_float_equal(json_real_value(json_object_get(run, "down_s")), 12.0,
+                     1e-9);
+  assert_int_equal(json_integer_value(json_object_get(
+                       json_object_get(root, "summary"), "restarts_used_up")),
+                   1);
+  json_decref(root);
+  free(json);
+  spot_hist_summary_fini(&s);
+
+  /* The restart's fields survive a round trip. */
+  {
+    struct spot_hist_event back;
+    char err[128];
+    for (size_t i = 0; i < n; i++)
+      if (ev[i].type == SPOT_HIST_RESTART) {
+        assert_int_equal(spot_hist_encode(&ev[i], &json), 0);
+        assert_int_equal(
+            spot_hist_parse(json, strlen(json), &back, err, sizeof(err)), 0);
+        assert_true(back.step == 150);
+        assert_float_equal(back.down_s, 12.0, 1e-9);
+        free(json);
+      }
+  }
+
+  /* Killed, no step ever reported: the loss is a lower bound. */
+  n = 0;
+  spot_hist_event_init(&ev[n++], SPOT_HIST_RUN_START, T0, "k", 0);
+  spot_hist_event_init(&ev[n++], SPOT_HIST_LEASE, T0 + S(30), "k", 1);
+  spot_hist_event_init(&ev[n++], SPOT_HIST_RUN_START, T0 + S(100), "l", 0);
+  spot_hist_sort(ev, n);
+  assert_int_equal(spot_hist_summarize(ev, n, 0, 0, &s), 0);
+  assert_int_equal(s.runs[0].outcome, SPOT_HIST_CRASHED);
+  assert_true(s.runs[0].lost_bound);
+  assert_true(s.lost_bound);
+  spot_hist_summary_fini(&s);
+}
+
+/* Two ranks preempted once, the final checkpoint committed by both: rank
+ * 1 learned of the notice through the store a second after its trainer
+ * saved for rank 0 (the checkpoint's state is older than its notice), yet
+ * no rank lost anything: the job resumes from that final checkpoint. */
+static void
+test_multinode_final_loses_nothing(void **state)
+{
+  struct spot_hist_event ev[12];
+  struct spot_hist_summary s;
+  size_t n = 0;
+  const char *own[2] = {"r0", "r1"};
+
+  (void)state;
+  for (int k = 0; k < 2; k++) {
+    spot_hist_event_init(&ev[n], SPOT_HIST_RUN_START, T0, own[k], 0);
+    SPOT_HIST_SET(&ev[n], run, "run-1");
+    ev[n].rank = k;
+    ev[n++].nranks = 2;
+  }
+  spot_hist_event_init(&ev[n], SPOT_HIST_NOTICE, T0 + S(100), "r0", 1);
+  ev[n++].step = 400;
+  spot_hist_event_init(&ev[n], SPOT_HIST_CHECKPOINT, T0 + S(103), "r0", 2);
+  SPOT_HIST_SET(&ev[n], checkpoint, "step-401");
+  ev[n].save_s = 1;
+  ev[n].upload_s = 1.9;
+  ev[n].step = 401;
+  ev[n++].committed = true;
+  /* rank 1: its trainer saved at 100.2 s, it saw the notice at 101.1 s */
+  spot_hist_event_init(&ev[n], SPOT_HIST_NOTICE, T0 + 101100, "r1", 1);
+  ev[n++].step = 405;
+  spot_hist_event_init(&ev[n], SPOT_HIST_CHECKPOINT, T0 + S(103), "r1", 2);
+  SPOT_HIST_SET(&ev[n], checkpoint, "step-401");
+  ev[n].upload_s = 2.8;
+  ev[n].step = 401;
+  ev[n++].committed = true;
+  for (int k = 0; k < 2; k++) {
+    spot_hist_event_init(&ev[n], SPOT_HIST_RUN_END, T0 + S(105), own[k], 3);
+    SPOT_HIST_SET(&ev[n], outcome, "preempted");
+    ev[n++].committed = true;
+  }
+  spot_hist_sort(ev, n);
+  assert_int_equal(spot_hist_summarize(ev, n, 0, 0, &s), 0);
+  assert_int_equal(s.nruns, 1);
+  assert_int_equal(s.preemptions, 1);
+  assert_true(s.nodes[0].lost_ms == 0 && s.nodes[1].lost_ms == 0);
+  assert_true(s.runs[0].lost_ms == 0);
+  assert_true(s.runs[0].lost_steps == 0);
+  spot_hist_summary_fini(&s);
+}
+
 int
 main(void)
 {
@@ -632,6 +786,8 @@ main(void)
       cmocka_unit_test(test_crash_and_running),
       cmocka_unit_test(test_summary_saturates),
       cmocka_unit_test(test_killed_lost_steps),
+      cmocka_unit_test(test_restarts_ledger),
+      cmocka_unit_test(test_multinode_final_loses_nothing),
       cmocka_unit_test(test_multinode_runs),
       cmocka_unit_test(test_refused_start),
       cmocka_unit_test(test_lease_wait),

@@ -85,40 +85,63 @@ closed_cb(void *data)
   ((struct seen *)data)->closed++;
 }
 
-static void
-test_writer_failure_is_reported(void **state)
-{
-  struct spot_creds_provider creds = {no_creds, NULL};
-  struct spot_s3_config sc;
-  struct spot_store_config c;
-  struct spot_history_options o;
-  struct spot_history *h;
-  struct spot_hist_event ev;
+/* A writer's surroundings: a loop, HTTP, an S3 client for an endpoint
+ * that never answers, and the job's store config. */
+struct wfix {
+  uv_loop_t loop;
   struct spot_http *http;
   struct spot_s3 *s3;
-  struct seen seen;
-  uv_loop_t loop;
+  struct spot_store_config c;
+};
 
-  assert_int_equal(uv_loop_init(&loop), 0);
-  assert_int_equal(spot_http_new(&loop, &http), 0);
+static void
+wfix_init(struct wfix *f, struct spot_creds_provider *creds)
+{
+  struct spot_s3_config sc;
+
+  assert_int_equal(uv_loop_init(&f->loop), 0);
+  assert_int_equal(spot_http_new(&f->loop, &f->http), 0);
   memset(&sc, 0, sizeof(sc));
   sc.endpoint = "http://127.0.0.1:1";
   sc.region = "us-east-1";
   sc.path_style = true;
-  sc.creds = &creds;
-  assert_int_equal(spot_s3_new(http, &sc, &s3), 0);
-  memset(&c, 0, sizeof(c));
-  c.s3 = s3;
-  c.bucket = "spotd-test";
-  c.job = "job-1";
+  sc.creds = creds;
+  assert_int_equal(spot_s3_new(f->http, &sc, &f->s3), 0);
+  memset(&f->c, 0, sizeof(f->c));
+  f->c.s3 = f->s3;
+  f->c.bucket = "spotd-test";
+  f->c.job = "job-1";
+}
+
+static void
+wfix_fini(struct wfix *f)
+{
+  spot_s3_free(f->s3);
+  spot_http_close(f->http, NULL, NULL);
+  uv_run(&f->loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&f->loop), 0);
+}
+
+static void
+test_writer_failure_is_reported(void **state)
+{
+  struct spot_creds_provider creds = {no_creds, NULL};
+  struct spot_history_options o;
+  struct spot_history *h;
+  struct spot_hist_event ev;
+  struct seen seen;
+  struct wfix f;
+
+  wfix_init(&f, &creds);
   memset(&o, 0, sizeof(o));
   memset(&seen, 0, sizeof(seen));
   o.owner = "bad/owner";
-  assert_int_equal(spot_history_new(&loop, &c, &o, report_cb, &seen, &h),
+  assert_int_equal(spot_history_new(&f.loop, &f.c, &o, report_cb, &seen, &h),
                    -EINVAL);
   o.owner = "node-a";
   o.queue_max = 2;
-  assert_int_equal(spot_history_new(&loop, &c, &o, report_cb, &seen, &h), 0);
+  assert_int_equal(spot_history_new(&f.loop, &f.c, &o, report_cb, &seen, &h),
+                   0);
   assert_string_equal(spot_history_owner(h), "node-a");
 
   assert_int_equal(spot_history_event_init(h, &ev, SPOT_HIST_RUN_START), 0);
@@ -138,12 +161,57 @@ test_writer_failure_is_reported(void **state)
   assert_int_equal(spot_history_close(h, 1000, closed_cb, &seen), 0);
   assert_int_equal(spot_history_close(h, 1000, closed_cb, &seen), -EALREADY);
   assert_int_equal(spot_history_emit(h, &ev), -ESHUTDOWN);
-  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_run(&f.loop, UV_RUN_DEFAULT);
   assert_int_equal(seen.closed, 1);
-  spot_s3_free(s3);
-  spot_http_close(http, NULL, NULL);
-  uv_run(&loop, UV_RUN_DEFAULT);
-  assert_int_equal(uv_loop_close(&loop), 0);
+  wfix_fini(&f);
+}
+
+static int
+some_creds(struct spot_creds_provider *p, const struct spot_creds **out)
+{
+  static char ak[] = "AKIDEXAMPLE", sk[] = "secret";
+  static const struct spot_creds c = {ak, sk, NULL, 0};
+
+  (void)p;
+  *out = &c;
+  return 0;
+}
+
+/* Progress events while one is being written (the endpoint does not
+ * answer yet): a newer one replaces the one waiting, so a trainer that
+ * reports every step never fills the queue nor pushes other events out. */
+static void
+test_progress_coalesces(void **state)
+{
+  struct spot_creds_provider creds = {some_creds, NULL};
+  struct spot_history_options o;
+  struct spot_history *h;
+  struct spot_hist_event ev;
+  struct seen seen;
+  struct wfix f;
+
+  (void)state;
+  wfix_init(&f, &creds);
+  memset(&o, 0, sizeof(o));
+  memset(&seen, 0, sizeof(seen));
+  o.owner = "node-a";
+  o.queue_max = 2;
+  o.replace_progress = true;
+  assert_int_equal(spot_history_new(&f.loop, &f.c, &o, report_cb, &seen, &h),
+                   0);
+  for (int step = 1; step <= 5; step++) {
+    assert_int_equal(spot_history_event_init(h, &ev, SPOT_HIST_PROGRESS), 0);
+    ev.step = step;
+    assert_int_equal(spot_history_emit(h, &ev), 0);
+  }
+  /* The first is in flight, the newest waits: nothing was dropped. */
+  assert_int_equal(seen.reports, 0);
+  assert_int_equal(spot_history_close(h, 0, closed_cb, &seen), 0);
+  uv_run(&f.loop, UV_RUN_DEFAULT);
+  assert_int_equal(seen.closed, 1);
+  /* the one in flight and the one waiting, each cancelled once */
+  assert_int_equal(seen.reports, 2);
+  wfix_fini(&f);
 }
 
 static void
@@ -179,6 +247,7 @@ main(void)
       cmocka_unit_test(test_key),
       cmocka_unit_test(test_owner),
       cmocka_unit_test(test_writer_failure_is_reported),
+      cmocka_unit_test(test_progress_coalesces),
       cmocka_unit_test(test_metrics_file),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -14,7 +14,7 @@ struct seen {
   uint64_t ids[16];
   int cmds[16];
   char names[16][32];
-  bool wait[16];
+  bool wait[16], final[16];
   char dir[16][64];
   const char *args_error[16];
   bool ok[16];
@@ -38,6 +38,8 @@ record_cb(const struct spot_proto_msg *m, void *data)
     snprintf(s->names[i], sizeof(s->names[i]), "%s", m->cmd_name);
     if (m->cmd == SPOT_PROTO_CMD_CHECKPOINT && m->args_error == NULL)
       s->wait[i] = m->u.checkpoint.wait;
+    if (m->cmd == SPOT_PROTO_CMD_CHECKPOINT && m->args_error == NULL)
+      s->final[i] = m->u.checkpoint.final;
     if (m->cmd == SPOT_PROTO_CMD_DONE && m->args_error == NULL)
       snprintf(s->dir[i], sizeof(s->dir[i]), "%s", m->u.done.dir);
   } else {
@@ -242,13 +244,27 @@ test_unknown_cmd_and_bad_args(void **state)
       "{\"v\":1,\"id\":2,\"cmd\":\"done\"}\n"
       "{\"v\":1,\"id\":3,\"cmd\":\"done\",\"args\":{\"dir\":\"\"}}\n"
       "{\"v\":1,\"id\":4,\"cmd\":\"checkpoint\",\"args\":{\"wait\":\"yes\"}}\n"
-      "{\"v\":1,\"id\":5,\"cmd\":\"checkpoint\",\"args\":{\"wait\":false}}\n";
+      "{\"v\":1,\"id\":5,\"cmd\":\"checkpoint\",\"args\":{\"wait\":false}}\n"
+      "{\"v\":1,\"id\":6,\"cmd\":\"checkpoint\",\"args\":{\"final\":1}}\n"
+      "{\"v\":1,\"id\":7,\"cmd\":\"checkpoint\",\"args\":{\"final\":true,"
+      "\"wait\":true}}\n";
   struct spot_proto_reader r;
   struct seen s = {0};
+  struct spot_buf out;
 
   spot_proto_reader_init(&r, SPOT_PROTO_REQUEST);
   assert_int_equal(spot_proto_feed(&r, text, strlen(text), record_cb, &s), 0);
-  assert_int_equal(s.n, 5);
+  spot_buf_init(&out, 256);
+  assert_int_equal(spot_proto_encode_checkpoint_final(&out, 8), 0);
+  assert_int_equal(spot_proto_feed(&r, out.data, out.len, record_cb, &s), 0);
+  spot_buf_fini(&out);
+  assert_int_equal(s.n, 8);
+  assert_non_null(strstr(s.args_error[5], "'final'"));
+  assert_non_null(strstr(s.args_error[6], "'final'"));
+  assert_null(s.args_error[7]);
+  assert_true(s.final[7]);
+  assert_false(s.wait[7]);
+  assert_false(s.final[4]);
   assert_int_equal(s.cmds[0], SPOT_PROTO_CMD_LAST);
   assert_string_equal(s.names[0], "reboot");
   assert_non_null(s.args_error[1]);

@@ -16,6 +16,9 @@ transfers arrive in:
   stall       forward nothing: hold the connection with no byte moving
               for stall_s seconds (mid-body when there is a body), then
               reset it
+  flip        forward, and flip one bit of the middle byte of a 2xx
+              response body (a fault in transit over plain http: the
+              store keeps the right bytes)
 Always-on shaping: latency_ms added before each request is forwarded, and
 bandwidth (bytes/s, shared by all connections and both directions).
 
@@ -47,7 +50,7 @@ import urllib.parse
 
 HEAD_MAX = 64 * 1024
 CHUNK = 64 * 1024
-FAULTS = ("slowdown", "reset_req", "reset_resp", "stall")
+FAULTS = ("slowdown", "reset_req", "reset_resp", "stall", "flip")
 SLOWDOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown'
                  b'</Code><Message>Please reduce your request rate.</Message>'
                  b'<RequestId>faultproxy</RequestId></Error>')
@@ -133,14 +136,17 @@ class FaultProxy:
     # ---- control (any thread)
     def configure(self, slowdown=0.0, reset_req=0.0, reset_resp=0.0, stall=0.0,
                   stall_s=5.0, latency_ms=0, bandwidth=0, kinds=None,
-                  max_per_request=1, seed=None):
+                  max_per_request=1, seed=None, flip=0.0, match=None):
         """Replaces the fault plan (everything off by default) and restarts
-        the attempt counts."""
+        the attempt counts. match: substrings of the request target; when
+        given, only a request whose target holds one may be hit."""
         with self.mu:
             self.cfg = dict(slowdown=slowdown, reset_req=reset_req,
                             reset_resp=reset_resp, stall=stall, stall_s=stall_s,
-                            latency_ms=latency_ms, bandwidth=bandwidth,
+                            flip=flip, latency_ms=latency_ms,
+                            bandwidth=bandwidth,
                             kinds=set(kinds) if kinds else None,
+                            match=list(match) if match else None,
                             max_per_request=max_per_request)
             if seed is not None:
                 self.seed = seed
@@ -184,10 +190,13 @@ class FaultProxy:
             f.write(data)
         os.replace(tmp, self.stats_path)
 
-    def _decide(self, kind, ident):
+    def _decide(self, kind, ident, target=""):
         """The fault for this attempt of this request, or None."""
         with self.mu:
             cfg = dict(self.cfg)
+            if cfg["match"] is not None and \
+                    not any(m in target for m in cfg["match"]):
+                return None, cfg
             n = self.attempts.get(ident, 0)
             self.attempts[ident] = n + 1
             self._stats["requests"][kind] = self._stats["requests"].get(kind, 0) + 1
@@ -294,7 +303,7 @@ class FaultProxy:
         hmap = {k.lower(): v for k, v in headers}
         n = int(hmap.get("content-length", "0") or 0)
         kind, ident = classify(method, target)
-        fault, cfg = self._decide(kind, ident)
+        fault, cfg = self._decide(kind, ident, target)
         akid = hmap.get("authorization", "").partition("Credential=")[2].split("/")[0]
         with self.mu:  # which key signed (credential rotation tests)
             ak = self._stats["access_keys"]
@@ -392,6 +401,10 @@ class FaultProxy:
                 uw.close()
             self._write_stats()
             return False
+        if fault == "flip" and 200 <= status < 300 and rbody:
+            rbody = bytearray(rbody)
+            rbody[len(rbody) // 2] ^= 0x04
+            rbody = bytes(rbody)
         await self._send(writer, rdata + (b"" if method == "HEAD" else rbody))
         self._write_stats()
         if not up_keep:
@@ -408,13 +421,14 @@ def main(argv):
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--stats")
     ap.add_argument("--fault", action="append", default=[],
-                    help="K=V: slowdown, reset_req, reset_resp, stall (fractions), "
-                         "stall_s, latency_ms, bandwidth, max_per_request, kinds=a,b")
+                    help="K=V: slowdown, reset_req, reset_resp, stall, flip "
+                         "(fractions), stall_s, latency_ms, bandwidth, "
+                         "max_per_request, kinds=a,b, match=a,b")
     a = ap.parse_args(argv)
     kw = {}
     for kv in a.fault:
         k, v = kv.split("=", 1)
-        kw[k] = set(v.split(",")) if k == "kinds" else float(v)
+        kw[k] = set(v.split(",")) if k in ("kinds", "match") else float(v)
     if "max_per_request" in kw:
         kw["max_per_request"] = int(kw["max_per_request"])
     px = FaultProxy(a.upstream, seed=a.seed, stats_path=a.stats, port=a.port)

@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "proctree.h"
+#include "reqfile.h"
 
 struct spotd;
 
@@ -21,10 +22,12 @@ enum req_state {
 
 struct ckpt_req {
   enum req_state state;
-  char path[4200];      /* the request file ("" none) */
-  char maps_path[4200]; /* as /proc/PID/maps names it */
-  int fd;
-  volatile uint64_t *map; /* the file, shared with the trainer */
+  char path[4200]; /* the request file ("" none) */
+  int fd;          /* read and written with pread/pwrite, never mapped */
+  void *map;       /* spotd's own mapping, never touched: its map_id */
+  char map_id[64]; /* "DEV INODE" as /proc/PID/maps shows the file */
+  char env_id[48]; /* "DEV:INO" of fstat(): SPOTD_REQUEST_ID */
+  bool tampered;   /* told once: someone else wrote into the file */
   uint64_t seq;
   uv_timer_t resend; /* while pending: processes that start catching */
   struct {
@@ -44,6 +47,8 @@ void request_fini(struct spotd *d);  /* after the loop: unmap, remove */
 void request_trainer_starts(struct spotd *d);
 /* The path for SPOTD_REQUEST_FILE, or NULL. */
 const char *request_file(const struct spotd *d);
+/* The file's identity for SPOTD_REQUEST_ID ("DEV:INO"), or NULL. */
+const char *request_file_id(const struct spotd *d);
 /* A new request: in the file, and the signal to the processes that catch
  * or ignore it. *helpers: how many processes the helper serves; *caught:
  * how many catch the signal; *sent: how many got it. */

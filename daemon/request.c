@@ -32,9 +32,20 @@
  *    included) that catches it (SigCgt) or ignores it (harmless; and a
  *    sigwait loop on the signal spotd starts ignored shows so while it
  *    waits). Never to one at the default action, which would die of it,
- *    never to one the helper serves (it has polled: it maps the request
- *    file), and again, while the request is pending, to a process that
- *    starts catching it. */
+ *    never to one the helper serves (it maps the request file), and
+ *    again, while the request is pending, to a process that starts
+ *    catching it.
+ *
+ *    A catcher gets it only once it has been seen catching it on scans
+ *    at least REQ_STEADY_MS apart (the same process: pid and start
+ *    time). A child between fork() and exec() shows its parent's handler
+ *    and exec() puts it back to the default action: signalled in that
+ *    window it would die of it (a trainer whose handler runs
+ *    subprocess.run() in a loop lost 17 of 21,351 children so). No child
+ *    stays between fork and exec that long; what is left is a process
+ *    that caught the signal for REQ_STEADY_MS and then execs (or resets
+ *    it) in the microseconds between spotd's last look and the delivery.
+ *    A process that ignores it gets it at once: exec() keeps SIG_IGN. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -56,6 +67,9 @@
 /* While a request is pending, the tree is looked at this often for
  * processes that started catching the signal. */
 #define REQ_RESEND_MS 250
+/* A catcher seen catching the signal for this long is no child between
+ * fork() and exec() (one resend tick, less the timer's slack). */
+#define REQ_STEADY_MS 200
 
 static const char *const req_names[] = {"idle", "pending"};
 _Static_assert(SPOT_ARRAY_SIZE(req_names) == REQ_STATE_LAST, "req_names");
@@ -285,6 +299,7 @@ void
 request_trainer_starts(struct spotd *d)
 {
   d->req.seq = 0;
+  d->req.nseen = 0;
   store_counters(d);
   (void)slot_store(d, SPOT_REQ_OFF_POLLS, 0);
   (void)slot_store(d, SPOT_REQ_OFF_ATTACHED, 0);
@@ -339,12 +354,27 @@ note_sent(struct ckpt_req *q, const struct spot_proc *p, int state)
  * default action. */
 struct look {
   unsigned served, caught, ignored, sent;
+  unsigned unsteady; /* catchers not seen catching for REQ_STEADY_MS */
 };
+
+/* Since when p has been seen catching the signal: its entry of the last
+ * scan, or now. */
+static uint64_t
+seen_since(const struct ckpt_req *q, const struct spot_proc *p, uint64_t now)
+{
+  for (size_t i = 0; i < q->nseen; i++)
+    if (q->seen[i].pid == p->pid && q->seen[i].start == p->start)
+      return q->seen[i].since_ms;
+  return now;
+}
 
 static int
 tree_look(struct spotd *d, bool send, bool count_served, struct look *lk)
 {
   struct ckpt_req *q = &d->req;
+  struct req_seen next[SPOT_ARRAY_SIZE(q->seen)];
+  size_t nnext = 0;
+  uint64_t now = spot_now_mono_ms();
   struct spot_proc *v;
   size_t n;
   int sig = d->cfg->signal, r;
@@ -357,6 +387,17 @@ tree_look(struct spotd *d, bool send, bool count_served, struct look *lk)
     const struct spot_proc *p = &v[i];
     int st = spot_proc_sigstate(p, sig);
     bool takes = st == SPOT_PROC_SIG_CAUGHT || st == SPOT_PROC_SIG_IGNORED;
+    bool steady = true;
+
+    if (st == SPOT_PROC_SIG_CAUGHT) {
+      uint64_t since = seen_since(q, p, now);
+
+      steady = now - since >= REQ_STEADY_MS;
+      if (nnext < SPOT_ARRAY_SIZE(next))
+        next[nnext++] = (struct req_seen){p->pid, p->start, since};
+      else
+        steady = false; /* not followed: never signalled */
+    }
 
     if ((takes || count_served) && q->map != NULL &&
         spot_proc_maps_id(p, q->map_id) == 1) {
@@ -370,6 +411,10 @@ tree_look(struct spotd *d, bool send, bool count_served, struct look *lk)
       lk->caught++;
     else
       lk->ignored++;
+    if (!steady) {
+      lk->unsteady++;
+      continue; /* maybe a child between fork and exec: next scan */
+    }
     if (!send || was_sent(q, p, st) || spot_proc_kill(p, sig) < 0)
       continue;
     lk->sent++;
@@ -378,6 +423,8 @@ tree_look(struct spotd *d, bool send, bool count_served, struct look *lk)
     note_sent(q, p, st);
   }
   free(v);
+  memcpy(q->seen, next, nnext * sizeof(next[0]));
+  q->nseen = nnext;
   return 0;
 }
 
@@ -418,6 +465,12 @@ request_begin(struct spotd *d, unsigned *helpers, unsigned *caught,
   *helpers = lk.served;
   *caught = lk.caught;
   *sent = lk.sent;
+  if (lk.unsteady > 0)
+    log_info("checkpoint signal: %u process%s began catching it since the "
+             "last look: sent in %d ms if %s still catch%s it (a child "
+             "between fork and exec would die of it)",
+             lk.unsteady, lk.unsteady == 1 ? "" : "es", REQ_RESEND_MS,
+             lk.unsteady == 1 ? "it" : "they", lk.unsteady == 1 ? "es" : "");
   if (q->resend.loop != NULL)
     uv_timer_start(&q->resend, resend_cb, REQ_RESEND_MS, REQ_RESEND_MS);
 }

@@ -35,6 +35,15 @@ struct ckpt_req {
     int state; /* enum spot_proc_sig when it got it */
   } sent[256]; /* got the signal for seq */
   size_t nsent;
+  /* Processes seen catching the signal on the last scan, and since when
+   * (spot_now_mono_ms) they have been seen catching it without a break:
+   * only one steady for REQ_STEADY_MS gets it (request.c). */
+  struct req_seen {
+    pid_t pid;
+    uint64_t start;
+    uint64_t since_ms;
+  } seen[256];
+  size_t nseen;
 };
 
 /* request.c: the request file and the checkpoint signal */

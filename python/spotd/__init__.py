@@ -19,9 +19,11 @@ What it does for you:
 - How a request reaches the trainer. Under spotd the trainer's
   environment names a small shared file, $SPOTD_REQUEST_FILE (spotd's
   request channel). Importing this module checks it and counts itself in
-  it (attached); the first checkpoint_requested() maps it (MAP_SHARED) and
-  keeps the mapping for the life of the process: a forked child inherits
-  it, an exec'd program that imports spotd maps it again. spotd counts a
+  it (attached); the first checkpoint_requested() opens and maps it and
+  keeps both for the life of the process (it reads the file with pread(),
+  never through the mapping, which only shows spotd whom it serves): a
+  forked child inherits them, an exec'd program that imports spotd opens
+  it again. spotd counts a
   request in it (seq) and marks it served once the checkpoint is complete;
   checkpoint_requested() reads those two counters, so every process of the
   job sees a request whatever its session, process group or threads, and
@@ -32,8 +34,8 @@ What it does for you:
   gets the signal: it never polls). A request made before the trainer
   could take it
   (still starting, waiting in its rendezvous) is taken once, at its first
-  checkpoint_requested(). Each call also counts itself in the file
-  (polls), which tells spotd the trainer has reached its training loop.
+  checkpoint_requested(). The first call also marks the file (polls),
+  which tells spotd the trainer has reached its training loop.
 - Without the channel (no spotd, or a spotd that has none; a file that
   cannot be mapped prints one warning) importing it in the main thread
   installs a handler for the checkpoint signal ($SPOTD_SIGNAL, a number

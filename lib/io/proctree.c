@@ -387,7 +387,9 @@ spot_proc_self_map_id(const void *addr, char *id, size_t n)
 static bool
 same_id(const char *id, void *data)
 {
-  return strcmp(id, data) == 0;
+  const char *const *want = data;
+
+  return strcmp(id, *want) == 0;
 }
 
 int
@@ -401,7 +403,7 @@ spot_proc_maps_id(const struct spot_proc *p, const char *id)
   f = fopen(mpath, "re");
   if (f == NULL)
     return errno == ENOENT ? -ESRCH : -errno;
-  found = maps_ids(f, NULL, same_id, (void *)(uintptr_t)id) ? 1 : 0;
+  found = maps_ids(f, NULL, same_id, &id) ? 1 : 0;
   fclose(f);
   return found;
 }

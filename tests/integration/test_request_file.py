@@ -16,7 +16,6 @@ both poll), against the real Ceph, while this test writes into the file:
               and takes the signal; spotd says the path is not its file.
 
 The file is 0600. Each `spotctl checkpoint --wait` must commit."""
-import json
 import os
 import random
 import shutil

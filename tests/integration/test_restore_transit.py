@@ -13,13 +13,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import spotlib as sl  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
-
-
-def make(d, step):
-    os.makedirs(d)
-    with open(os.path.join(d, "step"), "w") as f:
-        f.write("%d\n" % step)
-    sl.write_random(os.path.join(d, "data.bin"), 300000 + step)
+from test_restore_fallback import make  # noqa: E402  (step, data.bin)
 
 
 def main():

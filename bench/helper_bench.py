@@ -63,7 +63,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="spotd-helper-bench-") as d:
         req = os.path.join(d, "spotd.sock.req")
         with open(req, "wb") as f:  # seq 0, served 0: nothing pending
-            f.write(b"SPOTDREQ" + struct.pack("<IIQQQ", 1, 0, 0, 0, 0) +
+            f.write(b"SPOTDREQ" + struct.pack("<IIQQQ", 2, 0, 0, 0, 0) +
                     b"\0" * (4096 - 40))
         print("python %s, %d calls, best of %d rounds" % (
             sys.version.split()[0], a.calls, a.rounds))

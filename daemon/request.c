@@ -4,28 +4,48 @@
  * Two channels, so that every process of the job learns of a request
  * whatever its session, process group or threads:
  *
- *  - The request file (README "How a request reaches the trainer"):
- *    4096 bytes next to the control socket, mapped by spotd and by the
- *    Python helper of every process that imports it (SPOTD_REQUEST_FILE).
- *    spotd counts requests in `seq` and sets `served` to it when the
- *    request is over; a process has a request to take when seq > served
- *    and it has not taken seq yet. Reading it is a load from shared memory
- *    (no system call), a request made before a process could look is
- *    still there when it does, and a mapping survives fork (and exec maps
- *    it again). The helper counts its imports in `attached` and its polls
- *    in `polls`: spotd reads polls as "the trainer has made a step since
- *    it started". It maps the file for good at its first poll, so a
- *    process that imports the helper for other things and takes the
- *    signal itself still gets the signal.
+ *  - The request file (README "How a request reaches the trainer"; its
+ *    layout in reqfile.h): 4096 bytes next to the control socket, read by
+ *    the Python helper of every process that imports it
+ *    (SPOTD_REQUEST_FILE). spotd writes a request's id in `seq` and sets
+ *    `served` to it when the request is over; a process has a request to
+ *    take when seq > served and it did not take that seq last. A request
+ *    made before a process could look is still there when it does. The
+ *    helper counts its imports in `attached` and marks `polls` at its
+ *    first poll: spotd reads polls as "the trainer has made a step since
+ *    it started". The helper maps the file (never reading through the
+ *    mapping) at its first poll, so a process that imports it for other
+ *    things and takes the signal itself still gets the signal.
+ *
+ *    Anything may be written into the file by a process of the trainer's
+ *    user: spotd never reads or writes it through a mapping (a truncated
+ *    file kills the process that touches its mapping, SIGBUS), never
+ *    reads its own counters back (its seq lives here), writes seq and
+ *    served together at every request and, while one is pending, puts
+ *    the file back as it should be (size, header, seq, served) every
+ *    resend tick, with one warning. A process is known to be served by
+ *    the device and inode of the file in its /proc/PID/maps, not the
+ *    path: a file renamed over the path is not spotd's.
  *
  *  - The checkpoint signal, for trainers without the helper: sent to each
  *    process of the trainer's tree (child.c: every session, orphans
  *    included) that catches it (SigCgt) or ignores it (harmless; and a
  *    sigwait loop on the signal spotd starts ignored shows so while it
  *    waits). Never to one at the default action, which would die of it,
- *    never to one the helper serves (it has polled: it maps the request
- *    file), and again, while the request is pending, to a process that
- *    starts catching it. */
+ *    never to one the helper serves (it maps the request file), and
+ *    again, while the request is pending, to a process that starts
+ *    catching it.
+ *
+ *    A catcher gets it only once it has been seen catching it on scans
+ *    at least REQ_STEADY_MS apart (the same process: pid and start
+ *    time). A child between fork() and exec() shows its parent's handler
+ *    and exec() puts it back to the default action: signalled in that
+ *    window it would die of it (a trainer whose handler runs
+ *    subprocess.run() in a loop lost 17 of 21,351 children so). No child
+ *    stays between fork and exec that long; what is left is a process
+ *    that caught the signal for REQ_STEADY_MS and then execs (or resets
+ *    it) in the microseconds between spotd's last look and the delivery.
+ *    A process that ignores it gets it at once: exec() keeps SIG_IGN. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -36,23 +56,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "reqfile.h"
+
 #include "engine.h"
 #include "log.h"
 #include "request.h"
 #include "spotd.h"
 #include "util.h"
 
-#define REQ_FILE_SIZE 4096
-#define REQ_MAGIC "SPOTDREQ"
-#define REQ_VERSION 1
-/* u64 slots of the file */
-#define REQ_SLOT_SEQ 2
-#define REQ_SLOT_SERVED 3
-#define REQ_SLOT_POLLS 4
-#define REQ_SLOT_ATTACHED 5
 /* While a request is pending, the tree is looked at this often for
  * processes that started catching the signal. */
 #define REQ_RESEND_MS 250
+/* A catcher seen catching the signal for this long is no child between
+ * fork() and exec() (one resend tick, less the timer's slack). */
+#define REQ_STEADY_MS 200
 
 static const char *const req_names[] = {"idle", "pending"};
 _Static_assert(SPOT_ARRAY_SIZE(req_names) == REQ_STATE_LAST, "req_names");
@@ -96,19 +113,102 @@ request_pending(const struct spotd *d)
   return d->req.state == REQ_PENDING;
 }
 
-static void
-slot_store(struct spotd *d, int slot, uint64_t v)
+/* A u64 of the file at off, 0 or negative errno. */
+static int
+slot_store(struct spotd *d, off_t off, uint64_t v)
 {
-  if (d->req.map != NULL)
-    __atomic_store_n(&d->req.map[slot], v, __ATOMIC_SEQ_CST);
+  if (d->req.fd < 0)
+    return 0;
+  return pwrite(d->req.fd, &v, sizeof(v), off) == (ssize_t)sizeof(v) ? 0 : -EIO;
 }
 
+/* The u64 at off; 0 when there is none (no file, or cut short). */
 static uint64_t
-slot_load(const struct spotd *d, int slot)
+slot_load(const struct spotd *d, off_t off)
 {
-  return d->req.map != NULL
-             ? __atomic_load_n(&d->req.map[slot], __ATOMIC_SEQ_CST)
-             : 0;
+  uint64_t v = 0;
+
+  if (d->req.fd < 0 || pread(d->req.fd, &v, sizeof(v), off) != sizeof(v))
+    return 0;
+  return v;
+}
+
+/* seq and served as spotd has them: served is seq once the request is
+ * over. */
+static void
+counters(const struct ckpt_req *q, uint64_t v[2])
+{
+  v[0] = q->seq;
+  v[1] = q->state == REQ_PENDING && q->seq > 0 ? q->seq - 1 : q->seq;
+}
+
+/* seq and served as spotd has them, in one write. */
+static void
+store_counters(struct spotd *d)
+{
+  struct ckpt_req *q = &d->req;
+  uint64_t v[2];
+
+  counters(q, v);
+  if (q->fd >= 0 &&
+      pwrite(q->fd, v, sizeof(v), SPOT_REQ_OFF_SEQ) != (ssize_t)sizeof(v))
+    log_debug("writing the request file: %s", strerror(errno));
+}
+
+/* The header; 0 or negative errno. */
+static int
+store_header(int fd)
+{
+  char h[16] = SPOT_REQ_MAGIC;
+  uint32_t version = SPOT_REQ_VERSION;
+
+  memcpy(h + SPOT_REQ_OFF_VERSION, &version, sizeof(version));
+  return pwrite(fd, h, sizeof(h), 0) == (ssize_t)sizeof(h) ? 0 : -EIO;
+}
+
+/* Puts the file back as spotd wrote it when someone else changed its
+ * size, header, seq or served (the trainer's slots are theirs); warns
+ * once. */
+static void
+repair(struct spotd *d)
+{
+  struct ckpt_req *q = &d->req;
+  char h[32], want[32] = SPOT_REQ_MAGIC;
+  uint32_t version = SPOT_REQ_VERSION;
+  uint64_t v[2];
+  struct stat st;
+
+  if (q->fd < 0 || fstat(q->fd, &st) < 0)
+    return;
+  counters(q, v);
+  memcpy(want + SPOT_REQ_OFF_VERSION, &version, sizeof(version));
+  memcpy(want + SPOT_REQ_OFF_SEQ, v, sizeof(v));
+  if (st.st_size == SPOT_REQ_FILE_SIZE &&
+      pread(q->fd, h, sizeof(h), 0) == (ssize_t)sizeof(h) &&
+      memcmp(h, want, 12) == 0 &&
+      memcmp(h + SPOT_REQ_OFF_SEQ, want + SPOT_REQ_OFF_SEQ, 16) == 0)
+    return;
+  if (!q->tampered)
+    spotd_warn(d,
+               "the checkpoint request file %s was changed by another "
+               "process (now %lld bytes); spotd writes it back",
+               q->path, (long long)st.st_size);
+  q->tampered = true;
+  if (st.st_size != SPOT_REQ_FILE_SIZE &&
+      ftruncate(q->fd, SPOT_REQ_FILE_SIZE) < 0)
+    log_debug("restoring the request file's size: %s", strerror(errno));
+  (void)store_header(q->fd);
+  store_counters(d);
+}
+
+/* Whether the path still names spotd's file (not one renamed over it). */
+static bool
+path_is_ours(const struct ckpt_req *q)
+{
+  struct stat a, b;
+
+  return fstat(q->fd, &a) == 0 && lstat(q->path, &b) == 0 &&
+         a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
 int
@@ -116,6 +216,7 @@ request_open(struct spotd *d)
 {
   struct ckpt_req *q = &d->req;
   char abs[PATH_MAX], tmp[PATH_MAX + 8];
+  struct stat st;
   void *m;
   int fd;
 
@@ -130,8 +231,11 @@ request_open(struct spotd *d)
   }
   spot_strlcpy(q->path, tmp, sizeof(q->path));
   (void)unlink(q->path); /* a previous spotd's, or a file in the way */
-  fd = open(q->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0 || ftruncate(fd, REQ_FILE_SIZE) < 0) {
+  fd = open(q->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+            SPOT_REQ_FILE_MODE);
+  if (fd < 0 || ftruncate(fd, SPOT_REQ_FILE_SIZE) < 0 ||
+      fchmod(fd, SPOT_REQ_FILE_MODE) < 0 || store_header(fd) < 0 ||
+      fstat(fd, &st) < 0) {
     spotd_warn(d,
                "cannot create the checkpoint request file %s: %s; only "
                "the signal asks the trainer",
@@ -143,10 +247,15 @@ request_open(struct spotd *d)
     q->path[0] = '\0';
     return 0;
   }
-  m = mmap(NULL, REQ_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (m == MAP_FAILED) {
+  /* Mapped only to learn how /proc/PID/maps names the file; never read
+   * or written through (a truncation would kill spotd). */
+  m = mmap(NULL, SPOT_REQ_FILE_SIZE, PROT_READ, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED ||
+      spot_proc_self_map_id(m, q->map_id, sizeof(q->map_id)) < 0) {
     spotd_warn(d, "cannot map %s: %s; only the signal asks the trainer",
                q->path, strerror(errno));
+    if (m != MAP_FAILED)
+      munmap(m, SPOT_REQ_FILE_SIZE);
     close(fd);
     (void)unlink(q->path);
     q->path[0] = '\0';
@@ -154,13 +263,8 @@ request_open(struct spotd *d)
   }
   q->fd = fd;
   q->map = m;
-  memcpy((void *)q->map, REQ_MAGIC, 8);
-  ((volatile uint32_t *)q->map)[2] = REQ_VERSION;
-  /* What /proc/PID/maps shows for a process that maps it. */
-  if (realpath(q->path, abs) == NULL ||
-      spot_strlcpy(q->maps_path, abs, sizeof(q->maps_path)) >=
-          sizeof(q->maps_path))
-    spot_strlcpy(q->maps_path, q->path, sizeof(q->maps_path));
+  snprintf(q->env_id, sizeof(q->env_id), "%llu:%llu",
+           (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
   return uv_timer_init(d->loop, &q->resend);
 }
 
@@ -180,15 +284,12 @@ request_fini(struct spotd *d)
 {
   struct ckpt_req *q = &d->req;
 
-  struct stat a, b;
-
   if (q->map == NULL)
     return;
-  munmap((void *)q->map, REQ_FILE_SIZE);
+  munmap(q->map, SPOT_REQ_FILE_SIZE);
   q->map = NULL;
   /* Only our own file: another spotd may have taken the name since. */
-  if (fstat(q->fd, &a) == 0 && lstat(q->path, &b) == 0 &&
-      a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+  if (path_is_ours(q))
     (void)unlink(q->path);
   close(q->fd);
   q->fd = -1;
@@ -198,16 +299,22 @@ void
 request_trainer_starts(struct spotd *d)
 {
   d->req.seq = 0;
-  slot_store(d, REQ_SLOT_SEQ, 0);
-  slot_store(d, REQ_SLOT_SERVED, 0);
-  slot_store(d, REQ_SLOT_POLLS, 0);
-  slot_store(d, REQ_SLOT_ATTACHED, 0);
+  d->req.nseen = 0;
+  store_counters(d);
+  (void)slot_store(d, SPOT_REQ_OFF_POLLS, 0);
+  (void)slot_store(d, SPOT_REQ_OFF_ATTACHED, 0);
 }
 
 const char *
 request_file(const struct spotd *d)
 {
   return d->req.map != NULL ? d->req.path : NULL;
+}
+
+const char *
+request_file_id(const struct spotd *d)
+{
+  return d->req.map != NULL ? d->req.env_id : NULL;
 }
 
 /* Whether p already got the signal for this request in the state it is
@@ -247,12 +354,27 @@ note_sent(struct ckpt_req *q, const struct spot_proc *p, int state)
  * default action. */
 struct look {
   unsigned served, caught, ignored, sent;
+  unsigned unsteady; /* catchers not seen catching for REQ_STEADY_MS */
 };
+
+/* Since when p has been seen catching the signal: its entry of the last
+ * scan, or now. */
+static uint64_t
+seen_since(const struct ckpt_req *q, const struct spot_proc *p, uint64_t now)
+{
+  for (size_t i = 0; i < q->nseen; i++)
+    if (q->seen[i].pid == p->pid && q->seen[i].start == p->start)
+      return q->seen[i].since_ms;
+  return now;
+}
 
 static int
 tree_look(struct spotd *d, bool send, bool count_served, struct look *lk)
 {
   struct ckpt_req *q = &d->req;
+  struct req_seen next[SPOT_ARRAY_SIZE(q->seen)];
+  size_t nnext = 0;
+  uint64_t now = spot_now_mono_ms();
   struct spot_proc *v;
   size_t n;
   int sig = d->cfg->signal, r;
@@ -265,9 +387,20 @@ tree_look(struct spotd *d, bool send, bool count_served, struct look *lk)
     const struct spot_proc *p = &v[i];
     int st = spot_proc_sigstate(p, sig);
     bool takes = st == SPOT_PROC_SIG_CAUGHT || st == SPOT_PROC_SIG_IGNORED;
+    bool steady = true;
+
+    if (st == SPOT_PROC_SIG_CAUGHT) {
+      uint64_t since = seen_since(q, p, now);
+
+      steady = now - since >= REQ_STEADY_MS;
+      if (nnext < SPOT_ARRAY_SIZE(next))
+        next[nnext++] = (struct req_seen){p->pid, p->start, since};
+      else
+        steady = false; /* not followed: never signalled */
+    }
 
     if ((takes || count_served) && q->map != NULL &&
-        spot_proc_maps_file(p, q->maps_path) == 1) {
+        spot_proc_maps_id(p, q->map_id) == 1) {
       lk->served++;
       continue;
     }
@@ -278,6 +411,10 @@ tree_look(struct spotd *d, bool send, bool count_served, struct look *lk)
       lk->caught++;
     else
       lk->ignored++;
+    if (!steady) {
+      lk->unsteady++;
+      continue; /* maybe a child between fork and exec: next scan */
+    }
     if (!send || was_sent(q, p, st) || spot_proc_kill(p, sig) < 0)
       continue;
     lk->sent++;
@@ -286,6 +423,8 @@ tree_look(struct spotd *d, bool send, bool count_served, struct look *lk)
     note_sent(q, p, st);
   }
   free(v);
+  memcpy(q->seen, next, nnext * sizeof(next[0]));
+  q->nseen = nnext;
   return 0;
 }
 
@@ -297,6 +436,7 @@ resend_cb(uv_timer_t *t)
 
   if (d->closing || d->req.state != REQ_PENDING)
     return;
+  repair(d);
   if (tree_look(d, true, false, &lk) == 0 && lk.sent > 0)
     log_info("checkpoint signal sent to %u more process%s (new, or "
              "catching it now)",
@@ -310,15 +450,27 @@ request_begin(struct spotd *d, unsigned *helpers, unsigned *caught,
   struct ckpt_req *q = &d->req;
   struct look lk;
 
+  repair(d); /* as it was left: anything else was written by another */
   q->seq++;
   q->nsent = 0;
-  slot_store(d, REQ_SLOT_SEQ, q->seq);
   req_set_state(d, REQ_PENDING);
+  store_counters(d);
+  if (q->map != NULL && !path_is_ours(q))
+    spotd_warn(d,
+               "%s is no longer spotd's checkpoint request file (replaced or "
+               "removed): a process that starts now takes the signal",
+               q->path);
   if (tree_look(d, true, true, &lk) < 0)
     memset(&lk, 0, sizeof(lk));
   *helpers = lk.served;
   *caught = lk.caught;
   *sent = lk.sent;
+  if (lk.unsteady > 0)
+    log_info("checkpoint signal: %u process%s began catching it since the "
+             "last look: sent in %d ms if %s still catch%s it (a child "
+             "between fork and exec would die of it)",
+             lk.unsteady, lk.unsteady == 1 ? "" : "es", REQ_RESEND_MS,
+             lk.unsteady == 1 ? "it" : "they", lk.unsteady == 1 ? "es" : "");
   if (q->resend.loop != NULL)
     uv_timer_start(&q->resend, resend_cb, REQ_RESEND_MS, REQ_RESEND_MS);
 }
@@ -330,10 +482,10 @@ request_end(struct spotd *d)
 
   if (q->state != REQ_PENDING)
     return;
-  slot_store(d, REQ_SLOT_SERVED, q->seq);
+  req_set_state(d, REQ_IDLE);
+  store_counters(d);
   if (q->resend.loop != NULL)
     uv_timer_stop(&q->resend);
-  req_set_state(d, REQ_IDLE);
 }
 
 bool
@@ -341,8 +493,8 @@ request_no_step(struct spotd *d)
 {
   struct look lk;
 
-  if (d->req.map == NULL || slot_load(d, REQ_SLOT_ATTACHED) == 0 ||
-      slot_load(d, REQ_SLOT_POLLS) != 0)
+  if (d->req.map == NULL || slot_load(d, SPOT_REQ_OFF_ATTACHED) == 0 ||
+      slot_load(d, SPOT_REQ_OFF_POLLS) != 0)
     return false;
   /* No process the helper does not serve may catch the signal: such a
    * process may have stepped without polling. */

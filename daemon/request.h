@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "proctree.h"
+#include "reqfile.h"
 
 struct spotd;
 
@@ -21,10 +22,12 @@ enum req_state {
 
 struct ckpt_req {
   enum req_state state;
-  char path[4200];      /* the request file ("" none) */
-  char maps_path[4200]; /* as /proc/PID/maps names it */
-  int fd;
-  volatile uint64_t *map; /* the file, shared with the trainer */
+  char path[4200]; /* the request file ("" none) */
+  int fd;          /* read and written with pread/pwrite, never mapped */
+  void *map;       /* spotd's own mapping, never touched: its map_id */
+  char map_id[64]; /* "DEV INODE" as /proc/PID/maps shows the file */
+  char env_id[48]; /* "DEV:INO" of fstat(): SPOTD_REQUEST_ID */
+  bool tampered;   /* told once: someone else wrote into the file */
   uint64_t seq;
   uv_timer_t resend; /* while pending: processes that start catching */
   struct {
@@ -32,6 +35,15 @@ struct ckpt_req {
     int state; /* enum spot_proc_sig when it got it */
   } sent[256]; /* got the signal for seq */
   size_t nsent;
+  /* Processes seen catching the signal on the last scan, and since when
+   * (spot_now_mono_ms) they have been seen catching it without a break:
+   * only one steady for REQ_STEADY_MS gets it (request.c). */
+  struct req_seen {
+    pid_t pid;
+    uint64_t start;
+    uint64_t since_ms;
+  } seen[256];
+  size_t nseen;
 };
 
 /* request.c: the request file and the checkpoint signal */
@@ -44,6 +56,8 @@ void request_fini(struct spotd *d);  /* after the loop: unmap, remove */
 void request_trainer_starts(struct spotd *d);
 /* The path for SPOTD_REQUEST_FILE, or NULL. */
 const char *request_file(const struct spotd *d);
+/* The file's identity for SPOTD_REQUEST_ID ("DEV:INO"), or NULL. */
+const char *request_file_id(const struct spotd *d);
 /* A new request: in the file, and the signal to the processes that catch
  * or ignore it. *helpers: how many processes the helper serves; *caught:
  * how many catch the signal; *sent: how many got it. */

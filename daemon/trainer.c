@@ -55,6 +55,8 @@ trainer_env(struct spotd *d, struct spot_env *e)
   }
   if (r == 0 && request_file(d) != NULL)
     r = spot_env_set(e, "SPOTD_REQUEST_FILE", "%s", request_file(d));
+  if (r == 0 && request_file_id(d) != NULL)
+    r = spot_env_set(e, SPOT_REQ_ENV_ID, "%s", request_file_id(d));
   if (r == 0)
     r = spot_env_set(e, "SPOTD_SIGNAL", "%d", d->cfg->signal);
   if (r == 0)

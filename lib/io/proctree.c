@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -352,4 +353,79 @@ spot_proc_kill_tree(pid_t root, int signum)
       sent++;
   free(v);
   return sent;
+}
+
+/* The device and inode fields ("08:01 1234") of the line of maps (an open
+ * /proc/PID/maps) that starts at addr, or of every line when addr is
+ * NULL, each passed to match(); stops when match returns true. */
+static bool
+maps_ids(FILE *f, const void *addr, bool (*match)(const char *, void *),
+         void *data)
+{
+  char line[4608], dev[32];
+  unsigned long start;
+  unsigned long long ino;
+  char id[64];
+
+  while (fgets(line, sizeof(line), f) != NULL) {
+    if (sscanf(line, "%lx-%*s %*s %*s %31s %llu", &start, dev, &ino) != 3)
+      continue;
+    if (addr != NULL && start != (unsigned long)(uintptr_t)addr)
+      continue;
+    snprintf(id, sizeof(id), "%s %llu", dev, ino);
+    if (match(id, data))
+      return true;
+  }
+  return false;
+}
+
+struct id_copy {
+  char *out;
+  size_t n;
+};
+
+static bool
+copy_id(const char *id, void *data)
+{
+  struct id_copy *c = data;
+
+  return (size_t)snprintf(c->out, c->n, "%s", id) < c->n;
+}
+
+int
+spot_proc_self_map_id(const void *addr, char *id, size_t n)
+{
+  struct id_copy c = {id, n};
+  FILE *f = fopen("/proc/self/maps", "re");
+  bool found;
+
+  if (f == NULL)
+    return -errno;
+  found = maps_ids(f, addr, copy_id, &c);
+  fclose(f);
+  return found ? 0 : -ENOENT;
+}
+
+static bool
+same_id(const char *id, void *data)
+{
+  const char *const *want = data;
+
+  return strcmp(id, *want) == 0;
+}
+
+int
+spot_proc_maps_id(const struct spot_proc *p, const char *id)
+{
+  char mpath[64];
+  int found;
+  FILE *f;
+
+  snprintf(mpath, sizeof(mpath), "/proc/%d/maps", (int)p->pid);
+  f = fopen(mpath, "re");
+  if (f == NULL)
+    return errno == ENOENT ? -ESRCH : -errno;
+  found = maps_ids(f, NULL, same_id, &id) ? 1 : 0;
+  fclose(f);
+  return found;
 }

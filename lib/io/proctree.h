@@ -77,6 +77,14 @@ int spot_proc_sigstate(const struct spot_proc *p, int signum);
 /* 1 when p maps the file at the absolute path (a line of
  * /proc/PID/maps ends with it), 0 when not, negative errno. */
 int spot_proc_maps_file(const struct spot_proc *p, const char *path);
+/* The mapping's identity as /proc/PID/maps writes it, "DEV INODE" (e.g.
+ * "08:01 1234"): of this process's mapping that starts at addr into id.
+ * The device maps shows is the file's own (on overlayfs the layer's, not
+ * what stat() says), so a file is matched by what its own mapping shows.
+ * 0, -ENOENT (no mapping there), or negative errno. */
+int spot_proc_self_map_id(const void *addr, char *id, size_t n);
+/* 1 when p maps a file of that identity, 0 when not, negative errno. */
+int spot_proc_maps_id(const struct spot_proc *p, const char *id);
 /* Sends signum to p if it is still that process (same start time),
  * through a pidfd so that a pid reused in between is never hit. 0,
  * -ESRCH when it is gone, or negative errno. */

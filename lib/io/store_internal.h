@@ -227,8 +227,9 @@ struct spot__store_slot {
   uint64_t work_ns;
   struct spot__store_coder *coder;
   uv_work_t work;
-  int work_err;    /* also -ETIMEDOUT: the watch cancelled the transfer */
-  bool work_local; /* restore: work_err came from writing the local file */
+  int work_err;       /* also -ETIMEDOUT: the watch cancelled the transfer */
+  bool work_local;    /* restore: work_err came from writing the local file */
+  unsigned refetches; /* restore: fetches of this frame (run) after the first */
   struct spot_s3_op *s3op;
   uint64_t sent_ms, deadline_ms, sent_bytes; /* the transfer in flight */
 };

@@ -13,11 +13,19 @@
  *   CLEANUP   (thread pool, after an error) remove the temporary folder
  *
  * The target is therefore either the whole verified checkpoint or left as
- * it was. PREPARE first checks that the checkpoint fits in the free space
- * of the target's file system. A failure of the local file system (no
- * space, read-only, no permission, an I/O error) is told apart from one of
- * the store (res->local): a caller that falls back to an older checkpoint
- * over damage in the store must not do so for a full disk. */
+ * it was.
+ *
+ * A fault in transit is not damage in the store: a frame (or run of
+ * packed files) that fails its check (checksum, undecodable, short), and
+ * LATEST or the manifest when it is invalid or its MD5 differs from the
+ * ETag the server gave, is fetched again, at most REFETCH_MAX times more,
+ * before the restore fails with damage (which spotd answers by falling
+ * back to an older checkpoint). Each fetch again is logged. PREPARE first
+ * checks that the checkpoint fits in the free space of the target's file
+ * system. A failure of the local file system (no space, read-only, no
+ * permission, an I/O error) is told apart from one of the store (res->local): a
+ * caller that falls back to an older checkpoint over damage in the store must
+ * not do so for a full disk. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -28,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <openssl/evp.h>
 #include <zstd.h>
 
 #include "codec.h"
@@ -46,6 +55,12 @@ enum restore_state {
   R_CLEANUP,
   R_DONE,
 };
+
+/* Fetches of one frame, run of packed files, LATEST or manifest after the
+ * first that failed verification: a byte flipped on the way (plain http,
+ * a bad NIC or proxy) passes the second time; damage in the store fails
+ * every time. */
+#define REFETCH_MAX 2
 
 static const char *const restore_state_names[] = {
     "latest",   "manifest", "ranks",   "prepare",
@@ -71,6 +86,9 @@ struct restore_op {
   uint32_t umask; /* the process umask when the restore started */
 
   struct spot_buf body;
+  unsigned obj_refetches; /* of LATEST or the manifest (the state's) */
+  char obj_md5[33];       /* the MD5 of its last body ("" none yet) */
+  unsigned refetched;     /* every fetch again of this restore */
   struct spot_manifest *m;
   struct spot__store_pipe pipe;
   size_t next_file, next_frame;
@@ -727,6 +745,82 @@ write_frame(const struct restore_op *op, const char *rel, const char *buf,
   return r;
 }
 
+static void fetch_cb(const struct spot_s3_result *res, void *data);
+static void pack_fetch_cb(const struct spot_s3_result *res, void *data);
+
+/* Starts the ranged GET of what s holds: frame s->part of file s->file,
+ * or (s->nfiles > 0) the run of packed files [file, file + nfiles) whose
+ * bytes s->want counts. 0, or negative errno (the op failed with a
+ * message). */
+static int
+issue_get(struct restore_op *op, struct spot__store_slot *s)
+{
+  const struct spot_manifest_file *f = &op->m->files[s->file];
+  uint64_t off;
+  char *key;
+  int r;
+
+  if (s->nfiles > 0) {
+    key = spot__store_key(&op->b.cfg.c, op->b.name,
+                          spot_manifest_object_key(op->m, f));
+    off = f->pack_off;
+  } else {
+    key = spot__store_key(&op->b.cfg.c, op->b.name, f->key);
+    off = f->frames[s->part].comp_off;
+  }
+  if (key == NULL) {
+    fail_msg(op, -ENOMEM, "out of memory");
+    return -ENOMEM;
+  }
+  s->comp_len = 0;
+  s->work_err = 0;
+  s->seq = op->pipe.seq++;
+  r = spot_s3_get(op->b.cfg.c.s3, op->b.cfg.bucket, key, off, s->want,
+                  fetch_sink, NULL, s->nfiles > 0 ? pack_fetch_cb : fetch_cb, s,
+                  &s->s3op);
+  free(key);
+  if (r < 0) {
+    fail_msg(op, r, "reading %s: %s", f->path, strerror(-r));
+    return r;
+  }
+  spot__store_slot_sent(s, s->want);
+  s->state = RS_FETCHING;
+  op->b.active_s3++;
+  op->active_fetch++;
+  return 0;
+}
+
+/* What s held failed verification (why): fetches it again into the same
+ * slot, unless it was fetched REFETCH_MAX times more already or the
+ * restore has failed. True when it did (or failed trying: the op then
+ * has its error). */
+static bool
+refetch(struct restore_op *op, struct spot__store_slot *s, const char *what,
+        const char *why)
+{
+  if (op->b.err != 0 || s->refetches >= REFETCH_MAX)
+    return false;
+  s->refetches++;
+  op->refetched++;
+  log_notice("restore: %s of checkpoint %s failed verification (%s); "
+             "fetching it again (%u of %u): a fault in transit is not damage "
+             "in the store",
+             what, op->b.name, why, s->refetches, REFETCH_MAX);
+  (void)issue_get(op, s);
+  return true;
+}
+
+/* The words a failure adds after fetches again: " (the same on all 3
+ * fetches)". */
+static const char *
+fetches_note(const struct spot__store_slot *s, char *buf, size_t n)
+{
+  if (s->refetches == 0)
+    return "";
+  snprintf(buf, n, " (the same on all %u fetches)", s->refetches + 1);
+  return buf;
+}
+
 static void
 decode_work_cb(uv_work_t *req)
 {
@@ -756,17 +850,22 @@ decode_after_cb(uv_work_t *req, int status)
   const struct spot_manifest_file *f = &op->m->files[s->file];
   bool local = s->work_local;
   int r = spot__store_pipe_worked(s, status);
+  char what[600], note[64];
 
   s->work_local = false;
+  snprintf(what, sizeof(what), "%s part %zu", f->path, s->part + 1);
   if (local && r < 0 && r != -ECANCELED)
     disk_fail(op, r, "writing %s: %s", f->path, strerror(-r));
+  else if ((r == -EILSEQ || r == -EBADMSG) &&
+           refetch(op, s, what,
+                   r == -EILSEQ ? "checksum mismatch" : "undecodable frame"))
+    ;
   else if (r == -EILSEQ || r == -EBADMSG)
     fail_msg(op, r,
-             "%s part %zu: %s: the stored object %s is corrupt; restore "
+             "%s: %s%s: the stored object %s is corrupt; restore "
              "stopped, nothing was written to %s",
-             f->path, s->part + 1,
-             r == -EILSEQ ? "checksum mismatch" : "undecodable frame", f->key,
-             op->dir);
+             what, r == -EILSEQ ? "checksum mismatch" : "undecodable frame",
+             fetches_note(s, note, sizeof(note)), f->key, op->dir);
   else if (r < 0)
     fail_msg(op, r, "writing %s: %s", f->path, strerror(-r));
   else
@@ -796,10 +895,14 @@ fetch_cb(const struct spot_s3_result *res, void *data)
     if (!spot__store_slot_too_slow(s, what))
       spot__store_fail_s3(&op->b, what, res);
   } else if (s->comp_len != fr->comp_len) {
-    fail_msg(op, -EBADMSG,
-             "%s part %zu: the stored object %s is shorter than the manifest "
-             "says",
-             f->path, s->part + 1, f->key);
+    char what[600], note[64];
+
+    snprintf(what, sizeof(what), "%s part %zu", f->path, s->part + 1);
+    if (!refetch(op, s, what, "shorter than the manifest says"))
+      fail_msg(op, -EBADMSG,
+               "%s: the stored object %s is shorter than the manifest "
+               "says%s",
+               what, f->key, fetches_note(s, note, sizeof(note)));
   } else {
     spot__store_slot_finished(s, s->comp_len);
     op->b.stored_done += s->comp_len;
@@ -877,25 +980,33 @@ pack_decode_after_cb(uv_work_t *req, int status)
   size_t file = s->file, n = s->nfiles, bad = s->part;
   bool local = s->work_local;
   int r = spot__store_pipe_worked(s, status);
+  char what[600], note[64];
 
-  s->nfiles = 0;
   s->work_local = false;
-  if (local && r < 0 && r != -ECANCELED)
+  snprintf(what, sizeof(what), "%s (pack %s)", op->m->files[file + bad].path,
+           spot_manifest_object_key(op->m, &op->m->files[file]));
+  if (local && r < 0 && r != -ECANCELED) {
     disk_fail(op, r, "writing %s: %s", op->m->files[file + bad].path,
               strerror(-r));
-  else if (r == -EILSEQ || r == -EBADMSG)
+  } else if (r == -EILSEQ || r == -EBADMSG) {
+    s->part = 0;
+    if (refetch(op, s, what,
+                r == -EILSEQ ? "checksum mismatch" : "undecodable frame"))
+      goto out;
     fail_msg(op, r,
-             "%s: %s: the stored pack %s is corrupt; restore stopped, "
+             "%s: %s%s: the stored pack is corrupt; restore stopped, "
              "nothing was written to %s",
-             op->m->files[file + bad].path,
-             r == -EILSEQ ? "checksum mismatch" : "undecodable frame",
-             spot_manifest_object_key(op->m, &op->m->files[file]), op->dir);
-  else if (r < 0)
+             what, r == -EILSEQ ? "checksum mismatch" : "undecodable frame",
+             fetches_note(s, note, sizeof(note)), op->dir);
+  } else if (r < 0) {
     fail_msg(op, r, "writing %s: %s", op->m->files[file + bad].path,
              strerror(-r));
-  else
+  } else {
     for (size_t k = 0; k < n; k++)
       op->b.raw_done += op->m->files[file + k].size;
+  }
+  s->nfiles = 0;
+out:
   pump(op);
 }
 
@@ -914,6 +1025,10 @@ pack_fetch_cb(const struct spot_s3_result *res, void *data)
              "%s: the server sent more than the %" PRIu64
              " bytes asked of pack %s (a ranged read with extra bytes)",
              first, s->want, pack_key(op, s));
+  } else if (res->err == 0 && s->comp_len != s->want &&
+             refetch(op, s, first, "pack shorter than the manifest says")) {
+    pump(op); /* s holds the run again */
+    return;
   } else if (res->err < 0 ? res->http_status == 416 /* starts past its end */
                           : s->comp_len != s->want) {
     fail_msg(op, -EBADMSG,
@@ -944,7 +1059,6 @@ start_pack_fetch(struct restore_op *op, struct spot__store_slot *s)
   uint64_t start = f->pack_off, end = f->pack_off + f->stored;
   uint64_t limit = op->b.cfg.c.part_size;
   size_t n = 1;
-  char *key;
   int r;
 
   if (limit > s->comp_cap)
@@ -962,33 +1076,18 @@ start_pack_fetch(struct restore_op *op, struct spot__store_slot *s)
     fail_msg(op, -EFBIG, "%s: too large to read from its pack", f->path);
     return -EFBIG;
   }
-  key =
-      spot__store_key(&op->b.cfg.c, op->b.name, spot_manifest_object_key(m, f));
-  if (key == NULL) {
-    fail_msg(op, -ENOMEM, "out of memory");
-    return -ENOMEM;
-  }
   s->file = op->next_file;
   s->nfiles = n;
   s->part = 0;
-  s->comp_len = 0;
   s->want = end - start;
-  s->work_err = 0;
-  s->seq = op->pipe.seq++;
-  r = spot_s3_get(op->b.cfg.c.s3, op->b.cfg.bucket, key, start, end - start,
-                  fetch_sink, NULL, pack_fetch_cb, s, &s->s3op);
-  free(key);
+  s->refetches = 0;
+  r = issue_get(op, s);
   if (r < 0) {
     s->nfiles = 0;
-    fail_msg(op, r, "reading %s: %s", f->path, strerror(-r));
     return r;
   }
   op->next_file += n;
   op->next_frame = 0;
-  spot__store_slot_sent(s, end - start);
-  s->state = RS_FETCHING;
-  op->b.active_s3++;
-  op->active_fetch++;
   return 0;
 }
 
@@ -1015,7 +1114,6 @@ start_fetches(struct restore_op *op)
     const struct spot_manifest_file *f = &op->m->files[op->next_file];
     const struct spot_manifest_frame *fr;
     struct spot__store_slot *s;
-    char *key;
     int r;
 
     if (op->next_frame >= f->nframes) {
@@ -1034,29 +1132,14 @@ start_fetches(struct restore_op *op)
       continue;
     }
     fr = &f->frames[op->next_frame];
-    key = spot__store_key(&op->b.cfg.c, op->b.name, f->key);
-    if (key == NULL) {
-      fail_msg(op, -ENOMEM, "out of memory");
-      break;
-    }
     s->file = op->next_file;
     s->part = op->next_frame;
-    s->comp_len = 0;
+    s->nfiles = 0;
     s->want = fr->comp_len;
-    s->work_err = 0;
-    s->seq = op->pipe.seq++;
-    r = spot_s3_get(op->b.cfg.c.s3, op->b.cfg.bucket, key, fr->comp_off,
-                    fr->comp_len, fetch_sink, NULL, fetch_cb, s, &s->s3op);
-    free(key);
-    if (r < 0) {
-      fail_msg(op, r, "reading %s: %s", f->path, strerror(-r));
+    s->refetches = 0;
+    if (issue_get(op, s) < 0)
       break;
-    }
     op->next_frame++;
-    spot__store_slot_sent(s, fr->comp_len);
-    s->state = RS_FETCHING;
-    op->b.active_s3++;
-    op->active_fetch++;
   }
 }
 
@@ -1075,12 +1158,115 @@ pump(struct restore_op *op)
 
 /* ---------------------------------------------------------- states */
 
+static int get_object(struct restore_op *op, const char *name, const char *rel,
+                      size_t cap);
+
+/* The lowercase hex MD5 of b's bytes into out[33]; false when libcrypto
+ * fails. */
+static bool
+md5_hex(const struct spot_buf *b, char out[33])
+{
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned len = 0;
+
+  if (EVP_Digest(b->len > 0 ? b->data : "", b->len, md, &len, EVP_md5(),
+                 NULL) != 1 ||
+      len != 16)
+    return false;
+  for (unsigned i = 0; i < 16; i++)
+    snprintf(out + 2 * i, 3, "%02x", md[i]);
+  return true;
+}
+
+/* Whether an ETag is a plain MD5 (32 hex digits, quoted or not): what S3
+ * and its clones give a single PUT without SSE-KMS or SSE-C. Then
+ * md5_into holds it, lowercase. */
+static bool
+etag_md5(const char *etag, char md5_into[33])
+{
+  size_t n;
+
+  if (etag == NULL)
+    return false;
+  if (etag[0] == '"')
+    etag++;
+  n = strspn(etag, "0123456789abcdefABCDEF");
+  if (n != 32 || (etag[n] != '\0' && strcmp(etag + n, "\"") != 0))
+    return false;
+  for (size_t i = 0; i < 32; i++)
+    md5_into[i] =
+        (char)(etag[i] >= 'A' && etag[i] <= 'F' ? etag[i] + 32 : etag[i]);
+  md5_into[32] = '\0';
+  return true;
+}
+
+/* The body of LATEST or the manifest (the state's) failed verification
+ * (why): fetches it again, unless it was fetched REFETCH_MAX times more
+ * already, or these bytes are the same as the last fetch's (the same
+ * bytes twice are what the store holds: no fetch changes them). True
+ * when it did (or failed trying: the op then has its error). */
+static bool
+refetch_object(struct restore_op *op, const char *why)
+{
+  const char *what = op->state == R_LATEST ? "LATEST" : "the manifest";
+  char md5[33];
+  int r;
+
+  if (op->b.err != 0 || op->obj_refetches >= REFETCH_MAX ||
+      !md5_hex(&op->body, md5) ||
+      (op->obj_md5[0] != '\0' && strcmp(md5, op->obj_md5) == 0))
+    return false;
+  memcpy(op->obj_md5, md5, sizeof(md5));
+  op->obj_refetches++;
+  op->refetched++;
+  log_notice("restore: %s%s%s failed verification (%s); fetching it again "
+             "(%u of %u): a fault in transit is not damage in the store",
+             what, op->b.name != NULL ? " of checkpoint " : "",
+             op->b.name != NULL ? op->b.name : "", why, op->obj_refetches,
+             REFETCH_MAX);
+  if (op->state == R_LATEST)
+    r = get_object(op, NULL, "LATEST", SPOT__STORE_LATEST_CAP);
+  else
+    r = get_object(op, op->b.name, SPOT_MANIFEST_NAME,
+                   SPOT__STORE_MANIFEST_CAP);
+  if (r < 0)
+    fail_msg(op, r, "reading %s: %s", what, strerror(-r));
+  return true;
+}
+
+/* A body whose MD5 is not the ETag's: changed on the way, unless the same
+ * bytes came twice (an ETag that is no MD5 after all). True when it is
+ * fetched again; after REFETCH_MAX fetches again the op fails (-EIO: the
+ * network, not damage). */
+static bool
+body_differs_from_etag(struct restore_op *op, const struct spot_s3_result *res)
+{
+  char want[33], got[33];
+
+  if (!etag_md5(res->etag, want) || !md5_hex(&op->body, got) ||
+      strcmp(want, got) == 0)
+    return false;
+  if (refetch_object(op, "its MD5 is not the ETag's"))
+    return true;
+  if (strcmp(got, op->obj_md5) == 0)
+    return false; /* the same bytes again: the ETag is no MD5 */
+  fail_msg(op, -EIO,
+           "reading %s: its MD5 differed from the ETag on all %u fetches (a "
+           "fault in transit, not damage in the store)",
+           op->state == R_LATEST ? "LATEST" : "the manifest",
+           op->obj_refetches + 1);
+  return false;
+}
+
 static void
 get_cb(const struct spot_s3_result *res, void *data)
 {
   struct restore_op *op = data;
 
   spot__store_s3_done(&op->b, &op->s3op, res);
+  if (res->err == 0 && (op->state == R_LATEST || op->state == R_MANIFEST) &&
+      body_differs_from_etag(op, res))
+    return; /* fetched again */
   if (res->err == -ENOENT && op->state == R_LATEST)
     fail_msg(op, -ENOENT,
              "no committed checkpoint for job %s (no LATEST in the store)",
@@ -1134,8 +1320,9 @@ got_latest(struct restore_op *op)
          (name[n - 1] == '\n' || name[n - 1] == '\r' || name[n - 1] == ' '))
     name[--n] = '\0';
   if (!spot_ckpt_name_valid(name)) {
-    fail_msg(op, -EBADMSG, "LATEST of job %s holds no valid checkpoint name",
-             op->b.cfg.job);
+    if (!refetch_object(op, "no valid checkpoint name"))
+      fail_msg(op, -EBADMSG, "LATEST of job %s holds no valid checkpoint name",
+               op->b.cfg.job);
     return;
   }
   op->b.name = strdup(name);
@@ -1144,6 +1331,8 @@ got_latest(struct restore_op *op)
     return;
   }
   set_state(op, R_MANIFEST);
+  op->obj_refetches = 0;
+  op->obj_md5[0] = '\0';
   r = get_object(op, op->b.name, SPOT_MANIFEST_NAME, SPOT__STORE_MANIFEST_CAP);
   if (r < 0)
     fail_msg(op, r, "reading the manifest: %s", strerror(-r));
@@ -1302,13 +1491,18 @@ got_manifest(struct restore_op *op)
   r = spot_manifest_parse(spot_buf_str(&op->body), op->body.len, &op->m, err,
                           sizeof(err));
   if (r < 0) {
-    fail_msg(op, r, "the manifest of checkpoint %s is invalid: %s", op->b.name,
-             err);
+    if (!refetch_object(op, err))
+      fail_msg(op, r, "the manifest of checkpoint %s is invalid: %s%s",
+               op->b.name, err,
+               op->obj_refetches > 0 ? " (the same on two fetches)" : "");
     return;
   }
   if (strcmp(op->m->name, op->b.name) != 0) {
-    fail_msg(op, -EBADMSG, "the manifest of checkpoint %s names %s", op->b.name,
-             op->m->name);
+    if (!refetch_object(op, "it names another checkpoint"))
+      fail_msg(op, -EBADMSG, "the manifest of checkpoint %s names %s",
+               op->b.name, op->m->name);
+    spot_manifest_free(op->m);
+    op->m = NULL;
     return;
   }
   spot_buf_fini(&op->body);

@@ -19,9 +19,11 @@ What it does for you:
 - How a request reaches the trainer. Under spotd the trainer's
   environment names a small shared file, $SPOTD_REQUEST_FILE (spotd's
   request channel). Importing this module checks it and counts itself in
-  it (attached); the first checkpoint_requested() maps it (MAP_SHARED) and
-  keeps the mapping for the life of the process: a forked child inherits
-  it, an exec'd program that imports spotd maps it again. spotd counts a
+  it (attached); the first checkpoint_requested() opens and maps it and
+  keeps both for the life of the process (it reads the file with pread(),
+  never through the mapping, which only shows spotd whom it serves): a
+  forked child inherits them, an exec'd program that imports spotd opens
+  it again. spotd counts a
   request in it (seq) and marks it served once the checkpoint is complete;
   checkpoint_requested() reads those two counters, so every process of the
   job sees a request whatever its session, process group or threads, and
@@ -32,8 +34,8 @@ What it does for you:
   gets the signal: it never polls). A request made before the trainer
   could take it
   (still starting, waiting in its rendezvous) is taken once, at its first
-  checkpoint_requested(). Each call also counts itself in the file
-  (polls), which tells spotd the trainer has reached its training loop.
+  checkpoint_requested(). The first call also marks the file (polls),
+  which tells spotd the trainer has reached its training loop.
 - Without the channel (no spotd, or a spotd that has none; a file that
   cannot be mapped prints one warning) importing it in the main thread
   installs a handler for the checkpoint signal ($SPOTD_SIGNAL, a number
@@ -102,59 +104,77 @@ class CheckpointAbandoned(RuntimeError):
 
 
 # ------------------------------------------------------- request channel
-# $SPOTD_REQUEST_FILE: 4096 bytes, little-endian, naturally aligned:
-#   0 magic "SPOTDREQ", 8 u32 version (1), 12 u32 reserved,
-#   16 u64 seq (spotd: one more per checkpoint request; 0 = none yet),
+# $SPOTD_REQUEST_FILE: its layout is lib/core/reqfile.h (a test compares
+# these constants with it). 4096 bytes, little-endian:
+#   0 magic "SPOTDREQ", 8 u32 version (2), 12 u32 reserved,
+#   16 u64 seq (spotd: the id of the newest request; 0 = none yet),
 #   24 u64 served (spotd: = seq once that checkpoint is complete or the
-#   request was dropped), 32 u64 polls (this module: one more per
-#   checkpoint_requested(); spotd zeroes it when it starts the trainer and
+#   request was dropped), 32 u64 polls (this module: made nonzero at a
+#   poll that finds it 0; spotd zeroes it when it starts the trainer and
 #   only tests it for zero), 40 u64 attached (this module: one more per
 #   import), the rest reserved (zero).
-# spotd recognises a process this module serves by the file in its
-# /proc/PID/maps, so the mapping is made at the first poll (not at import:
-# a process that never polls takes the signal) and never closed.
+# A request is pending when seq > served and seq is not the seq this
+# process took last: anything may have been written into the file, so
+# seq is not trusted to only grow (a garbage seq is taken once; spotd's
+# next request has another). The counters are read with pread() on a
+# descriptor kept open, never through the mapping: a file truncated under
+# a mapping kills the process that reads it (SIGBUS). The mapping
+# (PROT_READ, never read) is how spotd recognises a process this module
+# serves (the file's device and inode in /proc/PID/maps), so it is made at
+# the first poll (not at import: a process that never polls takes the
+# signal) and never closed. $SPOTD_REQUEST_ID ("DEV:INO") names spotd's
+# file: another file at the path (renamed over it) is refused.
 
 REQ_SIZE = 4096
 REQ_MAGIC = b"SPOTDREQ"
-REQ_VERSION = 1
-_OFF_SEQ, _OFF_POLLS, _OFF_ATTACHED = 16, 32, 40
-_U64X2 = struct.Struct("<QQ")
+REQ_VERSION = 2
+REQ_ENV_ID = "SPOTD_REQUEST_ID"
+_OFF_VERSION, _OFF_SEQ, _OFF_SERVED = 8, 16, 24
+_OFF_POLLS, _OFF_ATTACHED = 32, 40
 _U64X3 = struct.Struct("<QQQ")
 _U64 = struct.Struct("<Q")
 _U64_MASK = (1 << 64) - 1
 
-_req = None        # the mmap of $SPOTD_REQUEST_FILE once polled, or None
+_req = None        # (fd, mmap) of $SPOTD_REQUEST_FILE once polled, or None
 _req_path = None   # its path, when the channel is usable
-_taken = 0         # the newest seq this process took (process-local)
+_taken = 0         # the seq this process took last (process-local)
 
 
-def _open_channel(path):
-    """The mapping of the request file at path, or raises OSError or
-    ValueError saying why it cannot serve."""
+def _open_channel(path, mapped=True):
+    """(fd, mapping or None) of the request file at path, or raises
+    OSError or ValueError saying why it cannot serve."""
     fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
-        m = mmap.mmap(fd, REQ_SIZE, mmap.MAP_SHARED,
-                      mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
-        os.close(fd)  # the mapping stays after the descriptor is closed
-    magic = m[0:8]
-    version = struct.unpack_from("<I", m, 8)[0]
-    if magic != REQ_MAGIC or version != REQ_VERSION:
-        m.close()  # not ours: spotd must not count this process as served
-        raise ValueError("not a spotd request file (magic %r, version %d)"
-                         % (magic, version))
-    return m
+        st = os.fstat(fd)
+        want = os.environ.get(REQ_ENV_ID)
+        if want and want != "%d:%d" % (st.st_dev, st.st_ino):
+            raise ValueError("not spotd's file (%s is %d:%d)"
+                             % (REQ_ENV_ID, st.st_dev, st.st_ino))
+        head = os.pread(fd, 12, 0)
+        if len(head) < 12 or head[0:8] != REQ_MAGIC or \
+                struct.unpack_from("<I", head, _OFF_VERSION)[0] != REQ_VERSION:
+            raise ValueError("not a spotd request file (header %r)" % head)
+        m = None
+        if mapped:  # not ours: spotd must not count this process as served
+            m = mmap.mmap(fd, REQ_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
+        return fd, m
+    except BaseException:
+        os.close(fd)
+        raise
 
 
-def _read_counters(m):
-    """(seq, served), read until two reads agree: spotd writes them as
-    two separate 8-byte stores, and a read between them must not mix."""
-    a = _U64X2.unpack_from(m, _OFF_SEQ)
-    while True:
-        b = _U64X2.unpack_from(m, _OFF_SEQ)
-        if a == b:
-            return a
-        a = b
+def _read_counters(fd):
+    """(seq, served, polls); zeros when the file was cut short. spotd
+    writes seq and served in one pwrite(); a read that saw a request is
+    read again, so a torn read does not make one up."""
+    b = os.pread(fd, 24, _OFF_SEQ)
+    if len(b) < 24:
+        return 0, 0, 0
+    a = _U64X3.unpack(b)
+    if a[0] > a[1] and a[0] != _taken:
+        b = os.pread(fd, 24, _OFF_SEQ)
+        a = _U64X3.unpack(b) if len(b) == 24 else (0, 0, 0)
+    return a
 
 
 def request_channel():
@@ -164,7 +184,8 @@ def request_channel():
 
 
 def _mapped():
-    """The mapping of the channel, made at the first use; None without."""
+    """The descriptor of the channel, opened and mapped at the first use;
+    None without."""
     global _req, _req_path
     if _req is None and _req_path is not None:
         try:
@@ -173,16 +194,19 @@ def _mapped():
             print("spotd: warning: request file %s unusable (%s)" %
                   (_req_path, e), file=sys.stderr, flush=True)
             _req_path = None
-    return _req
+    return _req[0] if _req is not None else None
 
 
 def _pending_seq():
     """The seq of the request pending for this process, or 0."""
-    m = _mapped()
-    if m is None:
+    fd = _mapped()
+    if fd is None:
         return 0
-    seq, served = _read_counters(m)
-    if seq > served and seq > _taken:
+    try:
+        seq, served, _ = _read_counters(fd)
+    except OSError:
+        return 0
+    if seq > served and seq != _taken:
         return seq
     return 0
 
@@ -333,16 +357,17 @@ def checkpoint_requested():
     it. A True takes the pending request: it is not answered again, spotd
     marks it served once the checkpoint is complete."""
     global _taken
-    m = _req if _req is not None else _mapped()
+    fd = _req[0] if _req is not None else _mapped()
     seq = 0
-    if m is not None:
-        seq, served, polls = _U64X3.unpack_from(m, _OFF_SEQ)
-        _U64.pack_into(m, _OFF_POLLS, (polls + 1) & _U64_MASK)
-        if _U64X2.unpack_from(m, _OFF_SEQ) != (seq, served):
-            seq, served = _read_counters(m)  # spotd wrote in between
-        local = seq > served and seq > _taken
-    else:
-        local = False
+    local = False
+    if fd is not None:
+        try:
+            seq, served, polls = _read_counters(fd)
+            if polls == 0:  # the first poll since spotd started the trainer
+                os.pwrite(fd, _U64.pack(1), _OFF_POLLS)
+        except OSError:
+            seq, served = 0, 0
+        local = seq > served and seq != _taken
     local = local or _flag.is_set()
     dist = _dist()
     if dist is not None and dist.get_world_size() > 1:
@@ -350,7 +375,7 @@ def checkpoint_requested():
     else:
         asked = local
     if asked:
-        if seq > _taken:
+        if local:
             _taken = seq
         _flag.clear()  # a signal during the save asks again
     return asked
@@ -690,10 +715,13 @@ def _setup():
     path = os.environ.get("SPOTD_REQUEST_FILE")
     if path:
         try:
-            m = _open_channel(path)
-            att = _U64.unpack_from(m, _OFF_ATTACHED)[0]
-            _U64.pack_into(m, _OFF_ATTACHED, (att + 1) & _U64_MASK)
-            m.close()  # mapped for good at the first poll
+            fd, _ = _open_channel(path, mapped=False)
+            try:
+                b = os.pread(fd, 8, _OFF_ATTACHED)
+                att = _U64.unpack(b)[0] if len(b) == 8 else 0
+                os.pwrite(fd, _U64.pack((att + 1) & _U64_MASK), _OFF_ATTACHED)
+            finally:
+                os.close(fd)  # opened and mapped for good at the first poll
             _req_path = path
             return  # served through the channel: no signal handler
         except (OSError, ValueError) as e:

@@ -16,6 +16,9 @@ transfers arrive in:
   stall       forward nothing: hold the connection with no byte moving
               for stall_s seconds (mid-body when there is a body), then
               reset it
+  flip        forward, and flip one bit of the middle byte of a 2xx
+              response body (a fault in transit over plain http: the
+              store keeps the right bytes)
 Always-on shaping: latency_ms added before each request is forwarded, and
 bandwidth (bytes/s, shared by all connections and both directions).
 
@@ -47,7 +50,7 @@ import urllib.parse
 
 HEAD_MAX = 64 * 1024
 CHUNK = 64 * 1024
-FAULTS = ("slowdown", "reset_req", "reset_resp", "stall")
+FAULTS = ("slowdown", "reset_req", "reset_resp", "stall", "flip")
 SLOWDOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown'
                  b'</Code><Message>Please reduce your request rate.</Message>'
                  b'<RequestId>faultproxy</RequestId></Error>')
@@ -133,16 +136,20 @@ class FaultProxy:
     # ---- control (any thread)
     def configure(self, slowdown=0.0, reset_req=0.0, reset_resp=0.0, stall=0.0,
                   stall_s=5.0, latency_ms=0, bandwidth=0, kinds=None,
-                  max_per_request=1, seed=None, match=None):
+                  max_per_request=1, seed=None, flip=0.0, match=None):
         """Replaces the fault plan (everything off by default) and restarts
-        the attempt counts. match: only requests whose target (path and
-        query) holds this string are hit."""
+        the attempt counts. match: substrings of the request target; when
+        given, only a request whose target holds one may be hit (one string
+        is a list of one)."""
         with self.mu:
             self.cfg = dict(slowdown=slowdown, reset_req=reset_req,
                             reset_resp=reset_resp, stall=stall, stall_s=stall_s,
-                            latency_ms=latency_ms, bandwidth=bandwidth,
+                            flip=flip, latency_ms=latency_ms,
+                            bandwidth=bandwidth,
                             kinds=set(kinds) if kinds else None,
-                            max_per_request=max_per_request, match=match)
+                            match=([match] if isinstance(match, str) else list(match))
+                            if match else None,
+                            max_per_request=max_per_request)
             if seed is not None:
                 self.seed = seed
             self.attempts = {}
@@ -189,12 +196,13 @@ class FaultProxy:
         """The fault for this attempt of this request, or None."""
         with self.mu:
             cfg = dict(self.cfg)
+            if cfg["match"] is not None and \
+                    not any(m in target for m in cfg["match"]):
+                return None, cfg
             n = self.attempts.get(ident, 0)
             self.attempts[ident] = n + 1
             self._stats["requests"][kind] = self._stats["requests"].get(kind, 0) + 1
             if cfg["kinds"] is not None and kind not in cfg["kinds"]:
-                return None, cfg
-            if cfg.get("match") and cfg["match"] not in target:
                 return None, cfg
             if n >= cfg["max_per_request"]:
                 return None, cfg
@@ -395,6 +403,10 @@ class FaultProxy:
                 uw.close()
             self._write_stats()
             return False
+        if fault == "flip" and 200 <= status < 300 and rbody:
+            rbody = bytearray(rbody)
+            rbody[len(rbody) // 2] ^= 0x04
+            rbody = bytes(rbody)
         await self._send(writer, rdata + (b"" if method == "HEAD" else rbody))
         self._write_stats()
         if not up_keep:
@@ -411,13 +423,14 @@ def main(argv):
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--stats")
     ap.add_argument("--fault", action="append", default=[],
-                    help="K=V: slowdown, reset_req, reset_resp, stall (fractions), "
-                         "stall_s, latency_ms, bandwidth, max_per_request, kinds=a,b")
+                    help="K=V: slowdown, reset_req, reset_resp, stall, flip "
+                         "(fractions), stall_s, latency_ms, bandwidth, "
+                         "max_per_request, kinds=a,b, match=a,b")
     a = ap.parse_args(argv)
     kw = {}
     for kv in a.fault:
         k, v = kv.split("=", 1)
-        kw[k] = set(v.split(",")) if k == "kinds" else float(v)
+        kw[k] = set(v.split(",")) if k in ("kinds", "match") else float(v)
     if "max_per_request" in kw:
         kw["max_per_request"] = int(kw["max_per_request"])
     px = FaultProxy(a.upstream, seed=a.seed, stats_path=a.stats, port=a.port)

@@ -808,7 +808,7 @@ def played_request_env(tmp, drop=()):
     root = os.path.join(tmp, "ckpt")
     req = os.path.join(tmp, "spotd.sock.req")
     with open(req, "wb") as f:
-        f.write(b"SPOTDREQ" + struct.pack("<IIQQQ", 1, 0, 1, 0, 0) +
+        f.write(b"SPOTDREQ" + struct.pack("<IIQQQ", 2, 0, 1, 0, 0) +
                 b"\0" * (4096 - 40))
     env = dict(os.environ, SPOTD_CKPT_DIR=root, SPOTD_REQUEST_FILE=req,
                CUDA_VISIBLE_DEVICES="", PYTHONPATH=srcdir_path("python"))

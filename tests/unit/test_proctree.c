@@ -323,6 +323,50 @@ test_scan_all(void **state)
   rm_fake_proc(dir, N);
 }
 
+/* A file is known by what its mapping shows in /proc/PID/maps (device
+ * and inode), not by its path: another file renamed over the path is
+ * another file. */
+static void
+test_map_id(void **state)
+{
+  char dir[] = "/tmp/test-proctree-XXXXXX", a[300], b[300];
+  char id_a[64], id_b[64];
+  struct spot_proc me;
+  void *ma, *mb;
+  int fa, fb;
+
+  (void)state;
+  assert_non_null(mkdtemp(dir));
+  snprintf(a, sizeof(a), "%s/a", dir);
+  snprintf(b, sizeof(b), "%s/b", dir);
+  fa = open(a, O_RDWR | O_CREAT, 0600);
+  fb = open(b, O_RDWR | O_CREAT, 0600);
+  assert_true(fa >= 0 && fb >= 0);
+  assert_int_equal(ftruncate(fa, 4096), 0);
+  assert_int_equal(ftruncate(fb, 4096), 0);
+  ma = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fa, 0);
+  assert_true(ma != MAP_FAILED);
+  assert_int_equal(spot_proc_self_map_id(ma, id_a, sizeof(id_a)), 0);
+  assert_non_null(strchr(id_a, ' '));
+  assert_int_equal(spot_proc_read(getpid(), &me), 0);
+  assert_int_equal(spot_proc_maps_id(&me, id_a), 1);
+  /* b renamed over a's path: mapping the path now maps another file */
+  assert_int_equal(rename(b, a), 0);
+  mb = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fb, 0);
+  assert_true(mb != MAP_FAILED);
+  assert_int_equal(spot_proc_self_map_id(mb, id_b, sizeof(id_b)), 0);
+  assert_string_not_equal(id_a, id_b);
+  assert_int_equal(munmap(ma, 4096), 0);
+  assert_int_equal(spot_proc_maps_id(&me, id_a), 0);
+  assert_int_equal(spot_proc_maps_id(&me, id_b), 1);
+  assert_int_equal(spot_proc_self_map_id(ma, id_a, sizeof(id_a)), -ENOENT);
+  munmap(mb, 4096);
+  close(fa);
+  close(fb);
+  unlink(a);
+  rmdir(dir);
+}
+
 int
 main(void)
 {
@@ -331,6 +375,7 @@ main(void)
       cmocka_unit_test(test_parse_sigmask),
       cmocka_unit_test(test_descendants),
       cmocka_unit_test(test_scan_all),
+      cmocka_unit_test(test_map_id),
       cmocka_unit_test_teardown(test_real_tree, kill_kids),
   };
 

@@ -382,9 +382,9 @@ r = dist.get_rank()
 names = sys.argv[2].split(",")
 calls = []
 real_done = spotd.done
-def done(path, strict=True):
+def done(path, strict=True, **kw):
     calls.append(path)
-    return real_done(path, strict)
+    return real_done(path, strict, **kw)
 spotd.done = done
 out = []
 for var in names:

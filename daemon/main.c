@@ -26,6 +26,7 @@
 #include "jlog.h"
 #include "jobfrom.h"
 #include "log.h"
+#include "proctree.h"
 #include "request.h"
 #include "spot-config.h"
 #include "spotd.h"
@@ -142,6 +143,22 @@ run_daemon(struct spot_config *cfg, char **argv)
   memset(&d, 0, sizeof(d));
   d.cfg = cfg;
   d.argv = argv;
+  /* Trees, signals and freezes go by pid through /proc: in a pid
+   * namespace that kept another's /proc they would reach other
+   * processes. */
+  r = spot_proc_own();
+  if (r == -EXDEV) {
+    log_err("/proc is not this pid namespace's (it names other processes "
+            "under our pids): refusing to start; mount a /proc of its own "
+            "(unshare --mount-proc, a container's own /proc)");
+    return SPOTD_EXIT_ERROR;
+  }
+  if (r < 0)
+    log_warn("/proc: %s: the trainer's process tree cannot be followed",
+             strerror(-r));
+  log_info("the trainer's process tree is kept under its guard and spotd "
+           "(child subreapers): killed together, both let it escape "
+           "(README, \"What spotd guarantees\")");
   r = uv_loop_init(&loop);
   if (r < 0) {
     log_err("event loop: %s", uv_strerror(r));

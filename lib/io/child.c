@@ -181,6 +181,9 @@ struct guard {
   int cmd_status; /* wait status of the command, once it exited */
   bool cmd_done, term_sent, kill_sent;
   uint64_t cmd_done_ms;
+  int deadline_fd;      /* spotd writes the lease's local deadline here */
+  uint64_t deadline_ms; /* monotonic; 0: none */
+  bool frozen;          /* the deadline passed: the tree is stopped */
 };
 
 /* Reaps every child that exited (the command and adopted orphans). */
@@ -248,6 +251,72 @@ guard_kill_all(struct guard *g)
   _exit(137);
 }
 
+/* Whether every process of the tree is stopped (or gone). */
+static bool
+guard_tree_stopped(void)
+{
+  struct spot_proc *v;
+  size_t n;
+  bool all = true;
+
+  if (spot_proc_tree(getpid(), &v, &n) < 0)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (v[i].state != 'T' && v[i].state != 't')
+      all = false;
+  free(v);
+  return all;
+}
+
+/* The job lease's local deadline passed and spotd did not renew it: its
+ * loop may be stopped (a debugger, a freezer, swapping), so the guard
+ * stops the tree itself, again until no process of it runs (one forked
+ * meanwhile included). It stays stopped: spotd, once it runs, finds its
+ * lease lost and kills it. */
+static void
+guard_freeze(struct guard *g)
+{
+  int n = 0;
+
+  g->frozen = true;
+  for (int i = 0; i < 200; i++) {
+    int k = spot_proc_kill_tree(getpid(), SIGSTOP);
+
+    if (k > 0)
+      n += k;
+    if (guard_tree_stopped())
+      break;
+    usleep(5000);
+  }
+  log_warn("the job lease's local deadline passed without a renewal from "
+           "spotd: stopped the trainer's tree (SIGSTOP, %d signals)",
+           n);
+}
+
+/* Reads the deadlines spotd wrote (the last counts). */
+static void
+guard_read_deadline(struct guard *g)
+{
+  uint64_t v;
+  ssize_t r;
+
+  while (g->deadline_fd >= 0 &&
+         (r = read(g->deadline_fd, &v, sizeof(v))) != 0) {
+    if (r == (ssize_t)sizeof(v)) {
+      g->deadline_ms = v;
+      continue;
+    }
+    if (r < 0 && (errno == EAGAIN || errno == EINTR))
+      return;
+    close(g->deadline_fd); /* spotd is gone, or wrote garbage */
+    g->deadline_fd = -1;
+  }
+  if (g->deadline_fd >= 0) { /* end of file */
+    close(g->deadline_fd);
+    g->deadline_fd = -1;
+  }
+}
+
 /* The command exited: what it left gets SIGTERM, then SIGKILL after the
  * grace. True once the guard may leave. */
 static bool
@@ -279,7 +348,7 @@ guard_reap_rest(struct guard *g)
 __attribute__((noreturn)) static void
 guard_run(struct guard *g, int parent_fd, const sigset_t *all)
 {
-  struct pollfd fds[2];
+  struct pollfd fds[3];
   int sfd = signalfd(-1, all, SFD_CLOEXEC | SFD_NONBLOCK);
 
   if (sfd < 0)
@@ -290,14 +359,26 @@ guard_run(struct guard *g, int parent_fd, const sigset_t *all)
     struct signalfd_siginfo si;
     int timeout = g->cmd_done ? REAP_POLL_MS : -1;
 
-    fds[0].events = fds[1].events = POLLIN;
-    fds[0].revents = fds[1].revents = 0;
-    if (poll(fds, 2, timeout) < 0 && errno != EINTR)
+    if (g->deadline_ms > 0 && !g->frozen) {
+      uint64_t now = spot_now_mono_ms();
+      uint64_t ms = g->deadline_ms > now ? g->deadline_ms - now : 0;
+      int left = ms > 60000 ? 60000 : (int)ms;
+
+      timeout = timeout < 0 || left < timeout ? left : timeout;
+    }
+    fds[2].fd = g->deadline_fd;
+    fds[0].events = fds[1].events = fds[2].events = POLLIN;
+    fds[0].revents = fds[1].revents = fds[2].revents = 0;
+    if (poll(fds, 3, timeout) < 0 && errno != EINTR)
       guard_kill_all(g);
     if (fds[0].revents != 0)
       guard_kill_all(g); /* spotd is gone */
     while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
       ; /* SIGCHLD, or a signal sent to the guard: only reaping matters */
+    guard_read_deadline(g);
+    if (g->deadline_ms > 0 && !g->frozen &&
+        spot_now_mono_ms() >= g->deadline_ms)
+      guard_freeze(g);
     guard_reap(g);
     if (g->cmd_done && guard_reap_rest(g))
       guard_exit_like(g->cmd_status);
@@ -334,9 +415,16 @@ spot_child_shim_main(int argc, char **argv)
   memset(&g, 0, sizeof(g));
   g.parent = (pid_t)parent;
   g.grace_ms = (uint64_t)grace;
+  g.deadline_fd = 4;
   sigfillset(&all);
   sigprocmask(SIG_SETMASK, &all, &old);
-  close_from(4); /* 3: the pipe that reports the command's pid */
+  /* 3: the pipe that reports the command's pid; 4: the lease's local
+   * deadline; 5: held, not used (the lease's lock, spot_lease_lock_hold:
+   * the kernel drops it once spotd and this guard are both gone). */
+  close_from(6);
+  (void)fcntl(g.deadline_fd, F_SETFL, O_NONBLOCK);
+  (void)fcntl(5, F_SETFD, FD_CLOEXEC);
+  (void)fcntl(g.deadline_fd, F_SETFD, FD_CLOEXEC);
   parent_fd = (int)syscall(SYS_pidfd_open, g.parent, 0);
   if (parent_fd < 0 || getppid() != g.parent ||
       prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) {
@@ -401,6 +489,7 @@ spot_child_init(struct spot_child *c, uv_loop_t *loop)
   memset(c, 0, sizeof(*c));
   c->loop = loop;
   c->exit_status = -1;
+  c->deadline_fd = -1;
   return uv_timer_init(loop, &c->timer);
 }
 
@@ -414,19 +503,125 @@ proc_closed_cb(uv_handle_t *h)
   c->proc_open = false;
 }
 
+/* ------------------------------------------------------------- orphans */
+
+/* The guards that run (spotd's only children): any other child of this
+ * process is an orphan of a guard that was killed, adopted as the child
+ * subreaper spotd is. */
+#define LIVE_GUARDS_MAX 8
+static pid_t live_guards[LIVE_GUARDS_MAX];
+
+static void
+guard_register(pid_t pid, bool live)
+{
+  for (size_t i = 0; i < LIVE_GUARDS_MAX; i++)
+    if (live ? live_guards[i] == 0 : live_guards[i] == pid) {
+      live_guards[i] = live ? pid : 0;
+      return;
+    }
+}
+
+static bool
+guard_is_live(pid_t pid)
+{
+  for (size_t i = 0; i < LIVE_GUARDS_MAX; i++)
+    if (live_guards[i] == pid)
+      return true;
+  return false;
+}
+
+/* SIGKILL to every orphan (a child of ours that is no live guard) and
+ * what it started; reaps those that are gone. How many still run. */
+static int
+orphans_kill(void)
+{
+  struct spot_proc *v;
+  size_t n;
+  pid_t self = getpid();
+  int left = 0;
+
+  if (spot_proc_scan(&v, &n) < 0)
+    return -1;
+  for (size_t i = 0; i < n; i++) {
+    if (v[i].ppid != self || guard_is_live(v[i].pid))
+      continue;
+    if (v[i].state == 'Z' || v[i].state == 'X') {
+      (void)waitpid(v[i].pid, NULL, WNOHANG);
+      continue;
+    }
+    left++;
+    (void)spot_proc_kill_tree(v[i].pid, SIGKILL);
+    (void)spot_proc_kill(&v[i], SIGKILL);
+  }
+  free(v);
+  return left;
+}
+
+static void deliver_exit(struct spot_child *c);
+
+static void
+orphans_timer_cb(uv_timer_t *t)
+{
+  struct spot_child *c = spot_container_of(t, struct spot_child, timer);
+  int left;
+
+  if (c->state == SPOT_CHILD_CLOSED)
+    return;
+  left = orphans_kill();
+  if (left != 0) {
+    if (spot_now_mono_ms() - c->orphans_since_ms >= 5000) {
+      log_warn("%s pid=%d: %d processes of its tree survive SIGKILL: "
+               "waiting for them",
+               c->name, (int)c->pid, left);
+      c->orphans_since_ms = spot_now_mono_ms();
+    }
+    uv_timer_start(&c->timer, orphans_timer_cb, 20, 0);
+    return;
+  }
+  deliver_exit(c);
+}
+
 static void
 exit_cb(uv_process_t *p, int64_t status, int term_signal)
 {
   struct spot_child *c = spot_container_of(p, struct spot_child, proc);
+  int left;
 
   if (c->state == SPOT_CHILD_CLOSED)
     return;
   /* The handle is done: closed now, so the same child can be spawned
    * again (a restarted trainer) without a second live handle on it. */
   uv_close((uv_handle_t *)&c->proc, proc_closed_cb);
+  guard_register(c->guard_pid, false);
+  if (c->deadline_fd >= 0) {
+    close(c->deadline_fd);
+    c->deadline_fd = -1;
+  }
   c->exit_status = status;
   c->term_signal = term_signal;
   uv_timer_stop(&c->timer);
+  /* A guard leaves once its tree is gone, unless it was killed: then
+   * what it guarded is ours now (spotd is a child subreaper). Nothing of
+   * the old tree may run when the exit is reported (a restart, a lease
+   * release follow): it is killed, and waited for. */
+  left = orphans_kill();
+  if (left != 0) {
+    log_warn("%s pid=%d: its guard pid=%d was killed; %d processes of its "
+             "tree came back to spotd: SIGKILL, and waiting for them",
+             c->name, (int)c->pid, (int)c->guard_pid, left);
+    c->orphans_since_ms = spot_now_mono_ms();
+    uv_timer_start(&c->timer, orphans_timer_cb, 20, 0);
+    return;
+  }
+  deliver_exit(c);
+}
+
+static void
+deliver_exit(struct spot_child *c)
+{
+  int64_t status = c->exit_status;
+  int term_signal = c->term_signal;
+
   if (term_signal != 0)
     log_info("%s pid=%d ended by signal %d", c->name, (int)c->pid, term_signal);
   else
@@ -458,10 +653,11 @@ int
 spot_child_spawn(struct spot_child *c, const struct spot_child_options *o)
 {
   uv_process_options_t po;
-  uv_stdio_container_t stdio[4];
+  uv_stdio_container_t stdio[6];
   struct pollfd pfd;
   pid_t cmd = 0;
-  int rp[2];
+  int rp[2], dp[2];
+  static bool subreaper;
   char sig[16], parent[24], grace[24], self_path[64];
   char **args;
   size_t n = 0;
@@ -477,14 +673,27 @@ spot_child_spawn(struct spot_child *c, const struct spot_child_options *o)
     log_err_errno(r, "cannot start the %s: /proc/self/exe", o->name);
     return r;
   }
+  /* Orphans of a guard that gets killed come to spotd, which ends them
+   * before it reports the exit (exit_cb). */
+  if (!subreaper && prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    subreaper = true;
   if (pipe2(rp, O_CLOEXEC) < 0)
     return log_err_errno(-errno, "cannot start the %s: pipe", o->name);
+  if (pipe2(dp, O_CLOEXEC) < 0) {
+    r = -errno;
+    close(rp[0]);
+    close(rp[1]);
+    return log_err_errno(r, "cannot start the %s: pipe", o->name);
+  }
+  (void)fcntl(dp[1], F_SETFL, O_NONBLOCK);
   while (o->argv[n] != NULL)
     n++;
   args = calloc(n + 6, sizeof(char *));
   if (args == NULL) {
     close(rp[0]);
     close(rp[1]);
+    close(dp[0]);
+    close(dp[1]);
     return -ENOMEM;
   }
   snprintf(sig, sizeof(sig), "%d", o->ignore_signal);
@@ -506,12 +715,16 @@ spot_child_spawn(struct spot_child *c, const struct spot_child_options *o)
   }
   stdio[3].flags = UV_INHERIT_FD; /* the guard reports the command's pid */
   stdio[3].data.fd = rp[1];
+  stdio[4].flags = UV_INHERIT_FD; /* the lease's local deadline */
+  stdio[4].data.fd = dp[0];
+  stdio[5].flags = UV_INHERIT_FD; /* held by the guard: the lease's lock */
+  stdio[5].data.fd = o->hold_fd > 0 ? o->hold_fd : dp[0];
   po.file = self_path;
   po.args = args;
   po.env = (char **)o->env;
   po.exit_cb = exit_cb;
   po.stdio = stdio;
-  po.stdio_count = 4;
+  po.stdio_count = 6;
   /* setsid(): the guard and the command get a session and group of their
    * own, away from spotd's terminal. */
   po.flags = UV_PROCESS_DETACHED;
@@ -519,7 +732,9 @@ spot_child_spawn(struct spot_child *c, const struct spot_child_options *o)
   c->proc_open = true; /* uv_spawn initialises the handle even on failure */
   free(args);
   close(rp[1]);
+  close(dp[0]);
   if (r < 0) {
+    close(dp[1]);
     close(rp[0]);
     log_err("cannot start the %s '%s': %s", c->name, o->argv[0],
             uv_strerror(r));
@@ -535,12 +750,27 @@ spot_child_spawn(struct spot_child *c, const struct spot_child_options *o)
     cmd = 0;
   close(rp[0]);
   c->guard_pid = c->proc.pid;
+  guard_register(c->guard_pid, true);
+  c->deadline_fd = dp[1];
+  if (c->deadline_ms > 0)
+    spot_child_set_deadline(c, c->deadline_ms);
   c->pid = cmd > 0 ? cmd : c->proc.pid;
   c->start_ms = spot_now_mono_ms();
   set_state(c, SPOT_CHILD_RUNNING);
   log_info("%s pid=%d started: %s (guard pid=%d)", c->name, (int)c->pid,
            o->argv[0], (int)c->guard_pid);
   return 0;
+}
+
+void
+spot_child_set_deadline(struct spot_child *c, uint64_t deadline_mono_ms)
+{
+  c->deadline_ms = deadline_mono_ms;
+  if (c->deadline_fd >= 0 &&
+      write(c->deadline_fd, &deadline_mono_ms, sizeof(deadline_mono_ms)) !=
+          (ssize_t)sizeof(deadline_mono_ms))
+    log_warn("%s pid=%d: cannot hand the lease deadline to its guard: %s",
+             c->name, (int)c->pid, strerror(errno));
 }
 
 bool
@@ -604,6 +834,11 @@ spot_child_close(struct spot_child *c)
   if (spot_child_running(c)) {
     spot_proc_kill_tree(c->guard_pid, SIGKILL);
     kill(c->guard_pid, SIGKILL); /* a guard left alone would do the same */
+  }
+  guard_register(c->guard_pid, false);
+  if (c->deadline_fd >= 0) {
+    close(c->deadline_fd);
+    c->deadline_fd = -1;
   }
   set_state(c, SPOT_CHILD_CLOSED);
   uv_timer_stop(&c->timer);

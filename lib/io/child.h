@@ -103,6 +103,7 @@ struct spot_child_options {
   char *const *env;  /* built with spot_env */
   int ignore_signal; /* start with this signal ignored (0: none) */
   uint64_t grace_ms; /* what the command left at its exit: TERM..KILL */
+  int hold_fd;       /* > 0: the guard keeps it open (a lock) till it ends */
   spot_child_exit_cb exit_cb;
   void *data;
 };
@@ -119,6 +120,9 @@ struct spot_child {
   int64_t exit_status; /* the command's */
   int term_signal;
   bool proc_open;
+  int deadline_fd;      /* the guard's deadline pipe (write end) */
+  uint64_t deadline_ms; /* the last one handed over; 0: none */
+  uint64_t orphans_since_ms;
   spot_child_exit_cb exit_cb;
   void *data;
 };
@@ -127,6 +131,10 @@ const char *spot_child_state_name(enum spot_child_state s);
 int spot_child_init(struct spot_child *c, uv_loop_t *loop);
 /* 0, or negative errno (logged) when it could not be started. */
 int spot_child_spawn(struct spot_child *c, const struct spot_child_options *o);
+/* The job lease's local deadline (monotonic ms, 0: none), now and for
+ * every guard spawned after: the guard stops the tree itself once it
+ * passes unless a later one came (spotd's loop may be stopped). */
+void spot_child_set_deadline(struct spot_child *c, uint64_t deadline_mono_ms);
 /* signum to every process of the tree (the guard left out): how many got
  * it, or -ESRCH when the child does not run. */
 int spot_child_kill(struct spot_child *c, int signum);

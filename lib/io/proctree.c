@@ -317,6 +317,21 @@ spot_proc_kill(const struct spot_proc *p, int signum)
 }
 
 int
+spot_proc_own(void)
+{
+  char buf[32];
+  ssize_t n = readlink("/proc/self", buf, sizeof(buf) - 1);
+  int64_t pid;
+
+  if (n <= 0)
+    return errno == ENOENT ? -ENOENT : -EIO;
+  buf[n] = '\0';
+  if (spot_parse_int64(buf, 1, INT32_MAX, &pid) < 0)
+    return -EIO;
+  return pid == (int64_t)getpid() ? 0 : -EXDEV;
+}
+
+int
 spot_proc_kill_tree(pid_t root, int signum)
 {
   struct spot_proc *v;

@@ -76,6 +76,11 @@ int spot_proc_maps_file(const struct spot_proc *p, const char *path);
  * through a pidfd so that a pid reused in between is never hit. 0,
  * -ESRCH when it is gone, or negative errno. */
 int spot_proc_kill(const struct spot_proc *p, int signum);
+/* Whether /proc is this process's own: the pid namespace that mounted it
+ * is ours (a namespace that kept its parent's /proc names other
+ * processes under our pids: pids from it and kill() disagree). 0,
+ * -EXDEV when it is another namespace's, -ENOENT without /proc. */
+int spot_proc_own(void);
 /* Sends signum to every running descendant of root; returns how many
  * got it (0 when none runs), or negative errno. */
 int spot_proc_kill_tree(pid_t root, int signum);

@@ -94,6 +94,13 @@ enum spot_child_state {
   SPOT_CHILD_STATE_LAST,
 };
 
+/* How the tree is kept together (the guard says, at each start). */
+enum spot_child_contain {
+  SPOT_CHILD_CONTAIN_NONE,   /* the guard and spotd as subreapers only */
+  SPOT_CHILD_CONTAIN_PIDNS,  /* a pid namespace of its own */
+  SPOT_CHILD_CONTAIN_USERNS, /* the same, in a user namespace (unprivileged) */
+};
+
 struct spot_child;
 typedef void (*spot_child_exit_cb)(struct spot_child *c, void *data);
 
@@ -114,8 +121,12 @@ struct spot_child {
   uv_timer_t timer; /* SIGKILL after the grace */
   enum spot_child_state state;
   char name[32];
-  pid_t pid;       /* the command's (it leads its own session and group) */
-  pid_t guard_pid; /* the guard's: the root of the tree */
+  pid_t pid;        /* the command's (it leads its own session and group) */
+  pid_t guard_pid;  /* the guard's */
+  pid_t reaper_pid; /* the command's parent: the init of the tree's pid
+                     * namespace, or the guard; the tree is its descendants */
+  enum spot_child_contain contained;
+  int init_fd; /* a pidfd of the init, until it ended */
   uint64_t start_ms;
   int64_t exit_status; /* the command's */
   int term_signal;

@@ -72,6 +72,43 @@ spot_proc_parse_sigmask(const char *status, const char *field, uint64_t *mask)
   return -EINVAL;
 }
 
+int
+spot_proc_parse_nspid(const char *status, pid_t *inner)
+{
+  const char *p = status;
+
+  while (p != NULL && *p != '\0') {
+    if (strncmp(p, "NSpid:", 6) == 0) {
+      long v = -1;
+
+      p += 6;
+      for (;;) {
+        char *end;
+        long x;
+
+        while (*p == ' ' || *p == '\t')
+          p++;
+        if (*p == '\n' || *p == '\0')
+          break;
+        errno = 0;
+        x = strtol(p, &end, 10);
+        if (end == p || errno != 0 || x <= 0 || x > INT32_MAX)
+          return -EINVAL;
+        v = x;
+        p = end;
+      }
+      if (v <= 0)
+        return -EINVAL;
+      *inner = (pid_t)v;
+      return 0;
+    }
+    p = strchr(p, '\n');
+    if (p != NULL)
+      p++;
+  }
+  return -EINVAL;
+}
+
 bool
 spot_proc_mask_has(uint64_t mask, int signum)
 {
@@ -314,6 +351,17 @@ spot_proc_kill(const struct spot_proc *p, int signum)
     r = -errno;
   close(fd);
   return r;
+}
+
+int
+spot_proc_inner_pid(const struct spot_proc *p, pid_t *inner)
+{
+  char buf[4096];
+  int r = read_same(p, "status", buf, sizeof(buf));
+
+  if (r < 0)
+    return r;
+  return spot_proc_parse_nspid(buf, inner);
 }
 
 int

@@ -13,6 +13,10 @@ namespace, its pid there and a random part (both may be reused).
     before it restarts the trainer or gives the lease up. Before, the
     stepper outlived its guard: A's restarted trainer and then B's stepped
     beside it.
+(e) SIGKILL to A's spotd and its guard together (what `pkill -9 spotd`
+    does): the trainer's pid namespace ends with the guard, and B proves A
+    gone by A's lock, which the kernel drops only then. Before, the stepper
+    went on under pid 1 and B took the lease over at once.
 (b) A live holder on this machine keeps its lease: A runs a copy of spotd
     named spotd-1.2 (before, B took the lease over at once: "not a
     spotd"); and a spotd in a pid namespace that kept the host's /proc
@@ -174,6 +178,32 @@ def part_a(c, wd, store, job):
         reap_steppers(nodes)
 
 
+def part_e(c, wd, store, job):
+    a = Node(wd, "e-a", store, job)
+    nodes = [a]
+    try:
+        c.check(a.wait_steps(3), "e: A's trainer steps")
+        b = Node(wd, "e-b", store, job)
+        nodes.append(b)
+        wait_waiting(c, "e", b)
+        g = a.guards()
+        c.check(len(g) == 1, "e: A's guard known", repr(g))
+        for pid in [a.d.pid] + g:  # `pkill -9 spotd`: both at once
+            os.kill(pid, signal.SIGKILL)
+        a.d.wait_exit(30)
+        c.check(b.wait_steps(5, 90), "e: B took the lease, its trainer "
+                "steps")
+        c.check(bool(b.d.err.matching(r"gone \(pid %d and its guard hold "
+                                      r"its lock no more\)" % a.d.pid)),
+                "e: B proved A gone by its lock", b.d.log()[-2000:])
+        time.sleep(1.0)  # an escaped stepper would step on meanwhile
+        b.finish()
+        c.check(b.d.wait_exit(60) == 0, "e: B finishes")
+        check_one_trainer(c, "e", nodes)
+    finally:
+        reap_steppers(nodes)
+
+
 def part_b(c, wd, store, job):
     copy = os.path.join(wd, "spotd-1.2")
     shutil.copy(sl.spotd_exe(), copy)
@@ -265,7 +295,7 @@ def main():
     c = sl.Checks()
     store, job, prefix = sl.daemon_job("lease-contain")
     root = prefix[:-len("job/")]
-    parts = sys.argv[1:] or ["a", "b", "c", "d"]
+    parts = sys.argv[1:] or ["a", "e", "b", "c", "d"]
     with sl.cleaned_up(root):
         with tempfile.TemporaryDirectory(prefix="spotd-contain-") as wd:
             for p in parts:

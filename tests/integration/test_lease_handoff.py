@@ -98,7 +98,7 @@ def part_b(c, wd, store, job, prefix):
     k.wait_exit(10)
     if s is not None:
         try:
-            os.killpg(s["pid"], signal.SIGKILL)
+            os.killpg(k.trainer_pids()[0], signal.SIGKILL)
         except ProcessLookupError:
             pass
     t0 = time.time()
@@ -121,7 +121,7 @@ def part_b(c, wd, store, job, prefix):
     # commits; SIGCONT: the old writer cannot move LATEST
     n.send(signal.SIGSTOP)
     if s2 is not None:
-        os.killpg(s2["pid"], signal.SIGSTOP)
+        os.killpg(n.trainer_pids()[0], signal.SIGSTOP)
     third = sl.Daemon(os.path.join(wd, "b-third"), store, job,
                       trainer=TRAINER, args=["--lease-ttl", 3])
     s3 = third.wait_event("start", 30)
@@ -131,7 +131,7 @@ def part_b(c, wd, store, job, prefix):
     latest = sl.latest(prefix)
     n.send(signal.SIGCONT)
     if s2 is not None:
-        os.killpg(s2["pid"], signal.SIGCONT)
+        os.killpg(n.trainer_pids()[0], signal.SIGCONT)
     n.spotctl("checkpoint", timeout=10)
     rc = n.wait_exit(30)
     c.check(rc == 73, "b: the thawed spotd lost its lease and exits 73",

@@ -146,9 +146,10 @@ static void judge_and_act(struct spot_lease *l);
 static void arm_deadline(struct spot_lease *l);
 
 /* Now on S3's clock as far as we know it: our wall clock less the skew
- * the last answer showed. Every expiry is written and judged on it, so a
- * node whose clock steps after it took the lease still writes expiries
- * the others read right. */
+ * the last answer showed. The holder writes every expiry on it, so a node
+ * whose clock steps after it took the lease still writes expiries the
+ * others read right. (A taker judges on its own clock, which it may use
+ * only while within the grace of S3's: judge_and_act().) */
 static int64_t
 s3_now_ms(const struct spot_lease *l)
 {
@@ -195,8 +196,9 @@ fill_info(const struct spot_lease *l, int err, struct spot_lease_info *info)
   info->epoch = l->cur_exists ? l->cur.epoch : 0;
   info->released = l->cur_exists && l->cur.released;
   info->expires_ms = l->cur_exists ? l->cur.expires_ms : 0;
-  info->verdict = spot_lease_doc_judge(l->cur_exists ? &l->cur : NULL, l->owner,
-                                       l->our_nonce, s3_now_ms(l), l->grace_ms);
+  info->verdict =
+      spot_lease_doc_judge(l->cur_exists ? &l->cur : NULL, l->owner,
+                           l->our_nonce, spot_now_wall_ms(), l->grace_ms);
   if (l->waited)
     info->waited_ms = spot_now_mono_ms() - l->wait_start_ms;
 }
@@ -517,7 +519,7 @@ wait_for_holder(struct spot_lease *l)
       l->wait_cb(&info, l->data);
     }
   }
-  left = spot_lease_doc_wait_ms(&l->cur, s3_now_ms(l), l->grace_ms);
+  left = spot_lease_doc_wait_ms(&l->cur, spot_now_wall_ms(), l->grace_ms);
   next = left < (int64_t)l->poll_ms ? (uint64_t)left : l->poll_ms;
   uv_timer_start(&l->poll_timer, poll_timer_cb, next, 0);
 }
@@ -762,7 +764,7 @@ judge_and_act(struct spot_lease *l)
   int r;
 
   v = spot_lease_doc_judge(l->cur_exists ? &l->cur : NULL, l->owner,
-                           l->our_nonce, s3_now_ms(l), l->grace_ms);
+                           l->our_nonce, spot_now_wall_ms(), l->grace_ms);
   if (v == SPOT_LEASE_THEIRS &&
       spot_lease_holder_gone(l->cur.owner, why, sizeof(why))) {
     log_info("lease: s3://%s/%s of %s (epoch %" PRIu64 ") is held by a "

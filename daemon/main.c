@@ -21,6 +21,7 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "child.h"
 #include "engine.h"
 #include "fanout.h"
 #include "jlog.h"
@@ -156,9 +157,22 @@ run_daemon(struct spot_config *cfg, char **argv)
   if (r < 0)
     log_warn("/proc: %s: the trainer's process tree cannot be followed",
              strerror(-r));
-  log_info("the trainer's process tree is kept under its guard and spotd "
-           "(child subreapers): killed together, both let it escape "
-           "(README, \"What spotd guarantees\")");
+  switch (spot_child_contain_probe()) {
+  case SPOT_CHILD_CONTAIN_PIDNS:
+    log_info("the trainer runs in a pid namespace of its own: nothing of it "
+             "outlives its guard");
+    break;
+  case SPOT_CHILD_CONTAIN_USERNS:
+    log_info("the trainer runs in a pid namespace of its own, in a user "
+             "namespace: nothing of it outlives its guard");
+    break;
+  default:
+    log_warn("no pid namespace for the trainer here (unshare refused): its "
+             "tree is kept under its guard and spotd only, and its processes "
+             "escape when both are killed together (README, \"The "
+             "trainer's process tree\")");
+    break;
+  }
   r = uv_loop_init(&loop);
   if (r < 0) {
     log_err("event loop: %s", uv_strerror(r));

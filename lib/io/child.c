@@ -604,6 +604,40 @@ guard_find_cmd(pid_t init, pid_t inner)
   return found;
 }
 
+enum spot_child_contain
+spot_child_contain_probe(void)
+{
+  pid_t pid = fork();
+  int st;
+
+  if (pid == 0) {
+    enum spot_child_contain m = contain_unshare();
+    pid_t init;
+
+    if (m == SPOT_CHILD_CONTAIN_NONE)
+      _exit(SPOT_CHILD_CONTAIN_NONE);
+    init = fork();
+    if (init == 0)
+      _exit(init_mount_proc() == 0 ? 0 : 1);
+    if (init < 0 || waitpid(init, &st, 0) != init || !WIFEXITED(st))
+      _exit(SPOT_CHILD_CONTAIN_NONE);
+    _exit(WEXITSTATUS(st) == 0 ? (int)m : 8 + (int)m);
+  }
+  if (pid < 0)
+    return SPOT_CHILD_CONTAIN_NONE;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR)
+      return SPOT_CHILD_CONTAIN_NONE;
+  if (!WIFEXITED(st))
+    return SPOT_CHILD_CONTAIN_NONE;
+  if (WEXITSTATUS(st) >= 8) {
+    log_warn("the trainer's pid namespace gets no /proc of its own here "
+             "(mount refused): its /proc shows the machine's processes");
+    return (enum spot_child_contain)(WEXITSTATUS(st) - 8);
+  }
+  return (enum spot_child_contain)WEXITSTATUS(st);
+}
+
 /* argv: NAME SPOT_CHILD_SHIM_ARG IGNORE_SIGNAL PARENT_PID GRACE_MS
  * COMMAND...
  *

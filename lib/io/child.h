@@ -24,9 +24,24 @@
  * is a child subreaper: whatever the command starts, in whatever session or
  * process group (torch 2.x's torchrun gives each worker its own), stays a
  * descendant of the guard, orphans included. So the job is the guard's process
- * tree (proctree.h):
+ * tree (proctree.h).
+ *
+ * Contained (the usual case): the guard first unshares a pid namespace
+ * (inside a user namespace of its own when unprivileged) and its one child
+ * is that namespace's init, which starts the command and reaps; the tree
+ * is then the init's descendants, and the kernel ends all of it when the
+ * init ends, which it does with the guard (PR_SET_PDEATHSIG), even when
+ * spotd and the guard are SIGKILLed together. The trainer sees the
+ * namespace's pids and a /proc of its own; spotd names the machine's.
+ * spotd reports the exit only once the init has ended. Without
+ * namespaces, the guard and spotd are child subreapers: a killed guard's
+ * orphans come back to spotd, which kills them before it reports the
+ * exit; spotd and the guard killed together let them escape.
  *  - spotd signals and stops the tree, never a process outside it;
  *  - when spotd dies (even by SIGKILL) the guard SIGKILLs the tree;
+ *  - the job lease's local deadline passed (spot_child_set_deadline):
+ *    the guard stops the tree itself (SIGSTOP), spotd's loop may be
+ *    stopped;
  *  - when the command exits, the guard stops what it left (SIGTERM, then
  *    SIGKILL after the grace) and then exits the way the command did (its
  *    status, or its signal), which is what spotd's exit callback sees.
@@ -146,6 +161,9 @@ int spot_child_spawn(struct spot_child *c, const struct spot_child_options *o);
  * every guard spawned after: the guard stops the tree itself once it
  * passes unless a later one came (spotd's loop may be stopped). */
 void spot_child_set_deadline(struct spot_child *c, uint64_t deadline_mono_ms);
+/* Whether a trainer's tree can get a pid namespace of its own here (tried
+ * in a child process, as the guard does): spotd says so at its start. */
+enum spot_child_contain spot_child_contain_probe(void);
 /* signum to every process of the tree (the guard left out): how many got
  * it, or -ESRCH when the child does not run. */
 int spot_child_kill(struct spot_child *c, int signum);

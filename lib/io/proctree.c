@@ -44,69 +44,72 @@ spot_proc_parse_stat(const char *text, struct spot_proc *out)
   return 0;
 }
 
-int
-spot_proc_parse_sigmask(const char *status, const char *field, uint64_t *mask)
+/* The value of "field:" in a /proc/PID/status text, blanks skipped; NULL
+ * when no line has it. */
+static const char *
+status_field(const char *status, const char *field)
 {
   size_t len = strlen(field);
   const char *p = status;
 
   while (p != NULL && *p != '\0') {
     if (strncmp(p, field, len) == 0 && p[len] == ':') {
-      char *end;
-      unsigned long long v;
-
       p += len + 1;
       while (*p == ' ' || *p == '\t')
         p++;
-      errno = 0;
-      v = strtoull(p, &end, 16);
-      if (end == p || errno != 0 || (*end != '\n' && *end != '\0'))
-        return -EINVAL;
-      *mask = v;
-      return 0;
+      return p;
     }
     p = strchr(p, '\n');
     if (p != NULL)
       p++;
   }
-  return -EINVAL;
+  return NULL;
+}
+
+int
+spot_proc_parse_sigmask(const char *status, const char *field, uint64_t *mask)
+{
+  const char *p = status_field(status, field);
+  unsigned long long v;
+  char *end;
+
+  if (p == NULL)
+    return -EINVAL;
+  errno = 0;
+  v = strtoull(p, &end, 16);
+  if (end == p || errno != 0 || (*end != '\n' && *end != '\0'))
+    return -EINVAL;
+  *mask = v;
+  return 0;
 }
 
 int
 spot_proc_parse_nspid(const char *status, pid_t *inner)
 {
-  const char *p = status;
+  const char *p = status_field(status, "NSpid");
+  long v = -1;
 
-  while (p != NULL && *p != '\0') {
-    if (strncmp(p, "NSpid:", 6) == 0) {
-      long v = -1;
+  if (p == NULL)
+    return -EINVAL;
+  for (;;) {
+    char *end;
+    long x;
 
-      p += 6;
-      for (;;) {
-        char *end;
-        long x;
-
-        while (*p == ' ' || *p == '\t')
-          p++;
-        if (*p == '\n' || *p == '\0')
-          break;
-        errno = 0;
-        x = strtol(p, &end, 10);
-        if (end == p || errno != 0 || x <= 0 || x > INT32_MAX)
-          return -EINVAL;
-        v = x;
-        p = end;
-      }
-      if (v <= 0)
-        return -EINVAL;
-      *inner = (pid_t)v;
-      return 0;
-    }
-    p = strchr(p, '\n');
-    if (p != NULL)
+    while (*p == ' ' || *p == '\t')
       p++;
+    if (*p == '\n' || *p == '\0')
+      break;
+    errno = 0;
+    x = strtol(p, &end, 10);
+    if (end == p || errno != 0 || x <= 0 || x > INT32_MAX)
+      return -EINVAL;
+    v = x;
+    p = end;
   }
-  return -EINVAL;
+  if (v <= 0)
+    return -EINVAL;
+  *inner = (pid_t)v;
+  return 0;
 }
 
 bool

@@ -30,6 +30,7 @@ namespace, its pid there and a random part (both may be reused).
     renewal, whose expiry is already past on S3's clock, and B takes it.
     Before, A kept renewing with expiries in the past while B ran.
 """
+import contextlib
 import json
 import os
 import re
@@ -138,20 +139,50 @@ def reap_steppers(nodes):
                 pass
 
 
+def b_finishes(c, tag, b, nodes):
+    """B's trainer stops, B exits 0; then the check of every part."""
+    b.finish()
+    c.check(b.d.wait_exit(60) == 0, "%s: B finishes" % tag)
+    check_one_trainer(c, tag, nodes)
+
+
 def wait_waiting(c, tag, b):
     c.check(b.d.wait_log(r"waiting for the job lease", 60) is not None,
             "%s: B waits for the lease" % tag, b.d.log()[-1500:])
 
 
-def part_a(c, wd, store, job):
-    a = Node(wd, "a-a", store, job, args=["--max-restarts", 1,
-                                          "--restart-backoff", 1])
-    nodes = [a]
+def two_nodes(c, tag, wd, store, job, nodes, a_args=(), b_args=(),
+              a_env=None, a_wrapper=None, wait=True):
+    """A, once its trainer steps, then B (waiting for the lease unless not
+    wait); both in nodes (which the caller's finally reaps)."""
+    a = Node(wd, tag + "-a", store, job, args=a_args, env=a_env,
+             wrapper=a_wrapper)
+    nodes.append(a)
+    c.check(a.wait_steps(3), "%s: A's trainer steps" % tag)
+    b = Node(wd, tag + "-b", store, job, args=b_args)
+    nodes.append(b)
+    if wait:
+        wait_waiting(c, tag, b)
+    return a, b
+
+
+@contextlib.contextmanager
+def pair(c, tag, wd, store, job, **kw):
+    """two_nodes() as (A, B, nodes); whatever happens, A is thawed if it was
+    stopped and every stepper reaped at the end."""
+    nodes = []
     try:
-        c.check(a.wait_steps(3), "a: A's trainer steps")
-        b = Node(wd, "a-b", store, job)
-        nodes.append(b)
-        wait_waiting(c, "a", b)
+        yield two_nodes(c, tag, wd, store, job, nodes, **kw) + (nodes,)
+    finally:
+        if nodes and nodes[0].d.running():
+            os.kill(nodes[0].d.pid, signal.SIGCONT)
+        reap_steppers(nodes)
+
+
+def part_a(c, wd, store, job):
+    with pair(c, "a", wd, store, job,
+              a_args=["--max-restarts", 1, "--restart-backoff", 1]) \
+            as (a, b, nodes):
         for k in (0, 1):
             g = a.guards()
             c.check(len(g) == k + 1, "a: A's guard #%d known" % (k + 1),
@@ -170,22 +201,12 @@ def part_a(c, wd, store, job):
                 c.check(len(new) == 1, "a: a second stepper", repr(new))
         c.check(b.wait_steps(5, 90), "b: B took the lease, its trainer steps")
         time.sleep(1.0)  # an escaped stepper would step on meanwhile
-        b.finish()
-        c.check(b.d.wait_exit(60) == 0, "a: B finishes")
         a.d.wait_exit(30)
-        check_one_trainer(c, "a", nodes)
-    finally:
-        reap_steppers(nodes)
+        b_finishes(c, "a", b, nodes)
 
 
 def part_e(c, wd, store, job):
-    a = Node(wd, "e-a", store, job)
-    nodes = [a]
-    try:
-        c.check(a.wait_steps(3), "e: A's trainer steps")
-        b = Node(wd, "e-b", store, job)
-        nodes.append(b)
-        wait_waiting(c, "e", b)
+    with pair(c, "e", wd, store, job) as (a, b, nodes):
         g = a.guards()
         c.check(len(g) == 1, "e: A's guard known", repr(g))
         for pid in [a.d.pid] + g:  # `pkill -9 spotd`: both at once
@@ -197,11 +218,7 @@ def part_e(c, wd, store, job):
                                       r"its lock no more\)" % a.d.pid)),
                 "e: B proved A gone by its lock", b.d.log()[-2000:])
         time.sleep(1.0)  # an escaped stepper would step on meanwhile
-        b.finish()
-        c.check(b.d.wait_exit(60) == 0, "e: B finishes")
-        check_one_trainer(c, "e", nodes)
-    finally:
-        reap_steppers(nodes)
+        b_finishes(c, "e", b, nodes)
 
 
 def part_b(c, wd, store, job):
@@ -210,13 +227,7 @@ def part_b(c, wd, store, job):
     os.chmod(copy, 0o755)
     wrap = [sl.PY3, "-c",
             "import os, sys; os.execv(%r, [%r] + sys.argv[2:])" % (copy, copy)]
-    a = Node(wd, "b-a", store, job, wrapper=wrap)
-    nodes = [a]
-    try:
-        c.check(a.wait_steps(3), "b: A (spotd-1.2) steps")
-        b = Node(wd, "b-b", store, job)
-        nodes.append(b)
-        wait_waiting(c, "b", b)
+    with pair(c, "b", wd, store, job, a_wrapper=wrap) as (a, b, nodes):
         if shutil.which("unshare"):
             u = Node(wd, "b-u", store, job,
                      wrapper=["unshare", "--pid", "--fork", "--"])
@@ -234,21 +245,12 @@ def part_b(c, wd, store, job):
         a.finish()
         c.check(a.d.wait_exit(60) == 0, "b: A finishes, releases the lease")
         c.check(b.wait_steps(5, 60), "b: then B's trainer steps")
-        b.finish()
-        c.check(b.d.wait_exit(60) == 0, "b: B finishes")
-        check_one_trainer(c, "b", nodes)
-    finally:
-        reap_steppers(nodes)
+        b_finishes(c, "b", b, nodes)
 
 
 def part_c(c, wd, store, job):
-    a = Node(wd, "c-a", store, job, args=["--lease-ttl", 6])
-    nodes = [a]
-    try:
-        c.check(a.wait_steps(3), "c: A's trainer steps")
-        b = Node(wd, "c-b", store, job, args=["--lease-ttl", 6])
-        nodes.append(b)
-        wait_waiting(c, "c", b)
+    with pair(c, "c", wd, store, job, a_args=["--lease-ttl", 6],
+              b_args=["--lease-ttl", 6]) as (a, b, nodes):
         os.kill(a.d.pid, signal.SIGSTOP)
         c.check(b.wait_steps(10, 90), "c: B took the lease of the stopped "
                 "spotd, its trainer steps")
@@ -260,34 +262,21 @@ def part_c(c, wd, store, job):
                                       r"renewal from spotd: stopped")),
                 "c: A's guard stopped the trainer at the lease's deadline",
                 a.d.log()[-2000:])
-        b.finish()
-        c.check(b.d.wait_exit(60) == 0, "c: B finishes")
-        check_one_trainer(c, "c", nodes)
-    finally:
-        if a.d.running():
-            os.kill(a.d.pid, signal.SIGCONT)
-        reap_steppers(nodes)
+        b_finishes(c, "c", b, nodes)
 
 
 def part_d(c, wd, store, job):
-    a = Node(wd, "d-a", store, job, args=["--lease-ttl", 9],
-             env={"SPOTD_FAULT_CLOCK_STEP_MS": "-70000@4000"})
-    nodes = [a]
-    try:
-        c.check(a.wait_steps(3), "d: A's trainer steps")
-        b = Node(wd, "d-b", store, job, args=["--lease-ttl", 9])
-        nodes.append(b)
+    with pair(c, "d", wd, store, job, a_args=["--lease-ttl", 9],
+              b_args=["--lease-ttl", 9],
+              a_env={"SPOTD_FAULT_CLOCK_STEP_MS": "-70000@4000"},
+              wait=False) as (a, b, nodes):
         c.check(b.wait_steps(10, 90), "d: B took the lease, its trainer "
                 "steps")
         rc = a.d.wait_exit(60)
         c.check(rc == 73, "d: A gave the lease up: exit 73", "rc=%s" % rc)
         c.check(bool(a.d.err.matching(r"already past on S3's clock")),
                 "d: A says why", a.d.log()[-2000:])
-        b.finish()
-        c.check(b.d.wait_exit(60) == 0, "d: B finishes")
-        check_one_trainer(c, "d", nodes)
-    finally:
-        reap_steppers(nodes)
+        b_finishes(c, "d", b, nodes)
 
 
 def main():

@@ -263,6 +263,9 @@ lease_release(struct spotd *d)
   if (d->jl.state != JOB_LEASE_HELD || d->jl.lease == NULL)
     return false;
   if (spot_lease_release(d->jl.lease, released_cb, d) < 0) {
+    log_warn("cannot release the job lease now (%s): it expires in %.0f s",
+             spot_lease_state_name(d->jl.lease),
+             (double)d->cfg->lease_ttl_ms / 1000.0);
     set_state(d, JOB_LEASE_RELEASED);
     return false;
   }

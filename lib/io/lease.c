@@ -1191,16 +1191,21 @@ spot_lease_adopt(struct spot_lease *l, spot_lease_cb cb, void *data)
 int
 spot_lease_release(struct spot_lease *l, spot_lease_cb cb, void *data)
 {
+  bool renewing;
   int r;
 
   if (l == NULL)
     return -EINVAL;
-  if (l->state != LS_HELD && l->state != LS_RENEWING)
+  /* A renewal in flight, or being confirmed (Ceph's first 412 on the
+   * quoted If-Match form): the release follows it. */
+  renewing = l->state == LS_RENEWING ||
+             (l->state == LS_CONFIRMING && l->w.kind == W_RENEW);
+  if (l->state != LS_HELD && !renewing)
     return -ENOTCONN;
   r = begin_user(l, U_RELEASE, NULL, cb, data);
   if (r < 0)
     return r;
-  if (l->state == LS_RENEWING) {
+  if (renewing) {
     l->release_pending = true; /* write_landed() or lose() goes on */
     return 0;
   }

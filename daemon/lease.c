@@ -292,6 +292,10 @@ lease_close(struct spotd *d)
   struct spot_lease *l = d->jl.lease;
 
   d->jl.lease = NULL;
+  if (d->jl.lock_fd > 0) {
+    spot_lease_lock_drop();
+    d->jl.lock_fd = 0;
+  }
   if (l == NULL)
     return;
   if (d->jl.state == JOB_LEASE_HELD && spot_lease_held(l) &&

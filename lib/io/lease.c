@@ -712,6 +712,17 @@ spot_lease_lock_hold(const char *owner)
   return fd;
 }
 
+void
+spot_lease_lock_drop(void)
+{
+  if (own_lock_fd < 0)
+    return;
+  (void)unlink(own_lock_file);
+  close(own_lock_fd);
+  own_lock_fd = -1;
+  own_lock_file[0] = '\0';
+}
+
 bool
 spot_lease_holder_gone(const char *owner, char *why, size_t size)
 {

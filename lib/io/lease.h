@@ -71,6 +71,10 @@ int spot_lease_local_owner(const char *instance, char *out, size_t size);
  * call), or negative errno (-EBUSY: a process of the tree of an earlier
  * process with this owner id holds it). */
 int spot_lease_lock_hold(const char *owner);
+/* At the end: the lock file removed, our descriptor closed (a guard that
+ * still holds it keeps the lock, on a file nobody can open any more: a
+ * taker then waits for the expiry). */
+void spot_lease_lock_drop(void);
 /* Whether the holder named by owner is proved gone: a process of this
  * machine (same boot id, pid namespace and host name) whose lock
  * (spot_lease_lock_hold) is free, or is ours (a process before us had our

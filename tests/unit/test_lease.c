@@ -123,6 +123,9 @@ test_holder_gone(void **state)
   owner_of(owner, sizeof(owner), (long)getpid(), NULL, NULL);
   assert_true(spot_lease_lock_hold(owner) > 0);
   assert_true(spot_lease_holder_gone(owner, why, sizeof(why)));
+  /* dropped at the end: no file, nothing proved any more */
+  spot_lease_lock_drop();
+  assert_false(spot_lease_holder_gone(owner, why, sizeof(why)));
 
   /* another boot, host or form: nothing can be told from here */
   owner_of(owner, sizeof(owner), dead, "00000000-0000-0000-0000-000000000000",

@@ -33,6 +33,7 @@ struct job_lease {
   uint64_t holder_epoch;
   int64_t holder_expires_ms;
   uint64_t seq; /* commits in this epoch (LATEST's order) */
+  int lock_fd;  /* > 0: our lock (spot_lease_lock_hold), held by the guard */
 };
 
 /* 0: acquiring, restore_leased() follows (or spotd fails); 1: this node

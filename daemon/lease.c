@@ -157,6 +157,17 @@ acquired_cb(const struct spot_lease_info *i, void *data)
   restore_leased(d);
 }
 
+/* Each lease write's local deadline goes to the trainer's guard, which
+ * stops the trainer itself once it passes: spotd's loop may be stopped
+ * then. */
+static void
+deadline_cb(uint64_t deadline_mono_ms, void *data)
+{
+  struct spotd *d = data;
+
+  spot_child_set_deadline(&d->trainer, deadline_mono_ms);
+}
+
 /* 0: acquiring (restore_leased() follows); 1: no lease for this node. */
 int
 lease_begin(struct spotd *d)
@@ -171,6 +182,17 @@ lease_begin(struct spotd *d)
     return 1;
   }
   make_owner(d);
+  /* Before any lease write under our owner id: another spotd of this
+   * machine proves us gone only by this lock, which the kernel drops once
+   * we and the trainer's guard are both gone. */
+  r = spot_lease_lock_hold(d->jl.owner);
+  if (r < 0)
+    log_warn("job lease: cannot hold the lock that proves this spotd gone "
+             "(%s): a spotd of this machine taking over waits for the "
+             "lease's expiry",
+             strerror(-r));
+  else
+    d->jl.lock_fd = r;
   snprintf(key, sizeof(key), "%s%s%s/%s", d->cfg->prefix,
            d->cfg->prefix[0] ? "/" : "", d->cfg->job, SPOT_LEASE_KEY);
   if (spot_config_lease_wait(d->cfg, &wait_ms) < 0)
@@ -184,6 +206,8 @@ lease_begin(struct spotd *d)
   lc.no_wait = d->cfg->no_lease_wait;
   lc.wait_timeout_ms = wait_ms;
   r = spot_lease_new(d->loop, &lc, lost_cb, d, &d->jl.lease);
+  if (r == 0)
+    spot_lease_on_deadline(d->jl.lease, deadline_cb, d);
   if (r == 0)
     r = spot_lease_acquire(d->jl.lease, wait_cb, acquired_cb, d);
   if (r < 0) {
@@ -239,6 +263,9 @@ lease_release(struct spotd *d)
   if (d->jl.state != JOB_LEASE_HELD || d->jl.lease == NULL)
     return false;
   if (spot_lease_release(d->jl.lease, released_cb, d) < 0) {
+    log_warn("cannot release the job lease now (%s): it expires in %.0f s",
+             spot_lease_state_name(d->jl.lease),
+             (double)d->cfg->lease_ttl_ms / 1000.0);
     set_state(d, JOB_LEASE_RELEASED);
     return false;
   }
@@ -265,6 +292,10 @@ lease_close(struct spotd *d)
   struct spot_lease *l = d->jl.lease;
 
   d->jl.lease = NULL;
+  if (d->jl.lock_fd > 0) {
+    spot_lease_lock_drop();
+    d->jl.lock_fd = 0;
+  }
   if (l == NULL)
     return;
   if (d->jl.state == JOB_LEASE_HELD && spot_lease_held(l) &&

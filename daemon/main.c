@@ -21,11 +21,13 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "child.h"
 #include "engine.h"
 #include "fanout.h"
 #include "jlog.h"
 #include "jobfrom.h"
 #include "log.h"
+#include "proctree.h"
 #include "request.h"
 #include "spot-config.h"
 #include "spotd.h"
@@ -142,6 +144,35 @@ run_daemon(struct spot_config *cfg, char **argv)
   memset(&d, 0, sizeof(d));
   d.cfg = cfg;
   d.argv = argv;
+  /* Trees, signals and freezes go by pid through /proc: in a pid
+   * namespace that kept another's /proc they would reach other
+   * processes. */
+  r = spot_proc_own();
+  if (r == -EXDEV) {
+    log_err("/proc is not this pid namespace's (it names other processes "
+            "under our pids): refusing to start; mount a /proc of its own "
+            "(unshare --mount-proc, a container's own /proc)");
+    return SPOTD_EXIT_ERROR;
+  }
+  if (r < 0)
+    log_warn("/proc: %s: the trainer's process tree cannot be followed",
+             strerror(-r));
+  switch (spot_child_contain_probe()) {
+  case SPOT_CHILD_CONTAIN_PIDNS:
+    log_info("the trainer runs in a pid namespace of its own: nothing of it "
+             "outlives its guard");
+    break;
+  case SPOT_CHILD_CONTAIN_USERNS:
+    log_info("the trainer runs in a pid namespace of its own, in a user "
+             "namespace: nothing of it outlives its guard");
+    break;
+  default:
+    log_warn("no pid namespace for the trainer here (unshare refused): its "
+             "tree is kept under its guard and spotd only, and its processes "
+             "escape when both are killed together (README, \"The "
+             "trainer's process tree\")");
+    break;
+  }
   r = uv_loop_init(&loop);
   if (r < 0) {
     log_err("event loop: %s", uv_strerror(r));

@@ -90,6 +90,7 @@ trainer_start(struct spotd *d)
   o.env = env.v;
   o.ignore_signal = d->cfg->signal;
   o.grace_ms = d->cfg->grace_ms;
+  o.hold_fd = d->jl.lock_fd;
   o.exit_cb = exit_cb;
   o.data = d;
   r = spot_child_spawn(&d->trainer, &o);

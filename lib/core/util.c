@@ -29,16 +29,42 @@ spot_now_mono_ms(void)
  * node whose clock is off (see spot_fault_point()). Read once, before
  * main, so no thread ever races on it. */
 static int64_t clock_offset_ms;
+/* $SPOTD_FAULT_CLOCK_STEP_MS=STEP@AFTER: the wall clock steps by STEP ms
+ * once AFTER ms (monotonic) have passed since the start, a clock that
+ * NTP steps while the process runs. */
+static int64_t clock_step_ms;
+static uint64_t clock_step_at_ms;
 
 __attribute__((constructor)) static void
 clock_offset_init(void)
 {
   const char *v = getenv("SPOTD_FAULT_CLOCK_MS");
+  const char *st = getenv("SPOTD_FAULT_CLOCK_STEP_MS");
+  char *end = NULL;
 
   clock_offset_ms = v != NULL ? strtoll(v, NULL, 10) : 0;
+  if (st != NULL) {
+    clock_step_ms = strtoll(st, &end, 10);
+    if (end != NULL && *end == '@')
+      clock_step_at_ms = spot_now_mono_ms() + strtoull(end + 1, NULL, 10);
+    else
+      clock_step_ms = 0;
+  }
+}
+
+static int64_t
+clock_shift_ms(void)
+{
+  if (clock_step_ms != 0 && spot_now_mono_ms() >= clock_step_at_ms)
+    return clock_offset_ms + clock_step_ms;
+  return clock_offset_ms;
 }
 #else
-static const int64_t clock_offset_ms = 0;
+static int64_t
+clock_shift_ms(void)
+{
+  return 0;
+}
 #endif
 
 int64_t
@@ -47,7 +73,7 @@ spot_now_wall_ms(void)
   struct timespec ts;
 
   clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + clock_offset_ms;
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + clock_shift_ms();
 }
 
 size_t

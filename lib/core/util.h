@@ -88,7 +88,9 @@ const char *spot_escape(const char *src, char *dst, size_t size);
  * moved), "restore-space-checked" (a restore found room for the
  * checkpoint and writes nothing yet).
  * Also $SPOTD_FAULT_CLOCK_MS: spot_now_wall_ms() runs that many ms ahead
- * (negative: behind), a node whose clock is off.
+ * (negative: behind), a node whose clock is off; and
+ * $SPOTD_FAULT_CLOCK_STEP_MS=STEP@AFTER: it steps by STEP ms once AFTER ms
+ * have passed since the start (a clock stepped while spotd runs).
  * Without fault points it does nothing and reads no environment. */
 void spot_fault_point(const char *name);
 /* Writes fmt into err (when err is not NULL and errlen > 0): the one

@@ -24,9 +24,24 @@
  * is a child subreaper: whatever the command starts, in whatever session or
  * process group (torch 2.x's torchrun gives each worker its own), stays a
  * descendant of the guard, orphans included. So the job is the guard's process
- * tree (proctree.h):
+ * tree (proctree.h).
+ *
+ * Contained (the usual case): the guard first unshares a pid namespace
+ * (inside a user namespace of its own when unprivileged) and its one child
+ * is that namespace's init, which starts the command and reaps; the tree
+ * is then the init's descendants, and the kernel ends all of it when the
+ * init ends, which it does with the guard (PR_SET_PDEATHSIG), even when
+ * spotd and the guard are SIGKILLed together. The trainer sees the
+ * namespace's pids and a /proc of its own; spotd names the machine's.
+ * spotd reports the exit only once the init has ended. Without
+ * namespaces, the guard and spotd are child subreapers: a killed guard's
+ * orphans come back to spotd, which kills them before it reports the
+ * exit; spotd and the guard killed together let them escape.
  *  - spotd signals and stops the tree, never a process outside it;
  *  - when spotd dies (even by SIGKILL) the guard SIGKILLs the tree;
+ *  - the job lease's local deadline passed (spot_child_set_deadline):
+ *    the guard stops the tree itself (SIGSTOP), spotd's loop may be
+ *    stopped;
  *  - when the command exits, the guard stops what it left (SIGTERM, then
  *    SIGKILL after the grace) and then exits the way the command did (its
  *    status, or its signal), which is what spotd's exit callback sees.
@@ -94,6 +109,13 @@ enum spot_child_state {
   SPOT_CHILD_STATE_LAST,
 };
 
+/* How the tree is kept together (the guard says, at each start). */
+enum spot_child_contain {
+  SPOT_CHILD_CONTAIN_NONE,   /* the guard and spotd as subreapers only */
+  SPOT_CHILD_CONTAIN_PIDNS,  /* a pid namespace of its own */
+  SPOT_CHILD_CONTAIN_USERNS, /* the same, in a user namespace (unprivileged) */
+};
+
 struct spot_child;
 typedef void (*spot_child_exit_cb)(struct spot_child *c, void *data);
 
@@ -103,6 +125,7 @@ struct spot_child_options {
   char *const *env;  /* built with spot_env */
   int ignore_signal; /* start with this signal ignored (0: none) */
   uint64_t grace_ms; /* what the command left at its exit: TERM..KILL */
+  int hold_fd;       /* > 0: the guard keeps it open (a lock) till it ends */
   spot_child_exit_cb exit_cb;
   void *data;
 };
@@ -113,12 +136,19 @@ struct spot_child {
   uv_timer_t timer; /* SIGKILL after the grace */
   enum spot_child_state state;
   char name[32];
-  pid_t pid;       /* the command's (it leads its own session and group) */
-  pid_t guard_pid; /* the guard's: the root of the tree */
+  pid_t pid;        /* the command's (it leads its own session and group) */
+  pid_t guard_pid;  /* the guard's */
+  pid_t reaper_pid; /* the command's parent: the init of the tree's pid
+                     * namespace, or the guard; the tree is its descendants */
+  enum spot_child_contain contained;
+  int init_fd; /* a pidfd of the init, until it ended */
   uint64_t start_ms;
   int64_t exit_status; /* the command's */
   int term_signal;
   bool proc_open;
+  int deadline_fd;      /* the guard's deadline pipe (write end) */
+  uint64_t deadline_ms; /* the last one handed over; 0: none */
+  uint64_t orphans_since_ms;
   spot_child_exit_cb exit_cb;
   void *data;
 };
@@ -127,6 +157,13 @@ const char *spot_child_state_name(enum spot_child_state s);
 int spot_child_init(struct spot_child *c, uv_loop_t *loop);
 /* 0, or negative errno (logged) when it could not be started. */
 int spot_child_spawn(struct spot_child *c, const struct spot_child_options *o);
+/* The job lease's local deadline (monotonic ms, 0: none), now and for
+ * every guard spawned after: the guard stops the tree itself once it
+ * passes unless a later one came (spotd's loop may be stopped). */
+void spot_child_set_deadline(struct spot_child *c, uint64_t deadline_mono_ms);
+/* Whether a trainer's tree can get a pid namespace of its own here (tried
+ * in a child process, as the guard does): spotd says so at its start. */
+enum spot_child_contain spot_child_contain_probe(void);
 /* signum to every process of the tree (the guard left out): how many got
  * it, or -ESRCH when the child does not run. */
 int spot_child_kill(struct spot_child *c, int signum);

@@ -26,6 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -81,6 +83,8 @@ struct pending {
   bool form_flipped;     /* the other If-Match form was tried */
   bool etag_learned;     /* the ETag our last PUT did not return */
   uint64_t sent_mono_ms; /* first send: the lease counts from here */
+  int64_t sent_s3_ms;    /* S3's clock at the first send, as we knew it */
+  int64_t sent_skew_ms;  /* the skew that estimate took */
 };
 
 struct spot_lease {
@@ -102,6 +106,8 @@ struct spot_lease {
 
   spot_lease_cb lost_cb;
   void *lost_data;
+  spot_lease_deadline_cb deadline_cb;
+  void *deadline_data;
 
   /* what we know of the object */
   bool cur_exists;
@@ -138,6 +144,17 @@ static void write_cb(const struct spot_s3_result *res, void *data);
 static void confirm_cb(const struct spot_s3_result *res, void *data);
 static void judge_and_act(struct spot_lease *l);
 static void arm_deadline(struct spot_lease *l);
+
+/* Now on S3's clock as far as we know it: our wall clock less the skew
+ * the last answer showed. The holder writes every expiry on it, so a node
+ * whose clock steps after it took the lease still writes expiries the
+ * others read right. (A taker judges on its own clock, which it may use
+ * only while within the grace of S3's: judge_and_act().) */
+static int64_t
+s3_now_ms(const struct spot_lease *l)
+{
+  return spot_now_wall_ms() - (l->skew_known ? l->skew_ms : 0);
+}
 
 static void
 set_state(struct spot_lease *l, enum lease_state s)
@@ -288,7 +305,7 @@ start_write(struct spot_lease *l, enum write_kind kind, uint64_t epoch,
       [W_RENEW] = LS_RENEWING,
       [W_RELEASE] = LS_RELEASING,
   };
-  int64_t now = spot_now_wall_ms();
+  int64_t now = s3_now_ms(l);
   int r;
 
   free(l->w.body);
@@ -303,6 +320,8 @@ start_write(struct spot_lease *l, enum write_kind kind, uint64_t epoch,
   l->w.create = !l->cur_exists;
   spot_strlcpy(l->w.etag, l->cur_etag, sizeof(l->w.etag));
   l->w.sent_mono_ms = spot_now_mono_ms();
+  l->w.sent_s3_ms = now;
+  l->w.sent_skew_ms = l->skew_known ? l->skew_ms : 0;
   r = spot_lease_doc_encode(&l->w.doc, &l->w.body);
   if (r < 0) {
     snprintf(l->msg, sizeof(l->msg), "encoding the lease: %s", strerror(-r));
@@ -650,11 +669,66 @@ spot_lease_local_owner(const char *instance, char *out, size_t size)
   return spot_lease_owner_format(instance, &o, out, size);
 }
 
+/* The lock file of an owner id: a name from a hash of the id, in a
+ * directory every process of this machine shares. */
+static void
+lock_path(const char *owner, char *out, size_t size)
+{
+  struct stat st;
+  uint64_t h = 14695981039346656037ULL; /* FNV-1a */
+  const char *dir = "/dev/shm";
+
+  for (const unsigned char *p = (const unsigned char *)owner; *p != '\0'; p++)
+    h = (h ^ *p) * 1099511628211ULL;
+  if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode) || access(dir, W_OK) < 0)
+    dir = "/tmp";
+  snprintf(out, size, "%s/spotd-lease-%016" PRIx64 ".lock", dir, h);
+}
+
+/* This process's own lock (spot_lease_lock_hold), once held. */
+static int own_lock_fd = -1;
+static char own_lock_file[128];
+
+int
+spot_lease_lock_hold(const char *owner)
+{
+  char path[128];
+  int fd;
+
+  if (own_lock_fd >= 0)
+    return own_lock_fd;
+  lock_path(owner, path, sizeof(path));
+  fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return -errno;
+  if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+    int e = errno;
+
+    close(fd);
+    return e == EWOULDBLOCK ? -EBUSY : -e;
+  }
+  own_lock_fd = fd;
+  spot_strlcpy(own_lock_file, path, sizeof(own_lock_file));
+  return fd;
+}
+
+void
+spot_lease_lock_drop(void)
+{
+  if (own_lock_fd < 0)
+    return;
+  (void)unlink(own_lock_file);
+  close(own_lock_fd);
+  own_lock_fd = -1;
+  own_lock_file[0] = '\0';
+}
+
 bool
 spot_lease_holder_gone(const char *owner, char *why, size_t size)
 {
   struct spot_lease_owner them, us;
-  char path[64], comm[64];
+  char path[128];
+  int fd;
 
   if (why != NULL && size > 0)
     why[0] = '\0';
@@ -666,26 +740,29 @@ spot_lease_holder_gone(const char *owner, char *why, size_t size)
   if (us.boot[0] == '\0' || us.pidns == 0 || strcmp(them.boot, us.boot) != 0 ||
       them.pidns != us.pidns || strcmp(them.host, us.host) != 0)
     return false;
-  if (them.pid == us.pid) {
-    /* a process before us had our pid: it is gone */
+  /* The holder holds its lock from before its first lease write until it
+   * and its trainer's guard are gone: the kernel drops it then, never
+   * before. Free (or ours: a process before us had our pid and its lock
+   * file) is the proof; no lock file, or one held, proves nothing. */
+  lock_path(owner, path, sizeof(path));
+  if (own_lock_fd >= 0 && strcmp(path, own_lock_file) == 0) {
     if (why != NULL)
-      snprintf(why, size, "pid %ld is this process now", them.pid);
+      snprintf(why, size, "pid %ld is this process now, and its lock is ours",
+               them.pid);
     return true;
   }
-  if (kill((pid_t)them.pid, 0) < 0 && errno == ESRCH) {
-    if (why != NULL)
-      snprintf(why, size, "pid %ld no longer runs", them.pid);
-    return true;
+  fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return false;
+  if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+    close(fd);
+    return false;
   }
-  snprintf(path, sizeof(path), "/proc/%ld/comm", them.pid);
-  read_line(path, comm, sizeof(comm));
-  if (comm[0] != '\0' && strcmp(comm, "spotd") != 0) {
-    if (why != NULL)
-      snprintf(why, size, "pid %ld is now '%.32s', not a spotd", them.pid,
-               comm);
-    return true;
-  }
-  return false;
+  close(fd); /* the lock goes with it */
+  if (why != NULL)
+    snprintf(why, size, "pid %ld and its guard hold its lock no more",
+             them.pid);
+  return true;
 }
 
 /* After a read in an acquire: take it, or wait for its holder. */
@@ -755,13 +832,15 @@ adopt(struct spot_lease *l)
     fail_user(l, -ESTALE);
     return;
   }
-  left = l->cur.expires_ms - spot_now_wall_ms();
+  left = l->cur.expires_ms - s3_now_ms(l);
   spot_strlcpy(l->our_nonce, l->cur.nonce, sizeof(l->our_nonce));
   l->epoch = l->cur.epoch;
   l->deadline_ms = spot_now_mono_ms() + (left > 0 ? (uint64_t)left : 0);
   set_state(l, LS_HELD);
   uv_timer_start(&l->renew_timer, renew_timer_cb, l->renew_ms, 0);
   arm_deadline(l);
+  if (l->deadline_cb != NULL)
+    l->deadline_cb(l->deadline_ms, l->deadline_data);
   finish_user(l, 0);
 }
 
@@ -825,10 +904,30 @@ write_landed(struct spot_lease *l, const char *etag)
     return;
   }
   l->deadline_ms = l->w.sent_mono_ms + l->ttl_ms;
+  {
+    /* The expiry we wrote, on S3's clock as this answer shows it: a clock
+     * stepped back since the last answer wrote one that is earlier. The
+     * lease counts only until then (at once: given up). */
+    int64_t sent_s3 = l->w.sent_s3_ms, left;
+
+    if (l->skew_known)
+      sent_s3 = l->w.sent_s3_ms + (l->w.sent_skew_ms - l->skew_ms);
+    left = l->w.doc.expires_ms - sent_s3;
+    if (left < (int64_t)l->ttl_ms)
+      l->deadline_ms = l->w.sent_mono_ms + (left > 0 ? (uint64_t)left : 0);
+  }
   l->epoch = l->w.doc.epoch;
+  if (l->w.kind == W_RENEW && spot_now_mono_ms() >= l->deadline_ms) {
+    lose(l, -ETIMEDOUT,
+         "the expiry it wrote is already past on S3's clock (this node's "
+         "clock stepped back)");
+    return;
+  }
   set_state(l, LS_HELD);
   uv_timer_start(&l->renew_timer, renew_timer_cb, l->renew_ms, 0);
   arm_deadline(l);
+  if (l->deadline_cb != NULL)
+    l->deadline_cb(l->deadline_ms, l->deadline_data);
   if (l->w.kind == W_ACQUIRE) {
     spot_rfc3339_format(l->cur.expires_ms, until, sizeof(until));
     log_info("lease: acquired s3://%s/%s epoch %" PRIu64 " until %s", l->bucket,
@@ -1018,6 +1117,14 @@ spot_lease_new(uv_loop_t *loop, const struct spot_lease_config *cfg,
   return 0;
 }
 
+void
+spot_lease_on_deadline(struct spot_lease *l, spot_lease_deadline_cb cb,
+                       void *data)
+{
+  l->deadline_cb = cb;
+  l->deadline_data = data;
+}
+
 static int
 begin_user(struct spot_lease *l, enum user_op op, spot_lease_cb wait_cb,
            spot_lease_cb cb, void *data)
@@ -1095,16 +1202,21 @@ spot_lease_adopt(struct spot_lease *l, spot_lease_cb cb, void *data)
 int
 spot_lease_release(struct spot_lease *l, spot_lease_cb cb, void *data)
 {
+  bool renewing;
   int r;
 
   if (l == NULL)
     return -EINVAL;
-  if (l->state != LS_HELD && l->state != LS_RENEWING)
+  /* A renewal in flight, or being confirmed (Ceph's first 412 on the
+   * quoted If-Match form): the release follows it. */
+  renewing = l->state == LS_RENEWING ||
+             (l->state == LS_CONFIRMING && l->w.kind == W_RENEW);
+  if (l->state != LS_HELD && !renewing)
     return -ENOTCONN;
   r = begin_user(l, U_RELEASE, NULL, cb, data);
   if (r < 0)
     return r;
-  if (l->state == LS_RENEWING) {
+  if (renewing) {
     l->release_pending = true; /* write_landed() or lose() goes on */
     return 0;
   }

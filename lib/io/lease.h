@@ -8,7 +8,7 @@
  *
  *   spot_lease_acquire()  reads the lease; absent, released or expired ->
  *                         write ours; held by a process of this machine
- *                         that is gone (spot_lease_holder_gone) -> take
+ *                         proved gone (spot_lease_holder_gone) -> take
  *                         it over at once; held by another -> wait (poll until
  *                         it is released or expires; wait_cb tells who
  *                         holds it, until when) or, with no_wait, fail at
@@ -62,12 +62,26 @@
  * name, pid), with INSTANCE/ in front unless instance is NULL or "".
  * 0 or -E2BIG. */
 int spot_lease_local_owner(const char *instance, char *out, size_t size);
-/* Whether the holder named by owner is a process of this machine (same
- * boot id, pid namespace and host name) that no longer runs: its pid is
- * gone, or now names a process other than a spotd. False for an owner of
- * another machine or of another form. why (may be NULL) says which. */
+/* Holds this process's lock: a file named by its owner id (a hash of it,
+ * in /dev/shm, else /tmp) locked with flock(). Take it before the first
+ * lease write under that id and keep it for the process's life; the fd
+ * (close-on-exec) is handed to the trainer's guard, which keeps it until
+ * the trainer's tree is gone, so the kernel drops the lock only once
+ * the holder and its tree are both gone. The fd (the same on every
+ * call), or negative errno (-EBUSY: a process of the tree of an earlier
+ * process with this owner id holds it). */
+int spot_lease_lock_hold(const char *owner);
+/* At the end: the lock file removed, our descriptor closed (a guard that
+ * still holds it keeps the lock, on a file nobody can open any more: a
+ * taker then waits for the expiry). */
+void spot_lease_lock_drop(void);
+/* Whether the holder named by owner is proved gone: a process of this
+ * machine (same boot id, pid namespace and host name) whose lock
+ * (spot_lease_lock_hold) is free, or is ours (a process before us had our
+ * pid). False for an owner of another machine or of another form, with
+ * no lock file, or whose lock is held: then only its expiry tells. Never
+ * guessed from /proc. why (may be NULL) says which. */
 bool spot_lease_holder_gone(const char *owner, char *why, size_t size);
-
 struct spot_lease_config {
   struct spot_s3 *s3;
   const char *bucket;
@@ -95,12 +109,20 @@ struct spot_lease_info {
 
 struct spot_lease;
 typedef void (*spot_lease_cb)(const struct spot_lease_info *info, void *data);
+/* The local deadline (monotonic ms, spot_now_mono_ms()) of the lease just
+ * taken or renewed. */
+typedef void (*spot_lease_deadline_cb)(uint64_t deadline_mono_ms, void *data);
 
 /* Copies cfg's strings. lost_cb (may be NULL) runs at most once per
  * acquisition, when a held lease is lost. 0, -EINVAL or -ENOMEM. */
 int spot_lease_new(uv_loop_t *loop, const struct spot_lease_config *cfg,
                    spot_lease_cb lost_cb, void *lost_data,
                    struct spot_lease **out);
+/* cb (may be NULL) runs after every write that takes or renews the lease
+ * with its new local deadline: the holder hands it to what enforces it
+ * outside the loop (the trainer's guard, child.h). */
+void spot_lease_on_deadline(struct spot_lease *l, spot_lease_deadline_cb cb,
+                            void *data);
 /* Cancels the operation in flight (its callback runs with -ECANCELED),
  * stops renewing, closes the timers and frees once they are closed. Does
  * not release: a lease dropped this way expires after its ttl. Safe on

@@ -45,32 +45,72 @@ spot_proc_parse_stat(const char *text, struct spot_proc *out)
   return 0;
 }
 
-int
-spot_proc_parse_sigmask(const char *status, const char *field, uint64_t *mask)
+/* The value of "field:" in a /proc/PID/status text, blanks skipped; NULL
+ * when no line has it. */
+static const char *
+status_field(const char *status, const char *field)
 {
   size_t len = strlen(field);
   const char *p = status;
 
   while (p != NULL && *p != '\0') {
     if (strncmp(p, field, len) == 0 && p[len] == ':') {
-      char *end;
-      unsigned long long v;
-
       p += len + 1;
       while (*p == ' ' || *p == '\t')
         p++;
-      errno = 0;
-      v = strtoull(p, &end, 16);
-      if (end == p || errno != 0 || (*end != '\n' && *end != '\0'))
-        return -EINVAL;
-      *mask = v;
-      return 0;
+      return p;
     }
     p = strchr(p, '\n');
     if (p != NULL)
       p++;
   }
-  return -EINVAL;
+  return NULL;
+}
+
+int
+spot_proc_parse_sigmask(const char *status, const char *field, uint64_t *mask)
+{
+  const char *p = status_field(status, field);
+  unsigned long long v;
+  char *end;
+
+  if (p == NULL)
+    return -EINVAL;
+  errno = 0;
+  v = strtoull(p, &end, 16);
+  if (end == p || errno != 0 || (*end != '\n' && *end != '\0'))
+    return -EINVAL;
+  *mask = v;
+  return 0;
+}
+
+int
+spot_proc_parse_nspid(const char *status, pid_t *inner)
+{
+  const char *p = status_field(status, "NSpid");
+  long v = -1;
+
+  if (p == NULL)
+    return -EINVAL;
+  for (;;) {
+    char *end;
+    long x;
+
+    while (*p == ' ' || *p == '\t')
+      p++;
+    if (*p == '\n' || *p == '\0')
+      break;
+    errno = 0;
+    x = strtol(p, &end, 10);
+    if (end == p || errno != 0 || x <= 0 || x > INT32_MAX)
+      return -EINVAL;
+    v = x;
+    p = end;
+  }
+  if (v <= 0)
+    return -EINVAL;
+  *inner = (pid_t)v;
+  return 0;
 }
 
 bool
@@ -337,6 +377,32 @@ spot_proc_kill(const struct spot_proc *p, int signum)
     r = -errno;
   close(fd);
   return r;
+}
+
+int
+spot_proc_inner_pid(const struct spot_proc *p, pid_t *inner)
+{
+  char buf[4096];
+  int r = read_same(p, "status", buf, sizeof(buf));
+
+  if (r < 0)
+    return r;
+  return spot_proc_parse_nspid(buf, inner);
+}
+
+int
+spot_proc_own(void)
+{
+  char buf[32];
+  ssize_t n = readlink("/proc/self", buf, sizeof(buf) - 1);
+  int64_t pid;
+
+  if (n <= 0)
+    return errno == ENOENT ? -ENOENT : -EIO;
+  buf[n] = '\0';
+  if (spot_parse_int64(buf, 1, INT32_MAX, &pid) < 0)
+    return -EIO;
+  return pid == (int64_t)getpid() ? 0 : -EXDEV;
 }
 
 int

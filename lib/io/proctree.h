@@ -42,6 +42,9 @@ int spot_proc_parse_stat(const char *text, struct spot_proc *out);
  * is missing or malformed. */
 int spot_proc_parse_sigmask(const char *status, const char *field,
                             uint64_t *mask);
+/* The NSpid field of a /proc/PID/status text: the process's pid in the
+ * innermost pid namespace it is in (its last number). 0, or -EINVAL. */
+int spot_proc_parse_nspid(const char *status, pid_t *inner);
 /* Whether mask has signal signum (1..64). */
 bool spot_proc_mask_has(uint64_t mask, int signum);
 /* Keeps in procs[] only the descendants of root (root excluded), in
@@ -89,6 +92,14 @@ int spot_proc_maps_id(const struct spot_proc *p, const char *id);
  * through a pidfd so that a pid reused in between is never hit. 0,
  * -ESRCH when it is gone, or negative errno. */
 int spot_proc_kill(const struct spot_proc *p, int signum);
+/* p's pid in its innermost pid namespace (NSpid), while it is still p.
+ * 0, -ESRCH (gone) or negative errno. */
+int spot_proc_inner_pid(const struct spot_proc *p, pid_t *inner);
+/* Whether /proc is this process's own: the pid namespace that mounted it
+ * is ours (a namespace that kept its parent's /proc names other
+ * processes under our pids: pids from it and kill() disagree). 0,
+ * -EXDEV when it is another namespace's, -ENOENT without /proc. */
+int spot_proc_own(void);
 /* Sends signum to every running descendant of root; returns how many
  * got it (0 when none runs), or negative errno. */
 int spot_proc_kill_tree(pid_t root, int signum);

@@ -646,6 +646,22 @@ class Daemon:
     def log(self):
         return self.err.text()
 
+    def trainer_pids(self):
+        """The machine's pids of the trainers started so far, from spotd's
+        "trainer pid=N started" lines (a trainer runs in a pid namespace
+        of its own: what it reports as its pid is that namespace's)."""
+        return [int(_re.search(r"trainer pid=(\d+) started", l).group(1))
+                for l in self.err.matching(r"trainer pid=\d+ started")]
+
+    def host_pid(self, nspid, timeout=10):
+        """host_pid(nspid, under=this spotd), waiting for it a while."""
+        end = _time.time() + timeout
+        while True:
+            pid = host_pid(nspid, self.pid)
+            if pid or _time.time() >= end:
+                return pid
+            _time.sleep(0.05)
+
 
 def trainer_events(path, ev=None):
     out = []
@@ -788,6 +804,41 @@ def wait_state(d, state, timeout=20):
                 return st
         _time.sleep(0.05)
     return None
+
+
+def host_pid(nspid, under):
+    """The machine's pid of the running descendant of under whose pid in
+    its own pid namespace is nspid (what a trainer's os.getpid() says
+    inside spotd's pid namespace for it); 0 when there is none."""
+    kids = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                kids.setdefault(int(f.read().rsplit(") ", 1)[1].split()[1]),
+                                []).append(int(d))
+        except (OSError, IndexError, ValueError):
+            pass
+    todo, seen = list(kids.get(under, [])), []
+    while todo:
+        p = todo.pop()
+        seen.append(p)
+        todo += kids.get(p, [])
+    for p in seen:
+        try:
+            for line in sl_read("/proc/%d/status" % p).splitlines():
+                if line.startswith("NSpid:") and \
+                        int(line.split()[-1]) == nspid and not pid_gone(p):
+                    return p
+        except (OSError, ValueError):
+            pass
+    return 0
+
+
+def sl_read(path):
+    with open(path) as f:
+        return f.read()
 
 
 def pid_gone(pid):

@@ -19,9 +19,9 @@ import spotlib as sl  # noqa: E402
 
 
 def kill_trainer(d):
-    for ev in d.events("start"):
+    for pid in d.trainer_pids():
         try:
-            os.killpg(ev["pid"], signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError, KeyError):
             pass
 

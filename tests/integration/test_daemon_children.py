@@ -95,7 +95,7 @@ def clean(c, wd):
         d = sl.Daemon(wd, store, job, env=env, provider="aws", metadata_url=emu.url,
                       grace=2, args=["--relaunch", "%s %s %s 5" % (sl.PY3, script, rpid)],
                       cmd=["/bin/sh", "-c", "%s %s %s 60" % (sl.PY3, script, tpid)])
-        pid = wait_pid(tpid)
+        pid = d.host_pid(wait_pid(tpid))
         c.check(pid > 0, tag + "the trainer runs")
         if pid:
             tenv = check_clean(c, tag + "trainer: ", pid)
@@ -116,7 +116,7 @@ def clean(c, wd):
         c.check(cp.returncode == 0 and d.running() and not sl.pid_gone(sh),
                 tag + "a shell with no handler survives the checkpoint signal")
         emu.control("notice", deadline=6)
-        pid = wait_pid(rpid)
+        pid = d.host_pid(wait_pid(rpid))
         c.check(pid > 0, tag + "the relaunch step runs")
         if pid:
             renv = check_clean(c, tag + "relaunch step: ", pid)
@@ -176,7 +176,7 @@ def kill9(c, wd):
             time.sleep(0.05)
         n = len(group(pgid)) if pgid else 0
         c.check(n >= 3, tag + "a shell and two sleeps run (%d)" % n)
-        worker = wait_pid(other)
+        worker = d.host_pid(wait_pid(other))
         c.check(worker > 0 and not sl.pid_gone(worker),
                 tag + "a sleep in another session runs")
         d.send(signal.SIGKILL)
@@ -206,7 +206,7 @@ def not_caught(c, wd):
                "time.sleep(60)\n" % pidf
         d = sl.Daemon(wd, store, job, env=s3.env(), cmd=[sl.PY3, "-c", code])
         c.check(sl.wait_state(d, "running", 20) is not None, tag + "running")
-        pid = wait_pid(pidf)
+        pid = d.host_pid(wait_pid(pidf))
         c.check(pid > 0, tag + "the trainer runs with the default action")
         d.spotctl("checkpoint")
         time.sleep(1.0)

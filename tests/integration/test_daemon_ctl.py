@@ -130,7 +130,7 @@ def with_daemon(c, wd):
                 and s.get("provider") == "none",
                 "status --json: state, job, store, provider", repr(s))
         tr = (s or {}).get("trainer") or {}
-        c.check(start is not None and tr.get("pid") == start["pid"] and
+        c.check(start is not None and tr.get("pid") == d.trainer_pids()[0] and
                 tr.get("uptime_s", -1) >= 0 and tr.get("restart_count") == 0,
                 "status --json: trainer pid, uptime, restart count", repr(tr))
         c.check(s is not None and not s.get("last_commit") and
@@ -139,7 +139,7 @@ def with_daemon(c, wd):
         c.check(cp.returncode == 0 and re.search(r"(?m)^state: +running$",
                                                  cp.stdout) and
                 "last commit:  none" in cp.stdout and
-                "trainer:      pid %d" % (start or {}).get("pid", 0) in cp.stdout,
+                "trainer:      pid %d" % (d.trainer_pids() or [0])[0] in cp.stdout,
                 "status: the human table", cp.stdout + cp.stderr)
         cp = sl.spotctl("status", "--json", timeout=20,
                         env={"SPOTD_SOCKET": d.socket})

@@ -91,7 +91,7 @@ def main():
         d1.wait_exit(30)
         if started:
             try:
-                os.killpg(started[0]["pid"], signal.SIGKILL)
+                os.killpg(d1.trainer_pids()[0], signal.SIGKILL)
             except ProcessLookupError:
                 pass
         evs = history_events(prefix)

@@ -114,7 +114,8 @@ def main():
             running = [v for _, _, k, v in f
                        if k == "STATUS" and v.startswith("running, trainer pid")]
             c.check(ready and start and running and
-                    running[0] == "running, trainer pid %d" % start["pid"] and
+                    running[0] == "running, trainer pid %d" %
+                    (d.trainer_pids() or [0])[0] and
                     keys[ready[0] + 1] == "STATUS",
                     "READY=1 comes with the launched trainer's pid: %s" %
                     (running[:1],))

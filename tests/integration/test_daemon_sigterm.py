@@ -51,8 +51,8 @@ def drain(c, wd):
                 "indexes %s" % order)
         c.check(len(d.events("term")) == 1, tag + "the trainer got SIGTERM")
         c.check(not sl.read_jsonl(hook_out), tag + "no relaunch on SIGTERM")
-        start = d.events("start")
-        c.check(start and gone(start[0]["pid"]), tag + "the trainer is gone")
+        start = d.trainer_pids()
+        c.check(start and gone(start[0]), tag + "the trainer is gone")
 
 
 def twice(c, wd):
@@ -87,8 +87,8 @@ def twice(c, wd):
         c.check(left == [], tag + "the multipart upload was aborted", repr(left))
         c.check(not d.err.matching(r"internal: "),
                 tag + "every handle closed, loop empty at exit")
-        start = d.events("start")
-        c.check(start and gone(start[0]["pid"]), tag + "the trainer is gone")
+        start = d.trainer_pids()
+        c.check(start and gone(start[0]), tag + "the trainer is gone")
 
 
 def main():

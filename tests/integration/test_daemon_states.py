@@ -73,7 +73,7 @@ def relaunch_sigterm_twice(c, wd):
         end = time.time() + 10
         while time.time() < end and not sl.read_text(pidfile).strip():
             time.sleep(0.05)
-        hook_pid = int(sl.read_text(pidfile) or 0)
+        hook_pid = d.host_pid(int(sl.read_text(pidfile) or 0))
         c.check(hook_pid > 0, tag + "the relaunch step runs (pid %d)" % hook_pid)
         d.send(signal.SIGTERM)
         time.sleep(0.3)
@@ -88,8 +88,8 @@ def relaunch_sigterm_twice(c, wd):
         seq = sl.states(d)
         c.check(sl.forward_only(seq) and seq[-1:] == ["exiting"],
                 tag + "states only forward, exiting last: %s" % seq)
-        start = d.events("start")
-        c.check(start and sl.pid_gone(start[0]["pid"]), tag + "the trainer is gone")
+        start = d.trainer_pids()
+        c.check(start and sl.pid_gone(start[0]), tag + "the trainer is gone")
     finally:
         emu.stop()
         sl.kill_started()

@@ -112,17 +112,20 @@ def describe(pids):
     return "\n".join(out)
 
 
-def topology(c, tag, starts):
+def topology(c, tag, d, starts):
     """The workers are in sessions of their own, under one launcher that
-    ignores SIGUSR1 and maps no request file."""
-    launcher = starts[0]["ppid"]
+    ignores SIGUSR1 and maps no request file. The launcher's pid as the
+    machine sees it (the pids the workers report are their pid
+    namespace's)."""
+    launcher = d.host_pid(starts[0]["ppid"])
     st = proc_status(launcher)
-    c.check(all(s["ppid"] == launcher for s in starts) and st is not None,
+    c.check(all(s["ppid"] == starts[0]["ppid"] for s in starts) and
+            st is not None,
             tag + "both workers are children of the launcher (pid %d)"
             % launcher)
     c.check(all(s["sid"] == s["pid"] and s["pgid"] == s["pid"]
                 for s in starts) and
-            all(s["sid"] != os.getsid(launcher) for s in starts),
+            all(d.host_pid(s["sid"]) != os.getsid(launcher) for s in starts),
             tag + "each worker leads its own session and process group",
             json.dumps(starts))
     if st is not None:
@@ -173,8 +176,8 @@ def notice_and_resume(c, tmp):
                        tag + "the launcher started two workers and they "
                        "train", d.log()):
             return
-        pids = [s["pid"] for s in starts]
-        pids.append(topology(c, tag, starts))
+        pids = [d.host_pid(s["pid"]) for s in starts]
+        pids.append(topology(c, tag, d, starts))
         _SEEN.extend(pids)
         emu.control("notice", deadline=60)
         rc = d.wait_exit(70)
@@ -213,7 +216,8 @@ def notice_and_resume(c, tmp):
                     for s in starts),
                 tag + "both workers resume from %s at step %d" % (name, step),
                 json.dumps(starts))
-        pids = [s["pid"] for s in starts] + [starts[0]["ppid"]]
+        pids = [d.host_pid(s["pid"]) for s in starts] + \
+            [d.host_pid(starts[0]["ppid"])]
         _SEEN.extend(pids)
         end = time.time() + 30
         while time.time() < end and not events(log, 1, "rendezvous"):
@@ -261,7 +265,8 @@ def kill9(c, tmp):
                        tag + "the launcher started two workers and they "
                        "train", d.log()):
             return
-        pids = [s["pid"] for s in starts] + [starts[0]["ppid"]]
+        pids = [d.host_pid(s["pid"]) for s in starts] + \
+            [d.host_pid(starts[0]["ppid"])]
         _SEEN.extend(pids)
         d.send(signal.SIGKILL)
         d.wait_exit(10)

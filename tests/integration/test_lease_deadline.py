@@ -62,9 +62,9 @@ def main():
             b.p.terminate()
             b.wait_exit(60)
             for d in (a, b):
-                for ev in d.events("start"):
+                for pid in d.trainer_pids():
                     try:
-                        os.killpg(ev["pid"], signal.SIGKILL)
+                        os.killpg(pid, signal.SIGKILL)
                     except (ProcessLookupError, PermissionError):
                         pass
     c.finish()

@@ -7,8 +7,9 @@ server:
     final commit, and the two trainers never run at once (the fake
     trainer's timestamps); prints the handoff time (old release -> new
     trainer start).
-(b) `kill -9` of a spotd: the next spotd on this machine sees that the
-    holder's process is gone and takes the lease over at once with a
+(b) `kill -9` of a spotd: the next spotd on this machine proves the holder
+    gone (its lock is free: it and its guard are gone) and takes the lease
+    over at once with a
     higher epoch (the killed one's TTL is 300 s: waiting for the expiry
     would exceed the test's time limit); a spotd frozen (SIGSTOP) until another took
     over cannot move LATEST once thawed (SIGCONT): it stops its trainer and
@@ -97,7 +98,7 @@ def part_b(c, wd, store, job, prefix):
     k.wait_exit(10)
     if s is not None:
         try:
-            os.killpg(s["pid"], signal.SIGKILL)
+            os.killpg(k.trainer_pids()[0], signal.SIGKILL)
         except ProcessLookupError:
             pass
     t0 = time.time()
@@ -111,7 +112,8 @@ def part_b(c, wd, store, job, prefix):
             "higher epoch (%d -> %d) after %.1f s" % (ep1, ep2,
                                                      time.time() - t0))
     gone = n.err.matching(r"held by a process of this machine that is gone "
-                          r"\(pid %d no longer runs\)" % k.pid)
+                          r"\(pid %d and its guard hold its lock no more\)"
+                          % k.pid)
     c.check(len(gone) == 1, "b: it says the holder (pid %d) is gone" % k.pid,
             n.log()[-1500:])
 
@@ -119,7 +121,7 @@ def part_b(c, wd, store, job, prefix):
     # commits; SIGCONT: the old writer cannot move LATEST
     n.send(signal.SIGSTOP)
     if s2 is not None:
-        os.killpg(s2["pid"], signal.SIGSTOP)
+        os.killpg(n.trainer_pids()[0], signal.SIGSTOP)
     third = sl.Daemon(os.path.join(wd, "b-third"), store, job,
                       trainer=TRAINER, args=["--lease-ttl", 3])
     s3 = third.wait_event("start", 30)
@@ -129,7 +131,7 @@ def part_b(c, wd, store, job, prefix):
     latest = sl.latest(prefix)
     n.send(signal.SIGCONT)
     if s2 is not None:
-        os.killpg(s2["pid"], signal.SIGCONT)
+        os.killpg(n.trainer_pids()[0], signal.SIGCONT)
     n.spotctl("checkpoint", timeout=10)
     rc = n.wait_exit(30)
     c.check(rc == 73, "b: the thawed spotd lost its lease and exits 73",

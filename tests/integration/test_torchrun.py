@@ -59,6 +59,16 @@ def group_alive(pgid):
     return False
 
 
+def on_host(d, evs):
+    """The events' pid and pgid as the machine sees them, mapped while the
+    processes run (those the workers report are their pid namespace's)."""
+    for e in evs or []:
+        for k in ("pid", "pgid"):
+            if k in e:
+                e[k] = d.host_pid(e[k])
+    return evs
+
+
 def gone(workers, timeout=5):
     end = time.time() + timeout
     while time.time() < end:
@@ -77,7 +87,7 @@ def notice(c, wd):
         os.makedirs(wd)
         d = sl.Daemon(wd, store, job, provider="aws", metadata_url=emu.url,
                       grace=10, cmd=torchrun(wd))
-        workers = wait_workers(wd)
+        workers = on_host(d, wait_workers(wd))
         c.check(workers is not None, tag + "torchrun started two workers")
         if workers is None:
             return
@@ -101,7 +111,7 @@ def kill9(c, wd):
     with sl.cleaned_up(prefix):
         os.makedirs(wd)
         d = sl.Daemon(wd, store, job, cmd=torchrun(wd, module=True))
-        workers = wait_workers(wd)
+        workers = on_host(d, wait_workers(wd))
         c.check(workers is not None, tag + "torch.distributed.run started two "
                 "workers")
         if workers is None:
@@ -130,6 +140,7 @@ def script(c, wd):
         while not started and time.time() < end:
             time.sleep(0.1)
             started = sl.trainer_events(tlog, "start")
+        on_host(d, started)
         c.check(bool(started), tag + "bash started the trainer")
         if not started:
             return

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -84,6 +85,57 @@ child_setup(uv_loop_t *loop, struct spot_child *c, struct spot_child_options *o,
   o->data = r;
 }
 
+/* The pid namespace of the last tree run_sh() started (its init's), 0
+ * when it had none. */
+static ino_t last_ns;
+
+static ino_t
+ns_of(pid_t pid)
+{
+  char path[64];
+  struct stat st;
+
+  snprintf(path, sizeof(path), "/proc/%d/ns/pid", (int)pid);
+  return stat(path, &st) == 0 ? st.st_ino : 0;
+}
+
+/* Whether a process of pid namespace ns still runs. */
+static bool
+ns_has_procs(ino_t ns)
+{
+  struct spot_proc *v;
+  size_t n;
+  bool any = false;
+
+  assert_int_equal(spot_proc_scan(&v, &n), 0);
+  for (size_t i = 0; i < n; i++)
+    if (v[i].state != 'Z' && ns_of(v[i].pid) == ns)
+      any = true;
+  free(v);
+  return any;
+}
+
+/* The pid (as we see it) of the descendant of root whose pid is nspid in
+ * its own pid namespace: a script's $$ in a tree with a pid namespace of
+ * its own. 0 when none. */
+static int
+host_pid_under(pid_t root, int nspid)
+{
+  struct spot_proc *v;
+  size_t n;
+  int found = 0;
+
+  assert_int_equal(spot_proc_tree(root, &v, &n), 0);
+  for (size_t i = 0; i < n && found == 0; i++) {
+    pid_t in;
+
+    if (spot_proc_inner_pid(&v[i], &in) == 0 && in == nspid)
+      found = v[i].pid;
+  }
+  free(v);
+  return found;
+}
+
 /* Runs /bin/sh -c script to its end; returns the callback's record. */
 static struct run
 run_sh(const char *script, int ignore, uint64_t grace_ms)
@@ -97,6 +149,7 @@ run_sh(const char *script, int ignore, uint64_t grace_ms)
   child_setup(&loop, &c, &o, argv, grace_ms, &r);
   o.ignore_signal = ignore;
   assert_int_equal(spot_child_spawn(&c, &o), 0);
+  last_ns = c.contained != SPOT_CHILD_CONTAIN_NONE ? ns_of(c.reaper_pid) : 0;
   uv_run(&loop, UV_RUN_DEFAULT);
   assert_int_equal(c.state, SPOT_CHILD_EXITED);
   spot_child_close(&c);
@@ -211,7 +264,10 @@ test_group_left_is_stopped(void **state)
   assert_true(read(fd, buf, sizeof(buf) - 1) > 0);
   pid = (int)strtol(buf, NULL, 10);
   assert_true(pid > 0);
-  assert_true(gone(pid));
+  if (last_ns != 0) /* $! is a pid of the tree's namespace: all gone */
+    assert_false(ns_has_procs(last_ns));
+  else
+    assert_true(gone(pid));
   close(fd);
   unlink(pidfile);
 }
@@ -312,16 +368,16 @@ stop_tree_case(const char *body, bool orphan)
   snprintf(script, sizeof(script), "export F=%s; %s", pidfile, body);
   child_setup(&loop, &c, &o, argv, 300, &r);
   assert_int_equal(spot_child_spawn(&c, &o), 0);
-  worker = read_pid_file(pidfile);
+  worker = host_pid_under(c.guard_pid, read_pid_file(pidfile));
   assert_true(worker > 0);
   for (int i = 0; orphan && i < 1000; i++) { /* the parent's exit */
     assert_int_equal(spot_proc_read(worker, &p), 0);
-    if (p.ppid == c.guard_pid)
+    if (p.ppid == c.reaper_pid)
       break;
     usleep(10000);
   }
-  if (orphan)
-    assert_int_equal(p.ppid, c.guard_pid); /* the guard, not PID 1 */
+  if (orphan) /* the guard, or the init of the tree's namespace, not PID 1 */
+    assert_int_equal(p.ppid, c.reaper_pid);
   assert_true(in_tree(&c, worker));
   uv_timer_init(&loop, &t);
   t.data = &c;
@@ -395,7 +451,7 @@ test_parent_killed(void **state)
     uv_run(&loop, UV_RUN_DEFAULT);
     _exit(4);
   }
-  worker = read_pid_file(pidfile);
+  worker = host_pid_under(spotd, read_pid_file(pidfile));
   assert_true(worker > 0);
   assert_false(gone(worker));
   kill(spotd, SIGKILL);

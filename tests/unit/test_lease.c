@@ -5,6 +5,7 @@
 #include "cmocka-compat.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,9 +16,13 @@
 #include "lease.h"
 #include "s3_stand_in.h"
 
-/* A child that names itself comm and sleeps until killed. */
+static void owner_of(char *buf, size_t size, long pid, const char *boot,
+                     const char *host);
+
+/* A child that names itself comm, holds its lock (spot_lease_lock_hold
+ * under the owner id of its pid) when asked, and sleeps until killed. */
 static pid_t
-holder(const char *comm)
+holder(const char *comm, bool lock)
 {
   int p[2];
   char c;
@@ -27,14 +32,19 @@ holder(const char *comm)
   pid = fork();
   assert_true(pid >= 0);
   if (pid == 0) {
+    char owner[300];
+
     close(p[0]);
     (void)prctl(PR_SET_NAME, comm, 0, 0, 0);
+    owner_of(owner, sizeof(owner), (long)getpid(), NULL, NULL);
+    if (lock && spot_lease_lock_hold(owner) < 0)
+      _exit(1);
     (void)write(p[1], "x", 1);
     for (;;)
       pause();
   }
   close(p[1]);
-  assert_int_equal(read(p[0], &c, 1), 1); /* named by now */
+  assert_int_equal(read(p[0], &c, 1), 1); /* named and locked by now */
   close(p[0]);
   return pid;
 }
@@ -82,28 +92,39 @@ static void
 test_holder_gone(void **state)
 {
   char owner[300], why[96];
-  pid_t spotd, other, dead;
+  pid_t live, other, dead, unlocked;
 
   (void)state;
-  spotd = holder("spotd");
-  other = holder("python3");
-  dead = holder("spotd");
+  live = holder("spotd", true);
+  other = holder("spotd-1.2", true); /* a spotd under another name */
+  dead = holder("spotd", true);
+  unlocked = holder("python3", false);
   reap(dead);
 
+  /* its lock free: gone, whatever has its pid now */
   owner_of(owner, sizeof(owner), dead, NULL, NULL);
   assert_true(spot_lease_holder_gone(owner, why, sizeof(why)));
-  assert_non_null(strstr(why, "no longer runs"));
+  assert_non_null(strstr(why, "hold its lock no more"));
 
+  /* live holders keep it, whatever their name */
+  owner_of(owner, sizeof(owner), live, NULL, NULL);
+  assert_false(spot_lease_holder_gone(owner, why, sizeof(why)));
   owner_of(owner, sizeof(owner), other, NULL, NULL);
-  assert_true(spot_lease_holder_gone(owner, why, sizeof(why)));
-  assert_non_null(strstr(why, "not a spotd"));
+  assert_false(spot_lease_holder_gone(owner, why, sizeof(why)));
+  /* no lock file: nothing is proved (not even by a process that is not a
+   * spotd having its pid), its expiry tells */
+  owner_of(owner, sizeof(owner), unlocked, NULL, NULL);
+  assert_false(spot_lease_holder_gone(owner, why, sizeof(why)));
+  reap(unlocked);
+  assert_false(spot_lease_holder_gone(owner, why, sizeof(why)));
 
-  /* a process before us had our pid */
+  /* a process before us had our pid: once we hold our lock, it and its
+   * guard are gone */
   owner_of(owner, sizeof(owner), (long)getpid(), NULL, NULL);
-  assert_true(spot_lease_holder_gone(owner, NULL, 0));
-
-  /* a live spotd keeps it */
-  owner_of(owner, sizeof(owner), spotd, NULL, NULL);
+  assert_true(spot_lease_lock_hold(owner) > 0);
+  assert_true(spot_lease_holder_gone(owner, why, sizeof(why)));
+  /* dropped at the end: no file, nothing proved any more */
+  spot_lease_lock_drop();
   assert_false(spot_lease_holder_gone(owner, why, sizeof(why)));
 
   /* another boot, host or form: nothing can be told from here */
@@ -115,7 +136,7 @@ test_holder_gone(void **state)
   assert_false(spot_lease_holder_gone("spotctl@host:1", why, sizeof(why)));
   assert_false(spot_lease_holder_gone("me", NULL, 0));
 
-  reap(spotd);
+  reap(live);
   reap(other);
 }
 

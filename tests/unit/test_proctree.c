@@ -78,6 +78,27 @@ has(const struct spot_proc *v, size_t n, pid_t pid)
   return false;
 }
 
+/* NSpid: the pid in the innermost namespace is the last number. */
+static void
+test_parse_nspid(void **state)
+{
+  pid_t in = 0;
+
+  (void)state;
+  assert_int_equal(
+      spot_proc_parse_nspid("Name:\tsh\nNSpid:\t81234\t2\nNSpgid:\t1\n", &in),
+      0);
+  assert_int_equal(in, 2);
+  assert_int_equal(spot_proc_parse_nspid("NSpid:\t4711\n", &in), 0);
+  assert_int_equal(in, 4711);
+  assert_int_equal(spot_proc_parse_nspid("NSpid:\t4711", &in), 0);
+  assert_int_equal(in, 4711);
+  assert_int_equal(spot_proc_parse_nspid("Name:\tx\n", &in), -EINVAL);
+  assert_int_equal(spot_proc_parse_nspid("NSpid:\t\n", &in), -EINVAL);
+  assert_int_equal(spot_proc_parse_nspid("NSpid:\t12 x\n", &in), -EINVAL);
+  assert_int_equal(spot_proc_parse_nspid("NSpid:\t-3\n", &in), -EINVAL);
+}
+
 static void
 test_descendants(void **state)
 {
@@ -373,6 +394,7 @@ main(void)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parse_stat),
       cmocka_unit_test(test_parse_sigmask),
+      cmocka_unit_test(test_parse_nspid),
       cmocka_unit_test(test_descendants),
       cmocka_unit_test(test_scan_all),
       cmocka_unit_test(test_map_id),

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine.h"
@@ -138,6 +139,51 @@ remove_partial(struct spotd *d)
   closedir(dir);
 }
 
+/* Folders of the checkpoint folder that hold no SPOTD_COMPLETE marker
+ * before the trainer starts: an earlier run's saves that never finished
+ * (never uploaded, never removed by spotd: a restored copy has no marker
+ * either, and a folder may be the only copy of someone's bytes). Said in
+ * one line, so the disk they take is no surprise. */
+static void
+report_unmarked(struct spotd *d)
+{
+  char found[512] = "", path[4400];
+  size_t len = 0;
+  unsigned n = 0;
+  DIR *dir = opendir(d->ckpt_dir);
+  struct dirent *de;
+  struct stat st;
+
+  if (dir == NULL)
+    return;
+  while ((de = readdir(dir)) != NULL) {
+    if (de->d_name[0] == '.' || strcmp(de->d_name, d->restored_name) == 0)
+      continue;
+    snprintf(path, sizeof(path), "%s/%s", d->ckpt_dir, de->d_name);
+    if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode))
+      continue;
+    snprintf(path, sizeof(path), "%s/%s/" SPOTD_COMPLETE, d->ckpt_dir,
+             de->d_name);
+    if (lstat(path, &st) == 0)
+      continue;
+    n++;
+    if (len < sizeof(found) - 1) {
+      int w = snprintf(found + len, sizeof(found) - len, "%s%s",
+                       len > 0 ? ", " : "", de->d_name);
+      len = w > 0 ? len + (size_t)w : len;
+      if (len >= sizeof(found))
+        len = sizeof(found) - 1;
+    }
+  }
+  closedir(dir);
+  if (n > 0)
+    log_warn("%u folder%s in %s ha%s no %s marker and will never be "
+             "uploaded (an earlier run's unfinished saves or restored "
+             "copies): %s; remove what is not needed to free the disk",
+             n, n == 1 ? "" : "s", d->ckpt_dir, n == 1 ? "s" : "ve",
+             SPOTD_COMPLETE, found);
+}
+
 static void
 fail_code(struct spotd *d, int exit_code)
 {
@@ -162,6 +208,7 @@ done(struct spotd *d)
     return;
   }
   set_state(d, RESTORE_DONE);
+  report_unmarked(d);
   spotd_launch(d);
 }
 

@@ -16,7 +16,10 @@
   symlink:  a checkpoint holding an absolute symlink is refused with a line
             naming the link and the option that stores it; with
             --follow-symlinks (which the line names) the same checkpoint is
-            committed and restores the file the link pointed to."""
+            committed and restores the file the link pointed to.
+  unmarked: a folder an earlier run left without its SPOTD_COMPLETE marker
+            (never uploaded) is named in one warning at start, with the
+            advice to remove it; the folder itself is left alone."""
 import calendar
 import os
 import re
@@ -195,6 +198,28 @@ def symlink(c, wd):
                 cp.stderr)
 
 
+def unmarked(c, wd):
+    store, job, prefix = sl.daemon_job("unmarked")
+    with sl.cleaned_up(prefix):
+        left = os.path.join(wd, "ckpt", "step-000007")
+        os.makedirs(left)
+        with open(os.path.join(left, "model.bin"), "wb") as f:
+            f.write(b"x" * 4096)
+        os.makedirs(os.path.join(wd, "ckpt", "marked"))
+        open(os.path.join(wd, "ckpt", "marked", "SPOTD_COMPLETE"), "w").close()
+        d = sl.Daemon(wd, store, job, cmd=["true"])
+        rc = d.wait_exit(60)
+        lines = d.err.matching(r"no SPOTD_COMPLETE marker and will never be "
+                               r"uploaded")
+        listed = re.search(r"copies\): (.*); remove", lines[0]) \
+            if len(lines) == 1 else None
+        c.check(rc == 0 and listed is not None and
+                listed.group(1) == "step-000007",
+                "unmarked: the start names the folder without a marker, once",
+                d.log()[-2000:])
+        c.check(os.path.isdir(left), "unmarked: the folder is left alone")
+
+
 def main():
     c = sl.Checks()
     with tempfile.TemporaryDirectory(prefix="spotd-small-") as wd:
@@ -202,6 +227,7 @@ def main():
         ckpt_timeout(c, os.path.join(wd, "timeout"))
         marker_wait(c, os.path.join(wd, "marker"))
         symlink(c, os.path.join(wd, "symlink"))
+        unmarked(c, os.path.join(wd, "unmarked"))
     c.finish()
 
 

@@ -33,9 +33,12 @@ same order, with the same random numbers:
   came from (torch, Python, NumPy and CUDA generators, and the torch
   generators of the train DataLoader and its sampler, captured when the
   epoch's iterator was made) and the random state at the checkpoint;
-  last.ckpt records that batch as complete;
+  last.ckpt records that batch as complete (Lightning 2.5 and later
+  count it themselves on restore: their last.ckpt is left as written);
 - on resume (fit(ckpt_path=...) from such a folder), at the start of the
-  resumed epoch each rank puts back the epoch's random state, makes the
+  resumed epoch (on_train_epoch_start; on_train_start with Lightning 2.5
+  and later, which call no on_train_epoch_start for the epoch they
+  resume in) each rank puts back the epoch's random state, makes the
   epoch's iterator again (after the sampler's set_epoch), reads and drops
   the consumed batches (they are loaded again, not trained), then puts
   back the random state of the checkpoint.
@@ -158,6 +161,48 @@ def _fetcher(trainer):
     return f
 
 
+def _set_sampler_epoch(trainer, epoch):
+    """Gives the train DataLoaders' samplers (the loader's, its batch
+    sampler's) their epoch, as the fit loop does before an epoch."""
+    loader = getattr(trainer.fit_loop, "_combined_loader", None)
+    for dl in (loader.flattened if loader is not None else []):
+        bs = getattr(dl, "batch_sampler", None)
+        done = set()
+        for obj in (getattr(dl, "sampler", None),
+                    getattr(bs, "sampler", None)):
+            fn = getattr(obj, "set_epoch", None)
+            if callable(fn) and id(obj) not in done:
+                done.add(id(obj))
+                fn(epoch)
+
+
+def _skips_epoch_start(trainer):
+    """True when Lightning resumes inside an epoch without calling
+    on_train_epoch_start for it (Lightning 2.5 and later: the fit loop
+    knows it restarted mid-epoch); False on 2.2, which calls it."""
+    loop = trainer.fit_loop
+    return bool(getattr(loop, "restarted_mid_epoch", False) or
+                getattr(loop, "restarted_on_epoch_end", False))
+
+
+def _counts_saved_batch(trainer):
+    """True when Lightning itself counts, on restore, the batch a
+    checkpoint saved in on_train_batch_end was taken after (2.5 and
+    later); 2.2 does not."""
+    return hasattr(trainer.fit_loop.epoch_loop,
+                   "restarted_on_train_batch_end")
+
+
+def _load(path):
+    """This rank's data position: ours, with NumPy's random state in it,
+    which torch 2.6's default torch.load(weights_only=True) refuses."""
+    import torch
+    try:
+        return torch.load(path, weights_only=False)
+    except TypeError:  # a torch without weights_only
+        return torch.load(path)
+
+
 def _slurm_guard(trainer):
     """Under spotd, turns off Lightning's Slurm auto-requeue (its own
     checkpoint and `scontrol requeue` on the requeue signal, SIGTERM
@@ -227,10 +272,19 @@ def _build():
                      "epoch restarts from its first batch" %
                      (path, trainer.global_rank))
                 return
-            import torch
-            self._resume = torch.load(f)
+            self._resume = _load(f)
+            if _skips_epoch_start(trainer):
+                # Lightning 2.5+ calls no on_train_epoch_start for the
+                # epoch it resumes in: set it up here, samplers first
+                # (Lightning sets the same epoch again after this hook).
+                _set_sampler_epoch(
+                    trainer, trainer.fit_loop.epoch_progress.current.processed)
+                self._epoch_start(trainer)
 
         def on_train_epoch_start(self, trainer, pl_module):
+            self._epoch_start(trainer)
+
+        def _epoch_start(self, trainer):
             first, self._first = self._first, False
             res, self._resume = self._resume, None
             if not self.resume_data:
@@ -255,8 +309,12 @@ def _build():
                 self.skipped = n
                 return
             if res is not None:
-                _say("warning: cannot replay the data position of epoch %d "
-                     "in epoch %d" % (res["epoch"], trainer.current_epoch))
+                # The checkpoint's batch closed its epoch (Lightning 2.5+
+                # resumes in the next one): nothing to replay.
+                if res["epoch"] + 1 != trainer.current_epoch:
+                    _say("warning: cannot replay the data position of "
+                         "epoch %d in epoch %d" %
+                         (res["epoch"], trainer.current_epoch))
                 _rng_set(trainer, res["rng"])
             self._epoch_rng = _rng_get(trainer)
             if first and fetcher is not None:
@@ -280,11 +338,13 @@ def _build():
                 self.save(trainer, batch_idx + 1)
 
         def on_save_checkpoint(self, trainer, pl_module, checkpoint):
-            if not self._saving:
+            if not self._saving or _counts_saved_batch(trainer):
                 return
             # Saved after the batch's optimizer step, before Lightning
             # counts the batch as completed: count it, else the resumed
-            # run does that batch again.
+            # run does that batch again (Lightning 2.2; 2.5 and later
+            # count it themselves on restore, and the checkpoint is left
+            # as Lightning wrote it).
             loops = checkpoint.get("loops", {}).get("fit_loop", {})
             bp = loops.get("epoch_loop.batch_progress")
             if bp:
@@ -303,7 +363,8 @@ def _build():
                 self._saving = batches is not None
                 try:
                     trainer.save_checkpoint(
-                        os.path.join(ck.path, self.filename))
+                        os.path.join(ck.path, self.filename),
+                        weights_only=False)
                 finally:
                     self._saving = False
                 if batches is not None and self.resume_data and \

@@ -261,6 +261,12 @@ def _build():
 
         def on_train_start(self, trainer, pl_module):
             # After Lightning restored its loops (restarting is set then).
+            skips = _skips_epoch_start(trainer)
+            if skips:
+                # Lightning 2.5+ calls no on_train_epoch_start for the
+                # epoch it resumes in, and makes the next epoch's
+                # iterator itself: no later epoch is this run's first.
+                self._first = False
             path = trainer.ckpt_path
             if not self.resume_data or not path or \
                     not trainer.fit_loop.epoch_loop.restarting:
@@ -273,19 +279,21 @@ def _build():
                      (path, trainer.global_rank))
                 return
             self._resume = _load(f)
-            if _skips_epoch_start(trainer):
-                # Lightning 2.5+ calls no on_train_epoch_start for the
-                # epoch it resumes in: set it up here, samplers first
-                # (Lightning sets the same epoch again after this hook).
+            if skips:
+                # Set the resumed epoch up here, samplers first (Lightning
+                # sets the same epoch again after this hook); its
+                # iterator, made before any hook, is made again.
                 _set_sampler_epoch(
                     trainer, trainer.fit_loop.epoch_progress.current.processed)
-                self._epoch_start(trainer)
+                self._epoch_start(trainer, first=True)
 
         def on_train_epoch_start(self, trainer, pl_module):
             self._epoch_start(trainer)
 
-        def _epoch_start(self, trainer):
-            first, self._first = self._first, False
+        def _epoch_start(self, trainer, first=None):
+            if first is None:
+                first = self._first
+            self._first = False
             res, self._resume = self._resume, None
             if not self.resume_data:
                 return

@@ -5,7 +5,7 @@ tools/deps.sh installs, or what those depend on.
 
   programs.py SRCDIR
 
-Finds the programs named in the tracked tests/, tools/, bench/ and
+Finds the programs named in the tracked tests/, tools/, bench/, deploy/ and
 examples/ files: in shell, the command words (after `;`, `|`, `&&`,
 `$(`, `then`, `do`, ..., past `exec`, `env`, `timeout N`, assignments);
 in Python, the first string of an argument list (`["zstd", "-d"]`), the
@@ -313,7 +313,7 @@ def tracked(src):
         if not f or "/corpus/" in f or f.startswith("tests/lint/programs.py"):
             continue
         top = f.split("/")[0]
-        if top in ("tests", "tools", "bench", "examples") or f == "meson.build":
+        if top in ("tests", "tools", "bench", "examples", "deploy") or f == "meson.build":
             keep.append(f)
     return keep
 

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """The programs the tests, tools and benchmarks run must come from a Debian
-package that a new machine has: an essential package, a package that
+package that a new machine has: an essential package, apt, a package that
 tools/deps.sh installs, or what those depend on.
 
   programs.py SRCDIR
@@ -366,9 +366,10 @@ def owners(paths):
 
 
 def allowed(src):
-    """Essential packages, tools/deps.sh's, and their Depends closure
-    (installed packages)."""
-    fmt = "${Package}\t${Essential} ${Priority}\t${db:Status-Abbrev}\t${Depends}, ${Pre-Depends}\t${Provides}\n"
+    """Essential packages, apt (tools/deps.sh runs apt-get), tools/deps.sh's
+    packages, and their Depends closure (installed packages): what
+    `mmdebstrap --variant=apt` plus tools/deps.sh leave on a machine."""
+    fmt = "${Package}\t${Essential}\t${db:Status-Abbrev}\t${Depends}, ${Pre-Depends}\t${Provides}\n"
     cp = subprocess.run(["dpkg-query", "-W", "-f", fmt], capture_output=True,
                         text=True, check=True)
     deps, provides, base = {}, {}, set()
@@ -381,12 +382,13 @@ def allowed(src):
             p = p.strip().split(" ")[0]
             if p:
                 provides.setdefault(p, []).append(pkg)
-        if ess.split(" ")[0] == "yes" or ess.endswith(" required"):
+        if ess == "yes":
             base.add(pkg)
     lst = subprocess.run(["bash", os.path.join(src, "tools", "deps.sh"), "--list",
                           "build", "s3", "test", "demo", "bench"],
                          capture_output=True, text=True, check=True).stdout.split()
     base.update(lst)
+    base.add("apt")
     seen = set()
     todo = list(base)
     while todo:
@@ -446,7 +448,8 @@ def main():
             named.setdefault(name, set()).add(f)
     progs = {}
     for name, where in named.items():
-        if name in funcs or name in KEYWORDS:
+        # all capitals: an HTTP method (["GET", url]), not a program
+        if name in funcs or name in KEYWORDS or name.isupper():
             continue
         path = resolve(name)
         if path:

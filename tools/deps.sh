@@ -1,24 +1,39 @@
 #!/bin/bash
 # Installs the Debian 12 packages spotd needs. Only what is missing, so a
-# second run costs a second. Usage: tools/deps.sh [build|test|demo|bench]...
+# second run costs a second. Usage: tools/deps.sh [--list] [build|test|demo|bench]...
+# --list prints the packages of the sets, one a line, and installs nothing
+# (tests/lint/programs.py checks against it that every program the tests
+# and scripts run comes from an essential package or from these).
 set -euo pipefail
+list=0
+if [ "${1:-}" = --list ]; then
+  list=1
+  shift
+fi
 
 build_pkgs=(meson ninja-build pkg-config gcc libc6-dev libuv1-dev
   libcurl4-openssl-dev libzstd-dev libjansson-dev libexpat1-dev libinih-dev
   libsystemd-dev libssl-dev libmicrohttpd-dev libcmocka-dev zstd
   libcairo2-dev)
-# Ceph RGW is the real S3 server of the tests; boto3 the independent reader.
+# Ceph RGW is the real S3 server of the tests; boto3 the independent reader;
+# procps: tests/s3server.sh asks ps for its process group.
 s3_pkgs=(ceph-mon ceph-osd radosgw ceph-common ceph-base uuid-runtime
-  python3-boto3 curl)
-test_pkgs=(valgrind clang clang-tidy cppcheck libclang-rt-14-dev
+  python3-boto3 curl procps)
+# time: /usr/bin/time -f %M, the peak RSS of the memory tests; procps: ps;
+# clang-format: the format lint; git: the lint's file list (git ls-files);
+# python3-venv: the Python helper installed with pip into a venv.
+# tests/lint/programs.py fails when a test runs a program from elsewhere.
+test_pkgs=(valgrind clang clang-tidy clang-format cppcheck libclang-rt-14-dev
   python3-torch slurm-wlm munge systemd-container awscli iproute2
-  python3-prometheus-client python3-pil python3-yaml nodejs)
+  python3-prometheus-client python3-pil python3-yaml nodejs time procps git
+  python3-venv)
 # What the frameworks archive of the framework tests (transformers,
 # Lightning: tools/test, $SPOTD_TEST_FRAMEWORKS) imports from Debian.
 test_pkgs+=(python3-tqdm python3-packaging python3-fsspec python3-filelock python3-regex python3-psutil python3-typing-extensions python3-requests python3-setuptools)
 demo_pkgs=(python3-torch)
-# bench/: the pictures and the peers (aws s3 cp, its CRT client) it measures.
-bench_pkgs=(python3-matplotlib python3-numpy awscli)
+# bench/: the pictures and the peers (aws s3 cp, its CRT client) it
+# measures; time and bc for the peak RSS and the sums of its scripts.
+bench_pkgs=(python3-matplotlib python3-numpy awscli time bc)
 
 want=()
 k8s=0
@@ -57,6 +72,12 @@ k8s_models() {
     exit 1
   }
 }
+
+if [ "$list" = 1 ]; then
+  printf '%s\n' "${want[@]}" | sort -u
+  [ "$k8s" = 0 ] || echo npm
+  exit 0
+fi
 
 missing=()
 for p in "${want[@]}"; do

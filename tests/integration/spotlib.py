@@ -172,13 +172,15 @@ def free_port():
 
 
 def torchrun_one_node():
-    """torchrun's options for a single-node job with its rendezvous on a
-    free loopback port. --standalone puts it on localhost:29400, which any
-    other torchrun on the machine (a test running at the same time) may
-    hold."""
-    import uuid
-    return ["--nnodes", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
-            "127.0.0.1:%d" % free_port(), "--rdzv_id", uuid.uuid4().hex]
+    """torchrun's options for a single-node job with its store on a free
+    loopback port. --standalone puts it on localhost:29400, which any other
+    torchrun on the machine (a test running at the same time) may hold.
+    The static rendezvous hands the workers MASTER_ADDR=127.0.0.1; a c10d
+    one hands them the machine's host name (torch 1.13), and where that
+    does not resolve (a container whose /etc/hosts lacks it) the workers
+    never reach the store and the job hangs."""
+    return ["--nnodes", "1", "--node_rank", "0", "--master_addr", "127.0.0.1",
+            "--master_port", str(free_port())]
 
 
 def unique_job(test):

@@ -35,6 +35,12 @@ import e2elib as e2e  # noqa: E402
 
 TRAIN = sl.srcdir_path("examples", "pytorch", "train_ddp.py")
 TORCHRUN = "/usr/bin/torchrun"
+# torchrun --tee copies the workers' lines to its own stdout, a pipe to
+# spotd here: block-buffered, they reached the test only when torchrun
+# exited, after the step the notice waits for (the run was over, and no
+# checkpoint was taken on the signal). Where PYTHONUNBUFFERED=1 was already
+# set the test passed.
+os.environ["PYTHONUNBUFFERED"] = "1"
 STEPS = 120
 FILES = ["model.pt", "optimizer.pt", "rng-rank0.pt", "rng-rank1.pt",
          "trainer.pt"]

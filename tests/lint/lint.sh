@@ -1,6 +1,6 @@
 #!/bin/bash
 # Static checks, one per invocation:
-#   banned | layers | cppcheck | clang-tidy | format
+#   banned | layers | cppcheck | clang-tidy | format | programs
 # Usage: lint.sh CHECK SRCDIR BUILDDIR
 set -uo pipefail
 check=$1 src=$2 build=$3
@@ -86,6 +86,7 @@ clang-tidy)
   exit 0
   ;;
 format)
+  command -v clang-format >/dev/null || { echo "clang-format missing"; exit 1; }
   rc=0
   for f in "${allc[@]}"; do
     if ! clang-format --dry-run --Werror "$f" >/dev/null 2>&1; then
@@ -94,6 +95,11 @@ format)
     fi
   done
   exit $rc
+  ;;
+programs)
+  # Every program a test, tool or benchmark runs comes from an essential
+  # package or from tools/deps.sh (with what those depend on).
+  exec /usr/bin/python3 tests/lint/programs.py "$src"
   ;;
 *)
   echo "unknown check $check"

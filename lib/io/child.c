@@ -702,7 +702,7 @@ spot_child_shim_main(int argc, char **argv)
     }
     pfd.fd = g.link;
     pfd.events = POLLIN;
-    if (poll(&pfd, 1, 5000) != 1 ||
+    if (poll(&pfd, 1, 60000) != 1 ||
         read(g.link, &inner, sizeof(inner)) != (ssize_t)sizeof(inner))
       guard_kill_all(&g);
     rep.cmd = guard_find_cmd(g.init, inner);
@@ -1049,12 +1049,14 @@ spot_child_spawn(struct spot_child *c, const struct spot_child_options *o)
     return r;
   }
   /* The guard forks the command at once; like uv_spawn's own wait for
-   * the exec, a short wait for its pid (the guard's exit, if it cannot
-   * fork, ends it too). */
+   * the exec, a wait for its pid (the guard's exit, if it cannot fork,
+   * ends it at once). It makes the pid namespace, its init and /proc
+   * first: on a loaded machine that took over 5 s, and a guard that
+   * reports to a closed pipe ends the tree it just started. */
   pfd.fd = rp[0];
   pfd.events = POLLIN;
   memset(&rep, 0, sizeof(rep));
-  if (poll(&pfd, 1, 5000) != 1 ||
+  if (poll(&pfd, 1, 60000) != 1 ||
       read(rp[0], &rep, sizeof(rep)) != (ssize_t)sizeof(rep))
     memset(&rep, 0, sizeof(rep));
   close(rp[0]);

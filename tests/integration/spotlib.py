@@ -852,17 +852,23 @@ def pid_gone(pid):
         return True
 
 
+def write_request_file(path, seq):
+    """A request file as spotd writes it (lib/core/reqfile.h, version 2)
+    with request seq pending (0: none)."""
+    import struct
+    with open(path, "wb") as f:
+        f.write(b"SPOTDREQ" + struct.pack("<IIQQQ", 2, 0, seq, 0, 0) +
+                b"\0" * (4096 - 40))
+
+
 def played_request_env(tmp, drop=()):
     """(env, ckpt_root, request_file): the environment of a trainer run by a test
     without spotd, with a request file in tmp that holds one pending
     request (seq 1), as spotd writes it; no spotd socket, no resume
     folder, no rank variables (and the names in drop), no GPU."""
-    import struct
     root = os.path.join(tmp, "ckpt")
     req = os.path.join(tmp, "spotd.sock.req")
-    with open(req, "wb") as f:
-        f.write(b"SPOTDREQ" + struct.pack("<IIQQQ", 2, 0, 1, 0, 0) +
-                b"\0" * (4096 - 40))
+    write_request_file(req, 1)
     env = dict(os.environ, SPOTD_CKPT_DIR=root, SPOTD_REQUEST_FILE=req,
                CUDA_VISIBLE_DEVICES="", PYTHONPATH=srcdir_path("python"))
     for k in ("SPOTD_SOCKET", "SPOTD_RESUME_DIR", "RANK", "WORLD_SIZE") + \

@@ -20,7 +20,6 @@ $SPOTD_TEST_PYTHONUSERBASE; then a missing import fails); otherwise skips
 (77) when /usr/bin/python3 does not import it. Skips without the test S3
 server."""
 import os
-import struct
 import sys
 import tempfile
 import threading
@@ -77,9 +76,7 @@ def unit(c, env):
         def run(mode, seq=0):
             root = os.path.join(tmp, mode)
             req = os.path.join(tmp, mode + ".req")
-            with open(req, "wb") as f:
-                f.write(b"SPOTDREQ" + struct.pack("<IIQ", 1, 0, seq) +
-                        bytes(4096 - 24))
+            sl.write_request_file(req, seq)
             e = dict(env, SPOTD_CKPT_DIR=root, SPOTD_REQUEST_FILE=req,
                      SPOTD_SOCKET=os.path.join(tmp, "no-spotd.sock"))
             return sl.run([sl.PY3, "-c", UNIT, mode, root], env=e,

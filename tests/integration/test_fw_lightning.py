@@ -18,7 +18,6 @@ $SPOTD_TEST_PYTHONUSERBASE; then a missing import fails); otherwise skips
 without the test S3 server."""
 import os
 import re
-import struct
 import subprocess
 import sys
 import tempfile
@@ -77,9 +76,7 @@ def slurm(c, env):
             f.write(SCONTROL % calls)
         os.chmod(os.path.join(bindir, "scontrol"), 0o755)
         req = os.path.join(tmp, "req")
-        with open(req, "wb") as f:
-            f.write(b"SPOTDREQ" + struct.pack("<IIQ", 1, 0, 0) +
-                    bytes(4096 - 24))
+        sl.write_request_file(req, 0)
         root = os.path.join(tmp, "ckpt")
         e = dict(env, PATH=bindir + ":" + os.environ.get("PATH", ""),
                  SPOTD_CKPT_DIR=root, SPOTD_REQUEST_FILE=req,

@@ -822,11 +822,11 @@ def host_pid(nspid, under):
                                 []).append(int(d))
         except (OSError, IndexError, ValueError):
             pass
-    todo, seen = list(kids.get(under, [])), []
-    while todo:
-        p = todo.pop()
+    pending, seen = list(kids.get(under, [])), []
+    while pending:
+        p = pending.pop()
         seen.append(p)
-        todo += kids.get(p, [])
+        pending += kids.get(p, [])
     for p in seen:
         try:
             for line in sl_read("/proc/%d/status" % p).splitlines():

@@ -390,9 +390,9 @@ def allowed(src):
     base.update(lst)
     base.add("apt")
     seen = set()
-    todo = list(base)
-    while todo:
-        p = todo.pop()
+    pending = list(base)
+    while pending:
+        p = pending.pop()
         if p in seen:
             continue
         seen.add(p)
@@ -401,7 +401,7 @@ def allowed(src):
                 d = d.strip().split(" ")[0].split(":")[0]
                 if not d:
                     continue
-                todo.extend([d] if d in deps else provides.get(d, []))
+                pending.extend([d] if d in deps else provides.get(d, []))
     return seen, lst
 
 

@@ -46,6 +46,10 @@ step = 0
 while True:
     step += 1
     if spotd.checkpoint_requested():
+        # the request stays pending until the save is complete: keep it so
+        # long enough for the forked child's next poll (every 10 ms), or a
+        # fast save serves it before the child looks
+        time.sleep(0.2)
         with spotd.checkpoint(step=step) as ck:
             with ck.open("s") as f:
                 f.write(b"%d" % step)

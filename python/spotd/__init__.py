@@ -73,6 +73,7 @@ Without spotd (a plain local run) everything works the same: checkpoints
 go to ./checkpoints (or $SPOTD_CKPT_DIR if you set it), resume_dir() is
 $SPOTD_RESUME_DIR if you set it, `kill -USR1 PID` asks for a checkpoint.
 """
+import atexit
 import errno
 import json
 import mmap
@@ -83,6 +84,7 @@ import struct
 import sys
 import threading
 import time
+import weakref
 
 __all__ = [
     "CheckpointAbandoned", "Checkpoint", "MARKER", "checkpoint",
@@ -315,7 +317,40 @@ def _agree_max(dist, value):
 # to have made the previous one (the first call waits for its own result:
 # a request made before the start is answered there).
 _agree = {"group": None, "work": None, "buf": None, "pid": None,
-          "world": None}
+          "world": None, "atexit": False}
+
+# How long the exit hook waits for the last posted flag to be reduced.
+_AGREE_EXIT_WAIT = 10.0
+
+
+def _agree_close():
+    """At interpreter exit (atexit, while Python is still whole): waits for
+    the last posted agreement and frees the helper's group. Left to the
+    interpreter's finalisation, a gloo group destroyed then can take the
+    process down with SIGABRT ("terminate called without an active
+    exception"), after a clean destroy_process_group() of the trainer's
+    own: the helper's group is not in torch's map any more, only here."""
+    if _agree["pid"] != os.getpid() or _agree["group"] is None:
+        return
+    work = _agree["work"]
+    if work is not None:
+        end = time.monotonic() + _AGREE_EXIT_WAIT
+        try:
+            while not work.is_completed() and time.monotonic() < end:
+                time.sleep(0.005)
+            if not work.is_completed():
+                return  # a peer is gone: freeing would wait on it
+        except RuntimeError:
+            pass
+    group = _agree["group"]
+    _agree.update(group=None, work=None, buf=None, world=None)
+    dist = _dist_mod[0] if _dist_mod else None
+    try:
+        if dist is not None and dist.is_initialized():
+            dist.destroy_process_group(group)
+    except (RuntimeError, ValueError):
+        pass
+    del group
 
 
 def _agree_next(dist, local):
@@ -324,11 +359,16 @@ def _agree_next(dist, local):
     when the answer is True (what it takes is not asked again)."""
     import torch
     world = getattr(dist.group, "WORLD", None)
+    known = _agree["world"]() if _agree["world"] is not None else None
     if _agree["group"] is None or _agree["pid"] != os.getpid() or \
-            _agree["world"] is not world:
-        # First call, a forked child, or a new default process group.
+            known is not world:
+        # First call, a forked child, or a new default process group (held
+        # weakly: the trainer's destroy_process_group() frees it).
         _agree.update(group=dist.new_group(backend="gloo"), work=None,
-                      buf=None, pid=os.getpid(), world=world)
+                      buf=None, pid=os.getpid(), world=weakref.ref(world) if world is not None else None)
+        if not _agree["atexit"]:
+            atexit.register(_agree_close)
+            _agree["atexit"] = True
     group = _agree["group"]
     if _agree["work"] is None:
         buf = torch.tensor([int(local)], dtype=torch.int32)

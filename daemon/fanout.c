@@ -32,6 +32,7 @@
 
 #include "engine.h"
 #include "fanout.h"
+#include "fsm.h"
 #include "log.h"
 #include "spotd.h"
 #include "store_internal.h"
@@ -49,15 +50,15 @@ static const char *const names[] = {
 };
 _Static_assert(SPOT_ARRAY_SIZE(names) == FANOUT_STATE_LAST, "names");
 
-static void
-set_state(struct spotd *d, enum fanout_state s)
-{
-  struct fanout *f = &d->fan;
+static const struct spot_fsm fanout_fsm = {"fan-out", names, FANOUT_STATE_LAST,
+                                           NULL,      0,     SPOT_LOG_DEBUG};
 
-  if (f->state == s)
-    return;
-  log_debug("fan-out %s -> %s", names[f->state], names[s]);
-  f->state = s;
+#define set_state(d, s) set_state_at((d), (s), __FILE__, __LINE__)
+static void
+set_state_at(struct spotd *d, enum fanout_state s, const char *file, int line)
+{
+  if (spot_fsm_move(&fanout_fsm, d->fan.state, s, file, line) > 0)
+    d->fan.state = s;
 }
 
 /* Whether this spotd shares its notices with other ranks. */

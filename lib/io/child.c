@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "child.h"
+#include "fsm.h"
 #include "log.h"
 #include "proctree.h"
 #include "util.h"
@@ -749,20 +750,23 @@ static const char *const state_names[] = {
 _Static_assert(SPOT_ARRAY_SIZE(state_names) == SPOT_CHILD_STATE_LAST,
                "state_names");
 
+static const struct spot_fsm child_fsm = {
+    "child", state_names, SPOT_CHILD_STATE_LAST, NULL, 0, SPOT_LOG_DEBUG};
+
 const char *
 spot_child_state_name(enum spot_child_state s)
 {
-  return (unsigned)s < SPOT_CHILD_STATE_LAST ? state_names[s] : "?";
+  return spot_fsm_name(&child_fsm, (unsigned)s);
 }
 
+#define set_state(c, s) set_state_at((c), (s), __FILE__, __LINE__)
 static void
-set_state(struct spot_child *c, enum spot_child_state s)
+set_state_at(struct spot_child *c, enum spot_child_state s, const char *file,
+             int line)
 {
-  if (c->state == s)
-    return;
-  log_debug("%s pid=%d: %s -> %s", c->name, (int)c->pid,
-            spot_child_state_name(c->state), spot_child_state_name(s));
-  c->state = s;
+  if (spot_fsm_move_detail(&child_fsm, c->state, s, file, line, "%s pid=%d",
+                           c->name, (int)c->pid) > 0)
+    c->state = s;
 }
 
 int

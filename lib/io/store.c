@@ -592,14 +592,6 @@ spot__store_finish(struct spot__store_op *b, struct spot_store_result *res)
 }
 
 void
-spot__store_log_state(const struct spot__store_op *b, const char *from,
-                      const char *to)
-{
-  log_debug("%s name=%s state %s -> %s", b->kind->name,
-            b->name != NULL ? b->name : "?", from, to);
-}
-
-void
 spot_store_cancel(struct spot_store_op *op)
 {
   struct spot__store_op *b = (struct spot__store_op *)(void *)op;

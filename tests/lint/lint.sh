@@ -1,6 +1,6 @@
 #!/bin/bash
 # Static checks, one per invocation:
-#   banned | layers | cppcheck | clang-tidy | format | programs
+#   banned | layers | fsm | cppcheck | clang-tidy | format | programs
 # Usage: lint.sh CHECK SRCDIR BUILDDIR
 set -uo pipefail
 check=$1 src=$2 build=$3
@@ -95,6 +95,10 @@ format)
     fi
   done
   exit $rc
+  ;;
+fsm)
+  # Every state machine goes through lib/core/fsm.h (tests/lint/fsm.py).
+  exec /usr/bin/python3 tests/lint/fsm.py "$src"
   ;;
 programs)
   # Every program a test, tool or benchmark runs comes from an essential

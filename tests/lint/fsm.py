@@ -29,7 +29,7 @@ ALLOW = {
 
 SETTER = re.compile(r"^(\w*_)?set_state(_at)?$")
 CALLS = re.compile(r"\bspot_fsm_(move|move_detail|refuse)\s*\(")
-WRITE = re.compile(r"(->|\.)state\s*=(?!=)")
+WRITE = re.compile(r"(->|\.)(\w+_)?state\s*=(?!=)")
 FUNC = re.compile(r"^([A-Za-z_]\w*)\s*\(")
 
 

@@ -51,7 +51,6 @@ struct crash_restart {
 
 /* GET RESTARTS, then restore_counted(). */
 void restarts_fetch(struct spotd *d);
-void restore_counted(struct spotd *d);
 /* The trainer started: PUT the count. */
 void restarts_record(struct spotd *d);
 void restarts_init(struct spotd *d);

@@ -46,6 +46,7 @@
 
 #include "fsm.h"
 #include "log.h"
+#include "restore.h"
 #include "runjoin.h"
 #include "spotd.h"
 #include "store_internal.h"

@@ -35,7 +35,6 @@
 #include "fsm.h"
 #include "log.h"
 #include "spotd.h"
-#include "store_internal.h"
 #include "util.h"
 
 #define FANOUT_POLL_MAX_MS 1000
@@ -113,7 +112,7 @@ notice_key(struct spotd *d)
   char rel[96];
 
   snprintf(rel, sizeof(rel), "notices/%s", fanout_run_id(d));
-  return spot__store_key(&d->store, NULL, rel);
+  return spot_store_key_dup(&d->store, NULL, rel);
 }
 
 /* -------------------------------------------------------- publishing */
@@ -335,7 +334,7 @@ claim_key(struct spotd *d)
    * marker must be one for the whole job. */
   snprintf(rel, sizeof(rel), "relaunched/%s/%s", fanout_run_id(d),
            d->reason[0] ? d->reason : "none");
-  return spot__store_key(&d->store, NULL, rel);
+  return spot_store_key_dup(&d->store, NULL, rel);
 }
 
 /* The relaunch claim: asked once, then won or lost. */

@@ -23,7 +23,6 @@
 #include "restarts.h"
 #include "restore.h"
 #include "spotd.h"
-#include "store_internal.h"
 #include "upload.h"
 #include "util.h"
 
@@ -67,7 +66,7 @@ get_cb(const struct spot_s3_result *res, void *data)
 void
 restarts_fetch(struct spotd *d)
 {
-  char *key = spot__store_key(&d->store, NULL, "RESTARTS");
+  char *key = spot_store_key_dup(&d->store, NULL, "RESTARTS");
 
   spot_buf_init(&d->restarts.body, 64);
   if (key == NULL || spot_s3_get(d->s3, d->store.bucket, key, 0, 0, NULL,
@@ -98,7 +97,7 @@ restarts_record(struct spotd *d)
     return;
   snprintf(buf, sizeof(d->restarts.buf), "%lld\n",
            (long long)d->restarts.count);
-  key = spot__store_key(&d->store, NULL, "RESTARTS");
+  key = spot_store_key_dup(&d->store, NULL, "RESTARTS");
   if (key == NULL || spot_s3_put(d->s3, d->store.bucket, key, buf, strlen(buf),
                                  0, put_cb, d, NULL) < 0)
     spotd_warn(d, "cannot record the restart count in the store");
@@ -483,7 +482,7 @@ restart_advance(struct spotd *d)
     return;
   }
   crash_set_state(d, CRASH_MANIFEST);
-  key = spot__store_key(&d->store, d->last_commit, SPOT_MANIFEST_NAME);
+  key = spot_store_key_dup(&d->store, d->last_commit, SPOT_MANIFEST_NAME);
   spot_buf_fini(&c->body);
   spot_buf_init(&c->body, SPOT_MANIFEST_JSON_MAX);
   if (key == NULL || spot_s3_get(d->s3, d->store.bucket, key, 0, 0, NULL,

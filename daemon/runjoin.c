@@ -49,7 +49,6 @@
 #include "restore.h"
 #include "runjoin.h"
 #include "spotd.h"
-#include "store_internal.h"
 #include "util.h"
 
 #define RUNS_DIR "runs/"
@@ -195,7 +194,7 @@ mark_key(struct spotd *d, uint64_t run, const char *what, bool ranked)
              d->store.rank);
   else
     snprintf(rel, sizeof(rel), RUNS_DIR "%010" PRIu64 "/%s", run, what);
-  return spot__store_key(&d->store, NULL, rel);
+  return spot_store_key_dup(&d->store, NULL, rel);
 }
 
 static void
@@ -404,7 +403,7 @@ runjoin_start(struct spotd *d)
   runjoin_decide_init(&j->scan);
   j->pages = 0;
   set_state(d, RUNJOIN_LISTING);
-  j->prefix = spot__store_key(&d->store, NULL, RUNS_DIR);
+  j->prefix = spot_store_key_dup(&d->store, NULL, RUNS_DIR);
   if (j->prefix == NULL) {
     finish(d, -ENOMEM);
     return;

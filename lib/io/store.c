@@ -100,6 +100,13 @@ spot__store_key(const struct spot_store_config *cfg, const char *name,
   return spot_buf_steal(&b);
 }
 
+char *
+spot_store_key_dup(const struct spot_store_config *cfg, const char *name,
+                   const char *rel)
+{
+  return spot__store_key(cfg, name, rel);
+}
+
 /* SPOT_STORE_MIN_RATE=B/s (1..1e12): a test knob, as s3.c's
  * SPOT_S3_LOW_SPEED_TIME, so a slow-server test need not wait minutes. */
 static uint64_t

@@ -67,6 +67,18 @@ layers)
     echo "emulate/ must not include client/ headers"
     exit 1
   fi
+  # A folder's internals stay in it: X_internal.h is included only by
+  # the files next to it (and by the tests, which may reach into them).
+  rc=0
+  while IFS= read -r h; do
+    dir=$(dirname "$h") base=$(basename "$h")
+    while IFS= read -r f; do
+      case "$f" in "$dir"/* | tests/*) continue ;; esac
+      echo "$f includes $h (internal to $dir/)"
+      rc=1
+    done < <(git grep -lF "#include \"$base\"" -- '*.c' '*.h' 2>/dev/null)
+  done < <(git ls-files '*_internal.h')
+  [ $rc -eq 0 ] || exit 1
   ;;
 cppcheck)
   cppcheck --enable=warning,performance,portability --error-exitcode=1 -q \

@@ -235,6 +235,11 @@ decide_exit(struct spotd *d)
     log_notice("preempted before the trainer started: the job resumes from "
                "checkpoint %s (committed %s)",
                last, when);
+  } else if (d->final.cut[0] != '\0') {
+    log_warn("%s while the final checkpoint %s was being committed: the "
+             "job resumes from it if LATEST names it, else from %s "
+             "(committed %s) and the work since then is lost",
+             stopped ? "stopped" : "preempted", d->final.cut, last, when);
   } else {
     log_warn("%s without a final checkpoint: the job resumes from %s "
              "(committed %s); the work since then is lost",

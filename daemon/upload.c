@@ -217,10 +217,24 @@ upload_cancel_all(struct spotd *d)
 void
 final_give_up(struct spotd *d, const char *why)
 {
+  const char *last = d->last_commit[0] ? d->last_commit : "none";
+
   if (d->final.state != FINAL_REQUESTED && d->final.state != FINAL_UPLOADING)
     return;
-  spotd_warn(d, "%s: the last committed checkpoint (%s) is kept", why,
-             d->last_commit[0] ? d->last_commit : "none");
+  /* In its commit phase the manifest PUT (then LATEST's) may be on the
+   * wire: what the store holds is not known, and saying "kept" would be
+   * a guess. */
+  if (d->final.state == FINAL_UPLOADING && d->up.state != UPLOAD_IDLE &&
+      d->up.phase >= SPOT_STORE_PHASE_COMMIT &&
+      strcmp(d->up.name, d->final.name) == 0) {
+    spot_strlcpy(d->final.cut, d->final.name, sizeof(d->final.cut));
+    spotd_warn(d,
+               "%s: the commit of %s was under way and may be written: the "
+               "job resumes from %s if LATEST names it, else from %s",
+               why, d->final.name, d->final.name, last);
+  } else {
+    spotd_warn(d, "%s: the last committed checkpoint (%s) is kept", why, last);
+  }
   final_set_state(d, FINAL_ABANDONED);
   upload_cancel_all(d);
 }
@@ -521,6 +535,7 @@ upload_progress_cb(const struct spot_store_progress *p, void *data)
   struct upload *u = &d->up;
   double secs = (double)p->elapsed_ms / 1000.0;
 
+  u->phase = p->phase;
   u->done_bytes = p->raw_done;
   u->total_bytes = p->raw_total;
   u->rate = secs > 0 ? (double)p->raw_done / secs : 0;
@@ -794,6 +809,7 @@ start_upload(struct spotd *d, const char *name, bool follow)
            follow ? " while the trainer writes it (overlap)" : "");
   sc.follow = follow;
   upload_set_state(d, follow ? UPLOAD_FOLLOWING : UPLOAD_PUSHING);
+  d->up.phase = SPOT_STORE_PHASE_PLAN;
   r = spot_store_push(d->loop, &sc, dir, name, upload_progress_cb, push_done_cb,
                       d, &u->op);
   if (r < 0) {

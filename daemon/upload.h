@@ -43,6 +43,7 @@ struct upload {
   /* UPLOAD_CAUGHT_UP since this many ms into the upload */
   uint64_t marker_wait_ms;
   uint64_t done_bytes, total_bytes;
+  enum spot_store_phase phase; /* the running push's, from its progress */
   double rate;
   double last_bps; /* raw bytes/s of the last push */
   uint64_t last_raw;
@@ -57,6 +58,9 @@ struct upload {
 struct final_ckpt {
   enum final_state state;
   char name[256];
+  /* a final checkpoint given up in its commit phase: its manifest (and
+   * LATEST) may be written after all; "" none */
+  char cut[256];
 };
 
 /* upload.c: checkpoint requests, uploads, the final checkpoint rule */

@@ -21,6 +21,7 @@ runs it through the documented wrapper `bash -c "trap '' USR1; exec
 torchrun ..."` instead (for a spotd without that change). Skips (77)
 without the test S3 server, torch or torchrun.
 """
+import glob
 import os
 import re
 import shutil
@@ -66,6 +67,20 @@ def losses(lines):
             if m}
 
 
+def rank0_lines(logdir):
+    """What global rank 0 printed, from the file torchrun --redirects
+    writes it to (LOGDIR/RUN/attempt_N/0/stdout.log): torchrun's --tee copy
+    on its own stdout can split a line it read while the worker was still
+    writing it (seen on a loaded machine: "step 99 loss 2.30" then the
+    rest), so the losses are read from the file itself."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(logdir, "*", "attempt_*", "0",
+                                              "stdout.log"))):
+        with open(path, errors="replace") as f:
+            out.extend(f.read().splitlines())
+    return out
+
+
 def same_folder(a, b):
     """None when the checkpoint folders hold FILES byte-identical, else why."""
     try:
@@ -96,7 +111,7 @@ def reference(tmp, train_args):
         raise SystemExit(1)
     print("     uninterrupted torchrun: %.1f s" % (time.monotonic() - t0),
           flush=True)
-    return ckpt, losses(cp.stdout.splitlines())
+    return ckpt, losses(rank0_lines(os.path.join(tmp, "ref-logs")))
 
 
 def node(tmp, name, store, job, train_args):
@@ -222,7 +237,8 @@ def run(c, tmp, store, job, prefix, train_args, at, emus):
             dump(d1))
     c.check(rc == 0, "node1: runs to the end, spotd exits 0",
             "rc=%s\n%s" % (rc, dump(d1)))
-    l0, l1 = losses(lines), losses(lines1)
+    l0 = losses(rank0_lines(os.path.join(tmp, "node0", "logs")))
+    l1 = losses(rank0_lines(os.path.join(tmp, "node1", "logs")))
     merged = {s: v for s, v in l0.items() if s <= step}
     merged.update({s: v for s, v in l1.items() if s > step})
     c.check(min(l1 or [0]) == step + 1, "node1: first step is %d" % (step + 1),

@@ -1369,8 +1369,14 @@ lanes_start(struct spot_s3 *s3)
     if (uv_sem_init(&l->started, 0) < 0)
       break;
     r = uv_thread_create(&l->thread, lane_main, l);
-    if (r == 0)
+    if (r == 0) {
+      char name[16];
+
+      /* by role, for top -H and per-thread CPU figures */
+      snprintf(name, sizeof(name), "s3-lane-%u", i % 1000);
+      pthread_setname_np(l->thread, name);
       uv_sem_wait(&l->started);
+    }
     uv_sem_destroy(&l->started);
     if (r < 0 || l->start_err < 0) {
       if (r == 0)

@@ -542,8 +542,14 @@ op_pool(struct spot__store_op *b)
     return 0;
   }
   r = spot_pool_new(b->loop, max, &b->pool);
-  if (r == 0)
+  if (r == 0) {
+    char name[12];
+
+    /* push-wk-N, restore-wk-N, list-wk-N */
+    snprintf(name, sizeof(name), "%s-wk", b->kind->name);
+    spot_pool_set_name(b->pool, name);
     b->handles++; /* closed in spot__store_close() */
+  }
   return r;
 }
 

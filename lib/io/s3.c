@@ -417,8 +417,12 @@ env_secs_or(const char *name, long dflt)
 
 /* I/O threads: cfg's, else $SPOT_IO_THREADS (a test knob: CI's 2 cores
  * run the lanes with 3), else 1 (no lane: the caller's loop carries
- * everything) up to 4 cores and a quarter of the cores above, at most
- * SPOT_S3_IO_THREADS_MAX. */
+ * everything) up to 4 cores and half the cores above, at most
+ * SPOT_S3_IO_THREADS_MAX. Each lane copies its bodies into curl's buffer
+ * and the socket (about 0.3 CPU-s per GiB in all): on 16 cores a quarter
+ * (4 lanes) gave each 0.06-0.09 CPU-s per GiB of a push, half (8)
+ * 0.02-0.07, under the 0.08 (12.5 GiB/s) a lane may cost
+ * (bench/results/threads.md). */
 static unsigned
 io_threads_default(unsigned want)
 {
@@ -437,8 +441,8 @@ io_threads_default(unsigned want)
   cores = uv_available_parallelism();
   if (cores <= 4)
     return 1;
-  return cores / 4 > SPOT_S3_IO_THREADS_MAX ? SPOT_S3_IO_THREADS_MAX
-                                            : cores / 4;
+  return cores / 2 > SPOT_S3_IO_THREADS_MAX ? SPOT_S3_IO_THREADS_MAX
+                                            : cores / 2;
 }
 
 int

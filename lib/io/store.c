@@ -769,8 +769,8 @@ spot__store_pipe_take(struct spot__store_pipe *p, struct spot__store_slot **out)
    * -> 32,400); a restore's frame leaves at most one huge page partly
    * used. */
   if (free_slot->comp == NULL &&
-      (free_slot->comp = spot_big_alloc(free_slot->comp_cap,
-                                        free_slot->comp_cap)) == NULL)
+      (free_slot->comp =
+           spot_big_alloc(free_slot->comp_cap, free_slot->comp_cap)) == NULL)
     return -ENOMEM;
   *out = free_slot;
   return 0;

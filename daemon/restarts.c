@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -370,9 +371,12 @@ static void
 verify_work_cb(uv_work_t *req)
 {
   struct crash_restart *c = spot_container_of(req, struct crash_restart, work);
-  unsigned char *buf = malloc(VERIFY_BUF);
+  unsigned char *buf;
   int64_t n;
 
+  /* libuv's pool thread, named by the one job spotd gives it */
+  pthread_setname_np(pthread_self(), "restart-check");
+  buf = malloc(VERIFY_BUF);
   if (buf == NULL) {
     spot_strlcpy(c->why, "out of memory", sizeof(c->why));
     return;

@@ -664,6 +664,8 @@ encode(struct spot_codec *c, enum spot_filter filter, enum spot_codec_mode mode,
   if (dst_cap < spot_codec_bound(n))
     return -ENOBUFS;
   k = filter_width(filter);
+  /* With k > 1, src is read whole into scratch here, before dst is
+   * written: src may be dst (codec.h). */
   if (k > 1 && crc) {
     *crc = group_crc(c->scratch, src, n, k);
     in = c->scratch;

@@ -126,7 +126,11 @@ size_t spot_codec_part_max(const struct spot_codec *c);
 size_t spot_codec_bound(size_t n);
 
 /* Encodes src[0..n) into one zstd frame in dst (dst_cap bytes, at least
- * spot_codec_bound(n); dst must not overlap src). n may be 0 (an empty
+ * spot_codec_bound(n)). dst must not overlap src, except that with a
+ * grouping filter (any but SPOT_FILTER_NONE) src may be dst itself: the
+ * grouping reads all of src into the codec's own buffer before the frame
+ * is written (a caller then reads a part straight into its output
+ * buffer and needs no buffer of its own). n may be 0 (an empty
  * frame). On success sets *out_len to the frame length and *out_crc to
  * spot_crc32c(0, src, n), and returns 0. Errors: -EINVAL (bad filter or
  * mode), -E2BIG (n > part_max), -ENOBUFS (dst_cap too small), -EIO (zstd

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "log.h"
@@ -36,6 +37,7 @@ struct spot_pool {
   /* loop thread only: */
   uv_thread_t *threads;
   unsigned nthreads, max;
+  char name[12];    /* the threads' prefix */
   unsigned pending; /* queued, not yet after-called */
   void (*close_cb)(void *data);
   void *close_data;
@@ -141,6 +143,7 @@ spot_pool_new(uv_loop_t *loop, unsigned max_threads, struct spot_pool **out)
   }
   p->loop = loop;
   p->max = max_threads;
+  spot_pool_set_name(p, "pool");
   r = uv_mutex_init(&p->mu);
   if (r == 0) {
     r = uv_cond_init(&p->cond);
@@ -162,6 +165,12 @@ spot_pool_new(uv_loop_t *loop, unsigned max_threads, struct spot_pool **out)
   uv_unref((uv_handle_t *)&p->async);
   *out = p;
   return 0;
+}
+
+void
+spot_pool_set_name(struct spot_pool *p, const char *prefix)
+{
+  snprintf(p->name, sizeof(p->name), "%s", prefix);
 }
 
 void
@@ -204,6 +213,10 @@ spot_pool_queue(struct spot_pool *p, uv_work_t *req, uv_work_cb work,
   if (spawn) {
     r = uv_thread_create(&p->threads[p->nthreads], worker, p);
     if (r == 0) {
+      char name[16];
+
+      snprintf(name, sizeof(name), "%s-%u", p->name, p->nthreads);
+      pthread_setname_np(p->threads[p->nthreads], name);
       p->nthreads++;
     } else {
       uv_mutex_lock(&p->mu);

@@ -22,6 +22,10 @@ struct spot_pool;
 int spot_pool_new(uv_loop_t *loop, unsigned max_threads,
                   struct spot_pool **out);
 #define SPOT_POOL_MAX 128
+/* Names the threads started from now on PREFIX-N (N from 0, cut to the
+ * 15 characters a thread name holds), as top -H and /proc/PID/task/TID/comm
+ * show them; unnamed, they are "pool-N". */
+void spot_pool_set_name(struct spot_pool *p, const char *prefix);
 /* Raises or lowers the thread cap for threads not yet started (threads
  * already running stay until close). */
 void spot_pool_set_max(struct spot_pool *p, unsigned max_threads);

@@ -422,8 +422,12 @@ env_secs_or(const char *name, long dflt)
 
 /* I/O threads: cfg's, else $SPOT_IO_THREADS (a test knob: CI's 2 cores
  * run the lanes with 3), else 1 (no lane: the caller's loop carries
- * everything) up to 4 cores and a quarter of the cores above, at most
- * SPOT_S3_IO_THREADS_MAX. */
+ * everything) up to 4 cores and half the cores above, at most
+ * SPOT_S3_IO_THREADS_MAX. Each lane copies its bodies into curl's buffer
+ * and the socket (about 0.3 CPU-s per GiB in all): on 16 cores a quarter
+ * (4 lanes) gave each 0.06-0.09 CPU-s per GiB of a push, half (8)
+ * 0.02-0.07, under the 0.08 (12.5 GiB/s) a lane may cost
+ * (bench/results/threads.md). */
 static unsigned
 io_threads_default(unsigned want)
 {
@@ -442,8 +446,8 @@ io_threads_default(unsigned want)
   cores = uv_available_parallelism();
   if (cores <= 4)
     return 1;
-  return cores / 4 > SPOT_S3_IO_THREADS_MAX ? SPOT_S3_IO_THREADS_MAX
-                                            : cores / 4;
+  return cores / 2 > SPOT_S3_IO_THREADS_MAX ? SPOT_S3_IO_THREADS_MAX
+                                            : cores / 2;
 }
 
 int
@@ -1374,8 +1378,14 @@ lanes_start(struct spot_s3 *s3)
     if (uv_sem_init(&l->started, 0) < 0)
       break;
     r = uv_thread_create(&l->thread, lane_main, l);
-    if (r == 0)
+    if (r == 0) {
+      char name[16];
+
+      /* by role, for top -H and per-thread CPU figures */
+      snprintf(name, sizeof(name), "s3-lane-%u", i % 1000);
+      pthread_setname_np(l->thread, name);
       uv_sem_wait(&l->started);
+    }
     uv_sem_destroy(&l->started);
     if (r < 0 || l->start_err < 0) {
       if (r == 0)

@@ -51,8 +51,8 @@ struct spot_s3_config {
   long request_timeout_ms;
   /* I/O threads for the transfers of big bodies (parts and PUTs of 1 MiB
    * and more, GETs into a sink), each with its own loop and connections:
-   * 0 = $SPOT_IO_THREADS (a test knob), else 1 up to 4 cores and a
-   * quarter of the cores above; 1 = none, the caller's loop carries all.
+   * 0 = $SPOT_IO_THREADS (a test knob), else 1 up to 4 cores and half
+   * the cores above; 1 = none, the caller's loop carries all.
    * At most SPOT_S3_IO_THREADS_MAX. Made on the first such transfer,
    * joined by spot_s3_free(). */
   unsigned io_threads;

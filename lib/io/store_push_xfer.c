@@ -198,15 +198,21 @@ encode_work_cb(uv_work_t *req)
     s->work_err = read_raw_frame(s, fd, off);
     close(fd);
   } else {
-    s->work_err =
-        spot__push_read_full(fd, s->coder->raw, (size_t)s->raw_len, off);
+    /* With a grouping filter the part is read into the slot's buffer,
+     * which the codec reads whole before its frame overwrites it
+     * (codec.h): the coder's raw buffer stays untouched. Each buffer's
+     * first touch costs the kernel's zeroing of its pages: with 16
+     * workers, 16 raw buffers of a part each were a quarter of the pages
+     * a 1 GiB push touched (bench/results/threads.md). */
+    unsigned char *in = f->filter != SPOT_FILTER_NONE ? s->comp : s->coder->raw;
+
+    s->work_err = spot__push_read_full(fd, in, (size_t)s->raw_len, off);
     close(fd);
     if (s->work_err < 0)
       return;
-    s->work_err = spot_codec_encode(s->coder->codec, f->filter,
-                                    (enum spot_codec_mode)s->mode,
-                                    s->coder->raw, (size_t)s->raw_len, s->comp,
-                                    s->comp_cap, &s->comp_len, &s->crc);
+    s->work_err = spot_codec_encode(
+        s->coder->codec, f->filter, (enum spot_codec_mode)s->mode, in,
+        (size_t)s->raw_len, s->comp, s->comp_cap, &s->comp_len, &s->crc);
   }
   /* A file taken while it grew (store_follow.c): every part of at least
    * S3's minimum, the last one could not be told apart in time. */

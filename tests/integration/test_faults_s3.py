@@ -13,6 +13,7 @@ line per push (for docs/reliability.md)."""
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +53,45 @@ def make_checkpoint(d):
         json.dump({"step": 1234, "note": "x" * 3000}, f)
 
 
+def push_names(argv, env):
+    """spotctl push ARGV..., reading its threads' names
+    (/proc/PID/task/*/comm) every 50 ms while it runs: (CompletedProcess,
+    the set of names seen)."""
+    names = set()
+    p = spotlib.spotctl_popen(*argv, env=dict(os.environ, **env), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = "", ""
+    while True:
+        try:
+            out, err = p.communicate(timeout=0.05)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        task = "/proc/%d/task" % p.pid
+        try:
+            for t in os.listdir(task):
+                with open(os.path.join(task, t, "comm")) as f:
+                    names.add(f.read().strip())
+        except OSError:
+            pass  # a thread ended (or the process) between the reads
+    return subprocess.CompletedProcess(argv, p.returncode, out, err), names
+
+
+def check_names(names, what):
+    """Every thread is named by its role (docs/design.md, "Threads and the
+    loop"): the main thread spotctl (its loop; curl's resolver threads
+    inherit that name), push workers, and S3 I/O threads when
+    SPOT_IO_THREADS asks for them."""
+    role = re.compile(r"^(spotctl|push-wk-[0-9]+|s3-lane-[0-9]+)$")
+    c.check(bool(names) and all(role.match(n) for n in names),
+            "%s: every thread is named by its role" % what, repr(sorted(names)))
+    c.check("push-wk-0" in names, "%s: a push worker was seen" % what,
+            repr(sorted(names)))
+    if int(os.environ.get("SPOT_IO_THREADS") or "1") > 1:
+        c.check("s3-lane-0" in names, "%s: an S3 I/O thread was seen" % what,
+                repr(sorted(names)))
+
+
 px = FaultProxy(endpoint, seed=seeds[0])
 t_start = time.monotonic()
 try:
@@ -65,10 +105,14 @@ try:
                 px.reset_stats()
                 ck = "%s-s%d" % (re.sub(r"[^a-z0-9]+", "-", name), seed)
                 t0 = time.monotonic()
-                cp = spotlib.spotctl("push", src, url, "--name", ck, "--endpoint", px.url,
-                                     "--part-size", "5M", "--parallel", "4",
-                                     env={"SPOT_S3_LOW_SPEED_TIME": str(LOW_SPEED)},
-                                     timeout=150)
+                argv = ["push", src, url, "--name", ck, "--endpoint", px.url,
+                        "--part-size", "5M", "--parallel", "4"]
+                penv = {"SPOT_S3_LOW_SPEED_TIME": str(LOW_SPEED)}
+                if name.startswith("bandwidth"):
+                    cp, names = push_names(argv, penv)
+                    check_names(names, what="%s (seed %d)" % (name, seed))
+                else:
+                    cp = spotlib.spotctl(*argv, env=penv, timeout=150)
                 wall = time.monotonic() - t0
                 what = "%s (seed %d)" % (name, seed)
                 m = SUMMARY.search(cp.stdout.strip().splitlines()[-1]) \

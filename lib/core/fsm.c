@@ -29,8 +29,8 @@ spot_fsm_legal(const struct spot_fsm *m, unsigned from, unsigned to)
 static const char *
 short_file(const char *file)
 {
-  static const char *const tops[] = {"lib/", "daemon/", "client/",
-                                     "emulate/", "tests/"};
+  static const char *const tops[] = {"lib/", "daemon/", "client/", "emulate/",
+                                     "tests/"};
   const char *best = NULL;
 
   if (file == NULL)

@@ -30,13 +30,13 @@
 #define SPOT_FSM_BIT(s) (UINT32_C(1) << (unsigned)(s))
 
 struct spot_fsm {
-  const char *what;          /* the line's first words: "startup", "lease" */
-  const char *const *names;  /* the states' names, indexed by state */
-  unsigned n;                /* how many states (<= SPOT_FSM_MAX_STATES) */
-  const uint32_t *legal;     /* legal[from]: the states from may move to, one
-                                bit each; NULL: every move is legal */
-  uint32_t from_any;         /* states every state may move to (closing) */
-  int level;                 /* SPOT_LOG_DEBUG or SPOT_LOG_INFO */
+  const char *what;         /* the line's first words: "startup", "lease" */
+  const char *const *names; /* the states' names, indexed by state */
+  unsigned n;               /* how many states (<= SPOT_FSM_MAX_STATES) */
+  const uint32_t *legal;    /* legal[from]: the states from may move to, one
+                               bit each; NULL: every move is legal */
+  uint32_t from_any;        /* states every state may move to (closing) */
+  int level;                /* SPOT_LOG_DEBUG or SPOT_LOG_INFO */
 };
 
 /* The name of state s of m, "?" when out of range. */
@@ -63,9 +63,8 @@ int spot_fsm_refuse(const struct spot_fsm *m, unsigned from, unsigned to,
 /* The same with a detail after the move on the line (printf): the
  * checkpoint's name, an op's identity; formatted only when the line is
  * printed. */
-int spot_fsm_move_detail(const struct spot_fsm *m, unsigned from,
-                         unsigned to, const char *file, int line,
-                         const char *fmt, ...)
+int spot_fsm_move_detail(const struct spot_fsm *m, unsigned from, unsigned to,
+                         const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 
 #endif

@@ -8,7 +8,6 @@
 #include <time.h>
 #include <unistd.h>
 
-
 static size_t
 put_str(char *out, size_t at, size_t cap, const char *s, size_t n)
 {

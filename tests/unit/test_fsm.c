@@ -25,9 +25,8 @@ static const uint32_t legal[S_LAST] = {
     [S_IDLE] = SPOT_FSM_BIT(S_RUN),
     [S_RUN] = SPOT_FSM_BIT(S_DONE) | SPOT_FSM_BIT(S_IDLE),
 };
-static const struct spot_fsm machine = {"job", names, S_LAST, legal,
-                                        SPOT_FSM_BIT(S_CANCELLED),
-                                        SPOT_LOG_DEBUG};
+static const struct spot_fsm machine = {
+    "job", names, S_LAST, legal, SPOT_FSM_BIT(S_CANCELLED), SPOT_LOG_DEBUG};
 
 static void
 setup_log(int level)
@@ -93,7 +92,8 @@ test_refused(void **state)
                    -1);
   assert_int_equal(calls, 1);
   assert_int_equal(last_level, SPOT_LOG_ERR);
-  assert_string_equal(last, "internal: job idle -> done refused (daemon/e.c:9)");
+  assert_string_equal(last,
+                      "internal: job idle -> done refused (daemon/e.c:9)");
   assert_int_equal(spot_fsm_move(&machine, S_IDLE, 31, "daemon/e.c", 10), -1);
   assert_string_equal(last, "internal: job idle -> ? refused (daemon/e.c:10)");
   spot_log_set_sink(NULL, NULL);
@@ -102,14 +102,13 @@ test_refused(void **state)
 static void
 test_info_lines_and_quiet(void **state)
 {
-  static const struct spot_fsm loud = {"state", names, S_LAST, NULL, 0,
-                                       SPOT_LOG_INFO};
+  static const struct spot_fsm loud = {"state", names, S_LAST,
+                                       NULL,    0,     SPOT_LOG_INFO};
   (void)state;
   setup_log(SPOT_LOG_INFO);
   /* a debug machine at info level: legal, nothing printed */
-  assert_int_equal(spot_fsm_move_detail(&machine, S_IDLE, S_RUN, "a.c", 1,
-                                        "n=%d", 1),
-                   1);
+  assert_int_equal(
+      spot_fsm_move_detail(&machine, S_IDLE, S_RUN, "a.c", 1, "n=%d", 1), 1);
   assert_int_equal(calls, 0);
   /* info lines carry no location (the tests and operators match them) */
   assert_int_equal(spot_fsm_move(&loud, S_DONE, S_IDLE, "a.c", 1), 1);

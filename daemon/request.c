@@ -167,7 +167,8 @@ store_header(int fd)
 }
 
 /* Puts the file back as spotd wrote it when someone else changed its
- * size, header, seq or served (the trainer's slots are theirs); warns
+ * size, header, seq, served or deadline (the trainer's slots are
+ * theirs); warns
  * once. */
 static void
 repair(struct spotd *d)
@@ -186,7 +187,8 @@ repair(struct spotd *d)
   if (st.st_size == SPOT_REQ_FILE_SIZE &&
       pread(q->fd, h, sizeof(h), 0) == (ssize_t)sizeof(h) &&
       memcmp(h, want, 12) == 0 &&
-      memcmp(h + SPOT_REQ_OFF_SEQ, want + SPOT_REQ_OFF_SEQ, 16) == 0)
+      memcmp(h + SPOT_REQ_OFF_SEQ, want + SPOT_REQ_OFF_SEQ, 16) == 0 &&
+      slot_load(d, SPOT_REQ_OFF_DEADLINE) == (uint64_t)q->deadline_ms)
     return;
   if (!q->tampered)
     spotd_warn(d,
@@ -199,6 +201,7 @@ repair(struct spotd *d)
     log_debug("restoring the request file's size: %s", strerror(errno));
   (void)store_header(q->fd);
   store_counters(d);
+  (void)slot_store(d, SPOT_REQ_OFF_DEADLINE, (uint64_t)q->deadline_ms);
 }
 
 /* Whether the path still names spotd's file (not one renamed over it). */
@@ -301,6 +304,7 @@ request_trainer_starts(struct spotd *d)
   d->req.seq = 0;
   d->req.nseen = 0;
   store_counters(d);
+  (void)slot_store(d, SPOT_REQ_OFF_DEADLINE, (uint64_t)d->req.deadline_ms);
   (void)slot_store(d, SPOT_REQ_OFF_POLLS, 0);
   (void)slot_store(d, SPOT_REQ_OFF_ATTACHED, 0);
 }
@@ -454,6 +458,7 @@ request_begin(struct spotd *d, unsigned *helpers, unsigned *caught,
   q->seq++;
   q->nsent = 0;
   req_set_state(d, REQ_PENDING);
+  (void)slot_store(d, SPOT_REQ_OFF_DEADLINE, (uint64_t)q->deadline_ms);
   store_counters(d);
   if (q->map != NULL && !path_is_ours(q))
     spotd_warn(d,
@@ -473,6 +478,13 @@ request_begin(struct spotd *d, unsigned *helpers, unsigned *caught,
              lk.unsteady == 1 ? "it" : "they", lk.unsteady == 1 ? "es" : "");
   if (q->resend.loop != NULL)
     uv_timer_start(&q->resend, resend_cb, REQ_RESEND_MS, REQ_RESEND_MS);
+}
+
+void
+request_set_deadline(struct spotd *d, int64_t wall_ms)
+{
+  d->req.deadline_ms = wall_ms > 0 ? wall_ms : 0;
+  (void)slot_store(d, SPOT_REQ_OFF_DEADLINE, (uint64_t)d->req.deadline_ms);
 }
 
 void

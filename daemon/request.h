@@ -44,6 +44,8 @@ struct ckpt_req {
     uint64_t since_ms;
   } seen[256];
   size_t nseen;
+  /* the DEADLINE slot: unix ms, 0 none (reqfile.h) */
+  int64_t deadline_ms;
 };
 
 /* request.c: the request file and the checkpoint signal */
@@ -63,6 +65,9 @@ const char *request_file_id(const struct spotd *d);
  * how many catch the signal; *sent: how many got it. */
 void request_begin(struct spotd *d, unsigned *helpers, unsigned *caught,
                    unsigned *sent);
+/* The time by which the trainer's checkpoint must be complete (unix ms,
+ * 0 none): in the file now, and with every later request. */
+void request_set_deadline(struct spotd *d, int64_t wall_ms);
 /* The request is over (served, dropped): back to REQ_IDLE. */
 void request_end(struct spotd *d);
 /* A request was made and is not over yet (REQ_PENDING). */

@@ -13,7 +13,9 @@
  *    made before a process could look is still there when it does. The
  *    helper counts its imports in `attached` and marks `polls` at its
  *    first poll: spotd reads polls as "the trainer has made a step since
- *    it started". The helper maps the file (never reading through the
+ *    it started". With each request spotd also writes `deadline`: when
+ *    the checkpoint must be complete (request_set_deadline(); 0 none).
+ *    The helper maps the file (never reading through the
  *    mapping) at its first poll, so a process that imports it for other
  *    things and takes the signal itself still gets the signal.
  *

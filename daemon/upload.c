@@ -187,6 +187,14 @@ upload_set_state(struct spotd *d, enum upload_state s)
   }
   log_debug("upload %s -> %s%s%s", upload_state_name(u->state),
             upload_state_name(s), u->name[0] ? " name=" : "", u->name);
+  /* A followed push waits for the trainer while CAUGHT_UP: not upload
+   * time, left out of the rate measured (committed()). */
+  if (u->wait_since != 0) {
+    u->wait_ms += spot_now_mono_ms() - u->wait_since;
+    u->wait_since = 0;
+  }
+  if (s == UPLOAD_CAUGHT_UP)
+    u->wait_since = spot_now_mono_ms();
   u->state = s;
   return true;
 }
@@ -701,6 +709,10 @@ committed(struct spotd *d, const char *name,
           const struct spot_store_result *res)
 {
   double secs = (double)res->elapsed_ms / 1000.0;
+  /* the push's own time: less what it waited for the trainer's save */
+  uint64_t busy_ms =
+      res->elapsed_ms > d->up.wait_ms ? res->elapsed_ms - d->up.wait_ms : 0;
+  char waited[96] = "";
   /* Multi-node, rank 0: the line describes the checkpoint committed (every
    * rank's files, as its manifest lists them), then this rank's share. */
   bool merged = res->ckpt_files > 0;
@@ -714,11 +726,14 @@ committed(struct spotd *d, const char *name,
              "; rank %u uploaded files=%" PRIu64 " raw=%" PRIu64
              " stored=%" PRIu64,
              d->store.rank, res->files, res->raw_bytes, res->stored_bytes);
+  if (d->up.wait_ms > 0)
+    snprintf(waited, sizeof(waited), "; %.1f s of it waiting for the save",
+             (double)d->up.wait_ms / 1000.0);
   log_info("committed checkpoint name=%s files=%" PRIu64 " raw=%" PRIu64
-           " stored=%" PRIu64 " ratio=%.2f in %.1f s (%u retries)%s",
+           " stored=%" PRIu64 " ratio=%.2f in %.1f s (%u retries%s)%s",
            name, files, raw, stored,
            stored > 0 ? (double)raw / (double)stored : 1.0, secs, res->retries,
-           own);
+           waited, own);
   if (res->warning != NULL && res->warning[0] != '\0')
     spotd_warn(d, "%s", res->warning);
   /* the step the store recorded: its marker's (there now), else its
@@ -728,8 +743,8 @@ committed(struct spotd *d, const char *name,
   d->last_commit_wall = spot_now_wall_ms();
   d->last_commit_made = d->last_commit_wall;
   d->up.failed[0] = '\0';
-  if (secs > 0 && res->raw_bytes > 0) {
-    d->up.last_bps = (double)res->raw_bytes / secs;
+  if (busy_ms > 0 && res->raw_bytes > 0) {
+    d->up.last_bps = (double)res->raw_bytes / ((double)busy_ms / 1000.0);
     d->up.last_raw = res->raw_bytes;
   }
   spotd_notify(d, "STATUS=committed %s", name);
@@ -895,6 +910,7 @@ start_upload(struct spotd *d, const char *name, bool follow)
   u->rate = 0;
   u->log_ms = 0;
   u->marker_wait_ms = 0;
+  u->wait_ms = u->wait_since = 0;
   /* This spotd holds the job lease, so it is the job's only writer:
    * uploads begun before it started belong to a dead or fenced
    * predecessor and are aborted by the retention step. The ranks of a

@@ -39,6 +39,7 @@
 #include "control.h"
 #include "engine.h"
 #include "fanout.h"
+#include "fsm.h"
 #include "hist.h"
 #include "joblease.h"
 #include "log.h"
@@ -65,8 +66,8 @@ static const char *const state_names[] = {
 };
 _Static_assert(SPOT_ARRAY_SIZE(state_names) == SPOTD_STATE_LAST, "state_names");
 
-#define B(s) (1u << (s))
-static const unsigned legal[SPOTD_STATE_LAST] = {
+#define B(s) SPOT_FSM_BIT(s)
+static const uint32_t legal[SPOTD_STATE_LAST] = {
     [SPOTD_INIT] = B(SPOTD_CONNECTING) | B(SPOTD_EXITING),
     [SPOTD_CONNECTING] = B(SPOTD_RESTORING) | B(SPOTD_RUNNING) |
                          B(SPOTD_DRAINING) | B(SPOTD_EXITING),
@@ -83,24 +84,27 @@ static const unsigned legal[SPOTD_STATE_LAST] = {
     [SPOTD_EXITING] = 0,
 };
 
+static const struct spot_fsm engine_fsm = {
+    "state", state_names, SPOTD_STATE_LAST, legal, 0, SPOT_LOG_INFO};
+
 const char *
 spotd_state_name(enum spotd_state s)
 {
-  return (unsigned)s < SPOTD_STATE_LAST ? state_names[s] : "?";
+  return spot_fsm_name(&engine_fsm, (unsigned)s);
 }
 
 bool
-spotd_set_state(struct spotd *d, enum spotd_state s)
+spotd_set_state_at(struct spotd *d, enum spotd_state s, const char *file,
+                   int line)
 {
-  if (d->state == s)
-    return true;
-  if ((unsigned)s >= SPOTD_STATE_LAST || (legal[d->state] & B(s)) == 0 ||
-      (d->closing && s != SPOTD_EXITING)) {
-    log_err("internal: state %s -> %s refused", spotd_state_name(d->state),
-            spotd_state_name(s));
-    return false;
-  }
-  log_info("state %s -> %s", spotd_state_name(d->state), spotd_state_name(s));
+  int r;
+
+  if (d->closing && s != SPOTD_EXITING && s != d->state)
+    r = spot_fsm_refuse(&engine_fsm, d->state, s, file, line, "closing");
+  else
+    r = spot_fsm_move(&engine_fsm, d->state, s, file, line);
+  if (r <= 0)
+    return r == 0;
   d->state = s;
   spotd_notify(d, "STATUS=%s", spotd_state_name(s));
   return true;

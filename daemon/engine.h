@@ -32,7 +32,9 @@ int spotd_start(struct spotd *d);
 /* The only way the engine's state changes: logs it, tells systemd, and
  * refuses (false, logged) a transition the table does not allow; once
  * closing only EXITING is allowed. */
-bool spotd_set_state(struct spotd *d, enum spotd_state s);
+bool spotd_set_state_at(struct spotd *d, enum spotd_state s, const char *file,
+                        int line);
+#define spotd_set_state(d, s) spotd_set_state_at((d), (s), __FILE__, __LINE__)
 const char *spotd_state_name(enum spotd_state s);
 void spotd_warn(struct spotd *d, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

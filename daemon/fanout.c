@@ -32,9 +32,9 @@
 
 #include "engine.h"
 #include "fanout.h"
+#include "fsm.h"
 #include "log.h"
 #include "spotd.h"
-#include "store_internal.h"
 #include "util.h"
 
 #define FANOUT_POLL_MAX_MS 1000
@@ -49,15 +49,15 @@ static const char *const names[] = {
 };
 _Static_assert(SPOT_ARRAY_SIZE(names) == FANOUT_STATE_LAST, "names");
 
-static void
-set_state(struct spotd *d, enum fanout_state s)
-{
-  struct fanout *f = &d->fan;
+static const struct spot_fsm fanout_fsm = {"fan-out", names, FANOUT_STATE_LAST,
+                                           NULL,      0,     SPOT_LOG_DEBUG};
 
-  if (f->state == s)
-    return;
-  log_debug("fan-out %s -> %s", names[f->state], names[s]);
-  f->state = s;
+#define set_state(d, s) set_state_at((d), (s), __FILE__, __LINE__)
+static void
+set_state_at(struct spotd *d, enum fanout_state s, const char *file, int line)
+{
+  if (spot_fsm_move(&fanout_fsm, d->fan.state, s, file, line) > 0)
+    d->fan.state = s;
 }
 
 /* Whether this spotd shares its notices with other ranks. */
@@ -112,7 +112,7 @@ notice_key(struct spotd *d)
   char rel[96];
 
   snprintf(rel, sizeof(rel), "notices/%s", fanout_run_id(d));
-  return spot__store_key(&d->store, NULL, rel);
+  return spot_store_key_dup(&d->store, NULL, rel);
 }
 
 /* -------------------------------------------------------- publishing */
@@ -334,13 +334,42 @@ claim_key(struct spotd *d)
    * marker must be one for the whole job. */
   snprintf(rel, sizeof(rel), "relaunched/%s/%s", fanout_run_id(d),
            d->reason[0] ? d->reason : "none");
-  return spot__store_key(&d->store, NULL, rel);
+  return spot_store_key_dup(&d->store, NULL, rel);
+}
+
+/* The relaunch claim: asked once, then won or lost. */
+static const char *const claim_names[] = {
+    "none", "waiting", "asking", "reading", "won", "lost",
+};
+_Static_assert(SPOT_ARRAY_SIZE(claim_names) == FANOUT_CLAIM_LOST + 1,
+               "claim_names");
+#define CB(s) SPOT_FSM_BIT(s)
+static const uint32_t claim_legal[] = {
+    [FANOUT_CLAIM_NONE] = CB(FANOUT_CLAIM_WAITING) | CB(FANOUT_CLAIM_ASKING),
+    [FANOUT_CLAIM_WAITING] = CB(FANOUT_CLAIM_ASKING) | CB(FANOUT_CLAIM_WON),
+    [FANOUT_CLAIM_ASKING] =
+        CB(FANOUT_CLAIM_READING) | CB(FANOUT_CLAIM_WON) | CB(FANOUT_CLAIM_LOST),
+    [FANOUT_CLAIM_READING] = CB(FANOUT_CLAIM_WON) | CB(FANOUT_CLAIM_LOST),
+    [FANOUT_CLAIM_WON] = 0,
+    [FANOUT_CLAIM_LOST] = 0,
+};
+static const struct spot_fsm claim_fsm = {
+    "relaunch claim", claim_names, FANOUT_CLAIM_LOST + 1,
+    claim_legal,      0,           SPOT_LOG_DEBUG};
+
+#define claim_set_state(d, s) claim_set_state_at((d), (s), __FILE__, __LINE__)
+static void
+claim_set_state_at(struct spotd *d, enum fanout_claim s, const char *file,
+                   int line)
+{
+  if (spot_fsm_move(&claim_fsm, d->fan.claim_state, s, file, line) > 0)
+    d->fan.claim_state = s;
 }
 
 static void
 claimed(struct spotd *d, bool run_it)
 {
-  d->fan.claim_state = run_it ? FANOUT_CLAIM_WON : FANOUT_CLAIM_LOST;
+  claim_set_state(d, run_it ? FANOUT_CLAIM_WON : FANOUT_CLAIM_LOST);
   spotd_relaunch_claimed(d, run_it);
 }
 
@@ -357,7 +386,7 @@ claim_cb(const struct spot_s3_result *res, void *data)
     return;
   if (!reading && res->err == -EEXIST && res->retries > 0) {
     /* A retried PUT said 412: maybe our first attempt created it. */
-    f->claim_state = FANOUT_CLAIM_READING;
+    claim_set_state(d, FANOUT_CLAIM_READING);
     spot_buf_reset(&f->claim_body);
     key = claim_key(d);
     if (key != NULL &&
@@ -409,7 +438,7 @@ claim_put(struct spotd *d)
     f->claim_op = NULL;
     return r;
   }
-  f->claim_state = FANOUT_CLAIM_ASKING;
+  claim_set_state(d, FANOUT_CLAIM_ASKING);
   return 0;
 }
 
@@ -439,7 +468,7 @@ fanout_claim_relaunch(struct spotd *d)
    * delay in case rank 0 is gone. */
   if (left != UINT64_MAX)
     delay = left / 4 < CLAIM_DELAY_MAX_MS ? left / 4 : CLAIM_DELAY_MAX_MS;
-  f->claim_state = FANOUT_CLAIM_WAITING;
+  claim_set_state(d, FANOUT_CLAIM_WAITING);
   log_info("relaunch: rank %u leaves the relaunch step to rank 0 for %.1f s",
            d->store.rank, (double)delay / 1000.0);
   uv_timer_start(&f->claim_timer, claim_timer_cb, delay, 0);

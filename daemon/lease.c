@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "fsm.h"
 #include "hist.h"
 #include "joblease.h"
 #include "log.h"
@@ -45,19 +46,22 @@ static const char *const names[] = {
 };
 _Static_assert(SPOT_ARRAY_SIZE(names) == JOB_LEASE_STATE_LAST, "names");
 
+static const struct spot_fsm job_lease_fsm = {
+    "lease", names, JOB_LEASE_STATE_LAST, NULL, 0, SPOT_LOG_DEBUG};
+
 const char *
 job_lease_state_name(enum job_lease_state s)
 {
-  return (unsigned)s < JOB_LEASE_STATE_LAST ? names[s] : "?";
+  return spot_fsm_name(&job_lease_fsm, (unsigned)s);
 }
 
+#define set_state(d, s) set_state_at((d), (s), __FILE__, __LINE__)
 static void
-set_state(struct spotd *d, enum job_lease_state s)
+set_state_at(struct spotd *d, enum job_lease_state s, const char *file,
+             int line)
 {
-  if (d->jl.state == s)
+  if (spot_fsm_move(&job_lease_fsm, d->jl.state, s, file, line) <= 0)
     return;
-  log_debug("lease %s -> %s", job_lease_state_name(d->jl.state),
-            job_lease_state_name(s));
   d->jl.state = s;
   /* The job history records what another node would want to know, and
    * the wait for the lease (a phase of its own, not the restore). */

@@ -16,7 +16,6 @@
 #include "probe.h"
 #include "restore.h"
 #include "spotd.h"
-#include "store_internal.h"
 #include "util.h"
 
 #define PROBE_BODY "spotd store check\n"
@@ -134,7 +133,7 @@ probe_start(struct spotd *d)
   snprintf(rel, sizeof(rel), ".spotd-probe-%d-%08x", (int)getpid(),
            spot_random_u32());
   free(d->restore.probe_key);
-  d->restore.probe_key = spot__store_key(&d->store, NULL, rel);
+  d->restore.probe_key = spot_store_key_dup(&d->store, NULL, rel);
   if (d->restore.probe_key == NULL ||
       spot_s3_put(d->s3, d->store.bucket, d->restore.probe_key, PROBE_BODY,
                   strlen(PROBE_BODY), 0, put_cb, d, &d->restore.s3op) < 0)

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "fsm.h"
 #include "hist.h"
 #include "log.h"
 #include "relaunch.h"
@@ -25,20 +26,22 @@ static const char *const names[] = {
 };
 _Static_assert(SPOT_ARRAY_SIZE(names) == RELAUNCH_STATE_LAST, "names");
 
+static const struct spot_fsm relaunch_fsm = {
+    "relaunch step", names, RELAUNCH_STATE_LAST, NULL, 0, SPOT_LOG_DEBUG};
+
 const char *
 relaunch_state_name(enum relaunch_state s)
 {
-  return (unsigned)s < RELAUNCH_STATE_LAST ? names[s] : "?";
+  return spot_fsm_name(&relaunch_fsm, (unsigned)s);
 }
 
+#define set_state(r, s) set_state_at((r), (s), __FILE__, __LINE__)
 static void
-set_state(struct relaunch_step *r, enum relaunch_state s)
+set_state_at(struct relaunch_step *r, enum relaunch_state s, const char *file,
+             int line)
 {
-  if (r->state == s)
-    return;
-  log_debug("relaunch step %s -> %s", relaunch_state_name(r->state),
-            relaunch_state_name(s));
-  r->state = s;
+  if (spot_fsm_move(&relaunch_fsm, r->state, s, file, line) > 0)
+    r->state = s;
 }
 
 static void

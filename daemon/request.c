@@ -61,6 +61,7 @@
 #include "reqfile.h"
 
 #include "engine.h"
+#include "fsm.h"
 #include "log.h"
 #include "request.h"
 #include "spotd.h"
@@ -78,35 +79,33 @@ _Static_assert(SPOT_ARRAY_SIZE(req_names) == REQ_STATE_LAST, "req_names");
 
 /* legal[from] is the set of states it may move to: one request at a
  * time, begun and then ended. */
-#define B(s) (1u << (s))
-static const unsigned req_legal[REQ_STATE_LAST] = {
+#define B(s) SPOT_FSM_BIT(s)
+static const uint32_t req_legal[REQ_STATE_LAST] = {
     [REQ_IDLE] = B(REQ_PENDING),
     [REQ_PENDING] = B(REQ_IDLE),
 };
+static const struct spot_fsm req_fsm = {
+    "checkpoint request", req_names, REQ_STATE_LAST, req_legal, 0,
+    SPOT_LOG_DEBUG};
 
 const char *
 req_state_name(enum req_state s)
 {
-  return (unsigned)s < REQ_STATE_LAST ? req_names[s] : "?";
+  return spot_fsm_name(&req_fsm, (unsigned)s);
 }
 
 /* The only way the request's state changes. A move is logged at debug
  * level only: one happens at every periodic checkpoint. */
+#define req_set_state(d, s) req_set_state_at((d), (s), __FILE__, __LINE__)
 static bool
-req_set_state(struct spotd *d, enum req_state s)
+req_set_state_at(struct spotd *d, enum req_state s, const char *file, int line)
 {
-  if (d->req.state == s)
-    return true;
-  if ((unsigned)s >= REQ_STATE_LAST || (req_legal[d->req.state] & B(s)) == 0) {
-    log_err("internal: checkpoint request %s -> %s refused",
-            req_state_name(d->req.state), req_state_name(s));
-    return false;
-  }
-  log_debug("checkpoint request %s -> %s seq=%llu",
-            req_state_name(d->req.state), req_state_name(s),
-            (unsigned long long)d->req.seq);
-  d->req.state = s;
-  return true;
+  int r = spot_fsm_move_detail(&req_fsm, d->req.state, s, file, line,
+                               "seq=%llu", (unsigned long long)d->req.seq);
+
+  if (r > 0)
+    d->req.state = s;
+  return r >= 0;
 }
 
 bool

@@ -16,13 +16,13 @@
 
 #include "crc32c.h"
 #include "engine.h"
+#include "fsm.h"
 #include "hist.h"
 #include "log.h"
 #include "manifest.h"
 #include "restarts.h"
 #include "restore.h"
 #include "spotd.h"
-#include "store_internal.h"
 #include "upload.h"
 #include "util.h"
 
@@ -66,7 +66,7 @@ get_cb(const struct spot_s3_result *res, void *data)
 void
 restarts_fetch(struct spotd *d)
 {
-  char *key = spot__store_key(&d->store, NULL, "RESTARTS");
+  char *key = spot_store_key_dup(&d->store, NULL, "RESTARTS");
 
   spot_buf_init(&d->restarts.body, 64);
   if (key == NULL || spot_s3_get(d->s3, d->store.bucket, key, 0, 0, NULL,
@@ -97,7 +97,7 @@ restarts_record(struct spotd *d)
     return;
   snprintf(buf, sizeof(d->restarts.buf), "%lld\n",
            (long long)d->restarts.count);
-  key = spot__store_key(&d->store, NULL, "RESTARTS");
+  key = spot_store_key_dup(&d->store, NULL, "RESTARTS");
   if (key == NULL || spot_s3_put(d->s3, d->store.bucket, key, buf, strlen(buf),
                                  0, put_cb, d, NULL) < 0)
     spotd_warn(d, "cannot record the restart count in the store");
@@ -118,6 +118,39 @@ restarts_record(struct spotd *d)
  * the store as for a relaunch, so it never goes back across spotd runs.
  * The job lease stays held throughout. */
 
+/* The restart's steps: forward, and back to NONE from any (relaunched,
+ * or given up). */
+static const char *const crash_names[] = {
+    "none", "backoff", "waiting", "manifest", "verifying", "download",
+};
+_Static_assert(SPOT_ARRAY_SIZE(crash_names) == CRASH_DOWNLOAD + 1,
+               "crash_names");
+static const uint32_t crash_legal[] = {
+    [CRASH_NONE] = SPOT_FSM_BIT(CRASH_BACKOFF),
+    [CRASH_BACKOFF] = SPOT_FSM_BIT(CRASH_WAITING),
+    [CRASH_WAITING] =
+        SPOT_FSM_BIT(CRASH_MANIFEST) | SPOT_FSM_BIT(CRASH_DOWNLOAD),
+    [CRASH_MANIFEST] =
+        SPOT_FSM_BIT(CRASH_VERIFYING) | SPOT_FSM_BIT(CRASH_DOWNLOAD),
+    [CRASH_VERIFYING] = SPOT_FSM_BIT(CRASH_DOWNLOAD),
+    [CRASH_DOWNLOAD] = 0,
+};
+static const struct spot_fsm crash_fsm = {"restart",
+                                          crash_names,
+                                          CRASH_DOWNLOAD + 1,
+                                          crash_legal,
+                                          SPOT_FSM_BIT(CRASH_NONE),
+                                          SPOT_LOG_DEBUG};
+
+#define crash_set_state(d, s) crash_set_state_at((d), (s), __FILE__, __LINE__)
+static void
+crash_set_state_at(struct spotd *d, enum crash_step s, const char *file,
+                   int line)
+{
+  if (spot_fsm_move(&crash_fsm, d->crash.state, s, file, line) > 0)
+    d->crash.state = s;
+}
+
 #define VERIFY_BUF ((size_t)1 << 20)
 
 static void
@@ -126,9 +159,9 @@ backoff_cb(uv_timer_t *t)
   struct spotd *d = spot_container_of(t, struct spotd, crash.timer);
 
   if (d->closing || d->state != SPOTD_RESTARTING ||
-      d->crash.step != CRASH_BACKOFF)
+      d->crash.state != CRASH_BACKOFF)
     return;
-  d->crash.step = CRASH_WAITING;
+  crash_set_state(d, CRASH_WAITING);
   spotd_advance(d);
 }
 
@@ -173,7 +206,7 @@ restart_after_crash(struct spotd *d)
              "the trainer failed (%s): restart %" PRId64 " of %" PRId64
              " in %.1f s, from the newest committed checkpoint",
              what, c->used, d->cfg->max_restarts, (double)c->wait_ms / 1000.0);
-  c->step = CRASH_BACKOFF;
+  crash_set_state(d, CRASH_BACKOFF);
   uv_timer_start(&c->timer, backoff_cb, c->wait_ms, 0);
   return true;
 }
@@ -181,7 +214,7 @@ restart_after_crash(struct spotd *d)
 static void
 relaunch_now(struct spotd *d)
 {
-  d->crash.step = CRASH_NONE;
+  crash_set_state(d, CRASH_NONE);
   hist_restart(d); /* the checkpoint it resumes from is known now */
   d->restarts.count++;
   /* written at the start like a relaunch's: a fresh job's count too */
@@ -197,7 +230,7 @@ download_cb(const struct spot_store_result *res, void *data)
 
   d->crash.restore = NULL;
   if (d->closing || d->state != SPOTD_RESTARTING ||
-      d->crash.step != CRASH_DOWNLOAD)
+      d->crash.state != CRASH_DOWNLOAD)
     return;
   if (res->err < 0) {
     log_err("restart: restoring checkpoint %s failed: %s", d->last_commit,
@@ -220,7 +253,7 @@ download(struct spotd *d)
   char tmp[4300];
   int r;
 
-  d->crash.step = CRASH_DOWNLOAD;
+  crash_set_state(d, CRASH_DOWNLOAD);
   log_warn("restart: the local copy of checkpoint %s cannot be used (%s): "
            "downloading it",
            d->last_commit, d->crash.why);
@@ -366,7 +399,7 @@ verify_after_cb(uv_work_t *req, int status)
 
   spot_manifest_free(c->m);
   c->m = NULL;
-  if (d->closing || d->state != SPOTD_RESTARTING || c->step != CRASH_VERIFYING)
+  if (d->closing || d->state != SPOTD_RESTARTING || c->state != CRASH_VERIFYING)
     return;
   if (status < 0)
     snprintf(c->why, sizeof(c->why), "the check did not run: %s",
@@ -392,7 +425,8 @@ manifest_cb(const struct spot_s3_result *res, void *data)
   int r;
 
   c->get = NULL;
-  if (d->closing || d->state != SPOTD_RESTARTING || c->step != CRASH_MANIFEST) {
+  if (d->closing || d->state != SPOTD_RESTARTING ||
+      c->state != CRASH_MANIFEST) {
     spot_buf_fini(&c->body);
     return;
   }
@@ -412,7 +446,7 @@ manifest_cb(const struct spot_s3_result *res, void *data)
     download(d);
     return;
   }
-  c->step = CRASH_VERIFYING;
+  crash_set_state(d, CRASH_VERIFYING);
   r = uv_queue_work(d->loop, &c->work, verify_work_cb, verify_after_cb);
   if (r < 0) {
     spot_manifest_free(c->m);
@@ -430,7 +464,7 @@ restart_advance(struct spotd *d)
   char *key;
 
   /* A checkpoint completed before the failure commits first. */
-  if (c->step != CRASH_WAITING || !upload_idle(d))
+  if (c->state != CRASH_WAITING || !upload_idle(d))
     return;
   c->why[0] = '\0';
   if (d->last_commit[0] == '\0' || !d->cfg->restore) {
@@ -447,8 +481,8 @@ restart_advance(struct spotd *d)
     download(d);
     return;
   }
-  c->step = CRASH_MANIFEST;
-  key = spot__store_key(&d->store, d->last_commit, SPOT_MANIFEST_NAME);
+  crash_set_state(d, CRASH_MANIFEST);
+  key = spot_store_key_dup(&d->store, d->last_commit, SPOT_MANIFEST_NAME);
   spot_buf_fini(&c->body);
   spot_buf_init(&c->body, SPOT_MANIFEST_JSON_MAX);
   if (key == NULL || spot_s3_get(d->s3, d->store.bucket, key, 0, 0, NULL,
@@ -470,7 +504,7 @@ restart_abandon(struct spotd *d)
              "not started again",
              c->used, d->cfg->max_restarts);
   c->interrupted = true;
-  c->step = CRASH_NONE;
+  crash_set_state(d, CRASH_NONE);
   uv_timer_stop(&c->timer);
   if (c->get != NULL)
     spot_s3_cancel(c->get);

@@ -32,7 +32,7 @@ enum crash_step {
 };
 
 struct crash_restart {
-  enum crash_step step;
+  enum crash_step state;  /* only crash_set_state() changes it */
   uv_timer_t timer;       /* the backoff */
   int64_t used;           /* restarts done */
   int last_status;        /* the trainer's last failure: exit status */
@@ -51,7 +51,6 @@ struct crash_restart {
 
 /* GET RESTARTS, then restore_counted(). */
 void restarts_fetch(struct spotd *d);
-void restore_counted(struct spotd *d);
 /* The trainer started: PUT the count. */
 void restarts_record(struct spotd *d);
 void restarts_init(struct spotd *d);

@@ -32,6 +32,7 @@
 
 #include "engine.h"
 #include "fallback.h"
+#include "fsm.h"
 #include "hist.h"
 #include "joblease.h"
 #include "journal.h"
@@ -54,8 +55,8 @@ static const char *const names[] = {
 };
 _Static_assert(SPOT_ARRAY_SIZE(names) == RESTORE_STATE_LAST, "names");
 
-#define B(s) (1u << (s))
-static const unsigned legal[RESTORE_STATE_LAST] = {
+#define B(s) SPOT_FSM_BIT(s)
+static const uint32_t legal[RESTORE_STATE_LAST] = {
     [RESTORE_NONE] = B(RESTORE_CONNECTING),
     [RESTORE_CONNECTING] = B(RESTORE_PROBING) | B(RESTORE_FAILED),
     [RESTORE_PROBING] = B(RESTORE_LEASING) | B(RESTORE_RESUMING) |
@@ -72,29 +73,26 @@ static const unsigned legal[RESTORE_STATE_LAST] = {
     [RESTORE_JOINING] = B(RESTORE_DONE) | B(RESTORE_FAILED),
 };
 
+/* Closing: whatever was running ends as CANCELLED, from any state. */
+static const struct spot_fsm restore_fsm = {
+    "startup",     names, RESTORE_STATE_LAST, legal, B(RESTORE_CANCELLED),
+    SPOT_LOG_DEBUG};
+
 const char *
 restore_state_name(enum restore_state s)
 {
-  return (unsigned)s < RESTORE_STATE_LAST ? names[s] : "?";
+  return spot_fsm_name(&restore_fsm, (unsigned)s);
 }
 
+#define set_state(d, s) set_state_at((d), (s), __FILE__, __LINE__)
 static bool
-set_state(struct spotd *d, enum restore_state s)
+set_state_at(struct spotd *d, enum restore_state s, const char *file, int line)
 {
-  struct restore_op *o = &d->restore;
+  int r = spot_fsm_move(&restore_fsm, d->restore.state, s, file, line);
 
-  if (o->state == s)
-    return true;
-  /* Closing: whatever was running ends as CANCELLED, from any state. */
-  if (s != RESTORE_CANCELLED && (legal[o->state] & B(s)) == 0) {
-    log_err("internal: startup %s -> %s refused", restore_state_name(o->state),
-            restore_state_name(s));
-    return false;
-  }
-  log_debug("startup %s -> %s", restore_state_name(o->state),
-            restore_state_name(s));
-  o->state = s;
-  return true;
+  if (r > 0)
+    d->restore.state = s;
+  return r >= 0;
 }
 
 /* A callback of this operation after close: record it, do nothing. */

@@ -50,6 +50,10 @@ const char *restore_state_name(enum restore_state s);
 
 /* The job lease is held (or skipped): journal resume, restore. */
 void restore_leased(struct spotd *d);
+/* The restart count was read (restarts_fetch(), restarts.c). */
+void restore_counted(struct spotd *d);
+/* The run join ended (runjoin_start(), runjoin.c): 0 or negative errno. */
+void restore_joined(struct spotd *d, int err);
 
 /* The store's settings for a restore into CKPT_DIR (the startup's, a
  * fallback's, a restart's): d->store, the old local copy replaceable,

@@ -44,10 +44,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsm.h"
 #include "log.h"
+#include "restore.h"
 #include "runjoin.h"
 #include "spotd.h"
-#include "store_internal.h"
 #include "util.h"
 
 #define RUNS_DIR "runs/"
@@ -61,13 +62,15 @@ static const char *const state_names[] = {
 _Static_assert(SPOT_ARRAY_SIZE(state_names) == RUNJOIN_STATE_LAST,
                "state_names");
 
+static const struct spot_fsm runjoin_fsm = {
+    "run join:", state_names, RUNJOIN_STATE_LAST, NULL, 0, SPOT_LOG_DEBUG};
+
+#define set_state(d, s) set_state_at((d), (s), __FILE__, __LINE__)
 static void
-set_state(struct spotd *d, enum runjoin_state s)
+set_state_at(struct spotd *d, enum runjoin_state s, const char *file, int line)
 {
-  if (d->run.state == s)
-    return;
-  log_debug("run join: %s -> %s", state_names[d->run.state], state_names[s]);
-  d->run.state = s;
+  if (spot_fsm_move(&runjoin_fsm, d->run.state, s, file, line) > 0)
+    d->run.state = s;
 }
 
 /* Whether this spotd agrees its run id through the store. */
@@ -191,7 +194,7 @@ mark_key(struct spotd *d, uint64_t run, const char *what, bool ranked)
              d->store.rank);
   else
     snprintf(rel, sizeof(rel), RUNS_DIR "%010" PRIu64 "/%s", run, what);
-  return spot__store_key(&d->store, NULL, rel);
+  return spot_store_key_dup(&d->store, NULL, rel);
 }
 
 static void
@@ -400,7 +403,7 @@ runjoin_start(struct spotd *d)
   runjoin_decide_init(&j->scan);
   j->pages = 0;
   set_state(d, RUNJOIN_LISTING);
-  j->prefix = spot__store_key(&d->store, NULL, RUNS_DIR);
+  j->prefix = spot_store_key_dup(&d->store, NULL, RUNS_DIR);
   if (j->prefix == NULL) {
     finish(d, -ENOMEM);
     return;

@@ -56,7 +56,6 @@ void runjoin_start(struct spotd *d); /* then restore_joined() */
 /* Closing: cancels a join in progress; a rank that joined marks that it
  * left the run (the loop runs until that PUT ends). */
 void runjoin_close(struct spotd *d);
-void restore_joined(struct spotd *d, int err);
 int runjoin_parse_key(const char *rel, uint64_t *run, unsigned *rank,
                       enum runjoin_mark *mark);
 void runjoin_decide_init(struct runjoin_scan *s);

@@ -29,6 +29,7 @@
 
 #include "control.h"
 #include "engine.h"
+#include "fsm.h"
 #include "hist.h"
 #include "joblease.h"
 #include "log.h"
@@ -108,8 +109,8 @@ static const char *const final_names[] = {
 _Static_assert(SPOT_ARRAY_SIZE(final_names) == FINAL_STATE_LAST, "final_names");
 
 /* legal[from] is the set of states it may move to. */
-#define B(s) (1u << (s))
-static const unsigned final_legal[FINAL_STATE_LAST] = {
+#define B(s) SPOT_FSM_BIT(s)
+static const uint32_t final_legal[FINAL_STATE_LAST] = {
     [FINAL_NONE] = B(FINAL_REQUESTED),
     [FINAL_REQUESTED] = B(FINAL_UPLOADING) | B(FINAL_ABANDONED),
     [FINAL_UPLOADING] = B(FINAL_COMMITTED) | B(FINAL_ABANDONED),
@@ -117,28 +118,30 @@ static const unsigned final_legal[FINAL_STATE_LAST] = {
     [FINAL_ABANDONED] = 0,
 };
 
+static const struct spot_fsm final_fsm = {
+    "final checkpoint", final_names, FINAL_STATE_LAST,
+    final_legal,        0,           SPOT_LOG_INFO};
+
 const char *
 final_state_name(enum final_state s)
 {
-  return (unsigned)s < FINAL_STATE_LAST ? final_names[s] : "?";
+  return spot_fsm_name(&final_fsm, (unsigned)s);
 }
 
+#define final_set_state(d, s) final_set_state_at((d), (s), __FILE__, __LINE__)
 static bool
-final_set_state(struct spotd *d, enum final_state s)
+final_set_state_at(struct spotd *d, enum final_state s, const char *file,
+                   int line)
 {
   struct final_ckpt *f = &d->final;
+  int r = f->name[0] != '\0'
+              ? spot_fsm_move_detail(&final_fsm, f->state, s, file, line,
+                                     "name=%s", f->name)
+              : spot_fsm_move(&final_fsm, f->state, s, file, line);
 
-  if (f->state == s)
-    return true;
-  if ((final_legal[f->state] & B(s)) == 0) {
-    log_err("internal: final checkpoint %s -> %s refused",
-            final_state_name(f->state), final_state_name(s));
-    return false;
-  }
-  log_info("final checkpoint %s -> %s%s%s", final_state_name(f->state),
-           final_state_name(s), f->name[0] ? " name=" : "", f->name);
-  f->state = s;
-  return true;
+  if (r > 0)
+    f->state = s;
+  return r >= 0;
 }
 
 /* ------------------------------------------------------ upload state */
@@ -154,7 +157,7 @@ _Static_assert(SPOT_ARRAY_SIZE(upload_names) == UPLOAD_STATE_LAST,
 
 /* A followed folder becomes a complete one, never the reverse: a push of
  * a complete folder only ends. */
-static const unsigned upload_legal[UPLOAD_STATE_LAST] = {
+static const uint32_t upload_legal[UPLOAD_STATE_LAST] = {
     [UPLOAD_IDLE] = B(UPLOAD_FOLLOWING) | B(UPLOAD_PUSHING),
     [UPLOAD_FOLLOWING] =
         B(UPLOAD_CAUGHT_UP) | B(UPLOAD_PUSHING) | B(UPLOAD_IDLE),
@@ -163,30 +166,31 @@ static const unsigned upload_legal[UPLOAD_STATE_LAST] = {
     [UPLOAD_PUSHING] = B(UPLOAD_IDLE),
 };
 
+static const struct spot_fsm upload_fsm = {
+    "upload", upload_names, UPLOAD_STATE_LAST, upload_legal, 0, SPOT_LOG_DEBUG};
+
 const char *
 upload_state_name(enum upload_state s)
 {
-  return (unsigned)s < UPLOAD_STATE_LAST ? upload_names[s] : "?";
+  return spot_fsm_name(&upload_fsm, (unsigned)s);
 }
 
 /* The only way the push's state changes. Moves are logged at debug level:
  * the lines "uploading checkpoint", "committed" and "cancelled" already
  * say them at every checkpoint. */
+#define upload_set_state(d, s) upload_set_state_at((d), (s), __FILE__, __LINE__)
 static bool
-upload_set_state(struct spotd *d, enum upload_state s)
+upload_set_state_at(struct spotd *d, enum upload_state s, const char *file,
+                    int line)
 {
   struct upload *u = &d->up;
+  int r = u->name[0] != '\0'
+              ? spot_fsm_move_detail(&upload_fsm, u->state, s, file, line,
+                                     "name=%s", u->name)
+              : spot_fsm_move(&upload_fsm, u->state, s, file, line);
 
-  if (u->state == s)
-    return true;
-  if ((unsigned)s >= UPLOAD_STATE_LAST ||
-      (upload_legal[u->state] & B(s)) == 0) {
-    log_err("internal: upload %s -> %s refused", upload_state_name(u->state),
-            upload_state_name(s));
-    return false;
-  }
-  log_debug("upload %s -> %s%s%s", upload_state_name(u->state),
-            upload_state_name(s), u->name[0] ? " name=" : "", u->name);
+  if (r <= 0)
+    return r >= 0;
   /* A followed push waits for the trainer while CAUGHT_UP: not upload
    * time, left out of the rate measured (committed()). */
   if (u->wait_since != 0) {

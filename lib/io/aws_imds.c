@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "buf.h"
+#include "fsm.h"
 #include "log.h"
 #include "util.h"
 
@@ -104,14 +105,16 @@ struct spot_aws {
 
 static void imds_advance(struct spot_aws *aws);
 
+static const struct spot_fsm imds_fsm = {
+    "aws imds:", imds_state_names, IMDS_STATE_LAST, NULL, 0, SPOT_LOG_DEBUG};
+
+#define set_state(aws, s) set_state_at((aws), (s), __FILE__, __LINE__)
 static void
-set_state(struct spot_aws *aws, enum imds_state s)
+set_state_at(struct spot_aws *aws, enum imds_state s, const char *file,
+             int line)
 {
-  if (aws->state == s)
-    return;
-  log_debug("aws imds: %s -> %s", imds_state_names[aws->state],
-            imds_state_names[s]);
-  aws->state = s;
+  if (spot_fsm_move(&imds_fsm, aws->state, s, file, line) > 0)
+    aws->state = s;
 }
 
 static void set_msg(struct spot_aws *aws, const char *fmt, ...)

@@ -95,7 +95,18 @@ struct spot_child_exec {
 __attribute__((noreturn)) void spot_child_exec(char *const argv[],
                                                char *const envp[],
                                                const struct spot_child_exec *x);
-/* main() of the guard: argv[1] is SPOT_CHILD_SHIM_ARG. Never returns. */
+/* What the guard reports to spotd on fd 3 once the command runs (the
+ * wire between guard.c and child.c: one write, one read). */
+struct spot_guard_report {
+  pid_t cmd;     /* the command, as spotd sees it */
+  pid_t reaper;  /* the parent of the command: the init, or the guard */
+  int contained; /* enum spot_child_contain */
+};
+
+/* Closes every descriptor from lowfd up (close_range, else one by one). */
+void spot_child_close_from(int lowfd);
+/* main() of the guard (guard.c): argv[1] is SPOT_CHILD_SHIM_ARG. Never
+ * returns. */
 __attribute__((noreturn)) void spot_child_shim_main(int argc, char **argv);
 
 /* ---------------------------------------------------------- spot_child */

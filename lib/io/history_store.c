@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fsm.h"
 #include "log.h"
 #include "store_internal.h"
 #include "util.h"
@@ -85,14 +86,17 @@ struct spot_history {
 
 static void advance(struct spot_history *h);
 
+static const struct spot_fsm hist_fsm = {
+    "history:", hist_state_names, H_STATE_LAST, NULL, 0, SPOT_LOG_DEBUG};
+
+#define set_state(h, st) set_state_at((h), (st), __FILE__, __LINE__)
 static void
-set_state(struct spot_history *h, enum hist_state st)
+set_state_at(struct spot_history *h, enum hist_state st, const char *file,
+             int line)
 {
-  if (h->state == st)
-    return;
-  log_debug("history: owner=%s queue=%zu: %s -> %s", h->owner, h->qlen,
-            hist_state_names[h->state], hist_state_names[st]);
-  h->state = st;
+  if (spot_fsm_move_detail(&hist_fsm, h->state, st, file, line,
+                           "owner=%s queue=%zu", h->owner, h->qlen) > 0)
+    h->state = st;
 }
 
 static void
@@ -430,7 +434,7 @@ spot_history_new(uv_loop_t *loop, const struct spot_store_config *cfg,
   h->loop = loop;
   h->report = report_cb;
   h->data = data;
-  h->state = H_IDLE;
+  h->state = H_IDLE; /* initial state */
   *out = h;
   return 0;
 }
@@ -583,14 +587,17 @@ struct spot_history_read {
 
 static void read_advance(struct spot_history_read *op);
 
+static const struct spot_fsm read_fsm = {
+    "history read", read_state_names, R_STATE_LAST, NULL, 0, SPOT_LOG_DEBUG};
+
+#define read_set_state(op, st) read_set_state_at((op), (st), __FILE__, __LINE__)
 static void
-read_set_state(struct spot_history_read *op, enum read_state st)
+read_set_state_at(struct spot_history_read *op, enum read_state st,
+                  const char *file, int line)
 {
-  if (op->state == st)
-    return;
-  log_debug("history: read s3://%s/%s: %s -> %s", op->cfg.bucket, op->cfg.job,
-            read_state_names[op->state], read_state_names[st]);
-  op->state = st;
+  if (spot_fsm_move_detail(&read_fsm, op->state, st, file, line, "s3://%s/%s",
+                           op->cfg.bucket, op->cfg.job) > 0)
+    op->state = st;
 }
 
 static void
@@ -767,7 +774,7 @@ spot_history_read(uv_loop_t *loop, const struct spot_store_config *cfg,
   }
   op->cb = cb;
   op->data = data;
-  op->state = R_LIST;
+  op->state = R_LIST; /* initial state */
   r = read_list(op);
   if (r < 0) {
     spot__store_cfg_fini(&op->cfg);

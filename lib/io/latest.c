@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "buf.h"
+#include "fsm.h"
 #include "log.h"
 #include "manifest.h"
 #include "util.h"
@@ -65,20 +66,17 @@ struct spot_latest_op {
 
 static void s3_cb(const struct spot_s3_result *res, void *data);
 
-static const char *
-state_name(enum latest_state s)
-{
-  return (unsigned)s < LT_STATE_LAST ? state_names[s] : "?";
-}
+static const struct spot_fsm latest_fsm = {
+    "latest", state_names, LT_STATE_LAST, NULL, 0, SPOT_LOG_DEBUG};
 
+#define set_state(op, s) set_state_at((op), (s), __FILE__, __LINE__)
 static void
-set_state(struct spot_latest_op *op, enum latest_state s)
+set_state_at(struct spot_latest_op *op, enum latest_state s, const char *file,
+             int line)
 {
-  if (op->state == s)
-    return;
-  log_debug("latest key=%s name=%s: %s -> %s", op->latest_key, op->name,
-            state_name(op->state), state_name(s));
-  op->state = s;
+  if (spot_fsm_move_detail(&latest_fsm, op->state, s, file, line,
+                           "key=%s name=%s", op->latest_key, op->name) > 0)
+    op->state = s;
 }
 
 static void
@@ -400,7 +398,7 @@ spot_latest_update(struct spot_s3 *s3, const char *bucket, const char *root,
     op_free(op);
     return -ENOMEM;
   }
-  op->state = lease_owner != NULL ? LT_LEASE : LT_READ;
+  op->state = lease_owner != NULL ? LT_LEASE : LT_READ; /* initial state */
   r = start_get(op, op->state,
                 lease_owner != NULL ? op->lease_key : op->latest_key);
   if (r < 0) {

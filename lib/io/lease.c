@@ -31,6 +31,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fsm.h"
 #include "log.h"
 #include "util.h"
 
@@ -156,14 +157,17 @@ s3_now_ms(const struct spot_lease *l)
   return spot_now_wall_ms() - (l->skew_known ? l->skew_ms : 0);
 }
 
+static const struct spot_fsm lease_fsm = {"lease", state_names, LS_STATE_LAST,
+                                          NULL,    0,           SPOT_LOG_DEBUG};
+
+#define set_state(l, s) set_state_at((l), (s), __FILE__, __LINE__)
 static void
-set_state(struct spot_lease *l, enum lease_state s)
+set_state_at(struct spot_lease *l, enum lease_state s, const char *file,
+             int line)
 {
-  if (l->state == s)
-    return;
-  log_debug("lease key=%s owner=%s: %s -> %s", l->key, l->owner,
-            state_names[l->state], state_names[s]);
-  l->state = s;
+  if (spot_fsm_move_detail(&lease_fsm, l->state, s, file, line,
+                           "key=%s owner=%s", l->key, l->owner) > 0)
+    l->state = s;
 }
 
 const char *
@@ -1108,7 +1112,7 @@ spot_lease_new(uv_loop_t *loop, const struct spot_lease_config *cfg,
   l->wait_timeout_ms = cfg->wait_timeout_ms;
   l->lost_cb = lost_cb;
   l->lost_data = lost_data;
-  l->state = LS_IDLE;
+  l->state = LS_IDLE; /* initial state */
   spot_buf_init(&l->body, BODY_CAP);
   uv_timer_init(loop, &l->poll_timer);
   uv_timer_init(loop, &l->renew_timer);

@@ -20,6 +20,7 @@
 #include <strings.h>
 
 #include "buf.h"
+#include "fsm.h"
 #include "log.h"
 #include "util.h"
 
@@ -164,14 +165,16 @@ wall_now(const struct spot_meta *m)
   return m->cfg.wall_now != NULL ? m->cfg.wall_now() : spot_now_wall_ms();
 }
 
+static const struct spot_fsm op_fsm = {"meta", state_names, OP_STATE_LAST,
+                                       NULL,   0,           SPOT_LOG_DEBUG};
+
+#define set_state(op, s) set_state_at((op), (s), __FILE__, __LINE__)
 static void
-set_state(struct op *op, enum op_state s)
+set_state_at(struct op *op, enum op_state s, const char *file, int line)
 {
-  if (op->state == s)
-    return;
-  log_debug("meta %s: %s -> %s", op_names[op->kind], state_names[op->state],
-            state_names[s]);
-  op->state = s;
+  if (spot_fsm_move_detail(&op_fsm, op->state, s, file, line, "%s",
+                           op_names[op->kind]) > 0)
+    op->state = s;
 }
 
 static void
@@ -319,7 +322,7 @@ op_new(struct spot_meta *m, enum op_kind kind)
     return NULL;
   op->m = m;
   op->kind = kind;
-  op->state = OP_IDLE;
+  op->state = OP_IDLE; /* initial state */
   spot_buf_init(&op->body, SPOT_META_BODY_MAX);
   op->easy = curl_easy_init();
   if (op->easy == NULL || uv_timer_init(m->loop, &op->timer) != 0) {

@@ -36,6 +36,7 @@
 
 #include <openssl/evp.h>
 
+#include "fsm.h"
 #include "log.h"
 #include "s3_internal.h"
 #include "sigv4.h"
@@ -207,14 +208,18 @@ struct spot_s3_op {
   uint64_t content_length;
 };
 
+static const struct spot_fsm op_fsm = {"s3", state_names, OP_STATE_LAST,
+                                       NULL, 0,           SPOT_LOG_DEBUG};
+
+#define set_state(op, st) set_state_at((op), (st), __FILE__, __LINE__)
 static void
-set_state(struct spot_s3_op *op, enum op_state st)
+set_state_at(struct spot_s3_op *op, enum op_state st, const char *file,
+             int line)
 {
-  if (op->state == st)
-    return;
-  log_debug("s3: op=%u %s s3://%s/%s: %s -> %s", op->id, kinds[op->kind].name,
-            op->bucket, op->key, state_names[op->state], state_names[st]);
-  op->state = st;
+  if (spot_fsm_move_detail(&op_fsm, op->state, st, file, line,
+                           "op=%u %s s3://%s/%s", op->id, kinds[op->kind].name,
+                           op->bucket, op->key) > 0)
+    op->state = st;
 }
 
 /* ---- pure helpers ---------------------------------------------------- */
@@ -1488,7 +1493,7 @@ op_new(struct spot_s3 *s3, enum op_kind kind, const char *bucket,
     return -ENOMEM;
   op->s3 = s3;
   op->kind = kind;
-  op->state = OP_INIT;
+  op->state = OP_INIT; /* initial state */
   op->id = ++s3->next_id;
   op->cb = cb;
   op->cbdata = cbdata;

@@ -100,6 +100,13 @@ spot__store_key(const struct spot_store_config *cfg, const char *name,
   return spot_buf_steal(&b);
 }
 
+char *
+spot_store_key_dup(const struct spot_store_config *cfg, const char *name,
+                   const char *rel)
+{
+  return spot__store_key(cfg, name, rel);
+}
+
 /* SPOT_STORE_MIN_RATE=B/s (1..1e12): a test knob, as s3.c's
  * SPOT_S3_LOW_SPEED_TIME, so a slow-server test need not wait minutes. */
 static uint64_t
@@ -589,14 +596,6 @@ spot__store_finish(struct spot__store_op *b, struct spot_store_result *res)
     spot__store_progress(b, SPOT_STORE_PHASE_FINISH);
   b->cb(res, b->data);
   spot__store_close(b);
-}
-
-void
-spot__store_log_state(const struct spot__store_op *b, const char *from,
-                      const char *to)
-{
-  log_debug("%s name=%s state %s -> %s", b->kind->name,
-            b->name != NULL ? b->name : "?", from, to);
 }
 
 void

@@ -333,6 +333,9 @@ void spot_store_push_poke(struct spot_store_op *op);
 /* "ROOT/checkpoints/NAME/" etc. into out (capped); pure helpers. */
 int spot_store_key(const struct spot_store_config *cfg, const char *name,
                    const char *rel, struct spot_buf *out);
+/* The same, malloc'd (NULL on ENOMEM): ROOT/REL when name is NULL. */
+char *spot_store_key_dup(const struct spot_store_config *cfg, const char *name,
+                         const char *rel);
 
 const char *spot_store_phase_name(enum spot_store_phase p);
 

@@ -54,6 +54,7 @@
 #include <sys/stat.h>
 
 #include "crc32c.h"
+#include "fsm.h"
 #include "log.h"
 #include "store_push.h"
 #include "util.h"
@@ -168,13 +169,18 @@ struct follow {
 static void timer_cb(uv_timer_t *t);
 static int check_start(struct follow *fo);
 
+static const struct spot_fsm follow_fsm = {
+    "push follow", follow_state_names, FOLLOW_STATE_LAST, NULL, 0,
+    SPOT_LOG_DEBUG};
+
+#define set_state(fo, s) set_state_at((fo), (s), __FILE__, __LINE__)
 static void
-set_state(struct follow *fo, enum follow_state s)
+set_state_at(struct follow *fo, enum follow_state s, const char *file, int line)
 {
-  log_debug("push name=%s follow %s -> %s", fo->op->b.name,
-            follow_state_names[fo->state], follow_state_names[s]);
-  fo->state = s;
-  fo->op->b.marker_pending = s == FOLLOW_WATCH;
+  if (spot_fsm_move_detail(&follow_fsm, fo->state, s, file, line, "name=%s",
+                           fo->op->b.name) > 0)
+    fo->state = s;
+  fo->op->b.marker_pending = fo->state == FOLLOW_WATCH;
 }
 
 /* ----------------------------------------------------------- the scan */

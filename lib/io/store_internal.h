@@ -188,9 +188,6 @@ int spot__store_queue(struct spot__store_op *b, uv_work_cb fn);
  * elapsed), reports FINISH progress on success, runs b->cb, closes. The
  * caller fills the rest of res first. */
 void spot__store_finish(struct spot__store_op *b, struct spot_store_result *r);
-/* Logs "KIND name=N state A -> B" at debug. */
-void spot__store_log_state(const struct spot__store_op *b, const char *from,
-                           const char *to);
 
 /* A compressing or decompressing thread's context: a codec and one raw
  * part buffer, lent to one pool job at a time. */

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsm.h"
 #include "log.h"
 #include "manifest.h"
 #include "store_internal.h"
@@ -56,12 +57,17 @@ struct list_op {
 
 static void advance(struct list_op *op);
 
+static const struct spot_fsm list_fsm = {
+    "list", list_state_names, SPOT_ARRAY_SIZE(list_state_names), NULL,
+    0,      SPOT_LOG_DEBUG};
+
+#define set_state(op, s) set_state_at((op), (s), __FILE__, __LINE__)
 static void
-set_state(struct list_op *op, enum list_state s)
+set_state_at(struct list_op *op, enum list_state s, const char *file, int line)
 {
-  spot__store_log_state(&op->b, list_state_names[op->state],
-                        list_state_names[s]);
-  op->state = s;
+  if (spot_fsm_move_detail(&list_fsm, op->state, s, file, line, "name=%s",
+                           op->b.name != NULL ? op->b.name : "?") > 0)
+    op->state = s;
 }
 
 static void

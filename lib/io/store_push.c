@@ -28,6 +28,7 @@
 #include <sys/stat.h>
 
 #include "codec.h"
+#include "fsm.h"
 #include "log.h"
 #include "store_push.h"
 #include "util.h"
@@ -36,18 +37,24 @@ static const char *const push_state_names[] = {
     "walk",   "check",        "resume", "transfer", "verify", "ranks",
     "commit", "commit-check", "latest", "retain",   "abort",  "done",
 };
+_Static_assert(SPOT_ARRAY_SIZE(push_state_names) == PUSH_STATE_LAST,
+               "push_state_names");
 
 #define WALK_FILES_MAX SPOT_MANIFEST_FILES_MAX
 #define WALK_DEPTH_MAX 64
 
 #define fail_msg(op, ...) spot__store_fail_msg(&(op)->b, __VA_ARGS__)
 
+static const struct spot_fsm push_fsm = {
+    "push", push_state_names, PUSH_STATE_LAST, NULL, 0, SPOT_LOG_DEBUG};
+
 void
-spot__push_set_state(struct push_op *op, enum push_state s)
+spot__push_set_state_at(struct push_op *op, enum push_state s, const char *file,
+                        int line)
 {
-  spot__store_log_state(&op->b, push_state_names[op->state],
-                        push_state_names[s]);
-  op->state = s;
+  if (spot_fsm_move_detail(&push_fsm, op->state, s, file, line, "name=%s",
+                           op->b.name != NULL ? op->b.name : "?") > 0)
+    op->state = s;
 }
 
 /* ---------------------------------------------------------------- walk */

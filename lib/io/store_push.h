@@ -233,7 +233,11 @@ int spot__push_pfile_init(struct pfile *f, const char *rel, const char *abs,
 void spot__push_pfile_fini(struct pfile *f);
 /* Whether a sample is text: such a file is stored unfiltered. */
 bool spot__push_looks_like_text(const unsigned char *p, size_t n);
-void spot__push_set_state(struct push_op *op, enum push_state s);
+/* The push's and a file's state: only these change them (fsm.h). */
+void spot__push_set_state_at(struct push_op *op, enum push_state s,
+                             const char *file, int line);
+#define spot__push_set_state(op, s)                                            \
+  spot__push_set_state_at((op), (s), __FILE__, __LINE__)
 /* The commit: PUT op->manifest_json as MANIFEST.json, If-None-Match. */
 void spot__push_commit(struct push_op *op);
 /* GETs key (malloc'd, freed here) into op->body; true when started. */
@@ -256,8 +260,11 @@ int64_t spot__push_step(const struct push_op *op);
 int spot__push_add_to_manifest(struct push_op *op, struct pfile *f);
 void spot__push_xfer_start(struct push_op *op);
 void spot__push_pump(struct push_op *op);
-void spot__push_file_set_state(struct push_op *op, struct pfile *f,
-                               enum file_state s);
+void spot__push_file_set_state_at(struct push_op *op, struct pfile *f,
+                                  enum file_state s, const char *file,
+                                  int line);
+#define spot__push_file_set_state(op, f, s)                                    \
+  spot__push_file_set_state_at((op), (f), (s), __FILE__, __LINE__)
 void spot__push_xfer_cancel(struct push_op *op);
 bool spot__push_files_done(const struct push_op *op);
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "fsm.h"
 #include "log.h"
 #include "store_push.h"
 #include "util.h"
@@ -20,14 +21,19 @@
 static const char *const file_state_names[] = {
     "wait", "creating", "open", "completing", "done", "aborting",
 };
+_Static_assert(SPOT_ARRAY_SIZE(file_state_names) == FILE_STATE_LAST,
+               "file_state_names");
+
+static const struct spot_fsm file_fsm = {
+    "push file", file_state_names, FILE_STATE_LAST, NULL, 0, SPOT_LOG_DEBUG};
 
 void
-spot__push_file_set_state(struct push_op *op, struct pfile *f,
-                          enum file_state s)
+spot__push_file_set_state_at(struct push_op *op, struct pfile *f,
+                             enum file_state s, const char *file, int line)
 {
-  log_debug("push name=%s file=%s state %s -> %s", op->b.name, f->rel,
-            file_state_names[f->state], file_state_names[s]);
-  f->state = s;
+  if (spot_fsm_move_detail(&file_fsm, f->state, s, file, line,
+                           "name=%s file=%s", op->b.name, f->rel) > 0)
+    f->state = s;
 }
 
 bool

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsm.h"
 #include "log.h"
 #include "store_push.h"
 #include "util.h"
@@ -31,15 +32,21 @@ static const char *const ranks_state_names[] = {
     "idle", "marker", "marker-check", "wait",      "sleep",
     "read", "merged", "commit-wait",  "committed", "failed",
 };
+_Static_assert(SPOT_ARRAY_SIZE(ranks_state_names) == RANKS_STATE_LAST,
+               "ranks_state_names");
 
 static void step(struct push_op *op);
 
+static const struct spot_fsm ranks_fsm = {
+    "push ranks", ranks_state_names, RANKS_STATE_LAST, NULL, 0, SPOT_LOG_DEBUG};
+
+#define set_state(op, s) set_state_at((op), (s), __FILE__, __LINE__)
 static void
-set_state(struct push_op *op, enum ranks_state s)
+set_state_at(struct push_op *op, enum ranks_state s, const char *file, int line)
 {
-  log_debug("push name=%s ranks %s -> %s", op->b.name,
-            ranks_state_names[op->ranks.state], ranks_state_names[s]);
-  op->ranks.state = s;
+  if (spot_fsm_move_detail(&ranks_fsm, op->ranks.state, s, file, line,
+                           "name=%s", op->b.name) > 0)
+    op->ranks.state = s;
 }
 
 /* Failed (op->b.err set) or cancelled: the push reports it. */

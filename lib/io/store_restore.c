@@ -40,6 +40,7 @@
 #include <zstd.h>
 
 #include "codec.h"
+#include "fsm.h"
 #include "log.h"
 #include "manifest.h"
 #include "store_internal.h"
@@ -111,12 +112,18 @@ struct restore_op {
 static void advance(struct restore_op *op);
 static void pump(struct restore_op *op);
 
+static const struct spot_fsm restore_fsm = {
+    "restore", restore_state_names, SPOT_ARRAY_SIZE(restore_state_names), NULL,
+    0,         SPOT_LOG_DEBUG};
+
+#define set_state(op, s) set_state_at((op), (s), __FILE__, __LINE__)
 static void
-set_state(struct restore_op *op, enum restore_state s)
+set_state_at(struct restore_op *op, enum restore_state s, const char *file,
+             int line)
 {
-  spot__store_log_state(&op->b, restore_state_names[op->state],
-                        restore_state_names[s]);
-  op->state = s;
+  if (spot_fsm_move_detail(&restore_fsm, op->state, s, file, line, "name=%s",
+                           op->b.name != NULL ? op->b.name : "?") > 0)
+    op->state = s;
 }
 
 #define fail_msg(op, ...) spot__store_fail_msg(&(op)->b, __VA_ARGS__)
@@ -1652,10 +1659,10 @@ spot_store_restore(uv_loop_t *loop, const struct spot_store_config *cfg,
     return -ENOMEM;
   }
   if (name != NULL) {
-    op->state = R_MANIFEST;
+    op->state = R_MANIFEST; /* initial state */
     r = get_object(op, name, SPOT_MANIFEST_NAME, SPOT__STORE_MANIFEST_CAP);
   } else {
-    op->state = R_LATEST;
+    op->state = R_LATEST; /* initial state */
     r = get_object(op, NULL, "LATEST", SPOT__STORE_LATEST_CAP);
   }
   if (r < 0) {

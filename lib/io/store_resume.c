@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsm.h"
 #include "log.h"
 #include "store_push.h"
 #include "util.h"
@@ -25,15 +26,23 @@ static const char *const resume_state_names[] = {
     "orphans-abort",
     "done",
 };
+_Static_assert(SPOT_ARRAY_SIZE(resume_state_names) == RESUME_STATE_LAST,
+               "resume_state_names");
 
 static void step(struct push_op *op);
 
+static const struct spot_fsm resume_fsm = {
+    "push resume", resume_state_names, RESUME_STATE_LAST, NULL, 0,
+    SPOT_LOG_DEBUG};
+
+#define set_state(op, s) set_state_at((op), (s), __FILE__, __LINE__)
 static void
-set_state(struct push_op *op, enum resume_state s)
+set_state_at(struct push_op *op, enum resume_state s, const char *file,
+             int line)
 {
-  log_debug("push name=%s resume %s -> %s", op->b.name,
-            resume_state_names[op->resume.state], resume_state_names[s]);
-  op->resume.state = s;
+  if (spot_fsm_move_detail(&resume_fsm, op->resume.state, s, file, line,
+                           "name=%s", op->b.name) > 0)
+    op->resume.state = s;
 }
 
 int

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsm.h"
 #include "log.h"
 #include "store_push.h"
 #include "util.h"
@@ -26,15 +27,23 @@ static const char *const retain_state_names[] = {
     "list",     "read",         "del-manifest",  "del-list",
     "del-page", "uploads-list", "uploads-abort", "done",
 };
+_Static_assert(SPOT_ARRAY_SIZE(retain_state_names) == RETAIN_STATE_LAST,
+               "retain_state_names");
 
 static void step(struct push_op *op);
 
+static const struct spot_fsm retain_fsm = {
+    "push retain", retain_state_names, RETAIN_STATE_LAST, NULL, 0,
+    SPOT_LOG_DEBUG};
+
+#define set_state(op, s) set_state_at((op), (s), __FILE__, __LINE__)
 static void
-set_state(struct push_op *op, enum retain_state s)
+set_state_at(struct push_op *op, enum retain_state s, const char *file,
+             int line)
 {
-  log_debug("push name=%s retain %s -> %s", op->b.name,
-            retain_state_names[op->retain.state], retain_state_names[s]);
-  op->retain.state = s;
+  if (spot_fsm_move_detail(&retain_fsm, op->retain.state, s, file, line,
+                           "name=%s", op->b.name) > 0)
+    op->retain.state = s;
 }
 
 static void

@@ -69,7 +69,7 @@ def twice(c, wd):
                                "--step-sleep", 0.05])
         c.check(d.wait_event("step", 20) is not None, tag + "the trainer runs")
         d.send(signal.SIGTERM)
-        up = d.wait_log(r"MPU-PART .*init -> sending", 30)
+        up = d.wait_log(r"s3 init -> sending op=\d+ MPU-PART ", 30)
         c.check(up is not None, tag + "the final checkpoint is uploading")
         t2 = time.time()
         d.send(signal.SIGTERM)

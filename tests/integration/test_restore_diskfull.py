@@ -139,8 +139,8 @@ def main():
         c.check(m is not None and int(m.group(1)) >= BIG and
                 int(m.group(2)) < int(m.group(1)),
                 "precheck: needed >= the checkpoint's size > free", line)
-        c.check(not d.err.matching(r"restore name=step-000020 state "
-                                   r"prepare -> transfer"),
+        c.check(not d.err.matching(r"restore prepare -> transfer "
+                                   r"name=step-000020 "),
                 "precheck: the restore never reached its transfers")
         c.check(restored(ckpt) == [],
                 "precheck: nothing left in the checkpoint folder",

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Static checks, one per invocation:
-#   banned | layers | cppcheck | clang-tidy | format | programs
+#   banned | layers | fsm | cppcheck | clang-tidy | format | programs
 # Usage: lint.sh CHECK SRCDIR BUILDDIR
 set -uo pipefail
 check=$1 src=$2 build=$3
@@ -67,6 +67,18 @@ layers)
     echo "emulate/ must not include client/ headers"
     exit 1
   fi
+  # A folder's internals stay in it: X_internal.h is included only by
+  # the files next to it (and by the tests, which may reach into them).
+  rc=0
+  while IFS= read -r h; do
+    dir=$(dirname "$h") base=$(basename "$h")
+    while IFS= read -r f; do
+      case "$f" in "$dir"/* | tests/*) continue ;; esac
+      echo "$f includes $h (internal to $dir/)"
+      rc=1
+    done < <(git grep -lF "#include \"$base\"" -- '*.c' '*.h' 2>/dev/null)
+  done < <(git ls-files '*_internal.h')
+  [ $rc -eq 0 ] || exit 1
   ;;
 cppcheck)
   cppcheck --enable=warning,performance,portability --error-exitcode=1 -q \
@@ -95,6 +107,10 @@ format)
     fi
   done
   exit $rc
+  ;;
+fsm)
+  # Every state machine goes through lib/core/fsm.h (tests/lint/fsm.py).
+  exec /usr/bin/python3 tests/lint/fsm.py "$src"
   ;;
 programs)
   # Every program a test, tool or benchmark runs comes from an essential

@@ -560,7 +560,7 @@ test_seq_second_sigterm(void **state)
       } else {
         walk_to(d, (enum spotd_state)s);
         if (s == SPOTD_RESTARTING)
-          d->crash.step = CRASH_BACKOFF;
+          d->crash.state = CRASH_BACKOFF;
       }
       if (noticed) {
         d->have_notice = true;
@@ -585,7 +585,7 @@ test_seq_second_sigterm(void **state)
       }
       if (s == SPOTD_RESTARTING) {
         assert_true(d->crash.interrupted);
-        assert_int_equal(d->crash.step, CRASH_NONE);
+        assert_int_equal(d->crash.state, CRASH_NONE);
       }
 
       spotd_on_signal(d, SIGTERM);

@@ -345,7 +345,7 @@ struct look {
  * new request needs no reset and the table has no cap but the tree's. */
 struct req_proc {
   pid_t pid;
-  int sent_state; /* enum spot_proc_sig when it got the signal */
+  int sent_sig; /* enum spot_proc_sig when it got the signal */
   uint64_t start;
   uint64_t since_ms; /* seen catching without a break since (catching) */
   uint64_t sent_seq; /* the request it got the signal for; 0 none */
@@ -410,14 +410,14 @@ look_one(struct spotd *d, const struct spot_proc *p, struct req_proc *e,
     return; /* maybe a child between fork and exec: next scan */
   }
   /* once per request; again to one that ignored it and now catches it */
-  if (!send || (e->sent_seq == q->seq && e->sent_state >= st) ||
+  if (!send || (e->sent_seq == q->seq && e->sent_sig >= st) ||
       spot_proc_kill(p, d->cfg->signal) < 0)
     return;
   lk->sent++;
   log_debug("checkpoint signal sent to pid=%d (%s)", (int)p->pid,
             st == SPOT_PROC_SIG_CAUGHT ? "catches it" : "ignores it");
   e->sent_seq = q->seq;
-  e->sent_state = st;
+  e->sent_sig = st;
 }
 
 static int

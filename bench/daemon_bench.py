@@ -536,7 +536,7 @@ class Bench:
             t_req = err.wait(r"checkpoint requested \(", 0)[0]
             t_done = err.wait(r"checkpoint \S+ is complete", 0)[0]
             m = re.search(r"raw=(\d+) stored=(\d+) ratio=([\d.]+) in ([\d.]+) s "
-                          r"\((\d+) retries\)", cline)
+                          r"\((\d+) retries[;)]", cline)
             evs = [json.loads(l) for l in open(events)]
             saved = [e for e in evs if e["ev"] == "saved"]
             sig = [e for e in evs if e["ev"] == "signal"]

@@ -153,6 +153,26 @@ spotd_ms_left(const struct spotd *d)
   return d->deadline_mono > now ? d->deadline_mono - now : 0;
 }
 
+uint64_t
+spotd_final_ms_left(const struct spotd *d)
+{
+  uint64_t left = spotd_ms_left(d);
+
+  if (left == UINT64_MAX)
+    return left;
+  return left > DEADLINE_MARGIN_MS * 2 ? left - DEADLINE_MARGIN_MS * 2 : 0;
+}
+
+int64_t
+spotd_final_deadline_wall(const struct spotd *d)
+{
+  if (d->deadline_mono == 0 || d->deadline_wall <= 0)
+    return 0;
+  return d->deadline_wall > DEADLINE_MARGIN_MS * 2
+             ? d->deadline_wall - DEADLINE_MARGIN_MS * 2
+             : 1;
+}
+
 void
 spotd_fail(struct spotd *d, int exit_code)
 {
@@ -273,12 +293,9 @@ start_drain(struct spotd *d, const char *reason, uint64_t deadline_mono,
   if (!spotd_set_state(d, SPOTD_DRAINING))
     return;
   final_begin(d, reason);
-  left = spotd_ms_left(d);
-  if (left != UINT64_MAX) {
-    uint64_t at =
-        left > DEADLINE_MARGIN_MS * 2 ? left - DEADLINE_MARGIN_MS * 2 : 0;
-    uv_timer_start(&d->deadline_timer, deadline_cb, at, 0);
-  }
+  left = spotd_final_ms_left(d);
+  if (left != UINT64_MAX)
+    uv_timer_start(&d->deadline_timer, deadline_cb, left, 0);
   spotd_advance(d);
 }
 

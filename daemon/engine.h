@@ -64,6 +64,11 @@ void spotd_job_notice(struct spotd *d, const struct spot_notice *n);
 void spotd_close(struct spotd *d);
 /* Milliseconds to the drain's deadline (UINT64_MAX: none). */
 uint64_t spotd_ms_left(const struct spotd *d);
+/* Milliseconds until the drain gives the final checkpoint up: the
+ * deadline less a margin for stopping the trainer (UINT64_MAX: none). */
+uint64_t spotd_final_ms_left(const struct spotd *d);
+/* The same instant on the wall clock, in unix ms (0: no deadline). */
+int64_t spotd_final_deadline_wall(const struct spotd *d);
 
 /* sd_notify when NOTIFY_SOCKET is set */
 void spotd_notify(struct spotd *d, const char *fmt, ...)

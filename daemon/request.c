@@ -13,7 +13,9 @@
  *    made before a process could look is still there when it does. The
  *    helper counts its imports in `attached` and marks `polls` at its
  *    first poll: spotd reads polls as "the trainer has made a step since
- *    it started". The helper maps the file (never reading through the
+ *    it started". With each request spotd also writes `deadline`: when
+ *    the checkpoint must be complete (request_set_deadline(); 0 none).
+ *    The helper maps the file (never reading through the
  *    mapping) at its first poll, so a process that imports it for other
  *    things and takes the signal itself still gets the signal.
  *
@@ -166,7 +168,8 @@ store_header(int fd)
 }
 
 /* Puts the file back as spotd wrote it when someone else changed its
- * size, header, seq or served (the trainer's slots are theirs); warns
+ * size, header, seq, served or deadline (the trainer's slots are
+ * theirs); warns
  * once. */
 static void
 repair(struct spotd *d)
@@ -185,7 +188,8 @@ repair(struct spotd *d)
   if (st.st_size == SPOT_REQ_FILE_SIZE &&
       pread(q->fd, h, sizeof(h), 0) == (ssize_t)sizeof(h) &&
       memcmp(h, want, 12) == 0 &&
-      memcmp(h + SPOT_REQ_OFF_SEQ, want + SPOT_REQ_OFF_SEQ, 16) == 0)
+      memcmp(h + SPOT_REQ_OFF_SEQ, want + SPOT_REQ_OFF_SEQ, 16) == 0 &&
+      slot_load(d, SPOT_REQ_OFF_DEADLINE) == (uint64_t)q->deadline_ms)
     return;
   if (!q->tampered)
     spotd_warn(d,
@@ -198,6 +202,7 @@ repair(struct spotd *d)
     log_debug("restoring the request file's size: %s", strerror(errno));
   (void)store_header(q->fd);
   store_counters(d);
+  (void)slot_store(d, SPOT_REQ_OFF_DEADLINE, (uint64_t)q->deadline_ms);
 }
 
 /* Whether the path still names spotd's file (not one renamed over it). */
@@ -283,6 +288,9 @@ request_fini(struct spotd *d)
 {
   struct ckpt_req *q = &d->req;
 
+  free(q->procs); /* kept by the scans, with or without the file */
+  q->procs = NULL;
+  q->nprocs = 0;
   if (q->map == NULL)
     return;
   munmap(q->map, SPOT_REQ_FILE_SIZE);
@@ -298,8 +306,9 @@ void
 request_trainer_starts(struct spotd *d)
 {
   d->req.seq = 0;
-  d->req.nseen = 0;
+  d->req.nprocs = 0; /* another tree */
   store_counters(d);
+  (void)slot_store(d, SPOT_REQ_OFF_DEADLINE, (uint64_t)d->req.deadline_ms);
   (void)slot_store(d, SPOT_REQ_OFF_POLLS, 0);
   (void)slot_store(d, SPOT_REQ_OFF_ATTACHED, 0);
 }
@@ -314,31 +323,6 @@ const char *
 request_file_id(const struct spotd *d)
 {
   return d->req.map != NULL ? d->req.env_id : NULL;
-}
-
-/* Whether p already got the signal for this request in the state it is
- * in now (one that ignored it then and catches it now gets it again). */
-static bool
-was_sent(const struct ckpt_req *q, const struct spot_proc *p, int state)
-{
-  for (size_t i = 0; i < q->nsent; i++)
-    if (q->sent[i].p.pid == p->pid && q->sent[i].p.start == p->start)
-      return q->sent[i].state >= state;
-  return false;
-}
-
-static void
-note_sent(struct ckpt_req *q, const struct spot_proc *p, int state)
-{
-  for (size_t i = 0; i < q->nsent; i++)
-    if (q->sent[i].p.pid == p->pid && q->sent[i].p.start == p->start) {
-      q->sent[i].state = state;
-      return;
-    }
-  if (q->nsent < SPOT_ARRAY_SIZE(q->sent)) {
-    q->sent[q->nsent].p = *p;
-    q->sent[q->nsent++].state = state;
-  }
 }
 
 /* The processes of the trainer's tree and the request: those the helper
@@ -356,74 +340,125 @@ struct look {
   unsigned unsteady; /* catchers not seen catching for REQ_STEADY_MS */
 };
 
-/* Since when p has been seen catching the signal: its entry of the last
- * scan, or now. */
-static uint64_t
-seen_since(const struct ckpt_req *q, const struct spot_proc *p, uint64_t now)
+/* What spotd remembers of a process between scans, keyed by pid and
+ * start time; the request it got the signal for is its generation, so a
+ * new request needs no reset and the table has no cap but the tree's. */
+struct req_proc {
+  pid_t pid;
+  int sent_sig; /* enum spot_proc_sig when it got the signal */
+  uint64_t start;
+  uint64_t since_ms; /* seen catching without a break since (catching) */
+  uint64_t sent_seq; /* the request it got the signal for; 0 none */
+  bool catching;
+};
+
+static int
+proc_cmp(const void *a, const void *b)
 {
-  for (size_t i = 0; i < q->nseen; i++)
-    if (q->seen[i].pid == p->pid && q->seen[i].start == p->start)
-      return q->seen[i].since_ms;
-  return now;
+  pid_t x = ((const struct req_proc *)a)->pid;
+  pid_t y = ((const struct req_proc *)b)->pid;
+
+  return (x > y) - (x < y);
+}
+
+/* p's entry of the last scan (sorted by pid), or NULL. */
+static const struct req_proc *
+proc_find(const struct ckpt_req *q, const struct spot_proc *p)
+{
+  struct req_proc key;
+  const struct req_proc *e;
+
+  if (q->nprocs == 0)
+    return NULL;
+  memset(&key, 0, sizeof(key));
+  key.pid = p->pid;
+  e = bsearch(&key, q->procs, q->nprocs, sizeof(key), proc_cmp);
+  return e != NULL && e->start == p->start ? e : NULL;
+}
+
+/* One process of the scan: counts it in lk and signals it when due; e is
+ * its entry, carried over from the last scan. */
+static void
+look_one(struct spotd *d, const struct spot_proc *p, struct req_proc *e,
+         bool send, bool count_served, uint64_t now, struct look *lk)
+{
+  struct ckpt_req *q = &d->req;
+  int st = spot_proc_sigstate(p, d->cfg->signal);
+  bool takes = st == SPOT_PROC_SIG_CAUGHT || st == SPOT_PROC_SIG_IGNORED;
+
+  if (st == SPOT_PROC_SIG_CAUGHT) {
+    if (!e->catching)
+      e->since_ms = now;
+    e->catching = true;
+  } else {
+    e->catching = false;
+  }
+  if ((takes || count_served) && q->map != NULL &&
+      spot_proc_maps_id(p, q->map_id) == 1) {
+    lk->served++;
+    return;
+  }
+  if (!takes || (d->cfg->signal_target == SPOT_CONFIG_TARGET_LEADER &&
+                 !spot_child_is_leader(&d->trainer, p)))
+    return;
+  if (st == SPOT_PROC_SIG_CAUGHT)
+    lk->caught++;
+  else
+    lk->ignored++;
+  if (st == SPOT_PROC_SIG_CAUGHT && now - e->since_ms < REQ_STEADY_MS) {
+    lk->unsteady++;
+    return; /* maybe a child between fork and exec: next scan */
+  }
+  /* once per request; again to one that ignored it and now catches it */
+  if (!send || (e->sent_seq == q->seq && e->sent_sig >= st) ||
+      spot_proc_kill(p, d->cfg->signal) < 0)
+    return;
+  lk->sent++;
+  log_debug("checkpoint signal sent to pid=%d (%s)", (int)p->pid,
+            st == SPOT_PROC_SIG_CAUGHT ? "catches it" : "ignores it");
+  e->sent_seq = q->seq;
+  e->sent_sig = st;
 }
 
 static int
 tree_look(struct spotd *d, bool send, bool count_served, struct look *lk)
 {
   struct ckpt_req *q = &d->req;
-  struct req_seen next[SPOT_ARRAY_SIZE(q->seen)];
+  struct req_proc *next;
   size_t nnext = 0;
   uint64_t now = spot_now_mono_ms();
   struct spot_proc *v;
   size_t n;
-  int sig = d->cfg->signal, r;
+  int r;
 
   memset(lk, 0, sizeof(*lk));
   r = spot_child_tree(&d->trainer, &v, &n);
   if (r < 0)
     return r;
+  next = calloc(n > 0 ? n : 1, sizeof(*next));
+  if (next == NULL) {
+    free(v);
+    return -ENOMEM; /* nothing sent: the next tick looks again */
+  }
   for (size_t i = 0; i < n; i++) {
-    const struct spot_proc *p = &v[i];
-    int st = spot_proc_sigstate(p, sig);
-    bool takes = st == SPOT_PROC_SIG_CAUGHT || st == SPOT_PROC_SIG_IGNORED;
-    bool steady = true;
+    const struct req_proc *old = proc_find(q, &v[i]);
+    struct req_proc e;
 
-    if (st == SPOT_PROC_SIG_CAUGHT) {
-      uint64_t since = seen_since(q, p, now);
-
-      steady = now - since >= REQ_STEADY_MS;
-      if (nnext < SPOT_ARRAY_SIZE(next))
-        next[nnext++] = (struct req_seen){p->pid, p->start, since};
-      else
-        steady = false; /* not followed: never signalled */
-    }
-
-    if ((takes || count_served) && q->map != NULL &&
-        spot_proc_maps_id(p, q->map_id) == 1) {
-      lk->served++;
-      continue;
-    }
-    if (!takes || (d->cfg->signal_target == SPOT_CONFIG_TARGET_LEADER &&
-                   !spot_child_is_leader(&d->trainer, p)))
-      continue;
-    if (st == SPOT_PROC_SIG_CAUGHT)
-      lk->caught++;
-    else
-      lk->ignored++;
-    if (!steady) {
-      lk->unsteady++;
-      continue; /* maybe a child between fork and exec: next scan */
-    }
-    if (!send || was_sent(q, p, st) || spot_proc_kill(p, sig) < 0)
-      continue;
-    lk->sent++;
-    log_debug("checkpoint signal sent to pid=%d (%s)", (int)p->pid,
-              st == SPOT_PROC_SIG_CAUGHT ? "catches it" : "ignores it");
-    note_sent(q, p, st);
+    memset(&e, 0, sizeof(e));
+    if (old != NULL)
+      e = *old;
+    e.pid = v[i].pid;
+    e.start = v[i].start;
+    look_one(d, &v[i], &e, send, count_served, now, lk);
+    /* kept while it catches (its steadiness) or got this request */
+    if (e.catching || (e.sent_seq != 0 && e.sent_seq == q->seq))
+      next[nnext++] = e;
   }
   free(v);
-  memcpy(q->seen, next, nnext * sizeof(next[0]));
-  q->nseen = nnext;
+  qsort(next, nnext, sizeof(*next), proc_cmp);
+  free(q->procs);
+  q->procs = next;
+  q->nprocs = nnext;
   return 0;
 }
 
@@ -451,8 +486,8 @@ request_begin(struct spotd *d, unsigned *helpers, unsigned *caught,
 
   repair(d); /* as it was left: anything else was written by another */
   q->seq++;
-  q->nsent = 0;
   req_set_state(d, REQ_PENDING);
+  (void)slot_store(d, SPOT_REQ_OFF_DEADLINE, (uint64_t)q->deadline_ms);
   store_counters(d);
   if (q->map != NULL && !path_is_ours(q))
     spotd_warn(d,
@@ -472,6 +507,13 @@ request_begin(struct spotd *d, unsigned *helpers, unsigned *caught,
              lk.unsteady == 1 ? "it" : "they", lk.unsteady == 1 ? "es" : "");
   if (q->resend.loop != NULL)
     uv_timer_start(&q->resend, resend_cb, REQ_RESEND_MS, REQ_RESEND_MS);
+}
+
+void
+request_set_deadline(struct spotd *d, int64_t wall_ms)
+{
+  d->req.deadline_ms = wall_ms > 0 ? wall_ms : 0;
+  (void)slot_store(d, SPOT_REQ_OFF_DEADLINE, (uint64_t)d->req.deadline_ms);
 }
 
 void

@@ -12,6 +12,7 @@
 #include "reqfile.h"
 
 struct spotd;
+struct req_proc;
 
 /* The checkpoint request as the trainer sees it (request.c). */
 enum req_state {
@@ -30,20 +31,13 @@ struct ckpt_req {
   bool tampered;   /* told once: someone else wrote into the file */
   uint64_t seq;
   uv_timer_t resend; /* while pending: processes that start catching */
-  struct {
-    struct spot_proc p;
-    int state; /* enum spot_proc_sig when it got it */
-  } sent[256]; /* got the signal for seq */
-  size_t nsent;
-  /* Processes seen catching the signal on the last scan, and since when
-   * (spot_now_mono_ms) they have been seen catching it without a break:
-   * only one steady for REQ_STEADY_MS gets it (request.c). */
-  struct req_seen {
-    pid_t pid;
-    uint64_t start;
-    uint64_t since_ms;
-  } seen[256];
-  size_t nseen;
+  /* The processes of the trainer's tree that catch or ignore the signal,
+   * or got it for the request pending, as of the last scan, sorted by
+   * pid (request.c): one entry per process, as many as the tree holds. */
+  struct req_proc *procs;
+  size_t nprocs;
+  /* the DEADLINE slot: unix ms, 0 none (reqfile.h) */
+  int64_t deadline_ms;
 };
 
 /* request.c: the request file and the checkpoint signal */
@@ -63,6 +57,9 @@ const char *request_file_id(const struct spotd *d);
  * how many catch the signal; *sent: how many got it. */
 void request_begin(struct spotd *d, unsigned *helpers, unsigned *caught,
                    unsigned *sent);
+/* The time by which the trainer's checkpoint must be complete (unix ms,
+ * 0 none): in the file now, and with every later request. */
+void request_set_deadline(struct spotd *d, int64_t wall_ms);
 /* The request is over (served, dropped): back to REQ_IDLE. */
 void request_end(struct spotd *d);
 /* A request was made and is not over yet (REQ_PENDING). */

@@ -19,6 +19,7 @@
  * folder is complete) -> COMMITTED, or -> ABANDONED from either (the
  * trainer exited without it, the upload failed, the deadline or the
  * checkpoint timeout passed): then the last commit stays. */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -188,9 +189,18 @@ upload_set_state_at(struct spotd *d, enum upload_state s, const char *file,
                                      "name=%s", u->name)
               : spot_fsm_move(&upload_fsm, u->state, s, file, line);
 
-  if (r > 0)
-    u->state = s;
-  return r >= 0;
+  if (r <= 0)
+    return r >= 0;
+  /* A followed push waits for the trainer while CAUGHT_UP: not upload
+   * time, left out of the rate measured (committed()). */
+  if (u->wait_since != 0) {
+    u->wait_ms += spot_now_mono_ms() - u->wait_since;
+    u->wait_since = 0;
+  }
+  if (s == UPLOAD_CAUGHT_UP)
+    u->wait_since = spot_now_mono_ms();
+  u->state = s;
+  return true;
 }
 
 /* Whether the push running follows a folder not noted complete yet. */
@@ -316,6 +326,132 @@ final_resumed_is_final(struct spotd *d)
   return true;
 }
 
+/* The upload time spotd keeps for the final checkpoint: its last
+ * upload's bytes at that upload's rate, in ms; 0 when none was measured
+ * (no checkpoint committed since spotd started). */
+static uint64_t
+upload_estimate_ms(const struct spotd *d)
+{
+  if (d->up.last_bps <= 0)
+    return 0;
+  return (uint64_t)((double)d->up.last_raw / d->up.last_bps * 1000.0);
+}
+
+/* The DEADLINE the request carries to the trainer (reqfile.h): when its
+ * checkpoint must be complete for spotd to upload it before it gives the
+ * final checkpoint up; 0 when the drain has no deadline. */
+static void
+final_trainer_deadline(struct spotd *d)
+{
+  int64_t end = spotd_final_deadline_wall(d), at;
+  uint64_t upload = upload_estimate_ms(d);
+  char when[32];
+
+  if (end <= 0) {
+    request_set_deadline(d, 0);
+    return;
+  }
+  at = end - (int64_t)upload;
+  if (at <= 0)
+    at = 1;
+  request_set_deadline(d, at);
+  spot_rfc3339_format(at, when, sizeof(when));
+  log_info("the trainer's deadline: its checkpoint complete by %s (in %.1f "
+           "s): the deadline less %.1f s to stop the trainer and %.1f s for "
+           "the upload%s",
+           when, (double)(at - spot_now_wall_ms()) / 1000.0,
+           (double)(spotd_ms_left(d) - spotd_final_ms_left(d)) / 1000.0,
+           (double)upload / 1000.0,
+           upload > 0 ? " (the last one's bytes at its rate)"
+                      : " (no upload rate measured yet)");
+}
+
+/* What the push of folder dir reads, as the store's walk does: regular
+ * files (through symlinks), in every subfolder, but the marker. */
+static void
+folder_size(const char *dir, int depth, uint64_t *files, uint64_t *bytes)
+{
+  DIR *dp;
+  struct dirent *de;
+
+  if (depth > 64 || (dp = opendir(dir)) == NULL)
+    return;
+  while ((de = readdir(dp)) != NULL) {
+    char path[4300];
+    struct stat st;
+
+    if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 ||
+        (depth == 0 && strcmp(de->d_name, SPOTD_COMPLETE) == 0) ||
+        (size_t)snprintf(path, sizeof(path), "%s/%s", dir, de->d_name) >=
+            sizeof(path) ||
+        stat(path, &st) < 0)
+      continue;
+    if (S_ISDIR(st.st_mode)) {
+      folder_size(path, depth + 1, files, bytes);
+    } else if (S_ISREG(st.st_mode)) {
+      (*files)++;
+      *bytes += (uint64_t)st.st_size;
+    }
+  }
+  closedir(dp);
+}
+
+/* The final checkpoint name is complete and its upload starts (or goes
+ * on, when it was followed): one line says what it sends, at what rate,
+ * and whether that fits the time left before spotd gives it up (README
+ * "The final checkpoint fits the notice"). */
+static void
+final_fit_log(struct spotd *d, const char *name)
+{
+  char dir[4300], send[32], rate[32], sofar[64] = "";
+  uint64_t files = 0, bytes = 0, done = 0, left = spotd_final_ms_left(d);
+  double est, secs_left = (double)left / 1000.0;
+
+  snprintf(dir, sizeof(dir), "%s/%s", d->ckpt_dir, name);
+  folder_size(dir, 0, &files, &bytes);
+  if (d->up.state != UPLOAD_IDLE && strcmp(d->up.name, name) == 0 &&
+      d->up.done_bytes > 0) {
+    char all[32];
+
+    done = d->up.done_bytes < bytes ? d->up.done_bytes : bytes;
+    snprintf(sofar, sizeof(sofar), " (of %s, the rest uploaded while written)",
+             spot_fmt_bytes(bytes, all, sizeof(all)));
+  }
+  spot_fmt_bytes(bytes - done, send, sizeof(send));
+  if (d->up.last_bps <= 0) {
+    if (left == UINT64_MAX)
+      log_info("final checkpoint %s: %" PRIu64 " file%s, %s to send%s; no "
+               "upload rate measured yet (nothing committed since spotd "
+               "started); no deadline known",
+               name, files, files == 1 ? "" : "s", send, sofar);
+    else
+      log_info("final checkpoint %s: %" PRIu64 " file%s, %s to send%s; no "
+               "upload rate measured yet (nothing committed since spotd "
+               "started): whether it fits the %.1f s left is unknown",
+               name, files, files == 1 ? "" : "s", send, sofar, secs_left);
+    return;
+  }
+  spot_fmt_bytes((uint64_t)d->up.last_bps, rate, sizeof(rate));
+  est = (double)(bytes - done) / d->up.last_bps;
+  if (left == UINT64_MAX)
+    log_info("final checkpoint %s: %" PRIu64 " file%s, %s to send%s at %s/s "
+             "measured, about %.1f s; no deadline known",
+             name, files, files == 1 ? "" : "s", send, sofar, rate, est);
+  else if (est <= secs_left)
+    log_info("final checkpoint %s: %" PRIu64 " file%s, %s to send%s at %s/s "
+             "measured, about %.1f s; %.1f s left: fits",
+             name, files, files == 1 ? "" : "s", send, sofar, rate, est,
+             secs_left);
+  else
+    spotd_warn(d,
+               "final checkpoint %s: %" PRIu64 " file%s, %s to send%s at %s/s "
+               "measured, about %.1f s; %.1f s left: will not fit: spotd "
+               "uploads it until the time is up, then keeps the last "
+               "committed checkpoint (%s)",
+               name, files, files == 1 ? "" : "s", send, sofar, rate, est,
+               secs_left, d->last_commit[0] ? d->last_commit : "none");
+}
+
 void
 final_begin(struct spotd *d, const char *reason)
 {
@@ -327,6 +463,9 @@ final_begin(struct spotd *d, const char *reason)
   final_set_state(d, FINAL_REQUESTED);
   if (final_saved_for_peer(d) || final_resumed_is_final(d))
     return;
+  /* Before the request (or at once, to the one pending): the trainer
+   * reads it with the request. */
+  final_trainer_deadline(d);
   /* A checkpoint signalled moments ago counts as the final one. */
   if (!request_pending(d))
     spotd_request_checkpoint(d, reason);
@@ -373,6 +512,7 @@ final_complete(struct spotd *d, const char *name)
     return false;
   spot_strlcpy(d->final.name, name, sizeof(d->final.name));
   final_set_state(d, FINAL_UPLOADING);
+  final_fit_log(d, name);
   if (d->up.state != UPLOAD_IDLE && strcmp(d->up.name, name) != 0) {
     log_info("cancelling the upload of %s for the final checkpoint %s",
              d->up.name, name);
@@ -588,6 +728,10 @@ committed(struct spotd *d, const char *name,
           const struct spot_store_result *res)
 {
   double secs = (double)res->elapsed_ms / 1000.0;
+  /* the push's own time: less what it waited for the trainer's save */
+  uint64_t busy_ms =
+      res->elapsed_ms > d->up.wait_ms ? res->elapsed_ms - d->up.wait_ms : 0;
+  char waited[96] = "";
   /* Multi-node, rank 0: the line describes the checkpoint committed (every
    * rank's files, as its manifest lists them), then this rank's share. */
   bool merged = res->ckpt_files > 0;
@@ -601,11 +745,14 @@ committed(struct spotd *d, const char *name,
              "; rank %u uploaded files=%" PRIu64 " raw=%" PRIu64
              " stored=%" PRIu64,
              d->store.rank, res->files, res->raw_bytes, res->stored_bytes);
+  if (d->up.wait_ms > 0)
+    snprintf(waited, sizeof(waited), "; %.1f s of it waiting for the save",
+             (double)d->up.wait_ms / 1000.0);
   log_info("committed checkpoint name=%s files=%" PRIu64 " raw=%" PRIu64
-           " stored=%" PRIu64 " ratio=%.2f in %.1f s (%u retries)%s",
+           " stored=%" PRIu64 " ratio=%.2f in %.1f s (%u retries%s)%s",
            name, files, raw, stored,
            stored > 0 ? (double)raw / (double)stored : 1.0, secs, res->retries,
-           own);
+           waited, own);
   if (res->warning != NULL && res->warning[0] != '\0')
     spotd_warn(d, "%s", res->warning);
   /* the step the store recorded: its marker's (there now), else its
@@ -615,8 +762,8 @@ committed(struct spotd *d, const char *name,
   d->last_commit_wall = spot_now_wall_ms();
   d->last_commit_made = d->last_commit_wall;
   d->up.failed[0] = '\0';
-  if (secs > 0 && res->raw_bytes > 0) {
-    d->up.last_bps = (double)res->raw_bytes / secs;
+  if (busy_ms > 0 && res->raw_bytes > 0) {
+    d->up.last_bps = (double)res->raw_bytes / ((double)busy_ms / 1000.0);
     d->up.last_raw = res->raw_bytes;
   }
   spotd_notify(d, "STATUS=committed %s", name);
@@ -782,6 +929,7 @@ start_upload(struct spotd *d, const char *name, bool follow)
   u->rate = 0;
   u->log_ms = 0;
   u->marker_wait_ms = 0;
+  u->wait_ms = u->wait_since = 0;
   /* This spotd holds the job lease, so it is the job's only writer:
    * uploads begun before it started belong to a dead or fenced
    * predecessor and are aborted by the retention step. The ranks of a

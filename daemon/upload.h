@@ -45,7 +45,10 @@ struct upload {
   uint64_t done_bytes, total_bytes;
   enum spot_store_phase phase; /* the running push's, from its progress */
   double rate;
-  double last_bps; /* raw bytes/s of the last push */
+  /* time spent UPLOAD_CAUGHT_UP (waiting for the trainer's save, not
+   * uploading) in this push, and since when (spot_now_mono_ms, 0 none) */
+  uint64_t wait_ms, wait_since;
+  double last_bps; /* raw bytes/s of the last push, its waits left out */
   uint64_t last_raw;
   char failed[256]; /* the newest upload that failed after the last commit */
   /* the request (req.seq) a follow was started for: one per request */

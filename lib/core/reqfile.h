@@ -20,6 +20,22 @@
  *             started the trainer (spotd zeroes it then; tests it only
  *             for zero)
  *   ATTACHED  the helper: one more per import
+ *   DEADLINE  spotd, written with every request (and when a drain
+ *             starts while one is pending): 0 = no deadline known, else
+ *             the wall-clock time in unix ms (i64) by which the
+ *             checkpoint must be complete (its SPOTD_COMPLETE marker
+ *             written) for spotd to commit it in time: the notice's
+ *             termination time (or SIGTERM + SPOTD_TERMINATION_GRACE)
+ *             less the margin spotd keeps to stop the trainer and less
+ *             the upload time it estimates (its last upload's bytes at
+ *             its measured rate; none when nothing was uploaded yet).
+ *             May lie in the past: time is up.
+ *
+ * DEADLINE was added within version 2: a version-2 reader that predates
+ * it never reads past ATTACHED, and a file written by a spotd that
+ * predates it holds 0 there (the file is created zero-filled), which
+ * reads as "no deadline known". No reader is misled either way, so the
+ * version stays 2.
  *
  * Both sides read and write with pread()/pwrite(), never through a
  * mapping: a file truncated under a mapping kills the process that
@@ -44,5 +60,6 @@
 #define SPOT_REQ_OFF_SERVED 24
 #define SPOT_REQ_OFF_POLLS 32
 #define SPOT_REQ_OFF_ATTACHED 40
+#define SPOT_REQ_OFF_DEADLINE 48
 
 #endif

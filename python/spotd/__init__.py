@@ -63,7 +63,9 @@ What it does for you:
 - resume_dir(), rank(), restart_count(), done(dir) (what `spotctl done`
   does: mark a folder complete and tell spotd), report_step(n) (the
   trainer's step, for `spotctl history`'s lost steps; call it after each
-  optimizer step, it sends at most ten requests a second).
+  optimizer step, it sends at most ten requests a second), deadline()
+  (seconds left to complete the checkpoint spotd asks for after a notice,
+  spotd's upload time already kept out; None when no deadline is known).
 - Framework integrations live in submodules that import their framework
   only when used: spotd.hf (Hugging Face Trainer), spotd.lightning
   (PyTorch Lightning), spotd.dcp (torch.distributed.checkpoint).
@@ -88,8 +90,8 @@ import weakref
 
 __all__ = [
     "CheckpointAbandoned", "Checkpoint", "MARKER", "checkpoint",
-    "checkpoint_requested", "ckpt_root", "done", "install", "local_rank",
-    "pending", "rank", "report_step", "request", "request_channel",
+    "checkpoint_requested", "ckpt_root", "deadline", "done", "install",
+    "local_rank", "pending", "rank", "report_step", "request", "request_channel",
     "restart_count", "resume_dir", "under_spotd", "world_size",
 ]
 
@@ -114,7 +116,9 @@ class CheckpointAbandoned(RuntimeError):
 #   request was dropped), 32 u64 polls (this module: made nonzero at a
 #   poll that finds it 0; spotd zeroes it when it starts the trainer and
 #   only tests it for zero), 40 u64 attached (this module: one more per
-#   import), the rest reserved (zero).
+#   import), 48 i64 deadline (spotd, with every request: 0 = none known,
+#   else unix ms by which the checkpoint must be complete; deadline()),
+#   the rest reserved (zero).
 # A request is pending when seq > served and seq is not the seq this
 # process took last: anything may have been written into the file, so
 # seq is not trusted to only grow (a garbage seq is taken once; spotd's
@@ -133,6 +137,7 @@ REQ_VERSION = 2
 REQ_ENV_ID = "SPOTD_REQUEST_ID"
 _OFF_VERSION, _OFF_SEQ, _OFF_SERVED = 8, 16, 24
 _OFF_POLLS, _OFF_ATTACHED = 32, 40
+_OFF_DEADLINE = 48
 _U64X3 = struct.Struct("<QQQ")
 _U64 = struct.Struct("<Q")
 _U64_MASK = (1 << 64) - 1
@@ -219,6 +224,35 @@ def pending():
     not count as a poll and takes nothing; checkpoint_requested() is the
     call for a training loop."""
     return _pending_seq() > 0 or _flag.is_set()
+
+
+def deadline():
+    """Seconds left (a float, 0.0 once it passed) until the checkpoint
+    spotd asks for must be complete (its SPOTD_COMPLETE marker written)
+    for spotd to commit it before the node goes away, or None when no
+    deadline is known (no notice or SIGTERM yet, no spotd, the signal
+    fallback). spotd has already kept its own upload time out of it (its
+    last upload's size at its measured rate, when one was measured): a
+    trainer short of time saves less, or nothing, rather than a
+    checkpoint that cannot be committed. Local: no collective, not a
+    poll; it reads the file without mapping it."""
+    if _req_path is None:
+        return None
+    try:
+        if _req is not None:
+            b = os.pread(_req[0], 8, _OFF_DEADLINE)
+        else:  # not mapped: spotd must not count this process as served
+            fd, _ = _open_channel(_req_path, mapped=False)
+            try:
+                b = os.pread(fd, 8, _OFF_DEADLINE)
+            finally:
+                os.close(fd)
+    except (OSError, ValueError):
+        return None
+    ms = struct.unpack("<q", b)[0] if len(b) == 8 else 0
+    if ms <= 0:
+        return None
+    return max(0.0, ms / 1000.0 - time.time())
 
 
 # ---------------------------------------------------------------- signal

@@ -10,6 +10,10 @@ It counts steps (a short sleep each), and:
   - optionally ignores the signal, crashes at step N (exit status or a
     signal), exits 0 at step N, checkpoints on its own every N steps,
     ignores SIGTERM;
+  - with --read-deadline, reads spotd.deadline() of the Python helper
+    (imported then, not at start) at each checkpoint it is asked for, and
+    puts it in the event: "deadline" (seconds, or null) between the times
+    "dl_t0" and "dl_t1" (before and after the read);
   - with --save-with LOG, writes each checkpoint that another trainer's
     event log LOG records, under the same name, as the ranks of a job that
     agree on the step to save at do (train_ddp.py's all_reduce).
@@ -51,7 +55,18 @@ def on_term(signum, frame):
     STATE["term"] = True
 
 
-def write_checkpoint(ckpt_dir, step, nbytes, why, rand=False, delay=0.0):
+def read_deadline():
+    """spotd.deadline() and the times before and after the read."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(
+        __file__)), "..", "..", "python"))
+    import spotd
+    t0 = time.time()
+    dl = spotd.deadline()
+    return {"deadline": dl, "dl_t0": t0, "dl_t1": time.time()}
+
+
+def write_checkpoint(ckpt_dir, step, nbytes, why, rand=False, delay=0.0,
+                     extra=None):
     name = "step-%06d" % step
     path = os.path.join(ckpt_dir, name)
     os.makedirs(path, exist_ok=True)
@@ -74,7 +89,7 @@ def write_checkpoint(ckpt_dir, step, nbytes, why, rand=False, delay=0.0):
     # The marker comes last, once every file is closed.
     with open(os.path.join(path, "SPOTD_COMPLETE"), "w"):
         pass
-    emit("checkpoint", name=name, step=step, why=why)
+    emit("checkpoint", name=name, step=step, why=why, **(extra or {}))
     return name
 
 
@@ -157,6 +172,9 @@ def main():
                     help="exit 1 (a lost peer, as gloo) SEC seconds after "
                     "the event log LOG of another trainer holds EVENT "
                     "(checked every 20 ms, also during a step's sleep)")
+    ap.add_argument("--read-deadline", action="store_true",
+                    help="read spotd.deadline() at each checkpoint asked "
+                    "for; in the event")
     ap.add_argument("--save-with", default=None, metavar="LOG",
                     help="write every checkpoint the event log LOG of "
                     "another trainer records, under its name (checked "
@@ -224,7 +242,8 @@ def main():
             STATE["flag"] = False
             emit("signal", step=step)
             write_checkpoint(ckpt_dir, step, a.bytes, "signal", a.random,
-                             a.save_delay)
+                             a.save_delay,
+                             read_deadline() if a.read_deadline else None)
             last_ckpt = step
         elif a.every and step - last_ckpt >= a.every:
             write_checkpoint(ckpt_dir, step, a.bytes, "own", a.random,

@@ -15,7 +15,12 @@ helper), against the loopback fake S3:
   nostep: a notice while the trainer resumed from a checkpoint has made no
           step (maps the file, never polls): spotd exits 75 at once, the
           restored checkpoint is the final one, nothing new is committed,
-          and the history counts no work lost."""
+          and the history counts no work lost.
+  many:   a trainer of 301 processes that all catch the checkpoint signal
+          (more than spotd once followed: 256) and never read the file:
+          each gets the signal exactly once for the request, although the
+          request stays pending over several of spotd's looks (every
+          250 ms) after the last one got it."""
 import json
 import os
 import signal
@@ -69,6 +74,32 @@ while True:
         open(os.path.join(d, "step"), "w").write(str(step))
         open(os.path.join(d, "SPOTD_COMPLETE"), "w").close()
         emit("checkpoint", step=step, seq=seq)
+'''
+
+
+MANY = r'''
+import os, signal, sys, time
+log, n = sys.argv[1], int(sys.argv[2])
+fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+signal.signal(int(os.environ["SPOTD_SIGNAL"]),
+              lambda s, f: os.write(fd, b"%d\n" % os.getpid()))
+for i in range(n):
+    if os.fork() == 0:
+        while True:
+            signal.pause()
+open(log + ".ready", "w").close()
+got = set()
+while len(got) < n + 1:  # every process of the tree got the signal
+    time.sleep(0.1)
+    with open(log) as f:
+        got = set(f.read().split())
+time.sleep(1.0)  # the request stays pending over a few more looks
+d = os.path.join(os.environ["SPOTD_CKPT_DIR"], "step-000001")
+os.makedirs(d)
+open(os.path.join(d, "step"), "w").write("1")
+open(os.path.join(d, "SPOTD_COMPLETE"), "w").close()
+while True:
+    time.sleep(1)
 '''
 
 
@@ -245,6 +276,43 @@ def nostep_case(c, s3, store, job, wd):
         emu.stop()
 
 
+def many_case(c, s3, store, job, wd, n=300):
+    tag = "many: "
+    log = os.path.join(wd, "sig.log")
+    os.makedirs(wd, exist_ok=True)
+    script = os.path.join(wd, "many.py")
+    with open(script, "w") as f:
+        f.write(MANY)
+    d = sl.Daemon(wd, store, job, env=s3.env(),
+                  cmd=[sl.PY3, script, log, str(n)])
+    try:
+        end = time.time() + 60
+        while not os.path.exists(log + ".ready") and time.time() < end:
+            time.sleep(0.1)
+        c.check(os.path.exists(log + ".ready"),
+                tag + "the trainer forked %d children" % n)
+        cp = d.spotctl("checkpoint", "--wait", timeout=90)
+        c.check(cp.returncode == 0, tag + "spotctl checkpoint --wait: "
+                "committed once every process got the signal",
+                cp.stderr.strip())
+        with open(log) as f:
+            pids = f.read().split()
+        counts = {p: pids.count(p) for p in set(pids)}
+        c.check(len(counts) == n + 1,
+                tag + "all %d processes got the signal (%d did)"
+                % (n + 1, len(counts)))
+        again = sorted(p for p, k in counts.items() if k != 1)
+        c.check(counts and not again,
+                tag + "each got it exactly once for the request",
+                "%d got it more than once: %s" % (len(again), again[:10]))
+        seq, served, _ = read_slots(req_file(d))
+        c.check(seq == 1 and served == 1 and
+                d.err.matching(r"committed checkpoint name=step-000001"),
+                tag + "the request is served and its checkpoint committed")
+    finally:
+        stop_now(d)
+
+
 def main():
     c = sl.Checks()
     s3, store, job, _ = sl.fake_store("request")
@@ -253,6 +321,7 @@ def main():
             file_case(c, s3, store, job, os.path.join(wd, "file"))
             early_case(c, s3, store, job, os.path.join(wd, "early"))
             nostep_case(c, s3, store, job, os.path.join(wd, "nostep"))
+            many_case(c, s3, store, job + "-many", os.path.join(wd, "many"))
     finally:
         sl.kill_started()
         s3.close()

@@ -23,7 +23,10 @@
    to polls; the process installs no signal handler (SIGUSR1 and the
    real-time $SPOTD_SIGNAL keep their default) and counts itself in the file (attached); its first poll maps it; a
    forked child keeps the mapping and sees the request; after exec the
-   new image maps it again at its first poll.
+   new image maps it again at its first poll. spotd.deadline() is None
+   while the DEADLINE slot is 0, else the seconds to the time it holds
+   (0.0 once past), and it maps nothing (the process still takes the
+   signal).
 8. Fallback: a missing or foreign request file prints one warning and the
    signal handler ($SPOTD_SIGNAL, a real-time number here) is installed.
 9. `import spotd, spotd.hf, spotd.lightning, spotd.dcp` imports neither
@@ -548,8 +551,8 @@ def make_req(path, seq=0, served=0, polls=0, magic=b"SPOTDREQ", version=2):
 
 def set_req(path, **kv):
     """Sets fields of an existing request file in place (seq, served,
-    polls), through the file as spotd's separate mapping would."""
-    offs = {"seq": 16, "served": 24, "polls": 32}
+    polls, deadline), through the file as spotd's separate mapping would."""
+    offs = {"seq": 16, "served": 24, "polls": 32, "deadline": 48}
     with open(path, "r+b") as f:
         for k, v in kv.items():
             f.seek(offs[k])
@@ -575,6 +578,11 @@ for line in sys.stdin:
         out = spotd.checkpoint_requested()
     elif cmd[0] == "pending":
         out = spotd.pending()
+    elif cmd[0] == "deadline":
+        import time
+        t0 = time.time()
+        dl = spotd.deadline()
+        out = [dl, t0, time.time(), maps(os.getpid())]
     elif cmd[0] == "info":
         rt = int(os.environ.get("SPOTD_SIGNAL") or 0)
         out = {"channel": spotd.request_channel(),
@@ -662,6 +670,22 @@ def test_channel(c, tmp):
                 "real-time SPOTD_SIGNAL at default), not mapped before the "
                 "first poll (a process that never polls takes the signal)",
                 repr(info))
+        dl = ch.ask("deadline")
+        c.check(dl[0] is None and dl[3] is False,
+                "deadline(): None while the slot is 0, and the file is not "
+                "mapped by it", repr(dl))
+        at = time.time() + 30.0
+        set_req(req, deadline=int(at * 1000))
+        dl = ch.ask("deadline")
+        c.check(dl[0] is not None and
+                int(at * 1000) / 1000.0 - 0.002 <= dl[1] + dl[0] and
+                dl[2] + dl[0] <= int(at * 1000) / 1000.0 + 0.002
+                and dl[3] is False,
+                "deadline(): the seconds to the time in the slot, between "
+                "the reads before and after (%r, want %.3f)" % (dl, at))
+        set_req(req, deadline=int((time.time() - 5.0) * 1000))
+        c.check(ch.ask("deadline")[0] == 0.0, "deadline(): 0.0 once past")
+        set_req(req, deadline=0)
         c.check(read_req(req)["polls"] == 0, "no poll counted at import")
         c.check(read_req(req)["attached"] == 1, "the import is counted "
                 "(attached)", repr(read_req(req)))

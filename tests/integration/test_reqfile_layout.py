@@ -1,6 +1,7 @@
 """The request file's layout is written down once, in lib/core/reqfile.h:
 the Python helper's constants (python/spotd) must say the same (size,
-mode-free layout: magic, version, every offset, the identity variable)."""
+mode-free layout: magic, version, every offset, the identity variable).
+Every slot lies within the file, 8-byte aligned, none overlapping."""
 import os
 import re
 import sys
@@ -34,13 +35,19 @@ def main():
              ("SPOT_REQ_OFF_SEQ", spotd._OFF_SEQ),
              ("SPOT_REQ_OFF_SERVED", spotd._OFF_SERVED),
              ("SPOT_REQ_OFF_POLLS", spotd._OFF_POLLS),
-             ("SPOT_REQ_OFF_ATTACHED", spotd._OFF_ATTACHED)]
+             ("SPOT_REQ_OFF_ATTACHED", spotd._OFF_ATTACHED),
+             ("SPOT_REQ_OFF_DEADLINE", spotd._OFF_DEADLINE)]
     for name, py in pairs:
         c.check(h.get(name) == py, "%s: the header says %r, python/spotd %r"
                 % (name, h.get(name), py))
     c.check(h.get("SPOT_REQ_OFF_MAGIC") == 0 and len(h) == len(pairs) + 2,
             "every define of the header is compared (magic at 0, the mode "
             "is spotd's alone)", repr(sorted(h)))
+    offs = sorted(v for k, v in h.items() if k.startswith("SPOT_REQ_OFF_")
+                  and k not in ("SPOT_REQ_OFF_MAGIC", "SPOT_REQ_OFF_VERSION"))
+    c.check(all(o % 8 == 0 for o in offs) and len(set(offs)) == len(offs)
+            and offs[0] >= 16 and offs[-1] + 8 <= h["SPOT_REQ_FILE_SIZE"],
+            "the u64 slots are aligned, apart and inside the file", repr(offs))
     c.finish()
 
 

@@ -91,6 +91,7 @@ __all__ = [
     "checkpoint_requested", "ckpt_root", "done", "install", "local_rank",
     "pending", "rank", "report_step", "request", "request_channel",
     "restart_count", "resume_dir", "under_spotd", "world_size",
+    "StagedSave", "StagedSaver", "stage",
 ]
 
 MARKER = "SPOTD_COMPLETE"
@@ -777,3 +778,6 @@ def _setup():
 
 
 _setup()
+
+# Staged saves (python/spotd/staged.py): imports torch only when used.
+from spotd.staged import StagedSave, StagedSaver, stage  # noqa: E402

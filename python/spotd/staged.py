@@ -121,6 +121,8 @@ class StagedSave:
         self.staged = staged
         self.error = None
         self.seconds = None  # how long the persist took
+        self.filename = FILENAME
+        self.mark = True
         self._done = threading.Event()
 
     def done(self):
@@ -215,34 +217,47 @@ class StagedSaver:
         return need
 
     # ------------------------------------------------------------ stage
-    def stage(self, state, step=None, name=None):
+    def stage(self, state, step=None, name=None, folder=None,
+              filename=None, mark=True):
         """Snapshots state into host memory and persists it in the
         background into a new checkpoint folder (step-NNNNNN for step, or
         name), marked with step. Returns a StagedSave at once (once the
-        copy is done)."""
+        copy is done).
+
+        folder: an existing folder to write into instead (no new folder,
+        no collective: the caller made it, as spotd.lightning does);
+        filename: instead of the saver's; mark=False: no marker (the
+        file alone, in the background)."""
         import torch
-        if name is None and step is None:
+        if name is None and step is None and folder is None:
             raise ValueError("stage(): give a step or a name")
-        self._wait_previous(step if step is not None else name)
-        ck = spotd.Checkpoint(name=name, step=step, root=self.root)
-        ck.__enter__()  # the folder (a collective under torch.distributed)
-        if not ck.writer:
-            h = StagedSave(ck.path, step, False)
+        self._wait_previous(step if step is not None else
+                            (name or folder))
+        filename = filename or self.filename
+        if folder is None:
+            ck = spotd.Checkpoint(name=name, step=step, root=self.root)
+            ck.__enter__()  # the folder (a collective under torch.distributed)
+            path, writer = ck.path, ck.writer
+        else:
+            path, writer = os.path.abspath(folder), True
+        if not writer:
+            h = StagedSave(path, step, False)
             h._finish()
             return h
+        h = StagedSave(path, step, False)
+        h.filename, h.mark = filename, mark
         leaves = []
         _walk(state, (), leaves, {})
         need = sum(_nbytes(t) for _, t in leaves)
         if need > self.limit:
             _say("staged save of %s: the state (%s) does not fit the staging "
                  "limit (%s, %s): saving it synchronously"
-                 % (ck.name, _gib(need), _gib(self.limit), ENV_MEMORY))
+                 % (os.path.join(h.name, filename), _gib(need),
+                    _gib(self.limit), ENV_MEMORY))
             self._bufs = {}
-            h = StagedSave(ck.path, step, False)
             t0 = time.monotonic()
             try:
-                self.writer(state, ck.path, self.filename)
-                spotd.done(ck.path, strict=False, step=step)
+                self._write(h, state)
             except BaseException as e:
                 h._finish(e, time.monotonic() - t0)
                 raise
@@ -260,7 +275,7 @@ class StagedSaver:
         if cuda:
             torch.cuda.synchronize()
         snap = _rebuild(state, (), bufs, {})
-        h = StagedSave(ck.path, step, True)
+        h.staged = True
         th = threading.Thread(target=self._persist, args=(h, snap),
                               name="spotd-persist", daemon=False)
         self._inflight = (h, th)
@@ -307,11 +322,15 @@ class StagedSaver:
             keep[key] = b
         return keep
 
+    def _write(self, h, state):
+        self.writer(state, h.path, h.filename)
+        if h.mark:
+            spotd.done(h.path, strict=False, step=h.step)
+
     def _persist(self, h, snap):
         t0 = time.monotonic()
         try:
-            self.writer(snap, h.path, self.filename)
-            spotd.done(h.path, strict=False, step=h.step)
+            self._write(h, snap)
         except BaseException as e:  # noqa: B902 - reported, never raised here
             _say("staged checkpoint %s not saved (no marker): %s"
                  % (h.name, e))

@@ -64,6 +64,10 @@ What it does for you:
   does: mark a folder complete and tell spotd), report_step(n) (the
   trainer's step, for `spotctl history`'s lost steps; call it after each
   optimizer step, it sends at most ten requests a second).
+- Staged saves (spotd.staged): StagedSaver().stage(state, step=N), or
+  stage(state, step=N), copies the state's tensors into reused host
+  buffers and returns; a thread writes it into step-NNNNNN/state.pt and
+  marks it only then (see that module).
 - Framework integrations live in submodules that import their framework
   only when used: spotd.hf (Hugging Face Trainer), spotd.lightning
   (PyTorch Lightning), spotd.dcp (torch.distributed.checkpoint).

@@ -206,7 +206,6 @@ class StagedSaver:
         """Allocates (and touches) the buffers for state's layout ahead of
         the first stage(), outside the checkpoint's stall. Returns the
         bytes reserved, or 0 when the state does not fit the limit."""
-        import torch  # noqa: F401
         leaves = []
         _walk(state, (), leaves, {})
         need = sum(_nbytes(t) for _, t in leaves)

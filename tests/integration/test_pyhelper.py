@@ -37,7 +37,9 @@
    are reused by the next stage() of the same layout; a stage() while a
    persist runs waits for it with one line; a state over the limit is
    saved synchronously with one line; a failing writer leaves no marker
-   and wait() and the next stage() raise; sizes parse.
+   and wait() and the next stage() raise; sizes parse. Under
+   torch.distributed (2 ranks): one folder, local rank 0's state written
+   and marked, nothing from rank 1.
 No daemon, no S3.
 """
 import contextlib
@@ -543,6 +545,35 @@ def test_distributed(c, tmp):
             "rank 0's call returns while rank 1 is late (no wait for the "
             "slowest rank); a request at call 3 is answered at call 4 on "
             "both", detail)
+    # Staged saves under torch.distributed: one folder, written and marked
+    # by local rank 0 (the state as staged), nothing by rank 1.
+    sroot = os.path.join(tmp, "dist-staged")
+    script = os.path.join(tmp, "staged_worker.py")
+    with open(script, "w") as f:
+        f.write(DIST_STAGED_WORKER)
+    outs = run_ranks(script, [sroot], lambda r: {})
+    detail = "\n".join("rc=%d\n%s" % o for o in outs)
+    lines = [o[1].strip().splitlines()[-1] if o[1].strip() else ""
+             for o in outs]
+    files = sorted(os.listdir(sroot)) if os.path.isdir(sroot) else []
+    inner = sorted(os.listdir(os.path.join(sroot, files[0]))) \
+        if len(files) == 1 else []
+    saved = None
+    if inner == [MARKER, "state.pt"]:
+        cp = subprocess.run([PY3, "-c", "import sys, torch; s = torch.load("
+                             "sys.argv[1]); print(s['rank'], "
+                             "float(s['w'].sum()))",
+                             os.path.join(sroot, files[0], "state.pt")],
+                            capture_output=True, text=True, timeout=60)
+        saved = cp.stdout.strip()
+    c.check(all(o[0] == 0 for o in outs) and
+            lines == ["rank=0 staged=True name=step-000003",
+                      "rank=1 staged=False name=step-000003"] and
+            files == ["step-000003"] and saved == "0 0.0",
+            "staged saves, 2 ranks: one folder, local rank 0's state as "
+            "staged (before its in-place change) and one marker; rank 1 "
+            "writes nothing", "%s\nfiles %r %r saved %r" % (
+                detail, files, inner, saved))
 
 
 REQ_SIZE = 4096
@@ -859,6 +890,21 @@ out["sizes"] = [spotd.staged.parse_size(x) for x in ("512M", "8G", "1024")]
 print(json.dumps(out))
 """
 
+
+DIST_STAGED_WORKER = r"""
+import os, sys, torch, torch.distributed as dist
+import spotd
+dist.init_process_group("gloo")
+r = dist.get_rank()
+w = torch.full((1000,), float(r))
+saver = spotd.StagedSaver(limit="64M", root=sys.argv[1])
+h = saver.stage({"w": w, "rank": r}, step=3)
+w.add_(10.0)
+h.wait(60)
+dist.barrier()
+print("rank=%d staged=%s name=%s" % (r, h.staged, h.name))
+dist.destroy_process_group()
+"""
 
 def test_staged(c, tmp):
     if subprocess.run([PY3, "-c", "import torch"],

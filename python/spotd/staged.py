@@ -263,16 +263,18 @@ class StagedSaver:
             h._finish(None, time.monotonic() - t0)
             return h
         bufs = self._buffers(leaves)
-        cuda = False
+        devices = set()
         for key, t in leaves:
             b = bufs[key]
+            if b is t:
+                continue  # no buffer (not strided): cloned in _rebuild
             if t.is_cuda:
-                cuda = True
+                devices.add(t.device)
                 b.copy_(t.detach(), non_blocking=True)
-            elif b is not t:
+            else:
                 b.copy_(t.detach())
-        if cuda:
-            torch.cuda.synchronize()
+        for dev in devices:  # the copies are queued: wait for them once
+            torch.cuda.synchronize(dev)
         snap = _rebuild(state, (), bufs, {})
         h.staged = True
         th = threading.Thread(target=self._persist, args=(h, snap),

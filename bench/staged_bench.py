@@ -41,14 +41,15 @@ CHUNK = 16 << 20  # fp32 elements: 64 MiB per tensor
 
 
 def make_state(gib):
-    n = max(3, int(gib * (1 << 30)) // (CHUNK * 4))
+    n = max(3, -(-int(gib * (1 << 30)) // (CHUNK * 4)))  # at least gib
+    pairs = -(-(n - -(-n // 3)) // 2)
+    k = n - 2 * pairs
     g = torch.Generator().manual_seed(1)
     ts = [torch.randn(CHUNK, generator=g) for _ in range(n)]
-    k = n // 3
     return {"model": {"w%d" % i: ts[i] for i in range(k)},
             "optim": {"state": {i: {"exp_avg": ts[k + 2 * i],
                                     "exp_avg_sq": ts[k + 2 * i + 1]}
-                                for i in range((n - k) // 2)},
+                                for i in range(pairs)},
                       "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999)}]},
             "rng": torch.get_rng_state(), "step": 0}
 

@@ -334,6 +334,19 @@ except spotd.CheckpointAbandoned:
     result = "abandoned"
 except ValueError:
     result = "raised"
+# A staged save: one folder, written and marked by local rank 0.
+w = torch.full((1000,), float(r))
+saver = spotd.StagedSaver(limit="64M", root=root + "-staged")
+h = saver.stage({"w": w, "rank": r}, step=3)
+w.add_(10.0)
+h.wait(60)
+dist.barrier()
+saved = None
+if h.staged:
+    got = torch.load(os.path.join(h.path, "state.pt"))
+    saved = "%d:%g" % (got["rank"], float(got["w"].sum()))
+print("staged rank=%d staged=%s name=%s saved=%s" % (r, h.staged, h.name,
+                                                      saved), flush=True)
 print("rank=%d seen=%s writer=%s failing=%s" % (r, seen, ck.writer, result),
       flush=True)
 dist.destroy_process_group()
@@ -513,6 +526,25 @@ def test_distributed(c, tmp):
             not os.path.exists(os.path.join(root, "failing", MARKER)),
             "an exception on rank 1: no marker, rank 0 gets "
             "CheckpointAbandoned", detail)
+    # Staged saves under torch.distributed (the same workers): one folder,
+    # written and marked by local rank 0 (the state as staged), nothing
+    # by rank 1.
+    sroot = root + "-staged"
+    slines = [[x for x in o[1].splitlines() if x.startswith("staged ")]
+              for o in outs]
+    slines = [x[-1] if x else "" for x in slines]
+    files = sorted(os.listdir(sroot)) if os.path.isdir(sroot) else []
+    inner = sorted(os.listdir(os.path.join(sroot, files[0]))) \
+        if len(files) == 1 else []
+    c.check(all(o[0] == 0 for o in outs) and
+            slines == ["staged rank=0 staged=True name=step-000003 "
+                       "saved=0:0",
+                       "staged rank=1 staged=False name=step-000003 "
+                       "saved=None"] and
+            files == ["step-000003"] and inner == [MARKER, "state.pt"],
+            "staged saves, 2 ranks: one folder, local rank 0's state as "
+            "staged (before its in-place change) and one marker; rank 1 "
+            "writes nothing", "%s\nfiles %r %r" % (detail, files, inner))
     # Only rank 1's request channel holds a request (rank 0 has none).
     req = os.path.join(tmp, "rank1.req")
     make_req(req, seq=1)
@@ -545,35 +577,7 @@ def test_distributed(c, tmp):
             "rank 0's call returns while rank 1 is late (no wait for the "
             "slowest rank); a request at call 3 is answered at call 4 on "
             "both", detail)
-    # Staged saves under torch.distributed: one folder, written and marked
-    # by local rank 0 (the state as staged), nothing by rank 1.
-    sroot = os.path.join(tmp, "dist-staged")
-    script = os.path.join(tmp, "staged_worker.py")
-    with open(script, "w") as f:
-        f.write(DIST_STAGED_WORKER)
-    outs = run_ranks(script, [sroot], lambda r: {})
-    detail = "\n".join("rc=%d\n%s" % o for o in outs)
-    lines = [o[1].strip().splitlines()[-1] if o[1].strip() else ""
-             for o in outs]
-    files = sorted(os.listdir(sroot)) if os.path.isdir(sroot) else []
-    inner = sorted(os.listdir(os.path.join(sroot, files[0]))) \
-        if len(files) == 1 else []
-    saved = None
-    if inner == [MARKER, "state.pt"]:
-        cp = subprocess.run([PY3, "-c", "import sys, torch; s = torch.load("
-                             "sys.argv[1]); print(s['rank'], "
-                             "float(s['w'].sum()))",
-                             os.path.join(sroot, files[0], "state.pt")],
-                            capture_output=True, text=True, timeout=60)
-        saved = cp.stdout.strip()
-    c.check(all(o[0] == 0 for o in outs) and
-            lines == ["rank=0 staged=True name=step-000003",
-                      "rank=1 staged=False name=step-000003"] and
-            files == ["step-000003"] and saved == "0 0.0",
-            "staged saves, 2 ranks: one folder, local rank 0's state as "
-            "staged (before its in-place change) and one marker; rank 1 "
-            "writes nothing", "%s\nfiles %r %r saved %r" % (
-                detail, files, inner, saved))
+
 
 
 REQ_SIZE = 4096
@@ -890,21 +894,6 @@ out["sizes"] = [spotd.staged.parse_size(x) for x in ("512M", "8G", "1024")]
 print(json.dumps(out))
 """
 
-
-DIST_STAGED_WORKER = r"""
-import os, sys, torch, torch.distributed as dist
-import spotd
-dist.init_process_group("gloo")
-r = dist.get_rank()
-w = torch.full((1000,), float(r))
-saver = spotd.StagedSaver(limit="64M", root=sys.argv[1])
-h = saver.stage({"w": w, "rank": r}, step=3)
-w.add_(10.0)
-h.wait(60)
-dist.barrier()
-print("rank=%d staged=%s name=%s" % (r, h.staged, h.name))
-dist.destroy_process_group()
-"""
 
 def test_staged(c, tmp):
     if subprocess.run([PY3, "-c", "import torch"],

@@ -4,7 +4,10 @@ whose state is saved with the model), one step every T_PAUSE seconds.
 
     python3 staged_trainer.py LOG STEPS
 
-A resumed run stops after T_RESUMED_STEPS more steps when that is set.
+A resumed run stops after T_RESUMED_STEPS more steps when that is set,
+and with T_SELF_AT=K stages a checkpoint of its own K steps after its
+start (no request: a periodic save of the trainer's). At the end it
+waits for the persist in flight, still answering requests meanwhile.
 
 When asked for a checkpoint it stages {model, optim, rng, step} with
 spotd.StagedSaver (unless a staged save is still persisting: that one
@@ -89,9 +92,12 @@ if r:
     opt.load_state_dict(st["optim"])
     torch.set_rng_state(st["rng"])
     step = st["step"]
+    self_at = step + int(os.environ.get("T_SELF_AT") or 0) \
+        if os.environ.get("T_SELF_AT") else None
     steps = min(steps, step + int(os.environ.get("T_RESUMED_STEPS") or steps))
     ev(ev="start", step=step, resume=os.path.basename(r), hash=digest(st))
 else:
+    self_at = None
     ev(ev="start", step=0, resume=None)
 
 saver = spotd.StagedSaver(writer=writer)
@@ -104,6 +110,10 @@ while step < steps:
     opt.step()
     step += 1
     ev(ev="step", step=step, hash=digest(state()))
+    if step == self_at:
+        s = state()
+        h = saver.stage(s, step=step)
+        ev(ev="staged", step=step, name=h.name, hash=digest(s), own=True)
     if spotd.checkpoint_requested():
         busy = saver.persisting
         if busy is not None:
@@ -112,5 +122,9 @@ while step < steps:
             s = state()
             h = saver.stage(s, step=step)
             ev(ev="staged", step=step, name=h.name, hash=digest(s))
+while saver.persisting is not None:
+    if spotd.checkpoint_requested():  # the save in flight answers it
+        ev(ev="answered", step=step, by=saver.persisting.name)
+    time.sleep(0.02)
 saver.wait()
 ev(ev="done", step=step)

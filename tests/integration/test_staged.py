@@ -14,7 +14,12 @@ Ceph (staged_trainer.py: a small model and Adam on CPU, one `spotd run
    differs from the state after the next step: the snapshot was a copy;
    every step after the resume equals the first run's same step, bit for
    bit (the hash of model, optimizer and RNG after each step).
-4. The resumed trainer ends on its own after 25 steps: spotd exits 0.
+4. A request while a staged save is persisting (the resumed trainer
+   staged one of its own, held by its writer): the trainer stages
+   nothing more ("answered"), and once that save is written it is the
+   checkpoint that serves the request: `spotctl checkpoint --wait`
+   returns 0 and LATEST names it.
+5. The resumed trainer ends on its own after 25 steps: spotd exits 0.
 Skips without the test S3 server or without torch."""
 import os
 import signal
@@ -43,7 +48,7 @@ def main():
     log = os.path.join(wd, "trainer.log")
     env = {"PYTHONPATH": sl.srcdir_path("python"), "T_SLOW": "0.3",
            "T_HANG": hang, "T_PAUSE": "0.03",
-           "T_RESUMED_STEPS": "25"}
+           "T_RESUMED_STEPS": "25", "T_SELF_AT": "5"}
     d = sl.Daemon(node, store, job, cmd=[sl.PY3, TRAINER, log, str(STEPS)],
                   args=["--max-restarts", 1, "--restart-backoff", "200ms"],
                   env=env)
@@ -78,7 +83,6 @@ def main():
         c.check(pid is not None, "2: the trainer's pid", repr(w))
         if pid:
             os.kill(pid, signal.SIGKILL)
-        os.unlink(hang)
         st = d.wait_event("start", 60, lambda e: e["resume"] is not None)
         c.check(st is not None and st["resume"] == first["name"],
                 "2: spotd starts the trainer again from %s" % first["name"],
@@ -94,8 +98,39 @@ def main():
                 "3: the restored state equals the state at stage() time",
                 "%r vs %r" % (st and st.get("hash"), first["hash"]))
 
+        # 4: the resumed run's own staged save, held while a request comes.
+        run2 = st["run"] if st else None
+        own = d.wait_event("writing", 60, lambda e: e["run"] == run2)
+        c.check(own is not None and own["step"] == n + 5,
+                "4: the resumed trainer's own staged save (step %d) is "
+                "persisting" % (n + 5), repr(own))
+        ask = sl.spotctl_popen("checkpoint", "--socket", d.socket, "--wait",
+                               stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        ans = d.wait_event("answered", 60, lambda e: e["run"] == run2)
+        c.check(ans is not None and own is not None and
+                ans["by"] == own["folder"],
+                "4: a request during that persist: the trainer stages "
+                "nothing more, the save in flight answers it", repr(ans))
+        os.unlink(hang)
+        try:
+            out, err = ask.communicate(timeout=120)
+            arc = ask.returncode
+        except subprocess.TimeoutExpired:
+            ask.kill()
+            out, err = ask.communicate()
+            arc = None
+        c.check(arc == 0 and own is not None and
+                sl.latest(prefix) == own["folder"],
+                "4: once written it serves the request: spotctl checkpoint "
+                "--wait returns 0, LATEST names %s" % (own and own["folder"]),
+                "rc=%r latest=%r %s%s" % (arc, sl.latest(prefix), out, err))
+        staged2 = [e for e in d.events("staged") if e["run"] == run2]
+        c.check(len(staged2) == 1, "4: the resumed trainer staged one save",
+                repr(staged2))
+
         rc = d.wait_exit(120)
-        c.check(rc == 0, "4: the trainer ends on its own, spotd exits 0",
+        c.check(rc == 0, "5: the trainer ends on its own, spotd exits 0",
                 "rc=%r" % rc)
         runs = {}
         for e in d.events("step"):

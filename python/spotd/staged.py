@@ -239,12 +239,11 @@ class StagedSaver:
             path, writer = ck.path, ck.writer
         else:
             path, writer = os.path.abspath(folder), True
-        if not writer:
-            h = StagedSave(path, step, False)
-            h._finish()
-            return h
         h = StagedSave(path, step, False)
         h.filename, h.mark = filename, mark
+        if not writer:  # another rank of the node writes and marks it
+            h._finish()
+            return h
         leaves = []
         _walk(state, (), leaves, {})
         need = sum(_nbytes(t) for _, t in leaves)

@@ -66,6 +66,10 @@ What it does for you:
   optimizer step, it sends at most ten requests a second), deadline()
   (seconds left to complete the checkpoint spotd asks for after a notice,
   spotd's upload time already kept out; None when no deadline is known).
+- Staged saves (spotd.staged): StagedSaver().stage(state, step=N), or
+  stage(state, step=N), copies the state's tensors into reused host
+  buffers and returns; a thread writes it into step-NNNNNN/state.pt and
+  marks it only then (see that module).
 - Framework integrations live in submodules that import their framework
   only when used: spotd.hf (Hugging Face Trainer), spotd.lightning
   (PyTorch Lightning), spotd.dcp (torch.distributed.checkpoint).
@@ -93,6 +97,7 @@ __all__ = [
     "checkpoint_requested", "ckpt_root", "deadline", "done", "install",
     "local_rank", "pending", "rank", "report_step", "request", "request_channel",
     "restart_count", "resume_dir", "under_spotd", "world_size",
+    "StagedSave", "StagedSaver", "stage",
 ]
 
 MARKER = "SPOTD_COMPLETE"
@@ -811,3 +816,6 @@ def _setup():
 
 
 _setup()
+
+# Staged saves (python/spotd/staged.py): imports torch only when used.
+from spotd.staged import StagedSave, StagedSaver, stage  # noqa: E402

@@ -62,6 +62,32 @@ stderr): the requeue signal becomes a spotd checkpoint request (saved at
 the next step, uploaded by spotd), requeueing is spotd's, and SIGTERM
 stops the trainer again.
 
+Staged saves: with the plugin StagedCheckpointIO the checkpoint costs
+the training loop a copy into host memory, and last.ckpt is written in
+the background:
+
+    trainer = pl.Trainer(callbacks=[spotd.lightning.SpotdCheckpoint()],
+                         plugins=[spotd.lightning.StagedCheckpointIO()])
+
+Its save_checkpoint() snapshots the checkpoint Lightning made (every
+tensor copied into buffers reused from one checkpoint to the next, the
+rest deep-copied: spotd.StagedSaver) and returns; a thread writes the
+file with Lightning's own TorchCheckpointIO (or the one you give it).
+Lightning's AsyncCheckpointIO would not do: it hands the live tensors to
+its thread, which the next optimizer step changes while they are being
+written. With the plugin, SpotdCheckpoint writes each rank's data
+position first, waits for every rank (one collective), and the marker of
+global rank 0's node comes from that thread once last.ckpt is fsynced
+(another node's local rank 0 marks its folder at once: it holds only
+data positions). A kill during the write leaves no marker. A request
+while a staged write is running is answered by it (spotd serves a
+request with the next folder marked): the callback saves no second
+checkpoint then. The strategy must write the whole checkpoint from
+global rank 0 (one process, DDP); with FSDP or DeepSpeed (each rank its
+shards) do not use the plugin. Saves of other callbacks (ModelCheckpoint)
+through the plugin are written in the background too, without a marker.
+The limit and its lines are spotd.StagedSaver's ($SPOTD_STAGE_MEMORY).
+
 ckpt_path() is the file to resume from (in $SPOTD_RESUME_DIR) or None.
 
 `import spotd.lightning` imports neither lightning nor torch; the first
@@ -73,7 +99,8 @@ import sys
 
 import spotd
 
-__all__ = ["SpotdCheckpoint", "ckpt_path", "FILENAME", "DATA_FILE"]
+__all__ = ["SpotdCheckpoint", "StagedCheckpointIO", "ckpt_path",
+           "FILENAME", "DATA_FILE"]
 
 FILENAME = "last.ckpt"
 DATA_FILE = "spotd-data-rank%d.pt"  # per global rank, next to FILENAME
@@ -343,6 +370,12 @@ def _build():
                 asked = trainer.strategy.reduce_boolean_decision(
                     asked, all=False)
             if asked:
+                io = _staged_io(trainer)
+                busy = io is not None and io.persisting is not None
+                if spotd._dist() is not None and trainer.world_size > 1:
+                    busy = spotd._agree_max(spotd._dist(), busy) > 0
+                if busy:  # the write in flight answers this request
+                    return
                 self.save(trainer, batch_idx + 1)
 
         def on_save_checkpoint(self, trainer, pl_module, checkpoint):
@@ -367,6 +400,9 @@ def _build():
             """Saves now (on every rank) into a new folder and marks it.
             batches: how many of the epoch's batches are consumed (given
             when called after a batch); the data position is saved then."""
+            io = _staged_io(trainer)
+            if io is not None:
+                return self._save_staged(trainer, io, batches)
             with spotd.checkpoint(step=trainer.global_step) as ck:
                 self._saving = batches is not None
                 try:
@@ -387,7 +423,115 @@ def _build():
             self.saved.append(ck.path)
             return ck.path
 
+        def _data_pos(self, trainer, batches):
+            return {"epoch": trainer.current_epoch, "batches": int(batches),
+                    "epoch_rng": self._epoch_rng, "rng": _rng_get(trainer)}
+
+        def _save_staged(self, trainer, io, batches):
+            """save() with StagedCheckpointIO: the folder as checkpoint()
+            makes it, this rank's data position written (fsynced) and
+            every rank waited for, then last.ckpt staged; its thread
+            marks the folder once written (global rank 0's node)."""
+            import torch
+            ck = spotd.Checkpoint(step=trainer.global_step)
+            ck.__enter__()
+            dist = spotd._dist()
+            failed = False
+            try:
+                if batches is not None and self.resume_data and \
+                        self._epoch_rng is not None:
+                    with ck.open(DATA_FILE % trainer.global_rank) as f:
+                        torch.save(self._data_pos(trainer, batches), f)
+            except BaseException:
+                failed = True
+                if dist is None or dist.get_world_size() == 1:
+                    raise
+            if dist is not None and dist.get_world_size() > 1:
+                if spotd._agree_max(dist, failed) > 0:
+                    raise spotd.CheckpointAbandoned(
+                        "checkpoint %s abandoned: a rank failed" % ck.name)
+            io._next = (ck.path, trainer.global_step) \
+                if trainer.is_global_zero else None
+            self._saving = batches is not None
+            try:
+                trainer.save_checkpoint(os.path.join(ck.path, self.filename),
+                                        weights_only=False)
+            finally:
+                self._saving = False
+                io._next = None
+            if ck.writer and not trainer.is_global_zero:
+                spotd.done(ck.path, strict=False, step=trainer.global_step)
+            self.saved.append(ck.path)
+            return ck.path
+
     return SpotdCheckpoint
+
+
+def _staged_io(trainer):
+    """The trainer's StagedCheckpointIO, or None."""
+    io = getattr(trainer.strategy, "checkpoint_io", None)
+    cls = _built.get("StagedCheckpointIO")
+    return io if cls is not None and isinstance(io, cls) else None
+
+
+def _build_io():
+    pl = _pl()
+    try:
+        from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
+    except ImportError:
+        from lightning_fabric.plugins import CheckpointIO, TorchCheckpointIO
+
+    class StagedCheckpointIO(CheckpointIO):
+        """Lightning's CheckpointIO with staged saves: save_checkpoint()
+        snapshots the checkpoint into host memory (spotd.StagedSaver) and
+        returns; a thread writes it with checkpoint_io (default
+        TorchCheckpointIO) and, for a save of SpotdCheckpoint, marks the
+        folder after it. limit: the staging limit (StagedSaver's)."""
+
+        def __init__(self, checkpoint_io=None, limit=None):
+            super().__init__()
+            self.checkpoint_io = checkpoint_io or TorchCheckpointIO()
+            self._saver = spotd.StagedSaver(limit=limit, writer=self._write)
+            self._next = None  # (folder, step) of SpotdCheckpoint's save
+
+        def _write(self, snap, folder, filename):
+            self.checkpoint_io.save_checkpoint(
+                snap, os.path.join(folder, filename))
+
+        @property
+        def persisting(self):
+            """The StagedSave being written, or None."""
+            return self._saver.persisting
+
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            if storage_options is not None:
+                raise TypeError("StagedCheckpointIO takes no storage_options")
+            path = os.path.abspath(str(path))
+            folder, name = os.path.split(path)
+            nxt = self._next
+            mark = nxt is not None and nxt[0] == folder
+            os.makedirs(folder, exist_ok=True)
+            self._saver.stage(checkpoint, step=nxt[1] if mark else None,
+                              folder=folder, filename=name, mark=mark)
+
+        def load_checkpoint(self, path, map_location=None):
+            self._saver.wait()
+            return self.checkpoint_io.load_checkpoint(path, map_location)
+
+        def remove_checkpoint(self, path):
+            self._saver.wait()
+            self.checkpoint_io.remove_checkpoint(path)
+
+        def wait(self):
+            """Waits for the write in flight (raises its error)."""
+            return self._saver.wait()
+
+        def teardown(self):
+            self._saver.wait()
+            self.checkpoint_io.teardown()
+
+    del pl
+    return StagedCheckpointIO
 
 
 _built = {}
@@ -397,6 +541,10 @@ def __getattr__(name):
     if name == "SpotdCheckpoint":
         if name not in _built:
             _built[name] = _build()
+        return _built[name]
+    if name == "StagedCheckpointIO":
+        if name not in _built:
+            _built[name] = _build_io()
         return _built[name]
     raise AttributeError("module 'spotd.lightning' has no attribute %r"
                          % name)

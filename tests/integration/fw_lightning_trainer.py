@@ -77,6 +77,9 @@ def main():
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--signals", default="",
                     help="STEP:SIG,...: send SIG to itself after STEP")
+    ap.add_argument("--staged-delay", type=float, default=None,
+                    help="staged saves (spotd.lightning.StagedCheckpointIO)"
+                    ", the background write held SEC seconds first")
     a = ap.parse_args()
     signals = {int(k): v for k, v in (x.split(":") for x in
                                       a.signals.split(",") if x)}
@@ -93,6 +96,19 @@ def main():
     if a.devices > 1:
         kw["strategy"] = "ddp"
     cb = spotd.lightning.SpotdCheckpoint()
+    if a.staged_delay is not None:
+        from lightning.fabric.plugins import TorchCheckpointIO
+
+        class SlowIO(TorchCheckpointIO):
+            """The write after a delay: the steps go on meanwhile and
+            change the live tensors in place (a snapshot that only
+            referenced them would save a later state)."""
+            def save_checkpoint(self, checkpoint, path, storage_options=None):
+                time.sleep(a.staged_delay)
+                super().save_checkpoint(checkpoint, path, storage_options)
+
+        kw["plugins"] = [spotd.lightning.StagedCheckpointIO(
+            checkpoint_io=SlowIO())]
     trainer = pl.Trainer(max_steps=a.steps, accelerator="cpu",
                          devices=a.devices, logger=False,
                          enable_checkpointing=False,

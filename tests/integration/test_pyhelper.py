@@ -32,6 +32,17 @@
 9. `import spotd, spotd.hf, spotd.lightning, spotd.dcp` imports neither
    torch nor a framework; without torch.distributed.checkpoint,
    spotd.dcp.save() raises a RuntimeError that says so.
+10. Staged saves (spotd.StagedSaver, when torch imports): stage()
+   returns with the folder unmarked while its writer runs, the handle is
+   the saver's `persisting`; the marker (step=N) comes after the file; the
+   saved state is the state at stage() time though the tensors were
+   changed in place right after (a tied tensor stays one); the buffers
+   are reused by the next stage() of the same layout; a stage() while a
+   persist runs waits for it with one line; a state over the limit is
+   saved synchronously with one line; a failing writer leaves no marker
+   and wait() and the next stage() raise; sizes parse. Under
+   torch.distributed (2 ranks): one folder, local rank 0's state written
+   and marked, nothing from rank 1.
 No daemon, no S3.
 """
 import contextlib
@@ -326,6 +337,19 @@ except spotd.CheckpointAbandoned:
     result = "abandoned"
 except ValueError:
     result = "raised"
+# A staged save: one folder, written and marked by local rank 0.
+w = torch.full((1000,), float(r))
+saver = spotd.StagedSaver(limit="64M", root=root + "-staged")
+h = saver.stage({"w": w, "rank": r}, step=3)
+w.add_(10.0)
+h.wait(60)
+dist.barrier()
+saved = None
+if h.staged:
+    got = torch.load(os.path.join(h.path, "state.pt"))
+    saved = "%d:%g" % (got["rank"], float(got["w"].sum()))
+print("staged rank=%d staged=%s name=%s saved=%s" % (r, h.staged, h.name,
+                                                      saved), flush=True)
 print("rank=%d seen=%s writer=%s failing=%s" % (r, seen, ck.writer, result),
       flush=True)
 dist.destroy_process_group()
@@ -505,6 +529,25 @@ def test_distributed(c, tmp):
             not os.path.exists(os.path.join(root, "failing", MARKER)),
             "an exception on rank 1: no marker, rank 0 gets "
             "CheckpointAbandoned", detail)
+    # Staged saves under torch.distributed (the same workers): one folder,
+    # written and marked by local rank 0 (the state as staged), nothing
+    # by rank 1.
+    sroot = root + "-staged"
+    slines = [[x for x in o[1].splitlines() if x.startswith("staged ")]
+              for o in outs]
+    slines = [x[-1] if x else "" for x in slines]
+    files = sorted(os.listdir(sroot)) if os.path.isdir(sroot) else []
+    inner = sorted(os.listdir(os.path.join(sroot, files[0]))) \
+        if len(files) == 1 else []
+    c.check(all(o[0] == 0 for o in outs) and
+            slines == ["staged rank=0 staged=True name=step-000003 "
+                       "saved=0:0",
+                       "staged rank=1 staged=False name=step-000003 "
+                       "saved=None"] and
+            files == ["step-000003"] and inner == [MARKER, "state.pt"],
+            "staged saves, 2 ranks: one folder, local rank 0's state as "
+            "staged (before its in-place change) and one marker; rank 1 "
+            "writes nothing", "%s\nfiles %r %r" % (detail, files, inner))
     # Only rank 1's request channel holds a request (rank 0 has none).
     req = os.path.join(tmp, "rank1.req")
     make_req(req, seq=1)
@@ -537,6 +580,7 @@ def test_distributed(c, tmp):
             "rank 0's call returns while rank 1 is late (no wait for the "
             "slowest rank); a request at call 3 is answered at call 4 on "
             "both", detail)
+
 
 
 REQ_SIZE = 4096
@@ -799,6 +843,127 @@ def test_light_import(c, tmp):
                 "missing and which torch is there", cp.stdout + cp.stderr)
 
 
+STAGED_CODE = r"""
+import contextlib, io, json, os, sys, threading
+import torch
+import spotd
+out = {}
+gate = threading.Event()
+entered = threading.Event()
+def writer(snap, folder, filename):
+    entered.set()
+    gate.wait(30)
+    if snap.get("fail"):
+        raise OSError(28, "No space left on device")
+    spotd.staged._torch_save(snap, folder, filename)
+torch.manual_seed(0)
+w = torch.randn(256, 256)
+state = {"model": {"w": w, "tied": w, "b": torch.zeros(8)},
+         "meta": {"lr": [0.1]}, "step": 7}
+ref = w.clone()
+s = spotd.StagedSaver(limit="16M", writer=writer)
+h = s.stage(state, step=7)
+w.add_(1.0)                      # the optimizer, in place
+state["meta"]["lr"][0] = 0.5
+entered.wait(30)
+out["unmarked_while_persisting"] = not os.path.exists(
+    os.path.join(h.path, spotd.MARKER))
+out["persisting_is_handle"] = s.persisting is h
+gate.set()
+h.wait(30)
+with open(os.path.join(h.path, spotd.MARKER)) as f:
+    out["marker"] = f.read()
+got = torch.load(os.path.join(h.path, "state.pt"))
+out["equal_at_stage"] = bool(torch.equal(got["model"]["w"], ref))
+out["tied_one"] = got["model"]["w"].data_ptr() == \
+    got["model"]["tied"].data_ptr()
+out["plain_copied"] = got["meta"]["lr"] == [0.1]
+out["persisting_after"] = s.persisting is None
+ptrs = {k: b.data_ptr() for k, b in s._bufs.items()}
+gate.clear(); entered.clear()
+h2 = s.stage(state, step=8)
+out["reused"] = ptrs == {k: b.data_ptr() for k, b in s._bufs.items()}
+entered.wait(30)
+err = io.StringIO()
+threading.Timer(0.3, gate.set).start()
+with contextlib.redirect_stderr(err):
+    h3 = s.stage(state, step=9)
+out["wait_line"] = err.getvalue()
+h3.wait(30)
+big = spotd.StagedSaver(limit=1024, writer=writer)
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    h4 = big.stage(state, step=10)
+out["sync_line"] = err.getvalue()
+out["sync_marked"] = (not h4.staged) and os.path.exists(
+    os.path.join(h4.path, spotd.MARKER))
+state["fail"] = True
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    h5 = s.stage(state, step=11)
+    try:
+        h5.wait(30)
+        out["fail_raised"] = False
+    except RuntimeError as e:
+        out["fail_raised"] = "No space" in str(e)
+    out["fail_unmarked"] = not os.path.exists(
+        os.path.join(h5.path, spotd.MARKER))
+    try:
+        s.stage(state, step=12)
+        out["next_raised"] = False
+    except RuntimeError:
+        out["next_raised"] = True
+out["fail_line"] = err.getvalue()
+out["sizes"] = [spotd.staged.parse_size(x) for x in ("512M", "8G", "1024")]
+print(json.dumps(out))
+"""
+
+
+def test_staged(c, tmp):
+    if subprocess.run([PY3, "-c", "import torch"],
+                      capture_output=True).returncode != 0:
+        print("     (no torch: the staged-save checks are skipped)")
+        return
+    wd = os.path.join(tmp, "staged")
+    os.makedirs(wd)
+    e = {k: v for k, v in os.environ.items()
+         if not k.startswith("SPOTD_")}
+    e.update(PYTHONPATH=srcdir_path("python"),
+             SPOTD_CKPT_DIR=os.path.join(wd, "ck"))
+    cp = subprocess.run([PY3, "-c", STAGED_CODE], capture_output=True,
+                        text=True, timeout=120, cwd=wd, env=e)
+    try:
+        r = json.loads(cp.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        c.check(False, "staged: the checks ran", cp.stdout + cp.stderr)
+        return
+    what = cp.stdout + cp.stderr
+    c.check(r["unmarked_while_persisting"] and r["persisting_is_handle"],
+            "staged: stage() returns while its writer runs, no marker yet, "
+            "saver.persisting is the handle", what)
+    c.check(r["marker"] == "step=7\n" and r["persisting_after"],
+            "staged: SPOTD_COMPLETE (step=7) once persisted", what)
+    c.check(r["equal_at_stage"] and r["plain_copied"] and r["tied_one"],
+            "staged: the saved state is the state at stage() time (tensors "
+            "changed in place after it; plain objects copied; a tied "
+            "tensor saved once)", what)
+    c.check(r["reused"], "staged: the next stage() of the same layout "
+            "reuses the buffers", what)
+    c.check("step-000009 waits for the previous one (step-000008)"
+            in r["wait_line"], "staged: a stage() during a persist waits "
+            "for it, one line says so", r["wait_line"])
+    c.check("does not fit the staging limit" in r["sync_line"] and
+            "synchronously" in r["sync_line"] and r["sync_marked"],
+            "staged: a state over the limit is saved synchronously, one "
+            "line says so", r["sync_line"])
+    c.check(r["fail_raised"] and r["fail_unmarked"] and r["next_raised"]
+            and "not saved (no marker)" in r["fail_line"],
+            "staged: a failing persist leaves no marker; wait() and the "
+            "next stage() raise; one line says so", what)
+    c.check(r["sizes"] == [512 << 20, 8 << 30, 1024],
+            "staged: sizes parse (512M, 8G, 1024)", repr(r["sizes"]))
+
+
 def main():
     c = Checks()
     tmp = tempfile.mkdtemp(prefix="spot-pyhelper-")
@@ -811,6 +976,7 @@ def main():
         test_channel(c, tmp)
         test_fallback(c, tmp)
         test_light_import(c, tmp)
+        test_staged(c, tmp)
         test_distributed(c, tmp)
         test_local_rank(c, tmp)
     finally:

@@ -144,6 +144,8 @@ struct ranks {
 enum retain_state {
   RETAIN_LIST,          /* list checkpoints/ (pages) */
   RETAIN_READ,          /* GET each manifest */
+  RETAIN_READ_TOMB,     /* no manifest: GET its RETIRED marker */
+  RETAIN_TOMB_PUT,      /* PUT RETIRED before the manifest goes */
   RETAIN_DEL_MANIFEST,  /* delete the oldest's manifest first */
   RETAIN_DEL_LIST,      /* list what is left of it */
   RETAIN_DEL_PAGE,      /* delete that page, then list again */
@@ -157,6 +159,10 @@ struct retain_entry {
   char *name;
   int64_t created_ms;
   int64_t step; /* the manifest's, else the name's; -1 unknown */
+  /* the objects its frames reference (full keys), manifest.h */
+  char **refs;
+  size_t nrefs;
+  bool retired; /* no manifest, a RETIRED marker: objects left to collect */
 };
 
 struct retain {
@@ -166,6 +172,11 @@ struct retain {
   char *token;
   struct retain_entry *entries;
   size_t nentries, read_idx, del_idx;
+  bool read_tomb; /* READ: the manifest was 404, GET RETIRED next */
+  bool tomb_done; /* DEL_MANIFEST: RETIRED is written for del_idx */
+  /* the objects kept checkpoints reference, sorted: never deleted */
+  char **kept_refs;
+  size_t nkept_refs;
   char **del_keys;
   size_t ndel_keys;
   struct spot_s3_upload_info *uploads;

@@ -33,8 +33,9 @@
 #include "util.h"
 
 static const char *const push_state_names[] = {
-    "walk",   "check",        "resume", "transfer", "verify", "ranks",
-    "commit", "commit-check", "latest", "retain",   "abort",  "done",
+    "walk",   "check",  "dedup",        "resume", "transfer", "verify",
+    "ranks",  "commit", "commit-check", "latest", "retain",   "abort",
+    "done",
 };
 
 #define WALK_FILES_MAX SPOT_MANIFEST_FILES_MAX
@@ -407,6 +408,7 @@ spot__push_pfile_fini(struct pfile *f)
   free(f->upload_id);
   free(f->etags);
   spot__pack_free(f);
+  spot__dedup_pfile_fini(f);
 }
 
 static void
@@ -424,6 +426,7 @@ op_free(struct spot__store_op *b)
   spot__resume_fini(op);
   spot__ranks_fini(op);
   spot__retain_fini(op);
+  spot__dedup_fini(op);
   spot_buf_fini(&op->body);
   free(op->dir);
 }
@@ -962,6 +965,14 @@ spot__push_advance(struct push_op *op)
       check_name(op);
     break;
   case PUSH_CHECK:
+    if (op->b.cfg.c.dedup && op->b.cfg.c.nranks <= 1 && op->follow == NULL) {
+      spot__dedup_start(op); /* then PUSH_DEDUP */
+      return;
+    }
+    /* fall through */
+  case PUSH_DEDUP:
+    if (op->state == PUSH_DEDUP && !spot__dedup_done(op))
+      return;
     r = spot__push_xfer_setup(op);
     if (r < 0)
       spot__store_fail(&op->b, r);

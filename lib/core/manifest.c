@@ -837,7 +837,7 @@ validate_frames(const struct spot_manifest *m, struct spot_manifest_file *f,
                   ", expected %" PRIu64 " (frames must be contiguous)",
                   i, j, fr->comp_off, comp);
     }
-    /* no overflow: <= 10000 frames of <= spot_codec_bound(128 MiB), and
+    /* no overflow: <= 2^20 frames of <= spot_codec_bound(128 MiB) (< 2^48), and
      * pack_off < 2^63 */
     raw += fr->raw_len;
     comp += fr->comp_len;

@@ -494,7 +494,7 @@ plan_file(struct push_op *op, struct pfile *f)
     frame_at(op, f, j, &off, &len);
     b = spot_codec_bound((size_t)len);
     if (nparts == 0 || acc + b > cap) {
-      if (nparts == SPOT_MANIFEST_FRAMES_MAX)
+      if (nparts == SPOT_MANIFEST_PARTS_MAX)
         return -E2BIG;
       f->part_first[nparts++] = f->nown;
       acc = 0;

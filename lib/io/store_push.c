@@ -349,7 +349,7 @@ spot__push_walk(struct push_op *op)
     f->nparts = f->size == 0 ? 0
                              : (size_t)((f->size + op->b.cfg.c.part_size - 1) /
                                         op->b.cfg.c.part_size);
-    if (f->nparts > SPOT_MANIFEST_FRAMES_MAX) {
+    if (f->nparts > SPOT_MANIFEST_PARTS_MAX) {
       fail_msg(op, -EFBIG, "%s: too big for %" PRIu64 "-byte parts", f->rel,
                op->b.cfg.c.part_size);
       break;

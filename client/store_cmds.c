@@ -45,8 +45,8 @@ struct common_opts {
   bool quiet, json, follow_symlinks, follow;
   bool dedup;           /* push --dedup */
   uint64_t dedup_frame; /* push --dedup-frame, 0 default */
-  bool page_cache; /* restore --page-cache: no O_DIRECT */
-  long long step;  /* push --step, 0 none */
+  bool page_cache;      /* restore --page-cache: no O_DIRECT */
+  long long step;       /* push --step, 0 none */
 };
 
 enum {

@@ -585,7 +585,8 @@ spot_manifest_add_ref(struct spot_manifest *m, const char *name,
       !key_valid(key) || stored == 0 || stored > INT64_MAX)
     return -EINVAL;
   for (size_t i = 0; i < m->nrefs; i++)
-    if (strcmp(m->refs[i].name, name) == 0 && strcmp(m->refs[i].key, key) == 0) {
+    if (strcmp(m->refs[i].name, name) == 0 &&
+        strcmp(m->refs[i].key, key) == 0) {
       *out_index = i;
       return 0;
     }
@@ -800,10 +801,9 @@ validate_frames(const struct spot_manifest *m, struct spot_manifest_file *f,
       const struct spot_manifest_ref *rf;
 
       if (fr->ref > m->nrefs || f->pack)
-        return fail(err, errlen, -EBADMSG,
-                    "files[%zu].frames[%zu].ref: %s", i, j,
-                    f->pack ? "a packed file has no references"
-                            : "not in refs");
+        return fail(
+            err, errlen, -EBADMSG, "files[%zu].frames[%zu].ref: %s", i, j,
+            f->pack ? "a packed file has no references" : "not in refs");
       rf = &m->refs[fr->ref - 1];
       /* comp_off <= INT64_MAX, comp_len <= bound(128 MiB): no overflow */
       if (fr->comp_off > rf->stored || fr->comp_len > rf->stored - fr->comp_off)
@@ -1183,7 +1183,8 @@ spot_manifest_to_json(struct spot_manifest *m, char **out, char *err,
     return r;
   if (r < 0)
     return -EINVAL;
-  m->version = uses_refs(m) ? SPOT_MANIFEST_VERSION_REFS : SPOT_MANIFEST_VERSION;
+  m->version =
+      uses_refs(m) ? SPOT_MANIFEST_VERSION_REFS : SPOT_MANIFEST_VERSION;
   if (spot_rfc3339_format(m->created_ms, created, sizeof(created)) < 0)
     return fail(err, errlen, -EINVAL, "created: cannot format");
   spot_buf_init(&b, SPOT_MANIFEST_JSON_MAX + 1);
@@ -1418,9 +1419,9 @@ static int
 parse_frames(struct parse *ps, json_t *arr, const char *where,
              struct spot_manifest_file *f)
 {
-  static const char *const frame_keys[] = {
-      "raw_off", "raw_len", "comp_off", "comp_len", "crc32c",
-      "ref",     "sha256",  NULL};
+  static const char *const frame_keys[] = {"raw_off",  "raw_len", "comp_off",
+                                           "comp_len", "crc32c",  "ref",
+                                           "sha256",   NULL};
   size_t n = json_array_size(arr);
 
   if (n > SPOT_MANIFEST_FRAMES_MAX)
@@ -1761,8 +1762,8 @@ static int
 parse_header(struct parse *ps, json_t *root, struct spot_manifest *m)
 {
   static const char *const root_keys[] = {
-      "format", "version", "name",  "job",   "created", "epoch",
-      "step",   "totals",  "packs", "refs",  "files",   NULL};
+      "format", "version", "name",  "job",  "created", "epoch",
+      "step",   "totals",  "packs", "refs", "files",   NULL};
   const char *s;
   size_t len;
   int64_t v;

@@ -39,7 +39,10 @@
 #define UNIT_FRAMES 64
 
 static const char *const dedup_state_names[] = {
-    "latest", "manifest", "hash", "done",
+    "latest",
+    "manifest",
+    "hash",
+    "done",
 };
 
 static void
@@ -174,8 +177,7 @@ lookup(const struct dedup *d, const unsigned char *sha, enum spot_filter filter,
        lo++) {
     const struct spot_manifest_file *bf = &d->base->files[d->idx[lo].file];
 
-    if (bf->filter == filter &&
-        bf->frames[d->idx[lo].frame].raw_len == raw_len)
+    if (bf->filter == filter && bf->frames[d->idx[lo].frame].raw_len == raw_len)
       return (int32_t)lo;
   }
   return -1;
@@ -424,8 +426,7 @@ start_hash(struct push_op *op)
   set_state(op, DEDUP_HASH);
   for (unsigned k = 0; k < njobs; k++) {
     d->jobs[k].op = op;
-    r = spot__store_work(&op->b, &d->jobs[k].work, hash_work_cb,
-                         hash_after_cb);
+    r = spot__store_work(&op->b, &d->jobs[k].work, hash_work_cb, hash_after_cb);
     if (r < 0) {
       fail_msg(op, r, "queueing work: %s", uv_strerror(r));
       break;
@@ -701,8 +702,7 @@ spot__dedup_encoded(struct push_op *op, struct spot__store_slot *s)
 {
   struct pfile *f = &op->files[s->file];
 
-  for (size_t k = f->part_first[s->part]; k < f->part_first[s->part + 1];
-       k++) {
+  for (size_t k = f->part_first[s->part]; k < f->part_first[s->part + 1]; k++) {
     size_t j = f->own[k];
     const struct spot__dframe *df = &f->df[j];
     uint64_t off, rlen;

@@ -33,9 +33,8 @@
 #include "util.h"
 
 static const char *const push_state_names[] = {
-    "walk",   "check",  "dedup",        "resume", "transfer", "verify",
-    "ranks",  "commit", "commit-check", "latest", "retain",   "abort",
-    "done",
+    "walk",   "check",        "dedup",  "resume", "transfer", "verify", "ranks",
+    "commit", "commit-check", "latest", "retain", "abort",    "done",
 };
 
 #define WALK_FILES_MAX SPOT_MANIFEST_FILES_MAX

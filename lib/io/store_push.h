@@ -135,7 +135,7 @@ struct spot__dedup_job {
 
 struct dedup {
   enum dedup_state state;
-  struct spot_manifest *base; /* LATEST's manifest, NULL: none */
+  struct spot_manifest *base;  /* LATEST's manifest, NULL: none */
   struct spot__dedup_ent *idx; /* sorted by sha */
   size_t nidx;
   struct spot__dedup_unit *units;

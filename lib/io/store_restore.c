@@ -768,7 +768,8 @@ issue_get(struct restore_op *op, struct spot__store_slot *s)
     /* a reference (manifest.h "References"): a range of an object of
      * the earlier checkpoint that stored it */
     const struct spot_manifest_frame *fr = &f->frames[s->part];
-    const char *ref_name, *rel = spot_manifest_frame_key(op->m, f, fr, &ref_name);
+    const char *ref_name,
+        *rel = spot_manifest_frame_key(op->m, f, fr, &ref_name);
 
     key = spot__store_key(&op->b.cfg.c, ref_name ? ref_name : op->b.name, rel);
     off = fr->comp_off;
@@ -890,8 +891,8 @@ frame_obj(const struct restore_op *op, const struct spot_manifest_file *f,
           size_t part)
 {
   static char buf[2 * SPOT_MANIFEST_PATH_MAX];
-  const char *name, *key = spot_manifest_frame_key(op->m, f, &f->frames[part],
-                                                   &name);
+  const char *name,
+      *key = spot_manifest_frame_key(op->m, f, &f->frames[part], &name);
 
   if (name == NULL)
     return key != NULL ? key : "";

@@ -32,8 +32,8 @@
 #include "util.h"
 
 static const char *const retain_state_names[] = {
-    "list",     "read",         "read-retired",  "retire",   "del-manifest",
-    "del-list", "del-page",     "uploads-list",  "uploads-abort", "done",
+    "list",     "read",     "read-retired", "retire",        "del-manifest",
+    "del-list", "del-page", "uploads-list", "uploads-abort", "done",
 };
 
 static void step(struct push_op *op);
@@ -154,8 +154,8 @@ got_manifest(struct push_op *op, const struct spot_s3_result *res)
     e->step = m->step >= 0 ? m->step : spot_ckpt_name_step(m->name);
     e->refs = m->nrefs > 0 ? calloc(m->nrefs, sizeof(char *)) : NULL;
     for (size_t i = 0; e->refs != NULL && i < m->nrefs; i++) {
-      e->refs[i] = spot__store_key(&op->b.cfg.c, m->refs[i].name,
-                                   m->refs[i].key);
+      e->refs[i] =
+          spot__store_key(&op->b.cfg.c, m->refs[i].name, m->refs[i].key);
       if (e->refs[i] == NULL)
         break;
       e->nrefs++;
@@ -259,9 +259,8 @@ collect_kept_refs(struct push_op *op)
 static bool
 referenced(const struct retain *rt, const char *key)
 {
-  return rt->nkept_refs > 0 &&
-         bsearch(&key, rt->kept_refs, rt->nkept_refs, sizeof(char *),
-                 cmp_str) != NULL;
+  return rt->nkept_refs > 0 && bsearch(&key, rt->kept_refs, rt->nkept_refs,
+                                       sizeof(char *), cmp_str) != NULL;
 }
 
 /* Whether key is NAME/RETIRED of the checkpoint being deleted. */

@@ -999,8 +999,8 @@ test_refs(void **state)
   assert_int_equal(spot_manifest_add_file(b, "all", "all.zst", 3, 0644, 2,
                                           SPOT_FILTER_NONE, &i),
                    0);
-  assert_int_equal(
-      spot_manifest_set_ref_frame(b, i, 0, ref, 0, 3, 12, 6, NULL), 0);
+  assert_int_equal(spot_manifest_set_ref_frame(b, i, 0, ref, 0, 3, 12, 6, NULL),
+                   0);
   /* every frame a reference: no object, no key */
   assert_int_equal(spot_manifest_to_json(b, &json, err, sizeof(err)), -EINVAL);
   assert_non_null(strstr(err, "files[1].key: every frame is a reference"));

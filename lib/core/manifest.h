@@ -138,8 +138,8 @@
 /* per file: frames of a file pushed with dedup (lib/io/store_dedup.c) are
  * smaller than its parts, so more than S3's part limit */
 #define SPOT_MANIFEST_FRAMES_MAX 1048576
-#define SPOT_MANIFEST_PARTS_MAX 10000 /* S3's part limit: one part per frame   \
-                                       */
+/* S3's part limit: parts per file */
+#define SPOT_MANIFEST_PARTS_MAX 10000
 #define SPOT_MANIFEST_TOTAL_FRAMES_MAX 4000000
 #define SPOT_MANIFEST_PACKS_MAX 65536
 #define SPOT_MANIFEST_REFS_MAX 65536

@@ -12,6 +12,9 @@
  *
  *   LATEST    GET LATEST (404: no base, every frame is sent)
  *   MANIFEST  GET and parse its manifest (invalid: no base, a warning)
+ *   HEAD      HEAD every object its hashed frames are in: one that is
+ *             missing or not the size its manifest says is never
+ *             referenced (a new checkpoint must not inherit the damage)
  *   HASH      pool: read and hash every frame, look each up in the base
  *   DONE      spot__push_advance() plans the parts and goes on
  *
@@ -39,10 +42,7 @@
 #define UNIT_FRAMES 64
 
 static const char *const dedup_state_names[] = {
-    "latest",
-    "manifest",
-    "hash",
-    "done",
+    "latest", "manifest", "head", "hash", "done",
 };
 
 static void
@@ -65,8 +65,10 @@ spot__dedup_frame_size(const struct push_op *op)
 bool
 spot__dedup_wanted(const struct push_op *op, const struct pfile *f)
 {
+  /* small files go in packs (store_pack.c), whole */
   return op->b.cfg.c.dedup && op->b.cfg.c.nranks <= 1 && op->follow == NULL &&
-         f->size > 0 && f->link == NULL && f->pack == 0 && f->pk == NULL;
+         f->size > 0 && f->link == NULL && f->pack == 0 && f->pk == NULL &&
+         !spot__pack_small(op, f);
 }
 
 /* Frame j of f: its offset and length in the file (the grid of
@@ -105,6 +107,8 @@ spot__dedup_fini(struct push_op *op)
   d->units = NULL;
   free(d->jobs);
   d->jobs = NULL;
+  free(d->obj);
+  d->obj = NULL;
 }
 
 void
@@ -184,6 +188,7 @@ lookup(const struct dedup *d, const unsigned char *sha, enum spot_filter filter,
 }
 
 static void dedup_cb(const struct spot_s3_result *res, void *data);
+static void start_hash(struct push_op *op);
 
 static int
 get(struct push_op *op, const char *name, const char *rel, size_t cap)
@@ -202,8 +207,6 @@ get(struct push_op *op, const char *name, const char *rel, size_t cap)
     op->b.active_s3++;
   return r;
 }
-
-static void start_hash(struct push_op *op);
 
 static void
 no_base(struct push_op *op, const char *why)
@@ -240,6 +243,82 @@ got_latest(struct push_op *op)
     no_base(op, strerror(-r));
 }
 
+/* The object base frame e is in: base file e->file's own object
+ * (index < nfiles), or the base's reference nfiles + ref - 1. */
+static size_t
+obj_of(const struct spot_manifest *m, const struct spot__dedup_ent *e)
+{
+  const struct spot_manifest_frame *fr = &m->files[e->file].frames[e->frame];
+
+  return fr->ref > 0 ? m->nfiles + fr->ref - 1 : e->file;
+}
+
+/* HEAD: the next object a hashed frame is in; then HASH. */
+static void
+head_next(struct push_op *op)
+{
+  struct dedup *d = &op->dedup;
+  const struct spot_manifest *m = d->base;
+  size_t n = 0;
+
+  while (d->head_idx < m->nfiles + m->nrefs && d->obj[d->head_idx] != OBJ_USED)
+    d->head_idx++;
+  if (d->head_idx < m->nfiles + m->nrefs) {
+    size_t o = d->head_idx;
+    const char *name = o < m->nfiles ? m->name : m->refs[o - m->nfiles].name;
+    const char *rel =
+        o < m->nfiles ? m->files[o].key : m->refs[o - m->nfiles].key;
+    char *key = spot__store_key(&op->b.cfg.c, name, rel);
+    int r;
+
+    if (key == NULL) {
+      fail_msg(op, -ENOMEM, "out of memory");
+      return;
+    }
+    r = spot_s3_head(op->b.cfg.c.s3, op->b.cfg.bucket, key, dedup_cb, op,
+                     &op->s3op);
+    free(key);
+    if (r < 0) {
+      fail_msg(op, r, "reading the earlier checkpoint: %s", strerror(-r));
+      return;
+    }
+    op->b.active_s3++;
+    return;
+  }
+  /* drop the frames of objects that failed the check (stays sorted) */
+  for (size_t i = 0; i < d->nidx; i++)
+    if (d->obj[obj_of(m, &d->idx[i])] == OBJ_OK)
+      d->idx[n++] = d->idx[i];
+  d->nidx = n;
+  start_hash(op);
+}
+
+/* HEAD's answer for object head_idx. */
+static void
+got_head(struct push_op *op, const struct spot_s3_result *res)
+{
+  struct dedup *d = &op->dedup;
+  const struct spot_manifest *m = d->base;
+  size_t o = d->head_idx;
+  uint64_t want =
+      o < m->nfiles ? m->files[o].stored : m->refs[o - m->nfiles].stored;
+
+  if (res->err == 0 && res->content_length == want) {
+    d->obj[o] = OBJ_OK;
+  } else {
+    char tmp[256];
+
+    d->obj[o] = OBJ_BAD;
+    log_warn("push name=%s: an object of %s cannot be referenced (%s): "
+             "its frames are uploaded again",
+             op->b.name, m->name,
+             res->err < 0 ? spot_s3_strerror(res, tmp, sizeof(tmp))
+                          : "not the size its manifest says");
+  }
+  d->head_idx++;
+  head_next(op);
+}
+
 static void
 got_manifest(struct push_op *op)
 {
@@ -265,7 +344,16 @@ got_manifest(struct push_op *op)
     no_base(op, NULL); /* an older manifest: no frame hashes */
     return;
   }
-  start_hash(op);
+  op->dedup.obj = calloc(op->dedup.base->nfiles + op->dedup.base->nrefs, 1);
+  if (op->dedup.obj == NULL) {
+    fail_msg(op, -ENOMEM, "out of memory");
+    return;
+  }
+  for (size_t i = 0; i < op->dedup.nidx; i++)
+    op->dedup.obj[obj_of(op->dedup.base, &op->dedup.idx[i])] = OBJ_USED;
+  set_state(op, DEDUP_HEAD);
+  op->dedup.head_idx = 0;
+  head_next(op);
 }
 
 static void
@@ -276,6 +364,8 @@ dedup_cb(const struct spot_s3_result *res, void *data)
   spot__store_s3_done(&op->b, &op->s3op, res);
   if (spot__store_cancelled(&op->b) || op->b.err < 0) {
     set_state(op, DEDUP_DONE);
+  } else if (op->dedup.state == DEDUP_HEAD) {
+    got_head(op, res);
   } else if (res->err == -ENOENT) {
     no_base(op, NULL); /* the job's first checkpoint */
   } else if (res->err < 0) {

@@ -108,6 +108,7 @@ struct pfile {
 enum dedup_state {
   DEDUP_LATEST,   /* GET LATEST */
   DEDUP_MANIFEST, /* GET its manifest: the base */
+  DEDUP_HEAD,     /* HEAD the objects its hashed frames are in */
   DEDUP_HASH,     /* pool: hash every frame, look it up in the base */
   DEDUP_DONE,
   DEDUP_STATE_LAST,
@@ -144,7 +145,12 @@ struct dedup {
   struct spot__dedup_job *jobs;
   unsigned jobs_left;
   uint64_t ref_raw; /* bytes referenced, not sent */
+  /* HEAD: per base object (files, then refs), OBJ_*; the next to HEAD */
+  unsigned char *obj;
+  size_t head_idx;
 };
+
+enum { OBJ_UNUSED, OBJ_USED, OBJ_OK, OBJ_BAD };
 
 /* A part's slot (struct spot__store_slot in store_internal.h). */
 enum slot_state {

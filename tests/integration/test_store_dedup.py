@@ -6,7 +6,8 @@ stores at most 0.2x the bytes of the first (the manifest's stored bytes
 and the objects' sizes in the store), its manifest references the first
 one's object; --keep 2 retires the first, whose referenced object stays
 (RETIRED marks it) while the newest restores byte-identical; once no
-kept checkpoint references it, a later push's retention deletes it."""
+kept checkpoint references it, a later push's retention deletes it. An
+object that is gone from the store is never referenced again."""
 import json
 import os
 import random
@@ -115,6 +116,20 @@ try:
             left = spotlib.s3_keys(root + "checkpoints/%s/" % n)
             c.check(left == [], "%s: collected once no kept checkpoint references it" % n,
                     "\n".join(left))
+        # a referenced object that is gone is not referenced again: the
+        # next checkpoint uploads those frames (one warning line)
+        d = os.path.join(tmp, "step-5")
+        gone = [k for k in objects("step-5") if k.endswith(".zst")]
+        for k in gone:
+            spotlib.s3().delete_object(Bucket=bucket, Key=k)
+        cp = spotlib.spotctl("push", d, url, "--dedup", "-n", "step-6")
+        c.check(cp.returncode == 0 and len(gone) == 1 and
+                "cannot be referenced" in cp.stderr and
+                manifest("step-6")["totals"]["stored_bytes"] >= 3 << 20,
+                "a missing object is not referenced, its frames are sent",
+                cp.stdout + cp.stderr)
+        spotlib.check_restore(c, url, d, os.path.join(tmp, "r6"),
+                              "and that checkpoint restores")
 finally:
     spotlib.s3_cleanup(root)
 c.finish()

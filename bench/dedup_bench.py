@@ -2,7 +2,7 @@
 """dedup_bench.py - what `spotctl push --dedup` uploads per checkpoint, and
 what hashing costs (bench/results/dedup.md):
 
-  /usr/bin/python3 bench/dedup_bench.py [BUILD] [--quick]
+  /usr/bin/python3 bench/dedup_bench.py [BUILD] [--quick] [--cpu-only]
 
 (torch is needed: /usr/bin/python3's.) Starts BUILD/bench/s3_mem (default
 BUILD: build) on a free port and pushes with BUILD/client/spotctl:
@@ -138,7 +138,7 @@ def cpu_cost(e, tmp, size):
     os.makedirs(d)
     gaussian_file(os.path.join(d, "w.fp32"), size, g)
     res = {"plain": [], "dedup, no base": [], "dedup, base, 10 % changed": []}
-    for rep in range(1 if QUICK else 3):
+    for rep in range(3):
         for what in res:
             job = "cpu-%d-%d" % (rep, int(time.time() * 1000))
             url = "s3://%s/%s" % (BUCKET, job)
@@ -163,18 +163,19 @@ def main():
                 " ".join(sys.argv), os.uname().nodename, os.cpu_count(),
                 torch.__version__))
             g = torch.Generator().manual_seed(1)
+            nl = 3 if QUICK else 8
+            nb = 2 if QUICK else 4
             cases = [
-                ("LoRA r=112, 8 x 2048^2 fp32 (10 % trainable)",
-                 lambda: lora_state(2048, 112, 8 if not QUICK else 3,
-                                    torch.float32, g), False),
-                ("LoRA r=16, 4 x 4096^2 bf16 (0.8 % trainable)",
-                 lambda: lora_state(4096, 16, 4 if not QUICK else 2,
-                                    torch.bfloat16, g), False),
-                ("full training, 8 x 2048^2 fp32 (every tensor changes)",
-                 lambda: lora_state(2048, 112, 8 if not QUICK else 3,
-                                    torch.float32, g), True),
+                ("LoRA r=112, %d x 2048^2 fp32 (10 %% trainable)" % nl,
+                 lambda: lora_state(2048, 112, nl, torch.float32, g), False),
+                ("LoRA r=16, %d x 4096^2 bf16 (0.8 %% trainable)" % nb,
+                 lambda: lora_state(4096, 16, nb, torch.bfloat16, g), False),
+                ("full training, %d x 2048^2 fp32 (every tensor changes)" % nl,
+                 lambda: lora_state(2048, 112, nl, torch.float32, g), True),
             ]
             frames = [None, "256K", "1M", "4M"]
+            if "--cpu-only" in sys.argv:
+                cases = []
             print("## Bytes stored per checkpoint (torch.save, 4 steps, "
                   "--keep 2)\n")
             print("| state dict | --dedup-frame | file | stored per checkpoint "

@@ -207,8 +207,9 @@ static const struct key_def keys[] = {
      "Upload only the bytes that changed since the job's newest checkpoint: "
      "files are stored in frames of 1 MiB with their SHA-256, and a frame "
      "LATEST's checkpoint already holds is referenced, not sent (a "
-     "fine-tune with a frozen base). Single node. false: every checkpoint "
-     "is uploaded whole."},
+     "fine-tune with a frozen base). Single node; a checkpoint is then "
+     "uploaded once complete (no overlap). false: every checkpoint is "
+     "uploaded whole."},
     {"follow-symlinks", T_BOOL, OFF(follow_symlinks), NULL, "false", NULL, NULL,
      0, 0, NULL, NULL, 0,
      "Upload the regular file a symlink in a checkpoint points to when the "

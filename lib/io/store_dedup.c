@@ -508,6 +508,10 @@ start_hash(struct push_op *op)
   njobs = op->b.cfg.c.workers > 0 ? op->b.cfg.c.workers : 1;
   if (njobs > d->nunits)
     njobs = (unsigned)d->nunits;
+  if (njobs == 0) {
+    set_state(op, DEDUP_DONE);
+    return;
+  }
   d->jobs = calloc(njobs, sizeof(*d->jobs));
   if (d->jobs == NULL) {
     fail_msg(op, -ENOMEM, "out of memory");

@@ -152,6 +152,7 @@ got_manifest(struct push_op *op, const struct spot_s3_result *res)
     e->name = strdup(rt->names[rt->read_idx]);
     e->created_ms = m->created_ms;
     e->step = m->step >= 0 ? m->step : spot_ckpt_name_step(m->name);
+    e->nrefs = 0;
     e->refs = m->nrefs > 0 ? calloc(m->nrefs, sizeof(char *)) : NULL;
     for (size_t i = 0; e->refs != NULL && i < m->nrefs; i++) {
       e->refs[i] =

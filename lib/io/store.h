@@ -47,6 +47,8 @@
 /* cfg dedup's frame (bench/results/dedup.md): the smallest change a
  * checkpoint pays for, and ~100 bytes of manifest per frame. */
 #define SPOT_STORE_DEDUP_FRAME_DEFAULT ((uint64_t)1 << 20)
+/* cfg dedup needs parts of at least this (store_dedup.c) */
+#define SPOT_STORE_DEDUP_PART_MIN ((uint64_t)8 << 20)
 /* Transfers in flight (spot_store_config.parallel 0): adaptive (pace.h),
  * from SPOT_PACE_START (8) up to what the memory budget fits, at most
  * SPOT_STORE_PARALLEL_MAX. */

@@ -62,13 +62,24 @@ spot__dedup_frame_size(const struct push_op *op)
   return fs < op->b.cfg.c.part_size ? fs : op->b.cfg.c.part_size;
 }
 
+/* Whether this push cuts files into frames: cfg dedup, one node, not
+ * following, and parts of at least SPOT_STORE_DEDUP_PART_MIN (a part of
+ * incompressible frames must reach S3's minimum within a slot's buffer:
+ * spot_codec_bound() of a part holds a part's worth of frames only up to
+ * their per-frame overhead, and padding has no room left then). */
+bool
+spot__dedup_on(const struct push_op *op)
+{
+  return op->b.cfg.c.dedup && op->b.cfg.c.nranks <= 1 && op->follow == NULL &&
+         op->b.cfg.c.part_size >= SPOT_STORE_DEDUP_PART_MIN;
+}
+
 bool
 spot__dedup_wanted(const struct push_op *op, const struct pfile *f)
 {
   /* small files go in packs (store_pack.c), whole */
-  return op->b.cfg.c.dedup && op->b.cfg.c.nranks <= 1 && op->follow == NULL &&
-         f->size > 0 && f->link == NULL && f->pack == 0 && f->pk == NULL &&
-         !spot__pack_small(op, f);
+  return spot__dedup_on(op) && f->size > 0 && f->link == NULL && f->pack == 0 &&
+         f->pk == NULL && !spot__pack_small(op, f);
 }
 
 /* Frame j of f: its offset and length in the file (the grid of

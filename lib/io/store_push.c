@@ -964,10 +964,15 @@ spot__push_advance(struct push_op *op)
       check_name(op);
     break;
   case PUSH_CHECK:
-    if (op->b.cfg.c.dedup && op->b.cfg.c.nranks <= 1 && op->follow == NULL) {
+    if (spot__dedup_on(op)) {
       spot__dedup_start(op); /* then PUSH_DEDUP */
       return;
     }
+    if (op->b.cfg.c.dedup && op->b.cfg.c.part_size < SPOT_STORE_DEDUP_PART_MIN)
+      log_warn("push name=%s: dedup needs parts of at least %" PRIu64
+               " MiB (part size %" PRIu64 "): every byte is uploaded",
+               op->b.name, SPOT_STORE_DEDUP_PART_MIN >> 20,
+               op->b.cfg.c.part_size);
     /* fall through */
   case PUSH_DEDUP:
     if (op->state == PUSH_DEDUP && !spot__dedup_done(op))

@@ -367,6 +367,7 @@ int spot__push_pad(void *comp, size_t cap, size_t *len);
 
 /* store_resume.c */
 uint64_t spot__dedup_frame_size(const struct push_op *op);
+bool spot__dedup_on(const struct push_op *op);
 bool spot__dedup_wanted(const struct push_op *op, const struct pfile *f);
 void spot__dedup_start(struct push_op *op);
 bool spot__dedup_done(const struct push_op *op);

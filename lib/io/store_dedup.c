@@ -629,6 +629,7 @@ spot__dedup_plan(struct push_op *op)
     if (r < 0)
       return r;
   }
+  op->b.raw_done += op->dedup.ref_raw; /* progress: referenced is done */
   if (op->dedup.base != NULL)
     log_info("push name=%s: %" PRIu64 " of %" PRIu64
              " bytes unchanged since %s, referenced, not uploaded",

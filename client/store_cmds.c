@@ -43,8 +43,10 @@ struct common_opts {
   uint64_t restore_timeout_ms;
   enum spot_store_compress compress;
   bool quiet, json, follow_symlinks, follow;
-  bool page_cache; /* restore --page-cache: no O_DIRECT */
-  long long step;  /* push --step, 0 none */
+  bool dedup;           /* push --dedup */
+  uint64_t dedup_frame; /* push --dedup-frame, 0 default */
+  bool page_cache;      /* restore --page-cache: no O_DIRECT */
+  long long step;       /* push --step, 0 none */
 };
 
 enum {
@@ -66,6 +68,8 @@ enum {
   OPT_FOLLOW,
   OPT_STEP,
   OPT_PAGE_CACHE,
+  OPT_DEDUP,
+  OPT_DEDUP_FRAME,
 };
 
 static const struct option long_opts[] = {
@@ -90,6 +94,8 @@ static const struct option long_opts[] = {
     {"follow", no_argument, NULL, OPT_FOLLOW},
     {"step", required_argument, NULL, OPT_STEP},
     {"page-cache", no_argument, NULL, OPT_PAGE_CACHE},
+    {"dedup", no_argument, NULL, OPT_DEDUP},
+    {"dedup-frame", required_argument, NULL, OPT_DEDUP_FRAME},
     {NULL, 0, NULL, 0},
 };
 
@@ -240,6 +246,18 @@ parse_opts(int argc, char **argv, struct common_opts *o, const char *usage)
     case OPT_FOLLOW:
       o->follow = true;
       break;
+    case OPT_DEDUP:
+      o->dedup = true;
+      break;
+    case OPT_DEDUP_FRAME:
+      if (spot_parse_size(optarg, &o->dedup_frame) < 0 ||
+          o->dedup_frame < 4096 || o->dedup_frame % 8 != 0 ||
+          o->dedup_frame > SPOT_CODEC_PART_MAX)
+        return spotctl_usage("--dedup-frame: expected a size of at least 4K, "
+                             "a multiple of 8, got '%s'",
+                             optarg);
+      o->dedup = true;
+      break;
     case OPT_PAGE_CACHE:
       o->page_cache = true;
       break;
@@ -310,6 +328,8 @@ session_open(struct session *s, const char *url, const struct common_opts *o)
   s->cfg.restore_timeout_ms = o->restore_timeout_ms;
   s->cfg.follow_symlinks = o->follow_symlinks;
   s->cfg.follow = o->follow;
+  s->cfg.dedup = o->dedup;
+  s->cfg.dedup_frame = o->dedup_frame;
   s->cfg.step = o->step;
   s->done = false;
   return 0;
@@ -415,7 +435,11 @@ static const char push_usage[] =
     "                     (files changed since are uploaded again)\n"
     "  --step N           the trainer's step this checkpoint holds (default:\n"
     "                     what NAME states, as in step-000042): LATEST never\n"
-    "                     moves to a checkpoint older by step\n";
+    "                     moves to a checkpoint older by step\n"
+    "  --dedup            upload only what changed since LATEST: files go in\n"
+    "                     frames of 1 MiB with their SHA-256, and a frame\n"
+    "                     LATEST already stores is referenced, not sent\n"
+    "  --dedup-frame SIZE  --dedup with frames of SIZE (a multiple of 8)\n";
 
 int
 spotctl_cmd_push(int argc, char **argv)

@@ -766,6 +766,7 @@ store_config(struct spotd *d)
                           : SPOT_STORE_COMPRESS_AUTO;
   d->store.keep = (unsigned)c->keep;
   d->store.follow_symlinks = c->follow_symlinks;
+  d->store.dedup = c->dedup && c->nranks <= 1;
   d->store.journal_dir = d->journal_dir;
   d->store.rank = (unsigned)c->rank;
   d->store.nranks = (unsigned)c->nranks;

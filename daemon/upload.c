@@ -991,7 +991,8 @@ upload_follow_maybe(struct spotd *d, const char *name)
   struct stat st;
   int64_t signal_wall;
 
-  if (!d->cfg->overlap || !request_pending(d) || d->closing ||
+  /* dedup hashes whole files before it uploads: it waits for the marker */
+  if (!d->cfg->overlap || d->store.dedup || !request_pending(d) || d->closing ||
       d->cfg->nranks > 1 || !upload_idle(d) || d->up.follow_seq == d->req.seq ||
       watch_is_known(d, name) ||
       (d->state != SPOTD_RUNNING && d->state != SPOTD_DRAINING) ||

@@ -202,6 +202,14 @@ static const struct key_def keys[] = {
      "still writes it (each once it stops changing); the commit still waits "
      "for SPOTD_COMPLETE and uploads again what changed since. false: upload "
      "only after the marker (trainers that rewrite files in place)."},
+    {"dedup", T_BOOL, OFF(dedup), NULL, "false", NULL, NULL, 0, 0, NULL, NULL,
+     0,
+     "Upload only the bytes that changed since the job's newest checkpoint: "
+     "files are stored in frames of 1 MiB with their SHA-256, and a frame "
+     "LATEST's checkpoint already holds is referenced, not sent (a "
+     "fine-tune with a frozen base). Single node; a checkpoint is then "
+     "uploaded once complete (no overlap). false: every checkpoint is "
+     "uploaded whole."},
     {"follow-symlinks", T_BOOL, OFF(follow_symlinks), NULL, "false", NULL, NULL,
      0, 0, NULL, NULL, 0,
      "Upload the regular file a symlink in a checkpoint points to when the "

@@ -111,6 +111,7 @@ struct spot_config {
   bool restore; /* restore the newest checkpoint before launch */
   bool overlap; /* upload a requested checkpoint's files while it is written */
   bool follow_symlinks; /* store what a link out of the folder points to */
+  bool dedup;           /* reference unchanged frames (store_dedup.c) */
   /* the store */
   int64_t keep;
   int64_t keep_local; /* committed checkpoints kept in ckpt_dir */

@@ -320,6 +320,11 @@ spot_manifest_free(struct spot_manifest *m)
   for (size_t i = 0; i < m->npacks; i++)
     free(m->packs[i].key);
   free(m->packs);
+  for (size_t i = 0; i < m->nrefs; i++) {
+    free(m->refs[i].name);
+    free(m->refs[i].key);
+  }
+  free(m->refs);
   free(m->name);
   free(m->job);
   free(m);
@@ -552,7 +557,108 @@ spot_manifest_set_frame(struct spot_manifest *m, size_t index, size_t part,
   fr->comp_len = comp_len;
   fr->crc32c = crc32c;
   fr->set = true;
+  fr->ref = 0;
   return 0;
+}
+
+int
+spot_manifest_set_frame_sha(struct spot_manifest *m, size_t index, size_t part,
+                            const unsigned char *sha256)
+{
+  struct spot_manifest_frame *fr;
+
+  if (index >= m->nfiles || part >= m->files[index].nframes || !sha256)
+    return -EINVAL;
+  fr = &m->files[index].frames[part];
+  memcpy(fr->sha256, sha256, SPOT_MANIFEST_SHA256_LEN);
+  fr->has_sha = true;
+  return 0;
+}
+
+int
+spot_manifest_add_ref(struct spot_manifest *m, const char *name,
+                      const char *key, uint64_t stored, size_t *out_index)
+{
+  struct spot_manifest_ref *rf;
+
+  if (!spot_ckpt_name_valid(name) || strcmp(name, m->name) == 0 ||
+      !key_valid(key) || stored == 0 || stored > INT64_MAX)
+    return -EINVAL;
+  for (size_t i = 0; i < m->nrefs; i++)
+    if (strcmp(m->refs[i].name, name) == 0 &&
+        strcmp(m->refs[i].key, key) == 0) {
+      *out_index = i;
+      return 0;
+    }
+  if (m->nrefs >= SPOT_MANIFEST_REFS_MAX)
+    return -E2BIG;
+  if (m->nrefs == m->refs_alloc) {
+    size_t na = m->refs_alloc ? m->refs_alloc * 2 : 4;
+    struct spot_manifest_ref *p = realloc(m->refs, na * sizeof(*p));
+
+    if (!p)
+      return -ENOMEM;
+    m->refs = p;
+    m->refs_alloc = na;
+  }
+  rf = &m->refs[m->nrefs];
+  rf->name = strdup(name);
+  rf->key = strdup(key);
+  rf->stored = stored;
+  if (!rf->name || !rf->key) {
+    free(rf->name);
+    free(rf->key);
+    return -ENOMEM;
+  }
+  *out_index = m->nrefs++;
+  return 0;
+}
+
+int
+spot_manifest_set_ref_frame(struct spot_manifest *m, size_t index, size_t part,
+                            size_t ref, uint64_t comp_off, uint64_t raw_len,
+                            uint64_t comp_len, uint32_t crc32c,
+                            const unsigned char *sha256)
+{
+  struct spot_manifest_frame *fr;
+  int r;
+
+  if (index >= m->nfiles || ref >= m->nrefs || m->files[index].pack)
+    return -EINVAL;
+  r = spot_manifest_set_frame(m, index, part, raw_len, comp_len, crc32c);
+  if (r < 0)
+    return r;
+  fr = &m->files[index].frames[part];
+  fr->ref = (uint32_t)ref + 1;
+  fr->comp_off = comp_off;
+  if (sha256) {
+    memcpy(fr->sha256, sha256, SPOT_MANIFEST_SHA256_LEN);
+    fr->has_sha = true;
+  }
+  return 0;
+}
+
+int
+spot_manifest_clear_key(struct spot_manifest *m, size_t index)
+{
+  if (index >= m->nfiles || m->files[index].pack)
+    return -EINVAL;
+  free(m->files[index].key);
+  m->files[index].key = NULL;
+  return 0;
+}
+
+const char *
+spot_manifest_frame_key(const struct spot_manifest *m,
+                        const struct spot_manifest_file *f,
+                        const struct spot_manifest_frame *fr, const char **name)
+{
+  if (fr->ref > 0 && fr->ref <= m->nrefs) {
+    *name = m->refs[fr->ref - 1].name;
+    return m->refs[fr->ref - 1].key;
+  }
+  *name = NULL;
+  return spot_manifest_object_key(m, f);
 }
 
 /* The cross-field rules. compute: fill in offsets (builder); else check
@@ -666,12 +772,15 @@ check_unique(const struct spot_manifest *m, char *err, size_t errlen)
   return r;
 }
 
-/* File i's frames tile the file and its object; sets f->stored. */
+/* File i's frames tile the file, and those that are not references its
+ * object; sets f->stored and adds referenced raw bytes to *ref_raw. */
 static int
-validate_frames(struct spot_manifest_file *f, size_t i, bool compute, char *err,
+validate_frames(const struct spot_manifest *m, struct spot_manifest_file *f,
+                size_t i, bool compute, uint64_t *ref_raw, char *err,
                 size_t errlen)
 {
   uint64_t raw = 0, comp = f->pack ? f->pack_off : 0;
+  size_t own = 0;
 
   for (size_t j = 0; j < f->nframes; j++) {
     struct spot_manifest_frame *fr = &f->frames[j];
@@ -688,6 +797,32 @@ validate_frames(struct spot_manifest_file *f, size_t i, bool compute, char *err,
       return fail(err, errlen, -EBADMSG,
                   "files[%zu].frames[%zu].comp_len: %" PRIu64 " not in 1..%zu",
                   i, j, fr->comp_len, spot_codec_bound((size_t)fr->raw_len));
+    if (fr->ref > 0) {
+      const struct spot_manifest_ref *rf;
+
+      if (fr->ref > m->nrefs || f->pack)
+        return fail(
+            err, errlen, -EBADMSG, "files[%zu].frames[%zu].ref: %s", i, j,
+            f->pack ? "a packed file has no references" : "not in refs");
+      rf = &m->refs[fr->ref - 1];
+      /* comp_off <= INT64_MAX, comp_len <= bound(128 MiB): no overflow */
+      if (fr->comp_off > rf->stored || fr->comp_len > rf->stored - fr->comp_off)
+        return fail(err, errlen, -EBADMSG,
+                    "files[%zu].frames[%zu].comp_off: %" PRIu64 "+%" PRIu64
+                    " past refs[%u]'s %" PRIu64 " bytes",
+                    i, j, fr->comp_off, fr->comp_len, fr->ref - 1, rf->stored);
+      if (compute)
+        fr->raw_off = raw;
+      else if (fr->raw_off != raw)
+        return fail(err, errlen, -EBADMSG,
+                    "files[%zu].frames[%zu].raw_off: %" PRIu64
+                    ", expected %" PRIu64 " (frames must be contiguous)",
+                    i, j, fr->raw_off, raw);
+      raw += fr->raw_len;
+      *ref_raw += fr->raw_len;
+      continue;
+    }
+    own++;
     if (compute) {
       fr->raw_off = raw;
       fr->comp_off = comp;
@@ -702,7 +837,7 @@ validate_frames(struct spot_manifest_file *f, size_t i, bool compute, char *err,
                   ", expected %" PRIu64 " (frames must be contiguous)",
                   i, j, fr->comp_off, comp);
     }
-    /* no overflow: <= 10000 frames of <= spot_codec_bound(128 MiB), and
+    /* no overflow: <= 2^20 frames of <= spot_codec_bound(128 MiB) (< 2^48), and
      * pack_off < 2^63 */
     raw += fr->raw_len;
     comp += fr->comp_len;
@@ -711,6 +846,11 @@ validate_frames(struct spot_manifest_file *f, size_t i, bool compute, char *err,
     return fail(err, errlen, -EBADMSG,
                 "files[%zu].frames: cover %" PRIu64 " bytes, size is %" PRIu64,
                 i, raw, f->size);
+  if (own > 0 && !f->key && !f->pack)
+    return fail(err, errlen, -EBADMSG, "files[%zu].key: missing", i);
+  if (own == 0 && f->key)
+    return fail(err, errlen, -EBADMSG,
+                "files[%zu].key: every frame is a reference, no object", i);
   f->stored = comp - (f->pack ? f->pack_off : 0);
   return 0;
 }
@@ -752,6 +892,44 @@ cmp_span(const void *a, const void *b)
   if (x->off != y->off)
     return (x->off > y->off) - (x->off < y->off);
   return (x->file > y->file) - (x->file < y->file);
+}
+
+/* The referenced objects: names and keys. */
+static int
+validate_ref_list(const struct spot_manifest *m, char *err, size_t errlen)
+{
+  if (m->nrefs > SPOT_MANIFEST_REFS_MAX)
+    return fail(err, errlen, -EBADMSG, "refs: more than %d",
+                SPOT_MANIFEST_REFS_MAX);
+  for (size_t i = 0; i < m->nrefs; i++) {
+    const struct spot_manifest_ref *rf = &m->refs[i];
+    const char *why = path_problem(rf->key, strlen(rf->key));
+
+    if (!why && strcmp(rf->key, SPOT_MANIFEST_NAME) == 0)
+      why = "reserved for the manifest";
+    if (why)
+      return fail(err, errlen, -EBADMSG, "refs[%zu].key: %s", i, why);
+    if (!spot_ckpt_name_valid(rf->name) || strcmp(rf->name, m->name) == 0)
+      return fail(err, errlen, -EBADMSG,
+                  "refs[%zu].name: not another checkpoint's name", i);
+    if (rf->stored == 0 || rf->stored > INT64_MAX)
+      return fail(err, errlen, -EBADMSG, "refs[%zu].stored: not in 1..%lld", i,
+                  (long long)INT64_MAX);
+  }
+  return 0;
+}
+
+/* Whether m uses what version 2 added (references, frame hashes). */
+static bool
+uses_refs(const struct spot_manifest *m)
+{
+  if (m->nrefs > 0)
+    return true;
+  for (size_t i = 0; i < m->nfiles; i++)
+    for (size_t j = 0; j < m->files[i].nframes; j++)
+      if (m->files[i].frames[j].has_sha || m->files[i].frames[j].ref)
+        return true;
+  return false;
 }
 
 /* The packs' keys and sizes. */
@@ -837,8 +1015,6 @@ validate_file(const struct spot_manifest_file *f, size_t i, size_t npacks,
   if (f->size == 0 && (f->key || f->nframes))
     return fail(err, errlen, -EBADMSG,
                 "files[%zu]: an empty file has no key and no frames", i);
-  if (f->size > 0 && !f->key && !f->pack)
-    return fail(err, errlen, -EBADMSG, "files[%zu].key: missing", i);
   if (f->size > 0 && f->nframes == 0)
     return fail(err, errlen, -EBADMSG,
                 "files[%zu].frames: empty, size is %" PRIu64, i, f->size);
@@ -858,11 +1034,12 @@ validate_file(const struct spot_manifest_file *f, size_t i, size_t npacks,
 static int
 validate(struct spot_manifest *m, bool compute, char *err, size_t errlen)
 {
-  uint64_t total_raw = 0, total_stored = 0;
+  uint64_t total_raw = 0, total_stored = 0, ref_raw = 0;
   size_t total_frames = 0;
   int r;
 
-  if (m->version != SPOT_MANIFEST_VERSION)
+  if (m->version != SPOT_MANIFEST_VERSION &&
+      m->version != SPOT_MANIFEST_VERSION_REFS)
     return fail(err, errlen, -EPROTONOSUPPORT, "version: %u not supported",
                 m->version);
   if (!spot_ckpt_name_valid(m->name))
@@ -875,6 +1052,8 @@ validate(struct spot_manifest *m, bool compute, char *err, size_t errlen)
     return fail(err, errlen, -EBADMSG, "files: more than %d",
                 SPOT_MANIFEST_FILES_MAX);
   r = validate_pack_list(m, err, errlen);
+  if (r == 0)
+    r = validate_ref_list(m, err, errlen);
   if (r < 0)
     return r;
   for (size_t i = 0; i < m->nfiles; i++) {
@@ -888,7 +1067,7 @@ validate(struct spot_manifest *m, bool compute, char *err, size_t errlen)
       return fail(err, errlen, -EBADMSG,
                   "files[%zu].frames: more than %d in all", i,
                   SPOT_MANIFEST_TOTAL_FRAMES_MAX);
-    r = validate_frames(f, i, compute, err, errlen);
+    r = validate_frames(m, f, i, compute, &ref_raw, err, errlen);
     if (r == 0 && f->pack)
       r = validate_packed(m, f, i, err, errlen);
     if (r < 0)
@@ -905,6 +1084,7 @@ validate(struct spot_manifest *m, bool compute, char *err, size_t errlen)
   m->total_raw = total_raw;
   m->total_stored = total_stored;
   m->total_frames = total_frames;
+  m->total_ref_raw = ref_raw;
   return 0;
 }
 
@@ -966,12 +1146,24 @@ put_file(struct spot_buf *b, const struct spot_manifest *m,
   for (size_t j = 0; r == 0 && j < f->nframes; j++) {
     const struct spot_manifest_frame *fr = &f->frames[j];
 
-    r = spot_buf_printf(b,
-                        "%s{\"raw_off\":%" PRIu64 ",\"raw_len\":%" PRIu64
-                        ",\"comp_off\":%" PRIu64 ",\"comp_len\":%" PRIu64
-                        ",\"crc32c\":%" PRIu32 "}",
-                        j ? "," : "", fr->raw_off, fr->raw_len, fr->comp_off,
-                        fr->comp_len, fr->crc32c);
+    r = spot_buf_printf(b, "%s{\"raw_off\":%" PRIu64 ",\"raw_len\":%" PRIu64,
+                        j ? "," : "", fr->raw_off, fr->raw_len);
+    if (r == 0 && fr->ref)
+      r = spot_buf_printf(b, ",\"ref\":%" PRIu32, fr->ref - 1);
+    if (r == 0)
+      r = spot_buf_printf(b,
+                          ",\"comp_off\":%" PRIu64 ",\"comp_len\":%" PRIu64
+                          ",\"crc32c\":%" PRIu32,
+                          fr->comp_off, fr->comp_len, fr->crc32c);
+    if (r == 0 && fr->has_sha) {
+      char hex[2 * SPOT_MANIFEST_SHA256_LEN + 1];
+
+      for (size_t k = 0; k < SPOT_MANIFEST_SHA256_LEN; k++)
+        snprintf(hex + 2 * k, 3, "%02x", fr->sha256[k]);
+      r = spot_buf_printf(b, ",\"sha256\":\"%s\"", hex);
+    }
+    if (r == 0)
+      r = spot_buf_appends(b, "}");
   }
   return r == 0 ? spot_buf_appends(b, "]}") : r;
 }
@@ -991,6 +1183,8 @@ spot_manifest_to_json(struct spot_manifest *m, char **out, char *err,
     return r;
   if (r < 0)
     return -EINVAL;
+  m->version =
+      uses_refs(m) ? SPOT_MANIFEST_VERSION_REFS : SPOT_MANIFEST_VERSION;
   if (spot_rfc3339_format(m->created_ms, created, sizeof(created)) < 0)
     return fail(err, errlen, -EINVAL, "created: cannot format");
   spot_buf_init(&b, SPOT_MANIFEST_JSON_MAX + 1);
@@ -1011,9 +1205,24 @@ spot_manifest_to_json(struct spot_manifest *m, char **out, char *err,
   if (r == 0)
     r = spot_buf_printf(&b,
                         ",\"totals\":{\"files\":%zu,"
-                        "\"raw_bytes\":%" PRIu64 ",\"stored_bytes\":%" PRIu64
-                        "}",
+                        "\"raw_bytes\":%" PRIu64 ",\"stored_bytes\":%" PRIu64,
                         m->nfiles, m->total_raw, m->total_stored);
+  if (r == 0 && m->version >= SPOT_MANIFEST_VERSION_REFS)
+    r = spot_buf_printf(&b, ",\"ref_bytes\":%" PRIu64, m->total_ref_raw);
+  if (r == 0)
+    r = spot_buf_appends(&b, "}");
+  for (size_t i = 0; r == 0 && i < m->nrefs; i++) {
+    r = spot_buf_appends(&b, i == 0 ? ",\"refs\":[{\"name\":" : ",{\"name\":");
+    if (r == 0)
+      r = put_str(&b, m->refs[i].name);
+    if (r == 0)
+      r = spot_buf_appends(&b, ",\"key\":");
+    if (r == 0)
+      r = put_str(&b, m->refs[i].key);
+    if (r == 0)
+      r = spot_buf_printf(&b, ",\"stored\":%" PRIu64 "}%s", m->refs[i].stored,
+                          i + 1 == m->nrefs ? "]" : "");
+  }
   for (size_t i = 0; r == 0 && i < m->npacks; i++) {
     r = spot_buf_appends(&b, i == 0 ? ",\"packs\":[{\"key\":" : ",{\"key\":");
     if (r == 0)
@@ -1055,6 +1264,7 @@ struct parse {
   /* "packs": the manifest being parsed, its pack indices sorted by key */
   const struct spot_manifest *m;
   size_t *pack_idx;
+  unsigned version; /* the manifest's, once read */
 };
 
 static int
@@ -1155,12 +1365,63 @@ get_str(struct parse *ps, json_t *o, const char *where, const char *key,
   return 0;
 }
 
+/* A hex digit's value, or -1. */
+static int
+hexval(char c)
+{
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  return -1;
+}
+
+/* A frame's "ref" and "sha256" (version 2). */
+static int
+parse_frame_v2(struct parse *ps, json_t *o, const char *w,
+               struct spot_manifest_frame *fr)
+{
+  const char *s;
+  size_t len;
+  int r;
+
+  if (json_object_get(o, "ref")) {
+    int64_t v;
+
+    if (ps->version < SPOT_MANIFEST_VERSION_REFS)
+      return fail(ps->err, ps->errlen, -EBADMSG, "%s.ref: needs version 2", w);
+    r = get_int(ps, o, w, "ref", 0, SPOT_MANIFEST_REFS_MAX - 1, &v);
+    if (r < 0)
+      return r;
+    fr->ref = (uint32_t)v + 1;
+  }
+  r = get_str(ps, o, w, "sha256", true, &s, &len);
+  if (r < 0 || !s)
+    return r;
+  if (ps->version < SPOT_MANIFEST_VERSION_REFS)
+    return fail(ps->err, ps->errlen, -EBADMSG, "%s.sha256: needs version 2", w);
+  if (len != 2 * SPOT_MANIFEST_SHA256_LEN)
+    return fail(ps->err, ps->errlen, -EBADMSG,
+                "%s.sha256: not 64 lower-case hex digits", w);
+  for (size_t k = 0; k < SPOT_MANIFEST_SHA256_LEN; k++) {
+    int hi = hexval(s[2 * k]), lo = hexval(s[2 * k + 1]);
+
+    if (hi < 0 || lo < 0)
+      return fail(ps->err, ps->errlen, -EBADMSG,
+                  "%s.sha256: not 64 lower-case hex digits", w);
+    fr->sha256[k] = (unsigned char)(hi << 4 | lo);
+  }
+  fr->has_sha = true;
+  return 0;
+}
+
 static int
 parse_frames(struct parse *ps, json_t *arr, const char *where,
              struct spot_manifest_file *f)
 {
   static const char *const frame_keys[] = {"raw_off",  "raw_len", "comp_off",
-                                           "comp_len", "crc32c",  NULL};
+                                           "comp_len", "crc32c",  "ref",
+                                           "sha256",   NULL};
   size_t n = json_array_size(arr);
 
   if (n > SPOT_MANIFEST_FRAMES_MAX)
@@ -1198,6 +1459,9 @@ parse_frames(struct parse *ps, json_t *arr, const char *where,
     fr->crc32c = (uint32_t)v[4];
     fr->set = true;
     f->nframes = j + 1;
+    r = parse_frame_v2(ps, o, w, fr);
+    if (r < 0)
+      return r;
   }
   return 0;
 }
@@ -1498,8 +1762,8 @@ static int
 parse_header(struct parse *ps, json_t *root, struct spot_manifest *m)
 {
   static const char *const root_keys[] = {
-      "format", "version", "name",  "job",   "created", "epoch",
-      "step",   "totals",  "packs", "files", NULL};
+      "format", "version", "name",  "job",  "created", "epoch",
+      "step",   "totals",  "packs", "refs", "files",   NULL};
   const char *s;
   size_t len;
   int64_t v;
@@ -1517,11 +1781,13 @@ parse_header(struct parse *ps, json_t *root, struct spot_manifest *m)
   r = get_int(ps, root, "", "version", 0, INT64_MAX, &v);
   if (r < 0)
     return r;
-  if (v != SPOT_MANIFEST_VERSION)
+  if (v != SPOT_MANIFEST_VERSION && v != SPOT_MANIFEST_VERSION_REFS)
     return fail(ps->err, ps->errlen, -EPROTONOSUPPORT,
-                "version: %lld not supported (this build reads %d)",
-                (long long)v, SPOT_MANIFEST_VERSION);
+                "version: %lld not supported (this build reads %d and %d)",
+                (long long)v, SPOT_MANIFEST_VERSION,
+                SPOT_MANIFEST_VERSION_REFS);
   m->version = (unsigned)v;
+  ps->version = m->version;
   r = only_keys(ps, root, "", root_keys);
   if (r < 0)
     return r;
@@ -1567,10 +1833,10 @@ parse_header(struct parse *ps, json_t *root, struct spot_manifest *m)
 
 /* "totals": checked against the files once they are parsed. */
 static int
-parse_totals(struct parse *ps, json_t *root, int64_t t[3])
+parse_totals(struct parse *ps, json_t *root, int64_t t[4])
 {
   static const char *const totals_keys[] = {"files", "raw_bytes",
-                                            "stored_bytes", NULL};
+                                            "stored_bytes", "ref_bytes", NULL};
   json_t *totals;
   int r;
 
@@ -1586,8 +1852,77 @@ parse_totals(struct parse *ps, json_t *root, int64_t t[3])
     r = get_int(ps, totals, "totals", "raw_bytes", 0, INT64_MAX, &t[1]);
   if (r >= 0)
     r = get_int(ps, totals, "totals", "stored_bytes", 0, INT64_MAX, &t[2]);
+  t[3] = -1;
+  if (r >= 0 && json_object_get(totals, "ref_bytes")) {
+    if (ps->version < SPOT_MANIFEST_VERSION_REFS)
+      return fail(ps->err, ps->errlen, -EBADMSG,
+                  "totals.ref_bytes: needs version 2");
+    r = get_int(ps, totals, "totals", "ref_bytes", 0, INT64_MAX, &t[3]);
+  }
   if (r < 0)
     return r;
+  return 0;
+}
+
+/* "refs" (optional, version 2): parsed before the files, whose frames
+ * index them. */
+static int
+parse_refs(struct parse *ps, json_t *root, struct spot_manifest *m)
+{
+  static const char *const ref_keys[] = {"name", "key", "stored", NULL};
+  json_t *arr = json_object_get(root, "refs");
+  size_t n;
+
+  if (!arr)
+    return 0;
+  if (ps->version < SPOT_MANIFEST_VERSION_REFS)
+    return fail(ps->err, ps->errlen, -EBADMSG, "refs: needs version 2");
+  if (!json_is_array(arr))
+    return fail(ps->err, ps->errlen, -EBADMSG, "refs: not an array");
+  n = json_array_size(arr);
+  if (n > SPOT_MANIFEST_REFS_MAX)
+    return fail(ps->err, ps->errlen, -EBADMSG, "refs: more than %d",
+                SPOT_MANIFEST_REFS_MAX);
+  if (n == 0)
+    return 0;
+  m->refs = calloc(n, sizeof(*m->refs));
+  if (!m->refs)
+    return -ENOMEM;
+  m->refs_alloc = n;
+  for (size_t i = 0; i < n; i++) {
+    json_t *o = json_array_get(arr, i);
+    struct spot_manifest_ref *rf = &m->refs[i];
+    char where[WHERE_MAX];
+    const char *s, *k;
+    size_t len, klen;
+    int64_t v;
+    int r;
+
+    snprintf(where, sizeof(where), "refs[%zu]", i);
+    if (!json_is_object(o))
+      return fail(ps->err, ps->errlen, -EBADMSG, "%s: not an object", where);
+    r = only_keys(ps, o, where, ref_keys);
+    if (r == 0)
+      r = get_str(ps, o, where, "name", false, &s, &len);
+    if (r == 0)
+      r = get_str(ps, o, where, "key", false, &k, &klen);
+    if (r == 0)
+      r = get_int(ps, o, where, "stored", 1, INT64_MAX, &v);
+    if (r < 0)
+      return r;
+    if (len != strlen(s) || !spot_ckpt_name_valid(s))
+      return fail(ps->err, ps->errlen, -EBADMSG,
+                  "%s.name: not a valid checkpoint name", where);
+    if (path_problem(k, klen))
+      return fail(ps->err, ps->errlen, -EBADMSG, "%s.key: %s", where,
+                  path_problem(k, klen));
+    rf->name = strdup(s);
+    rf->key = strdup(k);
+    m->nrefs = i + 1;
+    if (!rf->name || !rf->key)
+      return -ENOMEM;
+    rf->stored = (uint64_t)v;
+  }
   return 0;
 }
 
@@ -1652,7 +1987,7 @@ parse_packs(struct parse *ps, json_t *root, struct spot_manifest *m)
 static int
 parse_root(struct parse *ps, json_t *root, struct spot_manifest *m)
 {
-  int64_t t[3], tf, traw, tstored;
+  int64_t t[4], tf, traw, tstored;
   json_t *files;
   size_t nf;
   int r;
@@ -1662,6 +1997,8 @@ parse_root(struct parse *ps, json_t *root, struct spot_manifest *m)
     r = parse_totals(ps, root, t);
   if (r == 0)
     r = parse_packs(ps, root, m);
+  if (r == 0)
+    r = parse_refs(ps, root, m);
   if (r < 0)
     return r;
   tf = t[0];
@@ -1711,6 +2048,10 @@ parse_root(struct parse *ps, json_t *root, struct spot_manifest *m)
     return fail(ps->err, ps->errlen, -EBADMSG,
                 "totals.stored_bytes: %lld, the frames add up to %" PRIu64,
                 (long long)tstored, m->total_stored);
+  if (t[3] >= 0 && (uint64_t)t[3] != m->total_ref_raw)
+    return fail(ps->err, ps->errlen, -EBADMSG,
+                "totals.ref_bytes: %lld, the references add up to %" PRIu64,
+                (long long)t[3], m->total_ref_raw);
   return 0;
 }
 
@@ -1718,7 +2059,7 @@ int
 spot_manifest_parse(const char *json, size_t len, struct spot_manifest **out,
                     char *err, size_t errlen)
 {
-  struct parse ps = {err, errlen, NULL, 0, 0, 0, NULL, NULL};
+  struct parse ps = {err, errlen, NULL, 0, 0, 0, NULL, NULL, 0};
   struct spot_manifest *m;
   json_error_t jerr;
   json_t *root;

@@ -82,6 +82,30 @@
  * pack's); the store names them ".pack", never "<path>.zst". A packed file
  * is never empty and never a link; at most SPOT_MANIFEST_PACKS_MAX packs.
  *
+ * References (version 2, README "Store layout", docs/design.md "Store
+ * layout"): a frame may carry "sha256" (lower-case hex of the SHA-256 of
+ * its raw bytes: the identity of its content; CRC32C only checks a
+ * transfer) and may be a reference to a frame an earlier checkpoint of
+ * the job stored, instead of bytes in the file's own object:
+ *
+ *   "refs": [ { "name": "step-100",
+ *               "key": "attempt-0123456789abcdef/model.pt.zst",
+ *               "stored": 104857600 } ],
+ *   ... "frames": [ { "raw_off": 0, "raw_len": 1048576, "ref": 0,
+ *                     "comp_off": 3145728, "comp_len": 901234,
+ *                     "crc32c": 12345, "sha256": "9f86...0f00" }, ... ]
+ *
+ * "ref" is an index in "refs"; comp_off/comp_len are then a range of that
+ * object (within its "stored"), and the frame is not part of the file's
+ * own object: the file's other frames tile the file's own object [0,
+ * stored) in file order, and together with the references all frames
+ * tile [0, size). A file whose frames are all references has no "key".
+ * A ref's name is a valid checkpoint name other than this manifest's,
+ * its key follows the rules of keys; at most SPOT_MANIFEST_REFS_MAX.
+ * Packed files never reference. "totals" then also has "ref_bytes": the
+ * raw bytes of the referenced frames. A manifest with any of these says
+ * "version": 2; one without is version 1, byte-identical to older ones.
+ *
  * Not thread-safe: the store builds the manifest on its loop thread. */
 #ifndef SPOT_MANIFEST_H
 #define SPOT_MANIFEST_H
@@ -93,6 +117,9 @@
 #include "codec.h"
 
 #define SPOT_MANIFEST_VERSION 1
+/* What a manifest that references earlier checkpoints' frames, or records
+ * frame hashes, says (see "References" above); this build reads 1 and 2. */
+#define SPOT_MANIFEST_VERSION_REFS 2
 #define SPOT_MANIFEST_FORMAT "spotd-checkpoint"
 #define SPOT_MANIFEST_NAME "MANIFEST.json"
 /* Bounds applied when building and when parsing. */
@@ -108,9 +135,15 @@
  * ~2.2 x the manifest's size for it (the text, then the parsed entries;
  * each element of "files" is parsed on its own). */
 #define SPOT_MANIFEST_FILES_MAX 300000
-#define SPOT_MANIFEST_FRAMES_MAX 10000 /* per file: S3's part limit */
+/* per file: frames of a file pushed with dedup (lib/io/store_dedup.c) are
+ * smaller than its parts, so more than S3's part limit */
+#define SPOT_MANIFEST_FRAMES_MAX 1048576
+/* S3's part limit: parts per file */
+#define SPOT_MANIFEST_PARTS_MAX 10000
 #define SPOT_MANIFEST_TOTAL_FRAMES_MAX 4000000
 #define SPOT_MANIFEST_PACKS_MAX 65536
+#define SPOT_MANIFEST_REFS_MAX 65536
+#define SPOT_MANIFEST_SHA256_LEN 32
 #define SPOT_MANIFEST_JSON_MAX ((size_t)40 << 20)
 #define SPOT_CKPT_NAME_MAX 128
 
@@ -121,6 +154,12 @@ struct spot_manifest_frame {
   uint64_t comp_len; /* 1..spot_codec_bound(raw_len) */
   uint32_t crc32c;   /* of the raw bytes */
   bool set;          /* builder only: spot_manifest_set_frame() was called */
+  bool has_sha;      /* "sha256" is recorded */
+  /* 1 + the index in spot_manifest.refs of the object that holds this
+   * frame (an earlier checkpoint's; comp_off is an offset in it), 0: the
+   * file's own object (or pack) */
+  uint32_t ref;
+  unsigned char sha256[SPOT_MANIFEST_SHA256_LEN]; /* of the raw bytes */
 };
 
 struct spot_manifest_file {
@@ -147,6 +186,14 @@ struct spot_manifest_pack {
   uint64_t stored; /* the object's size */
 };
 
+/* An object of an earlier checkpoint of the same job that frames
+ * reference: ROOT/checkpoints/<name>/<key>. */
+struct spot_manifest_ref {
+  char *name;      /* the checkpoint that stored it (never this one) */
+  char *key;       /* relative to that checkpoint, like a file's key */
+  uint64_t stored; /* the object's size */
+};
+
 struct spot_manifest {
   unsigned version;
   char *name;
@@ -163,6 +210,10 @@ struct spot_manifest {
   struct spot_manifest_pack *packs; /* npacks entries, "packs" */
   size_t npacks;
   size_t packs_alloc;
+  struct spot_manifest_ref *refs; /* nrefs entries, "refs" */
+  size_t nrefs;
+  size_t refs_alloc;
+  uint64_t total_ref_raw; /* raw bytes of the frames that are references */
 };
 
 /* Whether name is a valid checkpoint name (also used for job ids): 1..128
@@ -266,6 +317,40 @@ const char *spot_manifest_object_key(const struct spot_manifest *m,
 int spot_manifest_set_frame(struct spot_manifest *m, size_t index, size_t part,
                             uint64_t raw_len, uint64_t comp_len,
                             uint32_t crc32c);
+
+/* Records the SHA-256 of frame part of file index (set it after
+ * spot_manifest_set_frame()). 0 or -EINVAL (bad index or frame). */
+int spot_manifest_set_frame_sha(struct spot_manifest *m, size_t index,
+                                size_t part, const unsigned char *sha256);
+
+/* Adds (or finds: same name and key) a referenced object of checkpoint
+ * name (not this one); *out_index is its index for
+ * spot_manifest_set_ref_frame(). Returns 0, -EINVAL (invalid name or
+ * key, stored 0), -E2BIG (more than SPOT_MANIFEST_REFS_MAX) or -ENOMEM.
+ * Linear in the refs so far. */
+int spot_manifest_add_ref(struct spot_manifest *m, const char *name,
+                          const char *key, uint64_t stored, size_t *out_index);
+
+/* Records frame part of file index as a reference: its raw_len bytes are
+ * the comp_len bytes at comp_off of ref (an index of
+ * spot_manifest_add_ref()), crc32c and sha256 as recorded for it there.
+ * Returns what spot_manifest_set_frame() does (-EINVAL also for a bad ref
+ * or a packed file). */
+int spot_manifest_set_ref_frame(struct spot_manifest *m, size_t index,
+                                size_t part, size_t ref, uint64_t comp_off,
+                                uint64_t raw_len, uint64_t comp_len,
+                                uint32_t crc32c, const unsigned char *sha256);
+
+/* Drops file index's key: all its frames are references, it has no
+ * object of its own. 0 or -EINVAL. */
+int spot_manifest_clear_key(struct spot_manifest *m, size_t index);
+
+/* The checkpoint name and key of the object frame fr of file f is in:
+ * a reference's, else this checkpoint's (NULL name) own or pack key. */
+const char *spot_manifest_frame_key(const struct spot_manifest *m,
+                                    const struct spot_manifest_file *f,
+                                    const struct spot_manifest_frame *fr,
+                                    const char **name);
 
 /* Computes offsets and totals, validates the whole manifest by the parse
  * rules, and returns a malloc'd NUL-terminated JSON text in *out. Returns

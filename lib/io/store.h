@@ -44,6 +44,11 @@
 #define SPOT_STORE_PART_MIN SPOT_PART_MIN
 #define SPOT_STORE_PART_MAX SPOT_PART_MAX
 #define SPOT_STORE_PART_DEFAULT SPOT_PART_DEFAULT
+/* cfg dedup's frame (bench/results/dedup.md): the smallest change a
+ * checkpoint pays for, and ~100 bytes of manifest per frame. */
+#define SPOT_STORE_DEDUP_FRAME_DEFAULT ((uint64_t)1 << 20)
+/* cfg dedup needs parts of at least this (store_dedup.c) */
+#define SPOT_STORE_DEDUP_PART_MIN ((uint64_t)8 << 20)
 /* Transfers in flight (spot_store_config.parallel 0): adaptive (pace.h),
  * from SPOT_PACE_START (8) up to what the memory budget fits, at most
  * SPOT_STORE_PARALLEL_MAX. */
@@ -182,6 +187,13 @@ struct spot_store_config {
    * then aborted, its objects deleted). The journal (journal_dir) lists
    * the multipart uploads started, as for any push. */
   bool follow;
+  /* push: unchanged bytes are not uploaded again (lib/io/store_dedup.c,
+   * README "Store layout"): files are cut into frames of dedup_frame
+   * bytes (0 = SPOT_STORE_DEDUP_FRAME_DEFAULT) with their SHA-256 in the
+   * manifest, and a frame LATEST's manifest records is referenced there,
+   * not sent. Single node, not with follow. */
+  bool dedup;
+  uint64_t dedup_frame;
   /* restore (spotd): the restored checkpoint will then replace the
    * folder of the same name under this one (its old local copy). Before
    * anything is fetched, the free space check counts that copy as free

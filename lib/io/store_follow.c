@@ -232,7 +232,7 @@ take(struct follow *fo, struct spot_codec *codec, void *sample, const char *rel,
   struct pfile *f;
   int fd, r;
 
-  if (((uint64_t)st->st_size + part - 1) / part > SPOT_MANIFEST_FRAMES_MAX ||
+  if (((uint64_t)st->st_size + part - 1) / part > SPOT_MANIFEST_PARTS_MAX ||
       !spot_manifest_path_valid(rel))
     return 1; /* the final walk says why */
   if (fo->nadd == fo->add_alloc) {
@@ -508,7 +508,7 @@ grown(struct follow *fo)
       if (nparts <= f->nparts)
         continue;
     }
-    if (nparts > SPOT_MANIFEST_FRAMES_MAX) { /* the final walk says why */
+    if (nparts > SPOT_MANIFEST_PARTS_MAX) { /* the final walk says why */
       nparts = f->nparts;
       size = f->size;
     }

@@ -38,6 +38,9 @@ void spot__store_s3_msg(char *buf, size_t size, const char *what,
 /* LATEST and manifests are read with this cap. */
 #define SPOT__STORE_LATEST_CAP 1024
 #define SPOT__STORE_MANIFEST_CAP SPOT_MANIFEST_JSON_MAX
+/* A retired checkpoint's marker (store_retain.c): its manifest is deleted,
+ * objects that kept checkpoints reference are left to collect later. */
+#define SPOT__STORE_RETIRED "RETIRED"
 
 /* ------------------------------------------------------------ the base
  *

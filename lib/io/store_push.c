@@ -34,8 +34,8 @@
 #include "util.h"
 
 static const char *const push_state_names[] = {
-    "walk",   "check",        "resume", "transfer", "verify", "ranks",
-    "commit", "commit-check", "latest", "retain",   "abort",  "done",
+    "walk",   "check",        "dedup",  "resume", "transfer", "verify", "ranks",
+    "commit", "commit-check", "latest", "retain", "abort",    "done",
 };
 _Static_assert(SPOT_ARRAY_SIZE(push_state_names) == PUSH_STATE_LAST,
                "push_state_names");
@@ -355,7 +355,7 @@ spot__push_walk(struct push_op *op)
     f->nparts = f->size == 0 ? 0
                              : (size_t)((f->size + op->b.cfg.c.part_size - 1) /
                                         op->b.cfg.c.part_size);
-    if (f->nparts > SPOT_MANIFEST_FRAMES_MAX) {
+    if (f->nparts > SPOT_MANIFEST_PARTS_MAX) {
       fail_msg(op, -EFBIG, "%s: too big for %" PRIu64 "-byte parts", f->rel,
                op->b.cfg.c.part_size);
       break;
@@ -414,6 +414,7 @@ spot__push_pfile_fini(struct pfile *f)
   free(f->upload_id);
   free(f->etags);
   spot__pack_free(f);
+  spot__dedup_pfile_fini(f);
 }
 
 static void
@@ -431,6 +432,7 @@ op_free(struct spot__store_op *b)
   spot__resume_fini(op);
   spot__ranks_fini(op);
   spot__retain_fini(op);
+  spot__dedup_fini(op);
   spot_buf_fini(&op->body);
   free(op->dir);
 }
@@ -969,6 +971,19 @@ spot__push_advance(struct push_op *op)
       check_name(op);
     break;
   case PUSH_CHECK:
+    if (spot__dedup_on(op)) {
+      spot__dedup_start(op); /* then PUSH_DEDUP */
+      return;
+    }
+    if (op->b.cfg.c.dedup && op->b.cfg.c.part_size < SPOT_STORE_DEDUP_PART_MIN)
+      log_warn("push name=%s: dedup needs parts of at least %" PRIu64
+               " MiB (part size %" PRIu64 "): every byte is uploaded",
+               op->b.name, SPOT_STORE_DEDUP_PART_MIN >> 20,
+               op->b.cfg.c.part_size);
+    /* fall through */
+  case PUSH_DEDUP:
+    if (op->state == PUSH_DEDUP && !spot__dedup_done(op))
+      return;
     r = spot__push_xfer_setup(op);
     if (r < 0)
       spot__store_fail(&op->b, r);

@@ -27,6 +27,7 @@
 enum push_state {
   PUSH_WALK,         /* pool: list, stat and sample the files */
   PUSH_CHECK,        /* GET 1 byte of MANIFEST.json: never overwrite a commit */
+  PUSH_DEDUP,        /* store_dedup.c (cfg dedup): LATEST's manifest, hashes */
   PUSH_RESUME,       /* store_resume.c: journal, then orphaned uploads */
   PUSH_XFER,         /* store_push_xfer.c: parts and files */
   PUSH_VERIFY,       /* pool: stat every file again */
@@ -54,6 +55,15 @@ enum file_state {
 };
 
 struct spot__pack;
+
+/* store_dedup.c: a frame of a file pushed with cfg dedup. */
+struct spot__dframe {
+  uint64_t comp_len; /* encoded (with its padding) */
+  uint32_t crc;
+  int32_t base; /* the base frame it references (dedup.idx), -1: sent */
+  bool has_sha;
+  unsigned char sha[SPOT_MANIFEST_SHA256_LEN];
+};
 
 struct pfile {
   char *rel;
@@ -85,7 +95,62 @@ struct pfile {
    * growing is false. open_ended (never changes once set, read by the
    * workers): every part is padded, the last one too. */
   bool growing, open_ended;
+  /* store_dedup.c (cfg dedup): the file's ndf frames; own[0..nown) the
+   * ones sent (indices in df), part p holds own[part_first[p] ..
+   * part_first[p + 1]); NULL when the file is pushed as one frame per
+   * part */
+  struct spot__dframe *df;
+  size_t ndf;
+  size_t *own, nown;
+  size_t *part_first;
 };
+
+enum dedup_state {
+  DEDUP_LATEST,   /* GET LATEST */
+  DEDUP_MANIFEST, /* GET its manifest: the base */
+  DEDUP_HEAD,     /* HEAD the objects its hashed frames are in */
+  DEDUP_HASH,     /* pool: hash every frame, look it up in the base */
+  DEDUP_DONE,
+  DEDUP_STATE_LAST,
+};
+
+/* A base frame with a SHA-256: files[file].frames[frame] of the base. */
+struct spot__dedup_ent {
+  unsigned char sha[SPOT_MANIFEST_SHA256_LEN];
+  uint32_t file, frame;
+};
+
+/* Hashing work: frames [first, end) of files[file]. */
+struct spot__dedup_unit {
+  size_t file, first, end;
+};
+
+struct push_op;
+
+struct spot__dedup_job {
+  uv_work_t work;
+  struct push_op *op;
+  int err; /* the worker's */
+  size_t file;
+};
+
+struct dedup {
+  enum dedup_state state;
+  struct spot_manifest *base;  /* LATEST's manifest, NULL: none */
+  struct spot__dedup_ent *idx; /* sorted by sha */
+  size_t nidx;
+  struct spot__dedup_unit *units;
+  size_t nunits;
+  _Atomic size_t next_unit; /* the workers' cursor */
+  struct spot__dedup_job *jobs;
+  unsigned jobs_left;
+  uint64_t ref_raw; /* bytes referenced, not sent */
+  /* HEAD: per base object (files, then refs), OBJ_*; the next to HEAD */
+  unsigned char *obj;
+  size_t head_idx;
+};
+
+enum { OBJ_UNUSED, OBJ_USED, OBJ_OK, OBJ_BAD };
 
 /* A part's slot (struct spot__store_slot in store_internal.h). */
 enum slot_state {
@@ -144,6 +209,8 @@ struct ranks {
 enum retain_state {
   RETAIN_LIST,          /* list checkpoints/ (pages) */
   RETAIN_READ,          /* GET each manifest */
+  RETAIN_READ_TOMB,     /* no manifest: GET its RETIRED marker */
+  RETAIN_TOMB_PUT,      /* PUT RETIRED before the manifest goes */
   RETAIN_DEL_MANIFEST,  /* delete the oldest's manifest first */
   RETAIN_DEL_LIST,      /* list what is left of it */
   RETAIN_DEL_PAGE,      /* delete that page, then list again */
@@ -157,6 +224,10 @@ struct retain_entry {
   char *name;
   int64_t created_ms;
   int64_t step; /* the manifest's, else the name's; -1 unknown */
+  /* the objects its frames reference (full keys), manifest.h */
+  char **refs;
+  size_t nrefs;
+  bool retired; /* no manifest, a RETIRED marker: objects left to collect */
 };
 
 struct retain {
@@ -166,6 +237,11 @@ struct retain {
   char *token;
   struct retain_entry *entries;
   size_t nentries, read_idx, del_idx;
+  bool read_tomb; /* READ: the manifest was 404, GET RETIRED next */
+  bool tomb_done; /* DEL_MANIFEST: RETIRED is written for del_idx */
+  /* the objects kept checkpoints reference, sorted: never deleted */
+  char **kept_refs;
+  size_t nkept_refs;
   char **del_keys;
   size_t ndel_keys;
   struct spot_s3_upload_info *uploads;
@@ -213,6 +289,7 @@ struct push_op {
   unsigned deleted, aborted;
 
   struct resume resume;
+  struct dedup dedup;
   struct ranks ranks;
   struct retain retain;
   struct follow *follow; /* store_follow.c, cfg follow only */
@@ -296,6 +373,21 @@ void spot__pack_free(struct pfile *f);
 int spot__push_pad(void *comp, size_t cap, size_t *len);
 
 /* store_resume.c */
+uint64_t spot__dedup_frame_size(const struct push_op *op);
+bool spot__dedup_on(const struct push_op *op);
+bool spot__dedup_wanted(const struct push_op *op, const struct pfile *f);
+void spot__dedup_start(struct push_op *op);
+bool spot__dedup_done(const struct push_op *op);
+int spot__dedup_plan(struct push_op *op);
+uint64_t spot__dedup_part_raw(const struct push_op *op, const struct pfile *f,
+                              size_t part);
+int spot__dedup_add_refs(struct push_op *op, struct pfile *f);
+void spot__dedup_encode(struct push_op *op, struct spot__store_slot *s,
+                        struct pfile *f);
+int spot__dedup_encoded(struct push_op *op, struct spot__store_slot *s);
+void spot__dedup_fini(struct push_op *op);
+void spot__dedup_pfile_fini(struct pfile *f);
+
 int spot__resume_init(struct push_op *op);
 void spot__resume_start(struct push_op *op);
 void spot__resume_fini(struct push_op *op);

@@ -188,6 +188,11 @@ encode_work_cb(uv_work_t *req)
     spot__pack_encode(op, s); /* a part of a pack: whole small files */
     return;
   }
+  if (f->df != NULL) {
+    spot__dedup_encode(op, s, f); /* frames of dedup_frame, some sent */
+    s->work_ns = (spot_now_mono_ms() - t0) * 1000000u + 1;
+    return;
+  }
   s->work_err = 0;
   fd = open(f->abs, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
@@ -234,6 +239,8 @@ encode_after_cb(uv_work_t *req, int status)
 
   if (r == 0 && f->pk != NULL)
     r = spot__pack_encoded(op, s);
+  else if (r == 0 && f->df != NULL)
+    r = spot__dedup_encoded(op, s);
   else if (r == 0)
     r = spot_manifest_set_frame(op->manifest, f->midx, s->part, s->raw_len,
                                 s->comp_len, s->crc);
@@ -450,6 +457,8 @@ start_encodes(struct push_op *op)
       s->raw_len = op->b.cfg.c.part_size;
     if (f->pk != NULL)
       s->raw_len = spot__pack_part_raw(op, f, s->part);
+    if (f->df != NULL)
+      s->raw_len = spot__dedup_part_raw(op, f, s->part);
     s->mode = (int)choose_mode(op, f);
     r = spot__store_pipe_work(&op->pipe, s, encode_work_cb, encode_after_cb,
                               SLOT_ENCODING);
@@ -564,6 +573,8 @@ spot__push_add_to_manifest(struct push_op *op, struct pfile *f)
   r = spot_manifest_add_file(op->manifest, path, f->size > 0 ? key_rel : NULL,
                              f->size, f->mode, f->mtime_ns, f->filter,
                              &f->midx);
+  if (r == 0 && f->df != NULL)
+    r = spot__dedup_add_refs(op, f);
   if (r < 0) {
     fail_msg(op, r, "%s: cannot be recorded in the manifest", f->rel);
     return r;
@@ -645,7 +656,13 @@ spot__push_manifest_build(struct push_op *op)
 int
 spot__push_xfer_setup(struct push_op *op)
 {
-  int r = spot__push_manifest_build(op);
+  int r = op->b.cfg.c.dedup ? spot__dedup_plan(op) : 0;
+
+  if (r < 0) {
+    fail_msg(op, r, "planning the frames: %s", strerror(-r));
+    return r;
+  }
+  r = spot__push_manifest_build(op);
 
   if (r < 0)
     return r;

@@ -772,8 +772,14 @@ issue_get(struct restore_op *op, struct spot__store_slot *s)
                           spot_manifest_object_key(op->m, f));
     off = f->pack_off;
   } else {
-    key = spot__store_key(&op->b.cfg.c, op->b.name, f->key);
-    off = f->frames[s->part].comp_off;
+    /* a reference (manifest.h "References"): a range of an object of
+     * the earlier checkpoint that stored it */
+    const struct spot_manifest_frame *fr = &f->frames[s->part];
+    const char *ref_name,
+        *rel = spot_manifest_frame_key(op->m, f, fr, &ref_name);
+
+    key = spot__store_key(&op->b.cfg.c, ref_name ? ref_name : op->b.name, rel);
+    off = fr->comp_off;
   }
   if (key == NULL) {
     fail_msg(op, -ENOMEM, "out of memory");
@@ -848,6 +854,9 @@ decode_work_cb(uv_work_t *req)
       write_frame(op, f->path, s->coder->raw, (size_t)fr->raw_len, fr->raw_off);
 }
 
+static const char *frame_obj(const struct restore_op *op,
+                             const struct spot_manifest_file *f, size_t part);
+
 static void
 decode_after_cb(uv_work_t *req, int status)
 {
@@ -872,12 +881,30 @@ decode_after_cb(uv_work_t *req, int status)
              "%s: %s%s: the stored object %s is corrupt; restore "
              "stopped, nothing was written to %s",
              what, r == -EILSEQ ? "checksum mismatch" : "undecodable frame",
-             fetches_note(s, note, sizeof(note)), f->key, op->dir);
+             fetches_note(s, note, sizeof(note)), frame_obj(op, f, s->part),
+             op->dir);
   else if (r < 0)
     fail_msg(op, r, "writing %s: %s", f->path, strerror(-r));
   else
     op->b.raw_done += f->frames[s->part].raw_len;
   pump(op);
+}
+
+/* For messages: the object frame part of f is in, "<key>" of this
+ * checkpoint or "<name>/<key>" of the earlier one a reference names.
+ * Loop thread only (one static buffer). */
+static const char *
+frame_obj(const struct restore_op *op, const struct spot_manifest_file *f,
+          size_t part)
+{
+  static char buf[2 * SPOT_MANIFEST_PATH_MAX];
+  const char *name,
+      *key = spot_manifest_frame_key(op->m, f, &f->frames[part], &name);
+
+  if (name == NULL)
+    return key != NULL ? key : "";
+  snprintf(buf, sizeof(buf), "%s/%s", name, key);
+  return buf;
 }
 
 static void
@@ -895,7 +922,7 @@ fetch_cb(const struct spot_s3_result *res, void *data)
     fail_msg(op, -EBADMSG,
              "%s part %zu: the server sent more than the frame's %" PRIu64
              " bytes of %s (a ranged read with extra bytes)",
-             f->path, s->part + 1, fr->comp_len, f->key);
+             f->path, s->part + 1, fr->comp_len, frame_obj(op, f, s->part));
   } else if (res->err < 0) {
     char what[600];
     snprintf(what, sizeof(what), "reading %s part %zu", f->path, s->part + 1);
@@ -909,7 +936,8 @@ fetch_cb(const struct spot_s3_result *res, void *data)
       fail_msg(op, -EBADMSG,
                "%s: the stored object %s is shorter than the manifest "
                "says%s",
-               what, f->key, fetches_note(s, note, sizeof(note)));
+               what, frame_obj(op, f, s->part),
+               fetches_note(s, note, sizeof(note)));
   } else {
     spot__store_slot_finished(s, s->comp_len);
     op->b.stored_done += s->comp_len;

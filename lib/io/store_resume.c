@@ -278,6 +278,9 @@ take_parts(struct push_op *op, struct pfile *f,
 {
   size_t found = 0;
 
+  if (f->df != NULL)
+    return 0; /* parts of frames (store_dedup.c): the journal has no
+                 frame lengths, every part is sent again */
   for (size_t i = 0; i < jf->nparts; i++) {
     const struct spot__journal_part *jp = &jf->parts[i];
     size_t p = (size_t)jp->n - 1;

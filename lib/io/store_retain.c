@@ -3,10 +3,19 @@
  *
  *   LIST           list checkpoints/ (page by page)
  *   READ           GET each manifest (404: not committed, kept)
- *   DEL_MANIFEST   delete the oldest beyond `keep`'s manifest first, so a
- *                  half-deleted checkpoint is never seen as committed
+ *   READ_TOMB      after a 404: GET NAME/RETIRED (404: a push in
+ *                  progress or a leftover, kept; 200: a retired
+ *                  checkpoint whose objects are left to collect)
+ *   TOMB_PUT       PUT NAME/RETIRED for the oldest beyond `keep`
+ *   DEL_MANIFEST   delete its manifest first, so a half-deleted
+ *                  checkpoint is never seen as committed
  *   DEL_LIST       list a page of what is left of it
- *   DEL_PAGE       delete that page, then DEL_LIST again until empty
+ *   DEL_PAGE       delete that page but the objects a kept checkpoint
+ *                  references (manifest.h "References"), then DEL_LIST
+ *                  again; when only referenced objects and RETIRED are
+ *                  left, they stay, and RETIRED says so to later runs,
+ *                  which delete each once no kept manifest references it
+ *                  (then RETIRED last)
  *   UPLOADS_LIST   list multipart uploads under checkpoints/
  *   UPLOADS_ABORT  abort the stale ones
  *   DONE
@@ -24,8 +33,8 @@
 #include "util.h"
 
 static const char *const retain_state_names[] = {
-    "list",     "read",         "del-manifest",  "del-list",
-    "del-page", "uploads-list", "uploads-abort", "done",
+    "list",     "read",     "read-retired", "retire",        "del-manifest",
+    "del-list", "del-page", "uploads-list", "uploads-abort", "done",
 };
 _Static_assert(SPOT_ARRAY_SIZE(retain_state_names) == RETAIN_STATE_LAST,
                "retain_state_names");
@@ -75,9 +84,16 @@ spot__retain_fini(struct push_op *op)
     free(rt->names[i]);
   free(rt->names);
   free(rt->token);
-  for (size_t i = 0; i < rt->nentries; i++)
+  for (size_t i = 0; i < rt->nentries; i++) {
     free(rt->entries[i].name);
+    for (size_t j = 0; j < rt->entries[i].nrefs; j++)
+      free(rt->entries[i].refs[j]);
+    free(rt->entries[i].refs);
+  }
   free(rt->entries);
+  for (size_t i = 0; i < rt->nkept_refs; i++)
+    free(rt->kept_refs[i]);
+  free(rt->kept_refs);
   free_del_keys(rt);
   for (size_t i = 0; i < rt->nuploads; i++) {
     free((char *)rt->uploads[i].key);
@@ -145,11 +161,129 @@ got_manifest(struct push_op *op, const struct spot_s3_result *res)
     e->name = strdup(rt->names[rt->read_idx]);
     e->created_ms = m->created_ms;
     e->step = m->step >= 0 ? m->step : spot_ckpt_name_step(m->name);
-    if (e->name != NULL)
+    e->nrefs = 0;
+    e->refs = m->nrefs > 0 ? calloc(m->nrefs, sizeof(char *)) : NULL;
+    for (size_t i = 0; e->refs != NULL && i < m->nrefs; i++) {
+      e->refs[i] =
+          spot__store_key(&op->b.cfg.c, m->refs[i].name, m->refs[i].key);
+      if (e->refs[i] == NULL)
+        break;
+      e->nrefs++;
+    }
+    if (e->name != NULL && e->nrefs == m->nrefs) {
       rt->nentries++;
+    } else {
+      /* kept, and what it references unknown: delete nothing */
+      warn(op, "reading a manifest", NULL);
+      rt->nentries = 0;
+      rt->read_idx = rt->nnames;
+      free(e->name);
+      for (size_t i = 0; i < e->nrefs; i++)
+        free(e->refs[i]);
+      free(e->refs);
+      memset(e, 0, sizeof(*e));
+      spot_manifest_free(m);
+      return;
+    }
     spot_manifest_free(m);
+  } else if (res->err == -ENOENT) {
+    rt->read_tomb = true; /* is it a retired one? */
+    return;
+  } else if (res->err < 0 || m == NULL) {
+    /* unreadable: it may reference anything, so delete nothing */
+    warn(op, "reading a manifest", res->err < 0 ? res : NULL);
+    rt->nentries = 0;
+    rt->read_idx = rt->nnames;
+    return;
   }
   rt->read_idx++;
+}
+
+/* READ_TOMB: NAME/RETIRED exists: a retired checkpoint to collect. */
+static void
+got_tomb(struct push_op *op, const struct spot_s3_result *res)
+{
+  struct retain *rt = &op->retain;
+
+  rt->read_tomb = false;
+  if (res->err == 0) {
+    struct retain_entry *e = &rt->entries[rt->nentries];
+
+    e->name = strdup(rt->names[rt->read_idx]);
+    e->created_ms = -1; /* sorts after every committed one */
+    e->step = -1;
+    e->retired = true;
+    if (e->name != NULL)
+      rt->nentries++;
+  }
+  rt->read_idx++;
+}
+
+static int
+cmp_str(const void *a, const void *b)
+{
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Whether del_idx stays: among the newest keep, or the one just pushed. */
+static bool
+entry_kept(const struct push_op *op, size_t i)
+{
+  const struct retain_entry *e = &op->retain.entries[i];
+
+  return e->name == NULL || strcmp(e->name, op->b.name) == 0 ||
+         (!e->retired && i < op->b.cfg.c.keep);
+}
+
+/* The sorted set of objects the kept checkpoints reference. */
+static int
+collect_kept_refs(struct push_op *op)
+{
+  struct retain *rt = &op->retain;
+  size_t n = 0;
+
+  for (size_t i = 0; i < rt->nentries; i++)
+    if (entry_kept(op, i))
+      n += rt->entries[i].nrefs;
+  if (n == 0)
+    return 0;
+  rt->kept_refs = calloc(n, sizeof(char *));
+  if (rt->kept_refs == NULL)
+    return -ENOMEM;
+  for (size_t i = 0; i < rt->nentries; i++) {
+    struct retain_entry *e = &rt->entries[i];
+
+    if (!entry_kept(op, i))
+      continue;
+    for (size_t j = 0; j < e->nrefs; j++) {
+      rt->kept_refs[rt->nkept_refs] = strdup(e->refs[j]);
+      if (rt->kept_refs[rt->nkept_refs] == NULL)
+        return -ENOMEM;
+      rt->nkept_refs++;
+    }
+  }
+  qsort(rt->kept_refs, rt->nkept_refs, sizeof(char *), cmp_str);
+  return 0;
+}
+
+static bool
+referenced(const struct retain *rt, const char *key)
+{
+  return rt->nkept_refs > 0 && bsearch(&key, rt->kept_refs, rt->nkept_refs,
+                                       sizeof(char *), cmp_str) != NULL;
+}
+
+/* Whether key is NAME/RETIRED of the checkpoint being deleted. */
+static bool
+is_tomb(const struct push_op *op, const char *key)
+{
+  const char *name = op->retain.entries[op->retain.del_idx].name;
+  size_t kl = strlen(key), tl = strlen(SPOT__STORE_RETIRED);
+
+  return kl > tl + strlen(name) + 1 && key[kl - tl - 1] == '/' &&
+         strcmp(key + kl - tl, SPOT__STORE_RETIRED) == 0 &&
+         strncmp(key + kl - tl - 1 - strlen(name), name, strlen(name)) == 0 &&
+         key[kl - tl - 2 - strlen(name)] == '/';
 }
 
 /* DEL_LIST: the page to delete next, or the next checkpoint. */
@@ -158,23 +292,48 @@ got_del_list(struct push_op *op, const struct spot_s3_result *res)
 {
   struct retain *rt = &op->retain;
 
+  size_t tomb = res->n_objects, kept = 0;
+
   free_del_keys(rt);
   if (res->n_objects == 0) {
     rt->del_idx++;
     set_state(op, RETAIN_DEL_MANIFEST);
     return;
   }
-  rt->del_keys = calloc(res->n_objects, sizeof(char *));
+  rt->del_keys = calloc(res->n_objects + 1, sizeof(char *));
   if (rt->del_keys == NULL) {
     warn(op, "deleting an old checkpoint", NULL);
     set_state(op, RETAIN_UPLOADS_LIST);
     return;
   }
   for (size_t i = 0; i < res->n_objects; i++) {
-    rt->del_keys[i] = strdup(res->objects[i].key);
-    if (rt->del_keys[i] == NULL)
+    const char *key = res->objects[i].key;
+
+    if (is_tomb(op, key)) {
+      tomb = i; /* deleted last, once nothing else is left */
+      continue;
+    }
+    if (referenced(rt, key)) {
+      kept++;
+      continue;
+    }
+    rt->del_keys[rt->ndel_keys] = strdup(key);
+    if (rt->del_keys[rt->ndel_keys] == NULL)
       break;
     rt->ndel_keys++;
+  }
+  if (rt->ndel_keys == 0 && kept == 0 && tomb < res->n_objects)
+    rt->del_keys[rt->ndel_keys] = strdup(res->objects[tomb].key);
+  if (rt->del_keys[rt->ndel_keys] != NULL)
+    rt->ndel_keys++;
+  if (rt->ndel_keys == 0) {
+    /* what is left is referenced by kept checkpoints: stays, RETIRED too */
+    log_info("push name=%s retention: %s keeps %zu objects that kept "
+             "checkpoints reference",
+             op->b.name, rt->entries[rt->del_idx].name, kept);
+    rt->del_idx++;
+    set_state(op, RETAIN_DEL_MANIFEST);
+    return;
   }
   set_state(op, RETAIN_DEL_PAGE);
 }
@@ -234,6 +393,18 @@ retain_cb(const struct spot_s3_result *res, void *data)
   case RETAIN_READ:
     got_manifest(op, res);
     break;
+  case RETAIN_READ_TOMB:
+    got_tomb(op, res);
+    set_state(op, RETAIN_READ);
+    break;
+  case RETAIN_TOMB_PUT:
+    if (failed) {
+      warn(op, "retiring an old checkpoint", res);
+      set_state(op, RETAIN_UPLOADS_LIST);
+    } else {
+      set_state(op, RETAIN_DEL_MANIFEST);
+    }
+    break;
   case RETAIN_DEL_MANIFEST:
   case RETAIN_DEL_LIST:
   case RETAIN_DEL_PAGE:
@@ -241,7 +412,8 @@ retain_cb(const struct spot_s3_result *res, void *data)
       warn(op, "deleting an old checkpoint", res);
       set_state(op, RETAIN_UPLOADS_LIST);
     } else if (rt->state == RETAIN_DEL_MANIFEST) {
-      op->deleted++;
+      if (!rt->entries[rt->del_idx].retired)
+        op->deleted++;
       set_state(op, RETAIN_DEL_LIST);
     } else if (rt->state == RETAIN_DEL_LIST) {
       got_del_list(op, res);
@@ -277,6 +449,8 @@ cmp_entries(const void *a, const void *b, void *data)
   const struct retain_entry *x = a, *y = b;
   const bool *by_step = data;
 
+  if (x->retired != y->retired)
+    return x->retired ? 1 : -1;
   if (*by_step && x->step != y->step)
     return x->step > y->step ? -1 : 1;
   if (x->created_ms != y->created_ms)
@@ -296,16 +470,32 @@ read_next(struct push_op *op)
     rt->entries = calloc(rt->nnames + 1, sizeof(*rt->entries));
   if (rt->entries == NULL)
     return -ENOMEM;
+  if (rt->read_tomb) {
+    set_state(op, RETAIN_READ_TOMB);
+    spot_buf_fini(&op->body);
+    spot_buf_init(&op->body, 64);
+    key = spot__store_key(&op->b.cfg.c, rt->names[rt->read_idx],
+                          SPOT__STORE_RETIRED);
+    if (key == NULL)
+      return -ENOMEM;
+    r = spot_s3_get(op->b.cfg.c.s3, op->b.cfg.bucket, key, 0, 0, NULL,
+                    &op->body, retain_cb, op, &op->s3op);
+    free(key);
+    return r;
+  }
   if (rt->read_idx >= rt->nnames) {
     bool by_step = true;
 
     for (size_t i = 0; i < rt->nentries; i++)
-      if (rt->entries[i].step < 0)
+      if (rt->entries[i].step < 0 && !rt->entries[i].retired)
         by_step = false;
     if (rt->nentries > 1)
       qsort_r(rt->entries, rt->nentries, sizeof(*rt->entries), cmp_entries,
               &by_step);
-    rt->del_idx = op->b.cfg.c.keep;
+    r = collect_kept_refs(op);
+    if (r < 0)
+      return r;
+    rt->del_idx = 0;
     set_state(op, RETAIN_DEL_MANIFEST);
     return 1;
   }
@@ -328,14 +518,29 @@ delete_manifest(struct push_op *op)
 {
   struct retain *rt = &op->retain;
 
-  while (rt->del_idx < rt->nentries &&
-         (rt->entries[rt->del_idx].name == NULL ||
-          strcmp(rt->entries[rt->del_idx].name, op->b.name) == 0))
+  while (rt->del_idx < rt->nentries && entry_kept(op, rt->del_idx))
     rt->del_idx++;
   if (rt->del_idx >= rt->nentries) {
     set_state(op, RETAIN_UPLOADS_LIST);
     return 1;
   }
+  if (!rt->entries[rt->del_idx].retired && rt->state == RETAIN_DEL_MANIFEST &&
+      !rt->tomb_done) {
+    /* RETIRED first: what outlives the manifest is found again */
+    char *key = spot__store_key(&op->b.cfg.c, rt->entries[rt->del_idx].name,
+                                SPOT__STORE_RETIRED);
+    int r;
+
+    if (key == NULL)
+      return -ENOMEM;
+    rt->tomb_done = true;
+    set_state(op, RETAIN_TOMB_PUT);
+    r = spot_s3_put(op->b.cfg.c.s3, op->b.cfg.bucket, key, "retired\n", 8, 0,
+                    retain_cb, op, &op->s3op);
+    free(key);
+    return r;
+  }
+  rt->tomb_done = false;
   free_del_keys(rt);
   rt->del_keys = calloc(1, sizeof(char *));
   if (rt->del_keys == NULL)

@@ -24,7 +24,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   if (spot_manifest_to_json(m2, &j2, err, sizeof(err)) != 0)
     abort();
   if (strcmp(j1, j2) != 0 || m->nfiles != m2->nfiles ||
-      m->total_raw != m2->total_raw || m->total_stored != m2->total_stored)
+      m->total_raw != m2->total_raw || m->total_stored != m2->total_stored ||
+      m->total_ref_raw != m2->total_ref_raw || m->nrefs != m2->nrefs)
     abort();
   free(j1);
   free(j2);

@@ -520,8 +520,12 @@ static const struct reject rejects[] = {
      "files[0].frames[1].raw_len: 134217729 not in"},
     {"\"comp_len\":15", "\"comp_len\":100000", -EBADMSG,
      "files[0].frames[1].comp_len: 100000 not in"},
-    {"\"version\":1", "\"version\":2", -EPROTONOSUPPORT,
-     "version: 2 not supported"},
+    {"\"version\":1", "\"version\":3", -EPROTONOSUPPORT,
+     "version: 3 not supported"},
+    {"\"crc32c\":7", "\"crc32c\":7,\"ref\":0", -EBADMSG,
+     "files[0].frames[1].ref: needs version 2"},
+    {"\"crc32c\":7", "\"crc32c\":7,\"sha256\":\"00\"", -EBADMSG,
+     "files[0].frames[1].sha256: needs version 2"},
     {"\"version\":1", "\"version\":\"1\"", -EBADMSG, "version: not an integer"},
     {"\"version\":1,", "", -EBADMSG, "version: missing"},
     {"\"format\":\"spotd-checkpoint\"", "\"format\":\"other\"", -EBADMSG,
@@ -898,6 +902,170 @@ test_marker(void **state)
       spot_marker_parse(big, SPOT_MARKER_MAX, &step, err, sizeof(err)), 0);
 }
 
+/* A valid manifest with references (version 2): m.pt's first frame is in
+ * an earlier checkpoint's object, its second in its own; "all" is all
+ * references and has no key. */
+#define SHA_A "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+static const char refd[] =
+    "{\"format\":\"spotd-checkpoint\",\"version\":2,\"name\":\"step-100\","
+    "\"job\":\"job1\",\"created\":\"2026-12-02T10:13:50Z\","
+    "\"totals\":{\"files\":2,\"raw_bytes\":13,\"stored_bytes\":15,"
+    "\"ref_bytes\":9},"
+    "\"refs\":[{\"name\":\"step-50\","
+    "\"key\":\"attempt-0123456789abcdef/m.pt.zst\",\"stored\":200}],"
+    "\"files\":["
+    "{\"path\":\"m.pt\",\"size\":10,\"mode\":420,\"mtime_ns\":1,"
+    "\"filter\":\"none\",\"key\":\"attempt-00000000000000aa/m.pt.zst\","
+    "\"frames\":["
+    "{\"raw_off\":0,\"raw_len\":6,\"ref\":0,\"comp_off\":100,\"comp_len\":20,"
+    "\"crc32c\":5,\"sha256\":\"" SHA_A "\"},"
+    "{\"raw_off\":6,\"raw_len\":4,\"comp_off\":0,\"comp_len\":15,"
+    "\"crc32c\":7,\"sha256\":\"" SHA_A "\"}]},"
+    "{\"path\":\"all\",\"size\":3,\"mode\":420,\"mtime_ns\":2,"
+    "\"filter\":\"none\",\"frames\":["
+    "{\"raw_off\":0,\"raw_len\":3,\"ref\":0,\"comp_off\":0,\"comp_len\":12,"
+    "\"crc32c\":6}]}]}";
+
+static char *
+rsubst(const char *from, const char *to)
+{
+  const char *p = strstr(refd, from);
+  size_t n = strlen(refd) - strlen(from) + strlen(to) + 1;
+  char *s = malloc(n);
+
+  assert_non_null(p);
+  assert_non_null(s);
+  snprintf(s, n, "%.*s%s%s", (int)(p - refd), refd, to, p + strlen(from));
+  return s;
+}
+
+static void
+test_refs(void **state)
+{
+  struct spot_manifest *m = NULL, *b = NULL;
+  const struct spot_manifest_file *f;
+  const char *name;
+  char err[256] = "", *json = NULL;
+  unsigned char sha[SPOT_MANIFEST_SHA256_LEN];
+  size_t i, ref;
+
+  (void)state;
+  assert_int_equal(
+      spot_manifest_parse(refd, strlen(refd), &m, err, sizeof(err)), 0);
+  assert_int_equal(m->nrefs, 1);
+  assert_int_equal(m->total_ref_raw, 9);
+  assert_int_equal(m->total_stored, 15);
+  f = spot_manifest_find(m, "m.pt");
+  assert_int_equal(f->stored, 15);
+  assert_int_equal(f->frames[0].ref, 1);
+  assert_true(f->frames[0].has_sha);
+  assert_int_equal(f->frames[0].sha256[0], 0x9f);
+  assert_string_equal(spot_manifest_frame_key(m, f, &f->frames[0], &name),
+                      "attempt-0123456789abcdef/m.pt.zst");
+  assert_string_equal(name, "step-50");
+  assert_string_equal(spot_manifest_frame_key(m, f, &f->frames[1], &name),
+                      "attempt-00000000000000aa/m.pt.zst");
+  assert_null(name);
+  f = spot_manifest_find(m, "all");
+  assert_null(f->key);
+  assert_int_equal(f->stored, 0);
+  /* written back the same */
+  assert_int_equal(spot_manifest_to_json(m, &json, err, sizeof(err)), 0);
+  assert_string_equal(json, refd);
+  free(json);
+
+  /* built the same */
+  assert_int_equal(spot_manifest_new("step-100", "job1", CREATED_MS, &b), 0);
+  assert_int_equal(spot_manifest_add_ref(b, "step-100", "x", 1, &ref),
+                   -EINVAL); /* itself */
+  assert_int_equal(spot_manifest_add_ref(b, "step-50",
+                                         "attempt-0123456789abcdef/m.pt.zst",
+                                         200, &ref),
+                   0);
+  assert_int_equal(spot_manifest_add_ref(b, "step-50",
+                                         "attempt-0123456789abcdef/m.pt.zst",
+                                         200, &ref),
+                   0);
+  assert_int_equal(b->nrefs, 1);
+  assert_int_equal(spot_manifest_add_file(b, "m.pt",
+                                          "attempt-00000000000000aa/m.pt.zst",
+                                          10, 0644, 1, SPOT_FILTER_NONE, &i),
+                   0);
+  memcpy(sha, m->files[0].frames[0].sha256, sizeof(sha));
+  assert_int_equal(spot_manifest_set_frame(b, i, 1, 4, 15, 7), 0);
+  assert_int_equal(spot_manifest_set_frame_sha(b, i, 1, sha), 0);
+  assert_int_equal(
+      spot_manifest_set_ref_frame(b, i, 0, ref, 100, 6, 20, 5, sha), 0);
+  assert_int_equal(spot_manifest_add_file(b, "all", "all.zst", 3, 0644, 2,
+                                          SPOT_FILTER_NONE, &i),
+                   0);
+  assert_int_equal(spot_manifest_set_ref_frame(b, i, 0, ref, 0, 3, 12, 6, NULL),
+                   0);
+  /* every frame a reference: no object, no key */
+  assert_int_equal(spot_manifest_to_json(b, &json, err, sizeof(err)), -EINVAL);
+  assert_non_null(strstr(err, "files[1].key: every frame is a reference"));
+  assert_int_equal(spot_manifest_clear_key(b, i), 0);
+  assert_int_equal(spot_manifest_to_json(b, &json, err, sizeof(err)), 0);
+  assert_string_equal(json, refd);
+  free(json);
+  spot_manifest_free(b);
+  spot_manifest_free(m);
+}
+
+static const struct reject ref_rejects[] = {
+    {"\"ref\":0,\"comp_off\":100", "\"ref\":1,\"comp_off\":100", -EBADMSG,
+     "files[0].frames[0].ref: not in refs"},
+    {"\"ref\":0,\"comp_off\":100", "\"ref\":-1,\"comp_off\":100", -EBADMSG,
+     "files[0].frames[0].ref: -1 not in"},
+    {"\"comp_off\":100", "\"comp_off\":190", -EBADMSG,
+     "files[0].frames[0].comp_off: 190+20 past refs[0]'s 200 bytes"},
+    {"\"comp_off\":100", "\"comp_off\":9223372036854775807", -EBADMSG,
+     "past refs[0]"},
+    {"\"name\":\"step-50\"", "\"name\":\"step-100\"", -EBADMSG,
+     "refs[0].name: not another checkpoint's name"},
+    {"\"name\":\"step-50\"", "\"name\":\"../x\"", -EBADMSG,
+     "refs[0].name: not a valid checkpoint name"},
+    {"\"key\":\"attempt-0123456789abcdef/m.pt.zst\"", "\"key\":\"../m\"",
+     -EBADMSG, "refs[0].key: '..' component"},
+    {"\"key\":\"attempt-0123456789abcdef/m.pt.zst\"",
+     "\"key\":\"MANIFEST.json\"", -EBADMSG, "refs[0].key: reserved"},
+    {"\"stored\":200", "\"stored\":0", -EBADMSG, "refs[0].stored: 0 not in"},
+    {"\"stored\":200}", "\"stored\":200,\"x\":1}", -EBADMSG,
+     "refs[0].x: unknown key"},
+    {"\"refs\":[", "\"refs\":{\"a\":[", -EBADMSG, "invalid JSON"},
+    {"\"ref_bytes\":9", "\"ref_bytes\":8", -EBADMSG,
+     "totals.ref_bytes: 8, the references add up to 9"},
+    {"\"sha256\":\"9f", "\"sha256\":\"9F", -EBADMSG,
+     "files[0].frames[0].sha256: not 64 lower-case hex digits"},
+    {"\"sha256\":\"9f", "\"sha256\":\"9", -EBADMSG,
+     "files[0].frames[0].sha256: not 64"},
+    {"\"sha256\":\"9f", "\"sha256\":5,\"x\":\"9f", -EBADMSG, "unknown key"},
+    {"\"filter\":\"none\",\"frames\":[{\"raw_off\":0,\"raw_len\":3,\"ref\":0",
+     "\"filter\":\"none\",\"frames\":[{\"raw_off\":0,\"raw_len\":3", -EBADMSG,
+     "files[1].key: missing"},
+    {"\"key\":\"attempt-00000000000000aa/m.pt.zst\",",
+     "\"key\":\"attempt-00000000000000aa/m.pt.zst\",\"pack\":\"p\",", -EBADMSG,
+     "files[0].pack: not in packs"},
+};
+
+static void
+test_refs_reject(void **state)
+{
+  (void)state;
+  for (size_t i = 0; i < ARRAY_N(ref_rejects); i++) {
+    char *s = rsubst(ref_rejects[i].from, ref_rejects[i].to), err[256] = "";
+    struct spot_manifest *m = (void *)1;
+    int r = spot_manifest_parse(s, strlen(s), &m, err, sizeof(err));
+
+    if (r != ref_rejects[i].code || !strstr(err, ref_rejects[i].msg))
+      fail_msg("case %zu (%s -> %s): got %d '%s', want %d '%s'", i,
+               ref_rejects[i].from, ref_rejects[i].to, r, err,
+               ref_rejects[i].code, ref_rejects[i].msg);
+    assert_ptr_equal(m, (void *)1);
+    free(s);
+  }
+}
+
 int
 main(void)
 {
@@ -917,6 +1085,8 @@ main(void)
       cmocka_unit_test(test_name_step),
       cmocka_unit_test(test_step),
       cmocka_unit_test(test_marker),
+      cmocka_unit_test(test_refs),
+      cmocka_unit_test(test_refs_reject),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

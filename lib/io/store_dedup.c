@@ -32,6 +32,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fsm.h"
 #include "log.h"
 #include "store_push.h"
 #include "util.h"
@@ -45,12 +46,18 @@ static const char *const dedup_state_names[] = {
     "latest", "manifest", "head", "hash", "done",
 };
 
+_Static_assert(SPOT_ARRAY_SIZE(dedup_state_names) == DEDUP_STATE_LAST,
+               "dedup_state_names");
+static const struct spot_fsm dedup_fsm = {
+    "push dedup", dedup_state_names, DEDUP_STATE_LAST, NULL, 0, SPOT_LOG_DEBUG};
+
+#define set_state(op, s) set_state_at((op), (s), __FILE__, __LINE__)
 static void
-set_state(struct push_op *op, enum dedup_state s)
+set_state_at(struct push_op *op, enum dedup_state s, const char *file, int line)
 {
-  log_debug("push name=%s dedup %s -> %s", op->b.name,
-            dedup_state_names[op->dedup.state], dedup_state_names[s]);
-  op->dedup.state = s;
+  if (spot_fsm_move_detail(&dedup_fsm, op->dedup.state, s, file, line,
+                           "name=%s", op->b.name) > 0)
+    op->dedup.state = s;
 }
 
 uint64_t

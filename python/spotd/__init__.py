@@ -189,6 +189,19 @@ def _read_counters(fd):
     return a
 
 
+def _read_stable(fd, off):
+    """8 bytes at off, read until two reads agree (at most 4): spotd may
+    rewrite the slot while it is read, and a torn value would be a
+    made-up deadline."""
+    b = os.pread(fd, 8, off)
+    for _ in range(3):
+        again = os.pread(fd, 8, off)
+        if again == b:
+            break
+        b = again
+    return b
+
+
 def request_channel():
     """The path of the request file this process serves through, or None
     (no spotd, or the signal fallback)."""
@@ -245,11 +258,11 @@ def deadline():
         return None
     try:
         if _req is not None:
-            b = os.pread(_req[0], 8, _OFF_DEADLINE)
+            b = _read_stable(_req[0], _OFF_DEADLINE)
         else:  # not mapped: spotd must not count this process as served
             fd, _ = _open_channel(_req_path, mapped=False)
             try:
-                b = os.pread(fd, 8, _OFF_DEADLINE)
+                b = _read_stable(fd, _OFF_DEADLINE)
             finally:
                 os.close(fd)
     except (OSError, ValueError):

@@ -211,8 +211,9 @@ class StagedSaver:
         need = sum(_nbytes(t) for _, t in leaves)
         if need > self.limit:
             return 0
-        self._wait_previous(None)
-        self._buffers(leaves)
+        with self._lock:
+            self._wait_previous(None)
+            self._buffers(leaves)
         return need
 
     # ------------------------------------------------------------ stage
@@ -230,8 +231,30 @@ class StagedSaver:
         import torch
         if name is None and step is None and folder is None:
             raise ValueError("stage(): give a step or a name")
-        self._wait_previous(step if step is not None else
-                            (name or folder))
+        with self._lock:
+            return self._stage(torch, state, step, name, folder, filename,
+                               mark)
+
+    def _stage(self, torch, state, step, name, folder, filename, mark):
+        what = step if step is not None else (name or folder)
+        if folder is None:
+            # A collective follows (the folder): every rank learns whether
+            # a writer's previous persist failed and raises alike, rather
+            # than the writers raising alone and the others waiting in
+            # the collective for ever.
+            err = self._join_previous(what)
+            dist = spotd._dist()
+            failed = 1 if err is not None else 0
+            if dist is not None and dist.get_world_size() > 1:
+                failed = spotd._agree_max(dist, failed)
+            if failed:
+                if err is not None:
+                    raise RuntimeError("staged checkpoint %s failed: %s"
+                                       % (err[0], err[1])) from err[1]
+                raise RuntimeError("a staged checkpoint failed on another "
+                                   "rank (its writer says why)")
+        else:
+            self._wait_previous(what)
         filename = filename or self.filename
         if folder is None:
             ck = spotd.Checkpoint(name=name, step=step, root=self.root)
@@ -282,10 +305,12 @@ class StagedSaver:
         th.start()
         return h
 
-    def _wait_previous(self, what):
+    def _join_previous(self, what):
+        """Waits for the persist in flight; (its name, its error) when it
+        failed, else None."""
         cur = self._inflight
         if cur is None:
-            return
+            return None
         h, th = cur
         if not h.done() and what is not None:
             _say("staged save of %s waits for the previous one (%s) to "
@@ -293,10 +318,13 @@ class StagedSaver:
                  % (_label(what), h.name))
         th.join()
         self._inflight = None
-        if h.error is not None:
-            err = h.error
+        return (h.name, h.error) if h.error is not None else None
+
+    def _wait_previous(self, what):
+        err = self._join_previous(what)
+        if err is not None:
             raise RuntimeError("staged checkpoint %s failed: %s"
-                               % (h.name, err)) from err
+                               % (err[0], err[1])) from err[1]
 
     def _buffers(self, leaves):
         """The host buffer of every leaf: reused when the layout is the
@@ -306,21 +334,26 @@ class StagedSaver:
         keep = {}
         for key, t in leaves:
             b = self._bufs.get(key)
-            if b is not None and b.shape == t.shape and b.dtype == t.dtype \
-                    and b.is_pinned() == bool(t.is_cuda):
+            if b is not None and t.layout == torch.strided and \
+                    b.shape == t.shape and b.dtype == t.dtype and \
+                    b.is_pinned() == bool(t.is_cuda):
                 keep[key] = b
         self._bufs = keep  # what is not reused is freed before allocating
+        out = dict(keep)
         for key, t in leaves:
             if key in keep:
                 continue
             if t.layout != torch.strided:
-                keep[key] = t  # sparse and the like: cloned in _rebuild
+                # sparse and the like: no buffer, cloned in _rebuild; never
+                # kept in _bufs (the user's tensor is no buffer to copy into)
+                out[key] = t
                 continue
             b = torch.empty(t.shape, dtype=t.dtype, device="cpu",
                             pin_memory=bool(t.is_cuda))
             b.zero_()  # the first touch now, not in a checkpoint's stall
             keep[key] = b
-        return keep
+            out[key] = b
+        return out
 
     def _write(self, h, state):
         self.writer(state, h.path, h.filename)

@@ -897,6 +897,23 @@ with contextlib.redirect_stderr(err):
 out["sync_line"] = err.getvalue()
 out["sync_marked"] = (not h4.staged) and os.path.exists(
     os.path.join(h4.path, spotd.MARKER))
+sp_gate = threading.Event()
+def sp_writer(snap, folder, filename):
+    sp_gate.wait(30)
+    spotd.staged._torch_save(snap, folder, filename)
+sp = spotd.StagedSaver(limit="16M", writer=sp_writer)
+a = torch.tensor([1., 0, 0, 0]).to_sparse()
+b = torch.tensor([0., 0, 0, 7]).to_sparse()
+sp_gate.set()
+sp.stage({"sp": a}, step=20).wait(30)
+sp_gate.clear()
+hb = sp.stage({"sp": b}, step=21)
+b.mul_(100)                      # changed before the writer runs
+sp_gate.set()
+hb.wait(30)
+out["sparse_user_kept"] = a.to_dense().tolist() == [1.0, 0.0, 0.0, 0.0]
+out["sparse_at_stage"] = torch.load(os.path.join(hb.path, "state.pt"))[
+    "sp"].to_dense().tolist() == [0.0, 0.0, 0.0, 7.0]
 state["fail"] = True
 err = io.StringIO()
 with contextlib.redirect_stderr(err):
@@ -960,6 +977,10 @@ def test_staged(c, tmp):
             and "not saved (no marker)" in r["fail_line"],
             "staged: a failing persist leaves no marker; wait() and the "
             "next stage() raise; one line says so", what)
+    c.check(r["sparse_user_kept"] and r["sparse_at_stage"],
+            "staged: a sparse tensor is cloned, never kept as a buffer: the "
+            "next stage() leaves the caller's earlier tensor alone and saves "
+            "the state at stage() time", what)
     c.check(r["sizes"] == [512 << 20, 8 << 30, 1024],
             "staged: sizes parse (512M, 8G, 1024)", repr(r["sizes"]))
 

@@ -132,4 +132,66 @@ try:
                               "and that checkpoint restores")
 finally:
     spotlib.s3_cleanup(root)
+
+# spotd with dedup = true (--dedup): a trainer that saves the LoRA-like
+# file three times; each commit after the first stores <= 0.2x of it,
+# and the newest restores byte-identical.
+DAEMON_TRAINER = r"""
+import os, random, sys, time
+ck = os.environ["SPOTD_CKPT_DIR"]
+for step in (1, 2, 3):
+    d = os.path.join(ck, "step-%06d" % step)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "model.pt"), "wb") as f:
+        f.write(b"PK\x03\x04" + bytes(123))
+        for layer in range(2):
+            f.write(random.Random(layer).randbytes(8 << 20))
+            f.write(bytes(37))
+            for ab in range(2):
+                f.write(random.Random(1000 * step + 10 * layer + ab)
+                        .randbytes(512 << 10))
+    with open(os.path.join(d, "SPOTD_COMPLETE"), "w") as f:
+        f.write("step=%d\n" % step)
+    time.sleep(3)
+"""
+
+store, job, prefix = spotlib.daemon_job("dedupd")
+try:
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "trainer.py")
+        with open(script, "w") as f:
+            f.write(DAEMON_TRAINER)
+        d = spotlib.Daemon(os.path.join(tmp, "node"), store, job,
+                           cmd=[spotlib.PY3, script], args=["--dedup"])
+        rc = d.wait_exit(120)
+        names = spotlib.committed(prefix)
+        c.check(rc == 0 and names == ["step-000001", "step-000002",
+                                      "step-000003"] and
+                spotlib.latest(prefix) == "step-000003",
+                "spotd --dedup: three commits, LATEST step-000003",
+                "rc=%s %r\n%s" % (rc, names, d.err.text()[-3000:]))
+        got = {}
+        for n in names:
+            m = json.loads(spotlib.s3_get(prefix + "checkpoints/%s/"
+                                          "MANIFEST.json" % n))
+            got[n] = m["totals"]["stored_bytes"]
+        c.check(len(got) == 3 and all(
+            got[n] <= 0.2 * got["step-000001"]
+            for n in ("step-000002", "step-000003")),
+            "spotd --dedup: each commit after the first stores <= 0.2x of "
+            "the first", repr(got))
+        expect = os.path.join(tmp, "expect")
+        os.makedirs(expect)
+        src = os.path.join(d.ckpt_dir, "step-000003")
+        for fn in os.listdir(src):
+            if fn != "SPOTD_COMPLETE":
+                with open(os.path.join(src, fn), "rb") as a, \
+                        open(os.path.join(expect, fn), "wb") as b:
+                    b.write(a.read())
+        spotlib.check_restore(c, store + "/" + job, expect,
+                              os.path.join(tmp, "r"),
+                              "spotd --dedup: the newest restores "
+                              "byte-identical")
+finally:
+    spotlib.s3_cleanup(prefix)
 c.finish()

@@ -243,7 +243,9 @@ download_cb(const struct spot_store_result *res, void *data)
     spotd_fail(d, SPOTD_EXIT_ERROR);
     return;
   }
-  d->last_commit_wall = wall; /* its commit, not this download */
+  /* known since its commit, not since this download */
+  upload_set_last_commit(d, d->last_commit, d->last_commit_step,
+                         d->last_commit_made, wall);
   relaunch_now(d);
 }
 

@@ -42,6 +42,7 @@
 #include "restore.h"
 #include "runjoin.h"
 #include "spotd.h"
+#include "upload.h"
 #include "util.h"
 #include "watch.h"
 
@@ -258,6 +259,7 @@ int
 restore_place(struct spotd *d, const struct spot_store_result *res)
 {
   char tmp[4300], dst[4300], mine[4400];
+  int64_t now;
 
   snprintf(tmp, sizeof(tmp), "%s/" RESUME_DIR, d->ckpt_dir);
   snprintf(dst, sizeof(dst), "%s/%s", d->ckpt_dir, res->name);
@@ -290,8 +292,6 @@ restore_place(struct spotd *d, const struct spot_store_result *res)
       d->resume_dir[0] = '\0';
     }
   }
-  spot_strlcpy(d->last_commit, res->name, sizeof(d->last_commit));
-  d->last_commit_step = res->step;
   spot_strlcpy(d->restored_name, res->name, sizeof(d->restored_name));
   d->restored_at_wall = spot_now_wall_ms();
   if (d->fb.nbad > 0) {
@@ -302,11 +302,11 @@ restore_place(struct spotd *d, const struct spot_store_result *res)
     spot_strlcpy(d->store.latest_damaged, d->fb.bad[0],
                  sizeof(d->store.latest_damaged));
   }
-  d->last_commit_wall = spot_now_wall_ms();
   /* The restored checkpoint was committed by an earlier run: the last
    * line names that time, not this restore's. */
-  d->last_commit_made =
-      res->created_ms > 0 ? res->created_ms : d->last_commit_wall;
+  now = spot_now_wall_ms();
+  upload_set_last_commit(d, res->name, res->step,
+                         res->created_ms > 0 ? res->created_ms : now, now);
   watch_mark_known(d, res->name);
   hist_restored(d, res);
   return 0;

@@ -723,10 +723,22 @@ upload_progress_cb(const struct spot_store_progress *p, void *data)
   }
 }
 
+void
+upload_set_last_commit(struct spotd *d, const char *name, int64_t step,
+                       int64_t made_ms, int64_t known_ms)
+{
+  if (name != d->last_commit)
+    spot_strlcpy(d->last_commit, name, sizeof(d->last_commit));
+  d->last_commit_step = step;
+  d->last_commit_made = made_ms;
+  d->last_commit_wall = known_ms;
+}
+
 static void
 committed(struct spotd *d, const char *name,
           const struct spot_store_result *res)
 {
+  int64_t now;
   double secs = (double)res->elapsed_ms / 1000.0;
   /* the push's own time: less what it waited for the trainer's save */
   uint64_t busy_ms =
@@ -757,10 +769,8 @@ committed(struct spotd *d, const char *name,
     spotd_warn(d, "%s", res->warning);
   /* the step the store recorded: its marker's (there now), else its
    * name's */
-  d->last_commit_step = upload_ckpt_step(d, name);
-  spot_strlcpy(d->last_commit, name, sizeof(d->last_commit));
-  d->last_commit_wall = spot_now_wall_ms();
-  d->last_commit_made = d->last_commit_wall;
+  now = spot_now_wall_ms();
+  upload_set_last_commit(d, name, upload_ckpt_step(d, name), now, now);
   d->up.failed[0] = '\0';
   if (busy_ms > 0 && res->raw_bytes > 0) {
     d->up.last_bps = (double)res->raw_bytes / ((double)busy_ms / 1000.0);

@@ -73,6 +73,13 @@ void spotd_request_checkpoint(struct spotd *d, const char *why);
 int spotd_checkpoint_complete(struct spotd *d, const char *name);
 /* No push runs and none waits. */
 bool upload_idle(const struct spotd *d);
+/* The newest commit this spotd knows (d->last_commit and its step, when
+ * it was made and since when this spotd has it): the one writer of that
+ * fact, for a commit of its own (upload.c), a restore (restore.c) and a
+ * restart's download (restarts.c). made_ms: when it was committed;
+ * known_ms: when this spotd committed or restored it. */
+void upload_set_last_commit(struct spotd *d, const char *name, int64_t step,
+                            int64_t made_ms, int64_t known_ms);
 /* Removes the local copy of a save that was no new commit (up.drop):
  * the trainer exited, or a later commit was made. */
 void upload_drop_local(struct spotd *d);

@@ -59,9 +59,15 @@ get_cb(const struct spot_s3_result *res, void *data)
   spot_buf_fini(&d->restarts.body);
   if (d->closing)
     return;
-  d->restarts.count = n + 1;
-  d->restarts.fetched = true;
+  restarts_set_count(d, n + 1, true);
   restore_counted(d);
+}
+
+void
+restarts_set_count(struct spotd *d, int64_t count, bool fetched)
+{
+  d->restarts.count = count;
+  d->restarts.fetched = fetched;
 }
 
 void
@@ -73,8 +79,7 @@ restarts_fetch(struct spotd *d)
   if (key == NULL || spot_s3_get(d->s3, d->store.bucket, key, 0, 0, NULL,
                                  &d->restarts.body, get_cb, d, NULL) < 0) {
     spot_buf_fini(&d->restarts.body);
-    d->restarts.count = 1;
-    d->restarts.fetched = true;
+    restarts_set_count(d, 1, true);
     restore_counted(d);
   }
   free(key);
@@ -217,9 +222,8 @@ relaunch_now(struct spotd *d)
 {
   crash_set_state(d, CRASH_NONE);
   hist_restart(d); /* the checkpoint it resumes from is known now */
-  d->restarts.count++;
   /* written at the start like a relaunch's: a fresh job's count too */
-  d->restarts.fetched = true;
+  restarts_set_count(d, d->restarts.count + 1, true);
   spotd_relaunch_trainer(d);
 }
 

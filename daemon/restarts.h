@@ -49,6 +49,10 @@ struct crash_restart {
   struct spot_store_op *restore; /* the download when it does not */
 };
 
+/* The job's relaunch count (d->restarts.count, SPOTD_RESTART_COUNT): the
+ * one writer. fetched: whether it is the store's RESTARTS (+1), to be
+ * written back at the trainer's start; a run join's count is not. */
+void restarts_set_count(struct spotd *d, int64_t count, bool fetched);
 /* GET RESTARTS, then restore_counted(). */
 void restarts_fetch(struct spotd *d);
 /* The trainer started: PUT the count. */

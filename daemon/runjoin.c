@@ -46,6 +46,7 @@
 
 #include "fsm.h"
 #include "log.h"
+#include "restarts.h"
 #include "restore.h"
 #include "runjoin.h"
 #include "spotd.h"
@@ -262,8 +263,7 @@ put_cb(const struct spot_s3_result *res, void *data)
   j->joined = true;
   snprintf(d->fan.run, sizeof(d->fan.run), "r%" PRIu64, j->run);
   /* every rank of the run gets the same count */
-  d->restarts.count = (int64_t)(j->run - 1);
-  d->restarts.fetched = false;
+  restarts_set_count(d, (int64_t)(j->run - 1), false);
   log_info("multi-node: rank %u joined run %s of job %s (%s)", d->store.rank,
            d->fan.run, d->cfg->job,
            j->run == 1 && s->newest == 0 ? "its first run"

@@ -871,6 +871,18 @@ timer_close(uv_timer_t *t)
 }
 
 void
+spotd_free_clients(struct spotd *d)
+{
+  spot_s3_free(d->s3);
+  d->s3 = NULL;
+  spot_aws_close(d->aws, NULL, NULL);
+  d->aws = NULL;
+  if (d->http != NULL)
+    spot_http_close(d->http, NULL, NULL);
+  d->http = NULL;
+}
+
+void
 spotd_close(struct spotd *d)
 {
   if (d->closing)

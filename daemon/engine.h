@@ -62,6 +62,9 @@ void spotd_operator_final(struct spotd *d);
 /* A notice of the job from another rank (fanout.c): as the node's own. */
 void spotd_job_notice(struct spotd *d, const struct spot_notice *n);
 void spotd_close(struct spotd *d);
+/* After the loop ran dry once closing: frees the clients the start made
+ * (S3, AWS credentials, HTTP), in dependency order. */
+void spotd_free_clients(struct spotd *d);
 /* Milliseconds to the drain's deadline (UINT64_MAX: none). */
 uint64_t spotd_ms_left(const struct spotd *d);
 /* Milliseconds until the drain gives the final checkpoint up: the

@@ -212,13 +212,8 @@ run_daemon(struct spot_config *cfg, char **argv)
       uv_unref((uv_handle_t *)&d.sighup);
     }
   }
-  /* Then the clients the store used, in dependency order. */
-  spot_s3_free(d.s3);
-  d.s3 = NULL;
-  spot_aws_close(d.aws, NULL, NULL);
-  d.aws = NULL;
-  if (d.http != NULL)
-    spot_http_close(d.http, NULL, NULL);
+  /* Then the clients the start made (the engine frees them). */
+  spotd_free_clients(&d);
   uv_close((uv_handle_t *)&d.sigterm, NULL);
   uv_close((uv_handle_t *)&d.sigint, NULL);
   uv_close((uv_handle_t *)&d.sighup, NULL);

@@ -821,8 +821,8 @@ spotd_handles_init(struct spotd *d)
   fanout_init(d);
 }
 
-int
-spotd_start(struct spotd *d)
+static int
+start(struct spotd *d)
 {
   int r;
 
@@ -857,6 +857,34 @@ spotd_start(struct spotd *d)
     return r;
   spotd_set_state(d, SPOTD_CONNECTING);
   return 0;
+}
+
+int
+spotd_start(struct spotd *d)
+{
+  int r = start(d);
+
+  if (r < 0) {
+    if (d->exit_code < 0) /* else the start said which */
+      d->exit_code = SPOTD_EXIT_ERROR;
+    spotd_close(d);
+  }
+  return r;
+}
+
+void
+spotd_restoring(struct spotd *d)
+{
+  spotd_set_state(d, SPOTD_RESTORING);
+}
+
+bool
+spotd_restart_begin(struct spotd *d)
+{
+  if (!spotd_set_state(d, SPOTD_RESTARTING))
+    return false;
+  d->exit_code = -1; /* the failure is not the outcome: it restarts */
+  return true;
 }
 
 /* -------------------------------------------------------------- close */

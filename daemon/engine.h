@@ -28,10 +28,14 @@ enum spotd_state {
 /* Initialises the engine's timers and child handles on d->loop (the part
  * of spotd_start() a test of the engine needs without starting). */
 void spotd_handles_init(struct spotd *d);
+/* Starts spotd; on failure (< 0) closes it, the exit status set. */
 int spotd_start(struct spotd *d);
 /* The only way the engine's state changes: logs it, tells systemd, and
  * refuses (false, logged) a transition the table does not allow; once
- * closing only EXITING is allowed. */
+ * closing only EXITING is allowed. engine.c's own: the other modules of
+ * daemon/ report events (spotd_restoring(), spotd_restart_begin(), ...)
+ * and the lint suite's fsm check fails one that calls it or writes the
+ * state or the exit status; exported for test_engine only. */
 bool spotd_set_state_at(struct spotd *d, enum spotd_state s, const char *file,
                         int line);
 #define spotd_set_state(d, s) spotd_set_state_at((d), (s), __FILE__, __LINE__)
@@ -62,6 +66,11 @@ void spotd_operator_final(struct spotd *d);
 /* A notice of the job from another rank (fanout.c): as the node's own. */
 void spotd_job_notice(struct spotd *d, const struct spot_notice *n);
 void spotd_close(struct spotd *d);
+/* Events of the startup and the restarts: the startup began restoring
+ * (RESTORING); a failed trainer is restarted (RESTARTING, the exit status
+ * undecided again): false when the engine refuses it. */
+void spotd_restoring(struct spotd *d);
+bool spotd_restart_begin(struct spotd *d);
 /* After the loop ran dry once closing: frees the clients the start made
  * (S3, AWS credentials, HTTP), in dependency order. */
 void spotd_free_clients(struct spotd *d);

@@ -197,12 +197,7 @@ run_daemon(struct spot_config *cfg, char **argv)
     uv_timer_start(&d.watchdog, watchdog_cb, d.watchdog_usec / 2000,
                    d.watchdog_usec / 2000);
 
-  r = spotd_start(&d);
-  if (r < 0) {
-    if (d.exit_code < 0) /* else the start said which */
-      d.exit_code = SPOTD_EXIT_ERROR;
-    spotd_close(&d);
-  }
+  (void)spotd_start(&d); /* closes on failure, the exit status set */
   /* Runs until spotd_close() has closed the engine's handles. The signal
    * handles stay referenced: unref them once closing. */
   while (uv_run(&loop, UV_RUN_ONCE) != 0) {

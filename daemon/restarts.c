@@ -204,10 +204,9 @@ restart_after_crash(struct spotd *d)
   describe(c, what, sizeof(what));
   c->wait_ms = spot_config_restart_backoff_ms(d->cfg->restart_backoff_ms,
                                               (unsigned)c->used + 1);
-  if (!spotd_set_state(d, SPOTD_RESTARTING))
+  if (!spotd_restart_begin(d))
     return false;
   c->used++;
-  d->exit_code = -1;
   spotd_warn(d,
              "the trainer failed (%s): restart %" PRId64 " of %" PRId64
              " in %.1f s, from the newest committed checkpoint",

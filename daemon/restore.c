@@ -397,7 +397,7 @@ begin_restore(struct spotd *d)
     return;
   }
   set_state(d, RESTORE_RESTORING);
-  spotd_set_state(d, SPOTD_RESTORING);
+  spotd_restoring(d);
   remove_partial(d);
   snprintf(tmp, sizeof(tmp), "%s/" RESUME_DIR, d->ckpt_dir);
   restore_store_config(d, &sc);
@@ -445,7 +445,7 @@ resume_journaled(struct spotd *d)
            "that upload",
            name);
   set_state(d, RESTORE_RESUMING);
-  spotd_set_state(d, SPOTD_RESTORING);
+  spotd_restoring(d);
   watch_mark_known(d, name);
   snprintf(dir, sizeof(dir), "%s/%s", d->ckpt_dir, name);
   r = spot_store_push(d->loop, &sc, dir, name, NULL, resume_done_cb, d,

@@ -3,7 +3,8 @@
 whose name ends in set_state or set_state_at) asks spot_fsm_move(),
 spot_fsm_move_detail() or spot_fsm_refuse(), and a machine's state field
 is written only in its setter, or once where the object is made (the line
-says /* initial state */). ALLOW lists the writes that are not a machine
+says /* initial state */); in daemon/ only engine.c moves the engine's
+state or sets the exit status. ALLOW lists the writes that are not a machine
 of the helper's (yet), each with its reason.
 
 Usage: fsm.py SRCDIR"""
@@ -84,6 +85,20 @@ def main():
                       "constructor marks its line /* initial state */)" %
                       (path, i + 1, fn))
                 bad += 1
+    # The engine's state and the exit status are engine.c's: the other
+    # modules of daemon/ report events.
+    engine = re.compile(r"\bspotd_set_state(_at)?\s*\(|"
+                        r"\bd(->|\.)(state|exit_code)\s*=(?!=)")
+    for path in files:
+        if not path.startswith("daemon/") or path == "daemon/engine.c":
+            continue
+        with open(path, encoding="utf-8") as f:
+            for i, l in enumerate(f, 1):
+                if engine.search(l.split("/*")[0]):
+                    print("%s:%d: only daemon/engine.c moves the engine's "
+                          "state or sets the exit status (report an event "
+                          "to the engine instead)" % (path, i))
+                    bad += 1
     if bad:
         print("%d problem(s): see tests/lint/fsm.py" % bad)
         return 1

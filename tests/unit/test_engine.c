@@ -552,7 +552,7 @@ test_seq_second_sigterm(void **state)
       struct spotd *d = &r.d;
       bool noticed = with_notice && s >= SPOTD_DRAINING && s <= SPOTD_STOPPING;
 
-      print_message("state %s%s\n", spotd_state_name((enum spotd_state)s),
+      print_message("# state %s%s\n", spotd_state_name((enum spotd_state)s),
                     noticed ? " (notice)" : "");
       rig_init(&r);
       if (s == SPOTD_EXITING) {

@@ -6,6 +6,13 @@ train(resume_from_checkpoint=spotd.resume_dir()); every later step (each
 micro-batch's sample ids and loss) and the final weights equal an
 uninterrupted run's (fwlib.run).
 
+The same with spotd.hf.StagedTrainer (--staged), fewer steps: the
+Trainer's checkpoint is staged and persisted in the background, its
+persist held (the trainer's knob) until the loop has finished the next
+step, so the optimizer changed the weights while it ran; the folder gets
+its marker only after that, spotd commits it, and the resume from it is
+bit-identical to the uninterrupted (unstaged) run.
+
 Then the callback alone, on the Trainer's own argument and state objects:
 - save_only_model=True is warned about at the start of training;
 - a checkpoint saved during a hyperparameter search
@@ -20,6 +27,7 @@ $SPOTD_TEST_PYTHONUSERBASE; then a missing import fails); otherwise skips
 (77) when /usr/bin/python3 does not import it. Skips without the test S3
 server."""
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -31,6 +39,7 @@ import fwlib  # noqa: E402
 TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                        "fw_hf_trainer.py")
 STEPS = 20  # 64 samples, 8 per optimizer step: 8 steps per epoch
+STAGED_STEPS = 20  # time for the commit before the run ends
 
 UNIT = r"""
 import os, signal, struct, sys, time
@@ -118,10 +127,25 @@ def main():
                 "HF: the committed folder holds the Trainer's files and the "
                 "marker", repr(sorted(files)))
 
-    t = threading.Thread(target=unit, args=(c, env))  # beside the run
+    staged = [sl.PY3, TRAINER, "--steps", str(STAGED_STEPS), "--staged"]
+
+    def held(c, name, lines):
+        m = [re.match(r"^persist %s after step (\d+)$" % re.escape(name), x)
+             for x in lines]
+        after = [int(x.group(1)) for x in m if x]
+        c.check(after and after[0] > fwlib.step_of(name),
+                "HF StagedTrainer: %s was persisted (and only then marked) "
+                "while the loop trained on: after step %s" % (
+                    name, after[0] if after else "?"), repr(after))
+
+    t = threading.Thread(target=unit, args=(c, env))  # beside the runs
     t.start()
     fwlib.run(c, "HF Trainer", cmd + ["--sleep", "0.3"], env, STEPS, 1,
               notice_at=4, resume_cmd=cmd, folder_check=folder)
+    fwlib.run(c, "HF StagedTrainer", staged + ["--sleep", "0.3"], env,
+              STAGED_STEPS, 1, notice_at=3, resume_cmd=staged,
+              ref_cmd=cmd[:2] + ["--steps", str(STAGED_STEPS)],
+              folder_check=folder, node0_check=held)
     t.join()
     sl.kill_started()
     c.finish()

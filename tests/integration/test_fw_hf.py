@@ -15,6 +15,10 @@ bit-identical to the uninterrupted (unstaged) run.
 
 Then the callback alone, on the Trainer's own argument and state objects:
 - save_only_model=True is warned about at the start of training;
+- spotd.hf.StagedTrainer with save_total_limit=1 (a real training of a
+  tiny model, saving every 2 steps): each persist finds the previous
+  checkpoint still there and marked, and the rotation deletes it only
+  after the new one has its marker;
 - a checkpoint saved during a hyperparameter search
   (output_dir/run-<trial>/checkpoint-N) gets its marker;
 - with the Trainer's SIGTERM checkpointing on (enable_jit_checkpoint,
@@ -61,6 +65,40 @@ elif mode == "hp_search":
     state.global_step = 3
     cb.on_save(args, state, control)
     print("marked", os.path.exists(os.path.join(d, "SPOTD_COMPLETE")))
+elif mode == "staged-rotate":
+    import torch
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 1)
+
+        def forward(self, x, labels):
+            return {"loss": torch.nn.functional.mse_loss(self.lin(x), labels)}
+
+    class D(torch.utils.data.Dataset):
+        def __len__(self):
+            return 16
+
+        def __getitem__(self, i):
+            x = torch.full((2,), float(i))
+            return {"x": x, "labels": x.sum(0, keepdim=True)}
+
+    def folders():
+        return [(d, os.path.exists(os.path.join(root, d, "SPOTD_COMPLETE")))
+                for d in sorted(os.listdir(root))]
+
+    class T(spotd.hf.StagedTrainer):
+        def _spotd_before_persist(self, folder):
+            print("persist", os.path.basename(folder), folders(), flush=True)
+
+    args = TrainingArguments(output_dir=root, report_to=[], max_steps=6,
+                             save_steps=2, save_total_limit=1, use_cpu=True,
+                             per_device_train_batch_size=2, disable_tqdm=True,
+                             logging_strategy="no",
+                             remove_unused_columns=False)
+    T(model=M(), args=args, train_dataset=D(), callbacks=[cb]).train()
+    print("left", folders(), flush=True)
 else:  # jit-after, jit-before
     def jit(signum, frame):
         print("jit save", flush=True)
@@ -100,6 +138,19 @@ def unit(c, env):
                 "HF: a hyperparameter-search checkpoint "
                 "(output_dir/run-0/checkpoint-3) gets its marker",
                 cp.stdout + cp.stderr[-2000:])
+        cp = run("staged-rotate")
+        want = ["persist checkpoint-2 [('checkpoint-2', False)]",
+                "persist checkpoint-4 [('checkpoint-2', True), "
+                "('checkpoint-4', False)]",
+                "persist checkpoint-6 [('checkpoint-4', True), "
+                "('checkpoint-6', False)]",
+                "left [('checkpoint-6', True)]"]
+        got = [x for x in cp.stdout.splitlines()
+               if x.startswith(("persist ", "left "))]
+        c.check(cp.returncode == 0 and got == want,
+                "HF StagedTrainer: save_total_limit=1 rotates only after the "
+                "new checkpoint is written and marked", "\n".join(got) +
+                cp.stderr[-2000:])
         cp = run("jit-after", seq=1)
         c.check(cp.returncode == -15 and "saved ['checkpoint-4']" in
                 cp.stdout and "jit save" not in cp.stdout,

@@ -68,7 +68,9 @@ trainer_state.json), fsyncs it and only then marks it (spotd.done(step=
 N)): resume_from_checkpoint and spotd's restore read it unchanged. A
 kill during the persist leaves the folder without a marker: the previous
 checkpoint stays LATEST. SpotdCallback leaves such a folder to the
-persist (it marks none itself). save_total_limit's rotation runs after
+persist (it marks none itself), and a request that comes while a
+staged save is being written is answered by that save's marker (the
+callback asks for no second one). save_total_limit's rotation runs after
 the marker, in the persist, so it never deletes the last complete
 checkpoint before the new one is; train() waits for the persist in
 flight before it returns. The staging limit and its line when the state
@@ -176,8 +178,15 @@ def _build():
             if self.report_steps and state.is_world_process_zero:
                 spotd.report_step(state.global_step)
             if spotd.checkpoint_requested():  # every rank, same answer
-                control.should_save = True
-                self._asked = True
+                busy = _persisting()
+                if busy is not None:
+                    # A StagedTrainer's save is still being written: its
+                    # marker answers the request (spotd serves it with the
+                    # next folder marked); a second save would wait for it.
+                    self.staged_requested.append(busy)
+                else:
+                    control.should_save = True
+                    self._asked = True
             return control
 
         def on_save(self, args, state, control, **kwargs):
@@ -233,6 +242,14 @@ def _build():
 # Checkpoint folders (absolute) a StagedTrainer staged, until SpotdCallback's
 # on_save for them: their persist writes the marker, not the callback.
 _staged = {}
+_last = [None]  # the StagedSave of the last staged save of this process
+
+
+def _persisting():
+    """The StagedSave still being written (a StagedTrainer's), or None.
+    Staging is one process's (world size 1), so every rank agrees."""
+    h = _last[0]
+    return h if h is not None and not h.done() else None
 _OPTIMIZER = "optimizer.pt"
 _SCHEDULER = "scheduler.pt"
 
@@ -344,6 +361,7 @@ class StagedTrainerMixin:
         h = self.spotd_saver.stage(snap, step=self.state.global_step,
                                    folder=folder, mark=False)
         _staged[os.path.abspath(folder)] = h
+        _last[0] = h
         return None
 
     def _spotd_write(self, snap, folder, filename):

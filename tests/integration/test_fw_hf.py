@@ -15,6 +15,8 @@ bit-identical to the uninterrupted (unstaged) run.
 
 Then the callback alone, on the Trainer's own argument and state objects:
 - save_only_model=True is warned about at the start of training;
+- spotd.hf.StagedTrainer: a request that comes while a staged save is
+  being written is answered by that save (the callback asks for none);
 - spotd.hf.StagedTrainer with save_total_limit=1 (a real training of a
   tiny model, saving every 2 steps): each persist finds the previous
   checkpoint still there and marked, and the rotation deletes it only
@@ -65,8 +67,10 @@ elif mode == "hp_search":
     state.global_step = 3
     cb.on_save(args, state, control)
     print("marked", os.path.exists(os.path.join(d, "SPOTD_COMPLETE")))
-elif mode == "staged-rotate":
+elif mode in ("staged-rotate", "staged-answer"):
+    import threading
     import torch
+    from transformers import TrainerCallback
 
     class M(torch.nn.Module):
         def __init__(self):
@@ -88,16 +92,40 @@ elif mode == "staged-rotate":
         return [(d, os.path.exists(os.path.join(root, d, "SPOTD_COMPLETE")))
                 for d in sorted(os.listdir(root))]
 
+    class Steps(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            if answer and state.global_step == 2:  # step 3 after the ask
+                asked.wait(120)
+
+        def on_step_end(self, args, state, control, **kw):
+            with cv:
+                done[0] = state.global_step
+                cv.notify_all()
+
     class T(spotd.hf.StagedTrainer):
         def _spotd_before_persist(self, folder):
             print("persist", os.path.basename(folder), folders(), flush=True)
+            if answer and folder.endswith("-2"):
+                # a request (seq 1) while this save persists (step 3
+                # starts after it), held until the loop has finished step 3
+                with open(os.environ["SPOTD_REQUEST_FILE"], "r+b") as f:
+                    f.seek(16)
+                    f.write(struct.pack("<Q", 1))
+                asked.set()
+                with cv:
+                    cv.wait_for(lambda: done[0] >= 3, timeout=120)
 
-    args = TrainingArguments(output_dir=root, report_to=[], max_steps=6,
-                             save_steps=2, save_total_limit=1, use_cpu=True,
+    cv, done, answer = threading.Condition(), [0], mode == "staged-answer"
+    asked = threading.Event()
+    args = TrainingArguments(output_dir=root, report_to=[],
+                             max_steps=4 if answer else 6, save_steps=2,
+                             save_total_limit=None if answer else 1,
+                             use_cpu=True,
                              per_device_train_batch_size=2, disable_tqdm=True,
                              logging_strategy="no",
                              remove_unused_columns=False)
-    T(model=M(), args=args, train_dataset=D(), callbacks=[cb]).train()
+    T(model=M(), args=args, train_dataset=D(),
+      callbacks=[cb, Steps()]).train()
     print("left", folders(), flush=True)
 else:  # jit-after, jit-before
     def jit(signum, frame):
@@ -150,6 +178,13 @@ def unit(c, env):
         c.check(cp.returncode == 0 and got == want,
                 "HF StagedTrainer: save_total_limit=1 rotates only after the "
                 "new checkpoint is written and marked", "\n".join(got) +
+                cp.stderr[-2000:])
+        cp = run("staged-answer")
+        got = [x for x in cp.stdout.splitlines() if x.startswith("left ")]
+        c.check(cp.returncode == 0 and got == [
+            "left [('checkpoint-2', True), ('checkpoint-4', True)]"],
+                "HF StagedTrainer: a request while checkpoint-2 persists is "
+                "answered by it (no checkpoint-3)", "\n".join(got) +
                 cp.stderr[-2000:])
         cp = run("jit-after", seq=1)
         c.check(cp.returncode == -15 and "saved ['checkpoint-4']" in

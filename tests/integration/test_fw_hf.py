@@ -15,6 +15,10 @@ bit-identical to the uninterrupted (unstaged) run.
 
 Then the callback alone, on the Trainer's own argument and state objects:
 - save_only_model=True is warned about at the start of training;
+- spotd.hf.StagedTrainer on a GPT-2 with tied embeddings (a
+  PreTrainedModel: save_pretrained) writes the files the Trainer writes,
+  byte-identical but for optimizer.pt (its tensors compared) and
+  training_args.bin;
 - spotd.hf.StagedTrainer: a request that comes while a staged save is
   being written is answered by that save (the callback asks for none);
 - spotd.hf.StagedTrainer with save_total_limit=1 (a real training of a
@@ -127,6 +131,48 @@ elif mode in ("staged-rotate", "staged-answer"):
     T(model=M(), args=args, train_dataset=D(),
       callbacks=[cb, Steps()]).train()
     print("left", folders(), flush=True)
+elif mode == "staged-gpt2":
+    import filecmp
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, set_seed
+
+    class D(torch.utils.data.Dataset):
+        def __len__(self):
+            return 32
+
+        def __getitem__(self, i):
+            g = torch.Generator().manual_seed(i)
+            ids = torch.randint(0, 100, (16,), generator=g)
+            return {"input_ids": ids, "labels": ids}
+
+    def train(cls, out):
+        set_seed(3)
+        m = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=32, n_layer=2,
+                                       n_head=2, n_positions=32))
+        a = TrainingArguments(output_dir=out, max_steps=4, save_steps=2,
+                              report_to=[], use_cpu=True, disable_tqdm=True,
+                              logging_strategy="no",
+                              per_device_train_batch_size=4)
+        cls(model=m, args=a, train_dataset=D(), callbacks=[
+            spotd.hf.SpotdCallback(report_steps=False)]).train()
+
+    plain, staged = os.path.join(root, "plain"), os.path.join(root, "staged")
+    train(Trainer, plain)
+    train(spotd.hf.StagedTrainer, staged)
+    for d in ("checkpoint-2", "checkpoint-4"):
+        fs = sorted(os.listdir(os.path.join(plain, d)))
+        same = [f for f in fs if f not in ("training_args.bin",
+                                           "optimizer.pt") and
+                filecmp.cmp(os.path.join(plain, d, f),
+                            os.path.join(staged, d, f), shallow=False)]
+        a = torch.load(os.path.join(plain, d, "optimizer.pt"))
+        b = torch.load(os.path.join(staged, d, "optimizer.pt"))
+        opt = a["param_groups"] == b["param_groups"] and all(
+            torch.equal(v, b["state"][i][k]) if torch.is_tensor(v)
+            else v == b["state"][i][k]
+            for i in a["state"] for k, v in a["state"][i].items())
+        print(d, fs == sorted(os.listdir(os.path.join(staged, d))), same,
+              "optimizer", opt, flush=True)
 else:  # jit-after, jit-before
     def jit(signum, frame):
         print("jit save", flush=True)
@@ -186,6 +232,19 @@ def unit(c, env):
                 "HF StagedTrainer: a request while checkpoint-2 persists is "
                 "answered by it (no checkpoint-3)", "\n".join(got) +
                 cp.stderr[-2000:])
+        cp = run("staged-gpt2")
+        got = [x for x in cp.stdout.splitlines() if x.startswith("check")]
+        files = ("['SPOTD_COMPLETE', 'config.json', 'generation_config.json', "
+                 "'model.safetensors', 'rng_state.pth', 'scheduler.pt', "
+                 "'trainer_state.json']")
+        c.check(cp.returncode == 0 and got == [
+            "checkpoint-%d True %s optimizer True" % (n, files)
+            for n in (2, 4)],
+                "HF StagedTrainer: a GPT-2 (tied embeddings) saved staged "
+                "and by the Trainer itself: the same files, byte-identical "
+                "(model.safetensors, config, random and trainer state, "
+                "scheduler), the optimizer state equal",
+                "\n".join(got) + cp.stderr[-2000:])
         cp = run("jit-after", seq=1)
         c.check(cp.returncode == -15 and "saved ['checkpoint-4']" in
                 cp.stdout and "jit save" not in cp.stdout,

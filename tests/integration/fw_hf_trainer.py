@@ -3,7 +3,7 @@
 when spotd asks, train(resume_from_checkpoint=spotd.resume_dir())
 resumes.
 
-    fw_hf_trainer.py --steps N [--sleep S]
+    fw_hf_trainer.py --steps N [--sleep S] [--staged]
 
 A Linear-Dropout-Linear model on 64 fixed samples, batches of 4, two
 batches per optimizer step (gradient accumulation), one DataLoader
@@ -14,11 +14,19 @@ step it prints
 
 (the sample indices and the loss of each micro-batch, float.hex():
 dropout draws change it) and at the end `final rank R SHA256` of the
-weights."""
+weights.
+
+--staged: spotd.hf.StagedTrainer. Its persist of checkpoint-N waits
+(the test's knob, through the trainer's hook) until the training loop
+has finished step N+1, so the optimizer changed the weights in place
+while the snapshot was persisting, and prints
+
+    persist checkpoint-N after step M"""
 import argparse
 import hashlib
 import os
 import sys
+import threading
 import time
 
 import spotd
@@ -61,11 +69,35 @@ class Data(torch.utils.data.Dataset):
                 "idx": torch.tensor(i)}
 
 
+STEPPED = threading.Condition()
+PROGRESS = {"step": 0, "ended": False}
+
+
+def staged_trainer():
+    class Held(spotd.hf.StagedTrainer):
+        def _spotd_before_persist(self, folder):
+            n = int(folder.rsplit("-", 1)[1])
+            with STEPPED:
+                STEPPED.wait_for(lambda: PROGRESS["step"] > n or
+                                 PROGRESS["ended"], timeout=300)
+                say("persist %s after step %d" % (os.path.basename(folder),
+                                                  PROGRESS["step"]))
+    return Held
+
+
 class Log(TrainerCallback):
     def __init__(self, model, sleep):
         self.model, self.sleep = model, sleep
 
+    def on_train_end(self, args, state, control, **kw):
+        with STEPPED:
+            PROGRESS["ended"] = True
+            STEPPED.notify_all()
+
     def on_step_end(self, args, state, control, **kw):
+        with STEPPED:
+            PROGRESS["step"] = state.global_step
+            STEPPED.notify_all()
         seen, self.model.seen = self.model.seen, []
         say("step %d rank %d batch %s loss %s" % (
             state.global_step, args.process_index,
@@ -79,6 +111,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--staged", action="store_true")
     a = ap.parse_args()
     set_seed(7)  # the initial weights
     model = Tiny()
@@ -89,9 +122,9 @@ def main():
         report_to=[], dataloader_num_workers=1, use_cpu=True,
         disable_tqdm=True,
         remove_unused_columns=False)
-    trainer = Trainer(model=model, args=args, train_dataset=Data(),
-                      callbacks=[Log(model, a.sleep),
-                                 spotd.hf.SpotdCallback()])
+    cls = staged_trainer() if a.staged else Trainer
+    trainer = cls(model=model, args=args, train_dataset=Data(),
+                callbacks=[Log(model, a.sleep), spotd.hf.SpotdCallback()])
     trainer.train(resume_from_checkpoint=spotd.resume_dir())
     h = hashlib.sha256()
     for k, v in sorted(model.state_dict().items()):

@@ -158,16 +158,18 @@ def step_of(name):
 
 
 def run(c, what, cmd, env, steps, ranks, notice_at, resume_cmd=None,
-        folder_check=None, step_timeout=240, ref_cmd=None):
+        folder_check=None, step_timeout=240, ref_cmd=None,
+        node0_check=None):
     """The whole check for one trainer: the uninterrupted reference run
     and, beside it, node 0 under spotd, a notice once step notice_at is
     printed (exit 75 with its checkpoint committed), node 1 on a fresh
     folder restoring it from the store and running to the end (exit 0).
     Checks every (step, rank) line after the checkpoint and the final
     weights of every rank against the reference. folder_check(c, path)
-    looks at the committed folder. resume_cmd: node 1's command, ref_cmd
-    the reference's (default: resume_cmd, else cmd). Returns node 1's
-    trainer lines."""
+    looks at the committed folder, node0_check(c, name, lines) at node
+    0's trainer lines once it is committed. resume_cmd: node 1's command,
+    ref_cmd the reference's (default: resume_cmd, else cmd). Returns node
+    1's trainer lines."""
     store, job, prefix = sl.daemon_job(
         "fw-" + re.sub(r"[^a-z0-9]+", "-", what.lower()).strip("-"))
     tmp = tempfile.mkdtemp(prefix="spotd-fw-")
@@ -178,7 +180,7 @@ def run(c, what, cmd, env, steps, ranks, notice_at, resume_cmd=None,
         ref = reference(ref_cmd or resume_cmd or cmd, env, tmp)
         return _run(c, what, cmd, env, steps, ranks, notice_at, resume_cmd,
                     folder_check, step_timeout, store, job, prefix, tmp,
-                    nodes, ref)
+                    nodes, ref, node0_check)
     finally:
         # Only this run's processes: another run may go on beside it.
         for n in nodes:
@@ -193,7 +195,8 @@ def run(c, what, cmd, env, steps, ranks, notice_at, resume_cmd=None,
 
 
 def _run(c, what, cmd, env, steps, ranks, notice_at, resume_cmd,
-         folder_check, step_timeout, store, job, prefix, tmp, nodes, ref):
+         folder_check, step_timeout, store, job, prefix, tmp, nodes, ref,
+         node0_check=None):
     n0 = Node(tmp, "node0", store, job, cmd, env)
     nodes.append(n0)
     if not c.check(n0.wait_step(notice_at, step_timeout),
@@ -211,6 +214,8 @@ def _run(c, what, cmd, env, steps, ranks, notice_at, resume_cmd,
         return None
     if folder_check:
         folder_check(c, os.path.join(n0.ckpt_dir, name))
+    if node0_check:
+        node0_check(c, name, n0.lines())
     shutil.rmtree(n0.ckpt_dir)  # a new machine: nothing local survives
     n1 = Node(tmp, "node1", store, job, resume_cmd or cmd, env)
     nodes.append(n1)

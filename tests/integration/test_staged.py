@@ -20,12 +20,20 @@ Ceph (staged_trainer.py: a small model and Adam on CPU, one `spotd run
    checkpoint that serves the request: `spotctl checkpoint --wait`
    returns 0 and LATEST names it.
 5. The resumed trainer ends on its own after 25 steps: spotd exits 0.
+6. kill -9 of spotd during a background persist: a new `spotd run` on the
+   same node resumes, stages a save of its own that the writer holds
+   (file written, no marker), and spotd is SIGKILLed there. The trainer
+   dies with it (its pid namespace ends with spotd's guard); the folder
+   holds its file and no SPOTD_COMPLETE; LATEST still names the step 4
+   checkpoint; a `spotd run` started again on that node restores that
+   one, never uploads the unmarked folder, and exits 0.
 Skips without the test S3 server or without torch."""
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import spotlib as sl  # noqa: E402
@@ -146,7 +154,64 @@ def main():
                 "3: every step after the resume equals the first run's "
                 "(%d steps compared)" % len(same),
                 "runs=%d same=%r" % (len(pids), same[:5]))
+        if own is not None:
+            spotd_killed(c, store, job, prefix, wd, node, own["folder"])
     c.finish()
+
+
+def spotd_killed(c, store, job, prefix, wd, node, prev):
+    """6: kill -9 of spotd while its trainer's staged save persists."""
+    hang = os.path.join(wd, "hang6")
+    with open(hang, "w"):
+        pass
+    log = os.path.join(wd, "trainer6.log")
+    d = sl.Daemon(node, store, job, cmd=[sl.PY3, TRAINER, log, str(STEPS)],
+                  env={"PYTHONPATH": sl.srcdir_path("python"),
+                       "T_HANG": hang, "T_PAUSE": "0.03", "T_SLOW": "0",
+                       "T_RESUMED_STEPS": "", "T_SELF_AT": "3"})
+    d.trainer_log = log
+    w = d.wait_event("writing", 120)
+    c.check(w is not None, "6: a new spotd run resumed and its staged save "
+            "is persisting (held by the writer)", repr(w))
+    if w is None:
+        d.send(signal.SIGKILL)
+        d.wait_exit(30)
+        return
+    pid = d.host_pid(w["pid"])
+    d.send(signal.SIGKILL)
+    rc = d.wait_exit(30)
+    c.check(rc == -signal.SIGKILL, "6: spotd killed with SIGKILL", repr(rc))
+    gone = False
+    for _ in range(600):  # the guard's end takes the trainer with it
+        gone = bool(pid) and sl.pid_gone(pid)
+        if gone:
+            break
+        time.sleep(0.05)
+    c.check(gone, "6: the trainer (pid %s) ended with spotd" % pid)
+    part = os.path.join(d.ckpt_dir, w["folder"])
+    files = sorted(os.listdir(part)) if os.path.isdir(part) else None
+    c.check(files == ["state.pt"], "6: the folder whose persist spotd's "
+            "kill cut (%s) holds its file and no SPOTD_COMPLETE"
+            % w["folder"], repr(files))
+    c.check(sl.latest(prefix) == prev, "6: LATEST still names %s" % prev,
+            repr(sl.latest(prefix)))
+    os.unlink(hang)
+    log = os.path.join(wd, "trainer7.log")
+    d = sl.Daemon(node, store, job, cmd=[sl.PY3, TRAINER, log, str(STEPS)],
+                  env={"PYTHONPATH": sl.srcdir_path("python"),
+                       "T_PAUSE": "0.03", "T_HANG": "", "T_SELF_AT": "",
+                       "T_RESUMED_STEPS": "3"})
+    d.trainer_log = log
+    st = d.wait_event("start", 120)
+    rc = d.wait_exit(120)
+    c.check(st is not None and st["resume"] == prev and rc == 0,
+            "6: spotd started again on the node restores %s and exits 0"
+            % prev, "start=%r rc=%r" % (st, rc))
+    c.check(w["folder"] not in sl.committed(prefix) and
+            sl.latest(prefix) == prev,
+            "6: the unmarked folder %s was never uploaded" % w["folder"],
+            "committed=%r LATEST=%r" % (sl.committed(prefix),
+                                        sl.latest(prefix)))
 
 
 if __name__ == "__main__":

@@ -100,6 +100,26 @@ spot__store_key(const struct spot_store_config *cfg, const char *name,
   return spot_buf_steal(&b);
 }
 
+int
+spot__store_get_into(struct spot__store_op *b, struct spot_buf *body,
+                     const char *name, const char *rel, size_t cap,
+                     spot_s3_cb cb, void *data, struct spot_s3_op **s3op)
+{
+  char *key = spot__store_key(&b->cfg.c, name, rel);
+  int r;
+
+  if (key == NULL)
+    return -ENOMEM;
+  spot_buf_fini(body);
+  spot_buf_init(body, cap);
+  r = spot_s3_get(b->cfg.c.s3, b->cfg.bucket, key, 0, 0, NULL, body, cb, data,
+                  s3op);
+  free(key);
+  if (r == 0)
+    b->active_s3++;
+  return r;
+}
+
 char *
 spot_store_key_dup(const struct spot_store_config *cfg, const char *name,
                    const char *rel)

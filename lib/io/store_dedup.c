@@ -211,19 +211,8 @@ static void start_hash(struct push_op *op);
 static int
 get(struct push_op *op, const char *name, const char *rel, size_t cap)
 {
-  char *key = spot__store_key(&op->b.cfg.c, name, rel);
-  int r;
-
-  if (key == NULL)
-    return -ENOMEM;
-  spot_buf_fini(&op->body);
-  spot_buf_init(&op->body, cap);
-  r = spot_s3_get(op->b.cfg.c.s3, op->b.cfg.bucket, key, 0, 0, NULL, &op->body,
-                  dedup_cb, op, &op->s3op);
-  free(key);
-  if (r == 0)
-    op->b.active_s3++;
-  return r;
+  return spot__store_get_into(&op->b, &op->body, name, rel, cap, dedup_cb, op,
+                              &op->s3op);
 }
 
 static void

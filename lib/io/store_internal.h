@@ -25,6 +25,13 @@ void spot__store_cfg_fini(struct spot__store_cfg *c);
 /* malloc'd key, NULL on ENOMEM. */
 char *spot__store_key(const struct spot_store_config *cfg, const char *name,
                       const char *rel);
+struct spot__store_op;
+/* GET of the job's object (name, rel as spot__store_key()) into body,
+ * emptied first (cap its first allocation); b->active_s3 counts it. 0
+ * (cb follows) or negative errno. */
+int spot__store_get_into(struct spot__store_op *b, struct spot_buf *body,
+                         const char *name, const char *rel, size_t cap,
+                         spot_s3_cb cb, void *data, struct spot_s3_op **s3op);
 /* ".../checkpoints/NAME/" (a CommonPrefix) -> NAME, malloc'd. Returns 0,
  * -EINVAL (not of that shape, or NAME is not spot_ckpt_name_valid()) or
  * -ENOMEM. */

@@ -65,11 +65,11 @@ def descendants(root):
             continue
         rest = st[st.rfind(b")") + 2:].split()
         kids.setdefault(int(rest[1]), []).append(int(p))
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop()
+    out, pending = [], [root]
+    while pending:
+        p = pending.pop()
         out.append(p)
-        todo.extend(kids.get(p, []))
+        pending.extend(kids.get(p, []))
     return out
 
 

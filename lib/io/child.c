@@ -389,13 +389,42 @@ self_exe(char *path, size_t size)
   return 0;
 }
 
+/* The guard's report on fd, waited for at most timeout_ms: 0, or -1 (no
+ * report: the guard ended, or the time is up). A signal (a child's
+ * SIGCHLD: spotd is a subreaper) is no reason to give up: taken for "no
+ * report" it left the job uncontained and the guard ending its tree. */
+static int
+wait_report(int fd, struct spot_guard_report *rep, int timeout_ms)
+{
+  uint64_t end = spot_now_mono_ms() + (uint64_t)timeout_ms;
+  struct pollfd pfd = {.fd = fd, .events = POLLIN};
+  ssize_t n;
+
+  for (;;) {
+    uint64_t now = spot_now_mono_ms();
+    int r;
+
+    if (now >= end)
+      return -1;
+    r = poll(&pfd, 1, (int)(end - now));
+    if (r == 1)
+      break;
+    if (r < 0 && errno == EINTR)
+      continue;
+    return -1;
+  }
+  do
+    n = read(fd, rep, sizeof(*rep));
+  while (n < 0 && errno == EINTR);
+  return n == (ssize_t)sizeof(*rep) ? 0 : -1;
+}
+
 int
 spot_child_spawn(struct spot_child *c, const struct spot_child_options *o)
 {
   uv_process_options_t po;
   uv_stdio_container_t stdio[6];
   struct spot_guard_report rep;
-  struct pollfd pfd;
   pid_t cmd = 0;
   int rp[2], dp[2];
   static bool subreaper;
@@ -486,11 +515,8 @@ spot_child_spawn(struct spot_child *c, const struct spot_child_options *o)
    * ends it at once). It makes the pid namespace, its init and /proc
    * first: on a loaded machine that took over 5 s, and a guard that
    * reports to a closed pipe ends the tree it just started. */
-  pfd.fd = rp[0];
-  pfd.events = POLLIN;
   memset(&rep, 0, sizeof(rep));
-  if (poll(&pfd, 1, 60000) != 1 ||
-      read(rp[0], &rep, sizeof(rep)) != (ssize_t)sizeof(rep))
+  if (wait_report(rp[0], &rep, 60000) < 0)
     memset(&rep, 0, sizeof(rep));
   close(rp[0]);
   cmd = rep.cmd;

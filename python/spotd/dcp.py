@@ -35,7 +35,68 @@ spotd.checkpoint's ck.open, one file per rank) or use ShardedTensor.
 Where neither imports (torch 1.13's prototype does not import under
 Python 3.11 as Debian ships it), save() and load() raise RuntimeError
 saying so. `import spotd.dcp` does not import torch.
+
+Staged saves: stage() (or a StagedSaver of your own) in place of save()
+stops training only for a copy into host memory:
+
+    saver = spotd.dcp.StagedSaver()           # limit: $SPOTD_STAGE_MEMORY
+    ...
+        if spotd.checkpoint_requested():      # every rank, same answer
+            saver.stage(state, step=step)     # every rank; returns at once
+    ...
+    saver.wait()                              # before destroy_process_group()
+
+- stage() is a collective, like save(): every rank copies its own state
+  dict into host buffers of its own (spotd.staged's machinery: allocated
+  and touched once, reused while the layout stays; CUDA tensors into
+  pinned buffers), a ShardedTensor's local shards and a DTensor's local
+  tensor included (rebuilt around the buffers with the same metadata,
+  mesh and placements), and returns. It is a real copy: the optimizer
+  may change the tensors in place at once.
+- A background thread on every rank then runs DCP's save of the
+  snapshot into the new folder (each rank its shard files, global rank 0
+  .metadata; DCP's FileSystemWriter fsyncs each of them), then the ranks
+  agree (one MAX over the persist group): only when every rank wrote its
+  part does the node's local rank 0 write SPOTD_COMPLETE through
+  spotd.done(step=N), as save() does. A write failing on any rank fails
+  it on every rank (DCP gathers each rank's error, and the agreement
+  covers the rest): no marker, one line on stderr, wait() and the next
+  stage() raise on every rank. A rank killed during the persist (kill
+  -9) makes the other ranks' collectives fail at once (gloo sees the
+  connection go): they raise, they do not hang, and the folder stays
+  unmarked: spotd never uploads it and the previous checkpoint stays
+  LATEST.
+- Its collectives run on a gloo group of the persist's own
+  (dist.new_group(backend="gloo"), made at the first stage() and kept),
+  never on the default group: DCP's plan, write and metadata exchange
+  run from the background thread, and on the default group they would
+  interleave with the trainer's own collectives in the main thread
+  (DDP's all-reduce, the next checkpoint_requested(), a barrier) and
+  pair one rank's DCP gather with another's gradient all-reduce. Both
+  DCPs take the group (process_group=): torch 2.x's save() and torch
+  1.13's prototype save_state_dict(), which has no async_save; that is
+  what spotd.dcp uses on every version. torch 2.x's own dcp.async_save
+  is not used: it would still need the same group, the agreement and the
+  marker after its future, and it stages into memory of its own rather
+  than the staging buffers and limit the rest of spotd's staged saves
+  share. The group and the background thread are why the trainer must
+  wait() before destroy_process_group().
+- One set of buffers per rank, at most limit bytes (limit=, else
+  $SPOTD_STAGE_MEMORY, else half the machine's memory; 0: always
+  synchronous). A stage() while the previous persist runs waits for it
+  (one line on stderr). When any rank's state does not fit, every rank
+  saves synchronously (one line on stderr), still on the persist group.
+- A request that comes while a staged save persists is answered by that
+  save (spotd serves a request with the next marked folder). Whether to
+  stage again must be decided alike on every rank: `saver.persisting` is
+  this rank's view and may differ between ranks by a moment, so call
+  stage() on every rank (it waits for the persist in flight) rather
+  than decide on it.
+- storage_writer=: a function of the folder giving the DCP StorageWriter
+  (default FileSystemWriter(path)). A state dict is flat on torch 1.13's
+  prototype, and there, as for save(), the ranks' keys must be the same.
 """
+
 import atexit
 import copy
 import os

@@ -14,7 +14,8 @@ time (its hash), bit-identically.
 Staged saves on 2 ranks without spotd: the folder holds the state at
 stage() time (a plain tensor and a ShardedTensor's rows per rank), a
 write failing on one rank fails the save on both (wait() and the next
-stage() raise, no marker), and kill -9 of a rank held in its persist
+stage() raise, no marker), a state that does not fit one rank's limit
+is saved synchronously on both, and kill -9 of a rank held in its persist
 makes the other raise instead of hanging, leaving no marker.
 
 Then two ranks whose state dicts differ (a per-rank entry each): with
@@ -73,7 +74,8 @@ os._exit(0)
 # tensor and a ShardedTensor (each rank its rows: its own shard file);
 # the storage writer of step-000001 writes only once the trainer has
 # changed the state in place, fails on rank 1 when told, and holds rank 1
-# (files written, no marker) while the file T_HOLD exists.
+# (files written, no marker) while the file T_HOLD exists; rank 1's
+# second saver has no room (limit 0).
 STAGED_WORKER = r"""
 import os, sys, time
 import spotd, spotd.dcp
@@ -137,6 +139,11 @@ h = saver.stage(state, step=2)
 raised("wait2", h.wait)
 raised("stage3", lambda: saver.stage(state, step=3))
 fail.clear()
+small = spotd.dcp.StagedSaver(limit=0 if r == 1 else None,
+                              storage_writer=Writer)
+h = small.stage(state, name="fit")  # rank 1's state does not fit
+print("fit", h.staged, h.done(), os.path.exists(os.path.join(
+    h.path, "SPOTD_COMPLETE")) if r == 0 else "", flush=True)
 if r == 0:
     open(hold, "w").close()
 dist.barrier()
@@ -321,6 +328,11 @@ def staged_ranks(c, env):
                 "SPOTD_COMPLETE" not in (files("step-000002") or []),
                 "staged DCP: a write failing on rank 1 fails the save on "
                 "both ranks (wait() and the next stage() raise), no marker",
+                detail)
+        c.check("fit False True True" in out0 and "fit False True" in out1
+                and "does not fit the staging limit" in out1,
+                "staged DCP: a state that does not fit one rank's limit is "
+                "saved synchronously on every rank, marked on return",
                 detail)
         c.check(outs[1][0] == -9 and "holding" in out1 and outs[0][0] == 0
                 and "wait4 raised: staged checkpoint step-000004 failed"

@@ -5,11 +5,11 @@ the store (exit 75), a fresh node restores it, spotd.dcp.load() loads it
 in place on both ranks; every later step (each rank's batch and loss) and
 the final weights equal an uninterrupted run's (fwlib.run). Node 0
 saves once on its own with the synchronous spotd.dcp.save() (step 2:
-rank 0 sees DCP's files and the marker in its folder on return) and answers the notice
-with a staged save (spotd.dcp.StagedSaver): it trains on while the
-background persist runs (its writer writes only once a step has changed
-the state in place), and node 1 resumes the state as it was at stage()
-time (its hash), bit-identically.
+rank 0 sees DCP's files and the marker in its folder on return) and
+answers the notice with a staged save (spotd.dcp.StagedSaver): it
+trains on while the background persist runs (its writer writes only
+once a step has changed the state in place), and node 1 resumes the
+state as it was at stage() time (its hash), bit-identically.
 
 Staged saves on 2 ranks without spotd: the folder holds the state at
 stage() time (a plain tensor and a ShardedTensor's rows per rank), a

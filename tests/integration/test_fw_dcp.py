@@ -316,7 +316,8 @@ def staged_ranks(c, env):
             return sorted(os.listdir(p)) if os.path.isdir(p) else None
         c.check("step1 True True 1" in out0 and "step1 True True 1" in out1
                 and "changed before the write False" not in out0 + out1 and
-                "changed before the write True" in out0 and "SPOTD_COMPLETE" in (files("step-000001") or []),
+                "changed before the write True" in out0 and
+                "SPOTD_COMPLETE" in (files("step-000001") or []),
                 "staged DCP: the committed folder holds the state at "
                 "stage() time (plain tensor and each rank's ShardedTensor "
                 "rows), though both changed in place during the persist",

@@ -15,7 +15,8 @@ Staged saves on 2 ranks without spotd: the folder holds the state at
 stage() time (a plain tensor and a ShardedTensor's rows per rank), a
 write failing on one rank fails the save on both (wait() and the next
 stage() raise, no marker), a state that does not fit one rank's limit
-is saved synchronously on both, and kill -9 of a rank held in its persist
+is saved synchronously on both, a copy failing on one rank fails
+stage() on both, and kill -9 of a rank held in its persist
 makes the other raise instead of hanging, leaving no marker.
 
 Then two ranks whose state dicts differ (a per-rank entry each): with
@@ -75,7 +76,7 @@ os._exit(0)
 # the storage writer of step-000001 writes only once the trainer has
 # changed the state in place, fails on rank 1 when told, and holds rank 1
 # (files written, no marker) while the file T_HOLD exists; rank 1's
-# second saver has no room (limit 0).
+# second saver has no room (limit 0), and a meta tensor fails its copy.
 STAGED_WORKER = r"""
 import os, sys, time
 import spotd, spotd.dcp
@@ -144,6 +145,9 @@ small = spotd.dcp.StagedSaver(limit=0 if r == 1 else None,
 h = small.stage(state, name="fit")  # rank 1's state does not fit
 print("fit", h.staged, h.done(), os.path.exists(os.path.join(
     h.path, "SPOTD_COMPLETE")) if r == 0 else "", flush=True)
+# rank 1's copy fails (a meta tensor has no data to copy)
+bad = torch.empty(4, device="meta") if r == 1 else torch.zeros(4)
+raised("copy", lambda: saver.stage(dict(state, m=bad), name="copy"))
 if r == 0:
     open(hold, "w").close()
 dist.barrier()
@@ -335,6 +339,13 @@ def staged_ranks(c, env):
                 "staged DCP: a state that does not fit one rank's limit is "
                 "saved synchronously on every rank, marked on return",
                 detail)
+        c.check("copy raised: staged checkpoint copy not saved (no "
+                "marker): the snapshot failed on another rank" in out0 and
+                "copy raised: staged checkpoint copy not saved" in out1 and
+                files("copy") == [],
+                "staged DCP: a copy failing on rank 1 fails stage() on both "
+                "ranks, nothing written, no marker", detail + "\ncopy: %r" %
+                files("copy"))
         c.check(outs[1][0] == -9 and "holding" in out1 and outs[0][0] == 0
                 and "wait4 raised: staged checkpoint step-000004 failed"
                 in out0 and files("step-000004") is not None and

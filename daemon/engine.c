@@ -39,10 +39,10 @@
 #include "control.h"
 #include "engine.h"
 #include "fanout.h"
-#include "fsm.h"
+#include "core/fsm.h"
 #include "hist.h"
 #include "joblease.h"
-#include "log.h"
+#include "core/log.h"
 #include "relaunch.h"
 #include "request.h"
 #include "restarts.h"
@@ -51,7 +51,7 @@
 #include "spotd.h"
 #include "trainer.h"
 #include "upload.h"
-#include "util.h"
+#include "core/util.h"
 #include "watch.h"
 
 /* Margin kept before a deadline for stopping the trainer. */

@@ -42,14 +42,14 @@
 #include "engine.h"
 #include "fanout.h"
 #include "hist.h"
-#include "history_store.h"
-#include "log.h"
-#include "metrics.h"
+#include "io/store/history_store.h"
+#include "core/log.h"
+#include "core/metrics.h"
 #include "request.h"
 #include "spotd.h"
 #include "trainer.h"
 #include "upload.h"
-#include "util.h"
+#include "core/util.h"
 
 #define HIST_CLOSE_MS 3000
 #define HIST_PENDING 8 /* checkpoints between complete and pushed */

@@ -50,15 +50,15 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "aws.h"
-#include "child.h"
-#include "config.h"
-#include "http.h"
-#include "meta.h"
-#include "notice.h"
-#include "proto.h"
-#include "s3.h"
-#include "store.h"
+#include "io/aws.h"
+#include "io/child.h"
+#include "core/config.h"
+#include "io/http.h"
+#include "io/meta.h"
+#include "core/notice.h"
+#include "core/proto.h"
+#include "io/s3.h"
+#include "io/store/store.h"
 
 /* The modules whose state struct spotd embeds: their types. */
 #include "engine.h"

@@ -114,7 +114,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "codec.h"
+#include "core/codec.h"
 
 #define SPOT_MANIFEST_VERSION 1
 /* What a manifest that references earlier checkpoints' frames, or records

@@ -54,7 +54,7 @@
 
 #include <stddef.h>
 
-#include "buf.h"
+#include "core/buf.h"
 
 #define SPOT_METRICS_FAMILIES 32
 #define SPOT_METRICS_SERIES 64

@@ -1,5 +1,5 @@
 /* The concurrency controller of push and restore (pace.h). */
-#include "pace.h"
+#include "core/pace.h"
 
 #include <string.h>
 

@@ -12,11 +12,11 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "crc32c.h"
-#include "fsm.h"
-#include "log.h"
-#include "store_push.h"
-#include "util.h"
+#include "core/crc32c.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "io/store/store_push.h"
 
 static const char *const file_state_names[] = {
     "wait", "creating", "open", "completing", "done", "aborting",

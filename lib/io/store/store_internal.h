@@ -8,10 +8,10 @@
 #include <stdatomic.h>
 #include <unistd.h>
 
-#include "codec.h"
-#include "manifest.h"
-#include "pace.h"
-#include "store.h"
+#include "core/codec.h"
+#include "core/manifest.h"
+#include "core/pace.h"
+#include "io/store/store.h"
 
 /* A config with its strings copied and defaults filled in. */
 struct spot__store_cfg {

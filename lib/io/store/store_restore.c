@@ -39,12 +39,12 @@
 #include <openssl/evp.h>
 #include <zstd.h>
 
-#include "codec.h"
-#include "fsm.h"
-#include "log.h"
-#include "manifest.h"
-#include "store_internal.h"
-#include "util.h"
+#include "core/codec.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/manifest.h"
+#include "core/util.h"
+#include "io/store/store_internal.h"
 
 enum restore_state {
   R_LATEST,

@@ -2,7 +2,7 @@
  * base every store operation embeds (store_internal.h). The pipelines are
  * in store_push.c (+ store_push_xfer.c, store_resume.c, store_ranks.c,
  * store_retain.c) and store_restore.c. */
-#include "store.h"
+#include "io/store/store.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -15,11 +15,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "log.h"
-#include "manifest.h"
-#include "pool.h"
-#include "store_internal.h"
-#include "util.h"
+#include "core/log.h"
+#include "core/manifest.h"
+#include "core/util.h"
+#include "io/pool.h"
+#include "io/store/store_internal.h"
 
 const char *
 spot_store_phase_name(enum spot_store_phase p)

@@ -1,5 +1,5 @@
 /* The job history and the metrics, fed by the engine (lib/core/history.h,
- * lib/core/metrics.h, lib/io/history_store.h say what each event means).
+ * lib/core/metrics.h, lib/io/store/history_store.h say what each event means).
  *
  * The engine calls one hist_*() function per event; each is a no-op when
  * nothing is set up (d->hist NULL) or once spotd is closing, and never

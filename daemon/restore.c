@@ -37,6 +37,7 @@
 #include "joblease.h"
 #include "journal.h"
 #include "core/log.h"
+#include "io/aws.h"
 #include "probe.h"
 #include "restarts.h"
 #include "restore.h"

@@ -13,6 +13,7 @@
 #include "trainer.h"
 #include "upload.h"
 #include "core/util.h"
+#include "io/meta.h"
 
 /* Multi-node: "ranks": {rank, nranks, run, restored: {files, bytes,
  * raw_bytes, checkpoint_bytes, checkpoint_raw_bytes}} (bytes are stored,

@@ -158,6 +158,7 @@ enum slot_state {
   SLOT_ENCODING,
   SLOT_READY,
   SLOT_SENDING,
+  SLOT_STATE_LAST,
 };
 
 enum resume_state {

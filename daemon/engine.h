@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "notice.h"
+#include "core/notice.h"
 
 struct spotd;
 

@@ -6,7 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "store.h"
+#include "io/store/store.h"
 
 struct spotd;
 

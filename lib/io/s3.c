@@ -22,7 +22,7 @@
  * lane_mu) and wakes the lane; the lane stops the transfer and hands the
  * op back. The credentials are copied into the op when it is submitted,
  * on the caller's loop, for the provider is not thread-safe. */
-#include "s3.h"
+#include "io/s3.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -36,12 +36,12 @@
 
 #include <openssl/evp.h>
 
-#include "fsm.h"
-#include "log.h"
-#include "s3_internal.h"
-#include "sigv4.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/sigv4.h"
+#include "core/util.h"
+#include "io/s3_internal.h"
 #include "spot-config.h"
-#include "util.h"
 
 #define PAYLOAD_HASH_MAX (64 * 1024)
 #define KEY_MAX 1024

@@ -14,18 +14,18 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/log.h"
+#include "core/util.h"
 #include "engine.h"
 #include "fanout.h"
 #include "jlog.h"
 #include "joblease.h"
-#include "log.h"
 #include "request.h"
 #include "restarts.h"
 #include "runjoin.h"
 #include "spotd.h"
 #include "trainer.h"
 #include "upload.h"
-#include "util.h"
 
 static void
 test_engine_forward_only(void **state)

@@ -192,8 +192,8 @@ class Bench(pl.Callback):
         case, r = self.plan.pop(0)
         c = {"case": case, "round": r, "folder": None, "handle": None,
              "stall": 0.0, "io": 0.0, "persist": None, "step_times": [],
-             "during": [], "starts": [], "left": 1 if case.startswith("first") else
-             self.steps,
+             "during": [], "starts": [],
+             "left": 1 if case.startswith("first") else self.steps,
              "load": os.getloadavg()[0]}
         c["t0"] = time.perf_counter()
         if case != "none":
@@ -278,7 +278,7 @@ def main():
               if during is None or d == during]
         return statistics.median(xs) if xs else float("nan")
 
-    sync, staged, none = (med(k, "stall") for k in ("sync", "staged", "none"))
+    sync, staged = med("sync", "stall"), med("staged", "stall")
     isync, istaged, inone = (med(k, "interval")
                              for k in ("sync", "staged", "none"))
     snone = med_steps("none")
@@ -361,7 +361,6 @@ def main():
             " ".join("%.3f" % c["persist"] for c in by[k])))
     print("load average (1 min) by case: %s" % " ".join(
         "%.1f" % c["load"] for c in bench.res))
-    del none
 
 
 if __name__ == "__main__":

@@ -292,7 +292,7 @@ def main():
             ("stall, sync with torch.save streamed into the file (StreamIO)",
              "%.3f s" % ss),
             ("stall ratio staged / sync streamed", "%.3f" % (staged / ss)),
-            ("interval, sync streamed", "%.3f s (+%.0f %%)" % (
+            ("interval, sync streamed", "%.3f s (%+.0f %%)" % (
                 iss, 100 * (iss / inone - 1)))]
     if "staged_tio" in by:
         t, tdur = med("staged_tio", "stall"), med_steps("staged_tio", True)
@@ -304,9 +304,9 @@ def main():
              med("staged_tio", "persist")),
             ("step, started while its persist ran (%d steps)" % sum(
                 sum(c["during"]) for c in by["staged_tio"]),
-             "%.3f s (+%.0f %%)" % (tdur, 100 * (tdur / snone - 1))),
+             "%.3f s (%+.0f %%)" % (tdur, 100 * (tdur / snone - 1))),
             ("interval, staged by TorchCheckpointIO (until marked)",
-             "%.3f s (+%.0f %%)" % (itio, 100 * (itio / inone - 1)))]
+             "%.3f s (%+.0f %%)" % (itio, 100 * (itio / inone - 1)))]
     rows = [
         ("state", "%.2f GiB (model + Adam moments)" %
          (nbytes / float(1 << 30))),
@@ -333,12 +333,12 @@ def main():
          med("staged", "persist")),
         ("step, no checkpoint (median)", "%.3f s" % snone),
         ("step, started while the staged persist ran (%d steps)" % ndur,
-         "%.3f s (+%.0f %%)" % (sdur, 100 * (sdur / snone - 1))),
+         "%.3f s (%+.0f %%)" % (sdur, 100 * (sdur / snone - 1))),
         ("step, after a sync save (median)", "%.3f s" % med_steps("sync")),
         ("interval, no checkpoint (%d steps)" % a.steps, "%.3f s" % inone),
-        ("interval, sync", "%.3f s (+%.0f %%)" % (
+        ("interval, sync", "%.3f s (%+.0f %%)" % (
             isync, 100 * (isync / inone - 1))),
-        ("interval, staged (until marked)", "%.3f s (+%.0f %%)" % (
+        ("interval, staged (until marked)", "%.3f s (%+.0f %%)" % (
             istaged, 100 * (istaged / inone - 1))),
     ] + tio
     if a.markdown:

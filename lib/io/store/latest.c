@@ -2,7 +2,8 @@
  *
  *   LEASE  (with a lease owner) GET ROOT/LEASE: still ours at our epoch?
  *   READ   GET ROOT/LATEST: its name, ETag, order and step; the check
- *          before a manifest (spot_latest_fence) ends here
+ *          before a manifest (spot_latest_fence) ends here; an update
+ *          given what that check read (spot_latest_update_seen) skips it
  *   WRITE  PUT ROOT/LATEST If-Match (If-None-Match when absent); on 412
  *          back to READ (ours after all, the other If-Match form, or
  *          someone moved it: judge again)
@@ -46,6 +47,7 @@ struct spot_latest_op {
   uint64_t max_cur_epoch; /* refuse when LATEST's epoch is past it (0: no) */
   char damaged[SPOT_CKPT_NAME_MAX + 1]; /* no step rule against it */
   int64_t step; /* the trainer's step of ours, -1 unknown */
+  bool seen;    /* LATEST as a fence read it: write without reading */
   spot_latest_cb cb;
   void *data;
   struct spot_s3_op *s3op;
@@ -106,6 +108,8 @@ finish(struct spot_latest_op *op, int err)
   res.step = op->exists ? op->cur_step : -1;
   res.rounds = op->rounds;
   res.retries = op->retries;
+  res.exists = op->exists;
+  res.etag = op->exists ? op->cur_etag : "";
   if (err < 0 && err != -ECANCELED)
     log_info("latest: %s", op->msg);
   op->cb(&res, op->data);
@@ -322,7 +326,9 @@ s3_cb(const struct spot_s3_result *res, void *data)
   switch (op->state) {
   case LT_LEASE:
     r = check_lease(op, res);
-    if (r == 0)
+    if (r == 0 && op->seen)
+      r = next_write(op);
+    else if (r == 0)
       r = start_get(op, LT_READ, op->latest_key);
     break;
   case LT_READ:
@@ -365,11 +371,41 @@ join(const char *root, const char *leaf)
   return s;
 }
 
+void
+spot_latest_seen_take(struct spot_latest_seen *seen,
+                      const struct spot_latest_result *res)
+{
+  memset(seen, 0, sizeof(*seen));
+  seen->step = -1;
+  if (res->err < 0)
+    return;
+  seen->valid = true;
+  seen->exists = res->exists;
+  spot_strlcpy(seen->name, res->name != NULL ? res->name : "",
+               sizeof(seen->name));
+  spot_strlcpy(seen->etag, res->etag != NULL ? res->etag : "",
+               sizeof(seen->etag));
+  seen->order = res->order;
+  seen->step = res->step;
+}
+
 int
 spot_latest_update(struct spot_s3 *s3, const char *bucket, const char *root,
                    const char *name, struct spot_latest_order order,
                    int64_t step, const char *lease_owner, spot_latest_cb cb,
                    void *data, struct spot_latest_op **out)
+{
+  return spot_latest_update_seen(s3, bucket, root, name, order, step,
+                                 lease_owner, NULL, cb, data, out);
+}
+
+int
+spot_latest_update_seen(struct spot_s3 *s3, const char *bucket,
+                        const char *root, const char *name,
+                        struct spot_latest_order order, int64_t step,
+                        const char *lease_owner,
+                        const struct spot_latest_seen *seen, spot_latest_cb cb,
+                        void *data, struct spot_latest_op **out)
 {
   struct spot_latest_op *op;
   int r;
@@ -398,9 +434,23 @@ spot_latest_update(struct spot_s3 *s3, const char *bucket, const char *root,
     op_free(op);
     return -ENOMEM;
   }
+  /* a LATEST that already names ours is read again: whether our own
+   * earlier PUT landed is the read's question (take_latest) */
+  if (seen != NULL && seen->valid && strcmp(seen->name, name) != 0 &&
+      (!seen->exists || seen->etag[0] != '\0')) {
+    op->seen = true;
+    op->exists = seen->exists;
+    spot_strlcpy(op->cur_name, seen->name, sizeof(op->cur_name));
+    spot_strlcpy(op->cur_etag, seen->etag, sizeof(op->cur_etag));
+    op->cur_order = seen->order;
+    op->cur_step = seen->step;
+  }
   op->state = lease_owner != NULL ? LT_LEASE : LT_READ; /* initial state */
-  r = start_get(op, op->state,
-                lease_owner != NULL ? op->lease_key : op->latest_key);
+  if (lease_owner == NULL && op->seen)
+    r = next_write(op);
+  else
+    r = start_get(op, op->state,
+                  lease_owner != NULL ? op->lease_key : op->latest_key);
   if (r < 0) {
     op_free(op);
     return r;

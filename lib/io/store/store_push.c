@@ -652,6 +652,7 @@ fence_cb(const struct spot_latest_result *res, void *data)
              op->b.name, res->message);
   } else {
     op->fenced = true;
+    spot_latest_seen_take(&op->latest_seen, res);
     spot__push_commit(op);
     return;
   }
@@ -767,9 +768,12 @@ put_latest_fenced(struct push_op *op)
 
   snprintf(root, sizeof(root), "%s%s%s", c->prefix, c->prefix[0] ? "/" : "",
            c->job);
-  r = spot_latest_update(c->s3, op->b.cfg.bucket, root, op->b.name,
-                         commit_order(op), spot__push_step(op), c->lease_owner,
-                         fenced_cb, op, &op->latest_op);
+  /* the fence's read of LATEST stands for the first round (a publish
+   * sets its epoch bound below, so it reads) */
+  r = spot_latest_update_seen(
+      c->s3, op->b.cfg.bucket, root, op->b.name, commit_order(op),
+      spot__push_step(op), c->lease_owner,
+      op->publish ? NULL : &op->latest_seen, fenced_cb, op, &op->latest_op);
   if (r == 0 && op->publish)
     spot_latest_set_max_epoch(op->latest_op, op->publish_epoch);
   if (r == 0 && c->latest_damaged[0] != '\0')

@@ -277,6 +277,7 @@ struct push_op {
   struct spot_s3_op *s3op; /* the one sequential op (check, commit, ...) */
   struct spot_latest_op *latest_op; /* a fenced LATEST update */
   bool fenced; /* the lease was read, ours, just before the commit */
+  struct spot_latest_seen latest_seen; /* LATEST as the fence read it */
   /* an earlier run of this push (same journaled attempt) wrote the
    * manifest but not LATEST: publish it, at most past this epoch */
   bool publish;

@@ -2,7 +2,7 @@
  * and as a pure step function: spotd_engine_step() takes one event (the
  * time and the facts of the other modules come with it) and returns the
  * commands driver.c carries out. No libuv, no clock, no system call here
- * (the lint suite's `engine` check): test_engine replays whole runs.
+ * (the lint suite's `pure` check): test_engine replays whole runs.
  *
  *   CONNECTING   credentials (env, profile, IMDS role) and the metadata
  *                provider; then (restore.c)
@@ -58,23 +58,44 @@ static const char *const state_names[] = {
 _Static_assert(SPOT_ARRAY_SIZE(state_names) == SPOTD_STATE_LAST, "state_names");
 
 static const char *const event_names[] = {
-    "started",         "restoring",     "launch",        "trainer-started",
-    "restart-begin",   "relaunch-trainer", "notice",     "job-notice",
-    "operator-final",  "signal",        "advance",       "deadline",
-    "trainer-exited",  "peer-checked",  "no-restart",    "claim",
-    "relaunch-ended",  "lease-released", "lease-lost",   "fail",
+    "started",        "restoring",        "launch",     "trainer-started",
+    "restart-begin",  "relaunch-trainer", "notice",     "job-notice",
+    "operator-final", "signal",           "advance",    "deadline",
+    "trainer-exited", "peer-checked",     "no-restart", "claim",
+    "relaunch-ended", "lease-released",   "lease-lost", "fail",
     "close",
 };
 _Static_assert(SPOT_ARRAY_SIZE(event_names) == SPOTD_EV_LAST, "event_names");
 
 static const char *const cmd_names[] = {
-    "notify",          "warn",          "hist-notice",   "publish",
-    "request-checkpoint", "fanout-start", "start-trainer", "running",
-    "stop-interval",   "abandon-restart", "request-final", "arm-deadline",
-    "disarm-deadline", "final-deadline", "final-give-up", "ack",
-    "claim-relaunch",  "run-relaunch",  "stop-trainer",  "freeze",
-    "cancel-uploads",  "trainer-gone",  "peer-check",    "try-restart",
-    "restart-advance", "release-lease", "advance",       "hist-end",
+    "notify",
+    "warn",
+    "hist-notice",
+    "publish",
+    "request-checkpoint",
+    "fanout-start",
+    "start-trainer",
+    "running",
+    "stop-interval",
+    "abandon-restart",
+    "request-final",
+    "arm-deadline",
+    "disarm-deadline",
+    "final-deadline",
+    "final-give-up",
+    "ack",
+    "claim-relaunch",
+    "run-relaunch",
+    "stop-trainer",
+    "freeze",
+    "cancel-uploads",
+    "trainer-gone",
+    "peer-check",
+    "try-restart",
+    "restart-advance",
+    "release-lease",
+    "advance",
+    "hist-end",
     "exit",
 };
 _Static_assert(SPOT_ARRAY_SIZE(cmd_names) == SPOTD_CMD_LAST, "cmd_names");
@@ -206,11 +227,18 @@ cmd_text(struct step *s, enum spotd_cmd_kind k, const char *fmt, ...)
 
 /* ------------------------------------------------------------- states */
 
-static void enter_exiting(struct step *s);
+static void enter_running(struct step *s, enum spotd_state from);
+static void enter_restarting(struct step *s, enum spotd_state from);
+static void enter_draining(struct step *s, enum spotd_state from);
+static void enter_relaunching(struct step *s, enum spotd_state from);
+static void enter_exiting(struct step *s, enum spotd_state from);
 
 /* Entry actions, one per state: what entering it does besides the log
- * line and systemd's STATUS=. */
-static void (*const on_enter[SPOTD_STATE_LAST])(struct step *s) = {
+ * line and systemd's STATUS= (set_state() runs them). */
+static void (*const on_enter[SPOTD_STATE_LAST])(struct step *s,
+                                                enum spotd_state from) = {
+    [SPOTD_RUNNING] = enter_running,   [SPOTD_RESTARTING] = enter_restarting,
+    [SPOTD_DRAINING] = enter_draining, [SPOTD_RELAUNCHING] = enter_relaunching,
     [SPOTD_EXITING] = enter_exiting,
 };
 
@@ -228,21 +256,59 @@ set_state_at(struct step *s, enum spotd_state to, const char *file, int line)
     return r == 0;
   }
   e->state = to;
-  if (to == SPOTD_EXITING)
-    e->ended_in = from;
   cmd_text(s, SPOTD_CMD_NOTIFY, "STATUS=%s", spotd_state_name(to));
   if (on_enter[to] != NULL)
-    on_enter[to](s);
+    on_enter[to](s, from);
   return true;
+}
+
+/* RUNNING: the trainer runs (started, or started again): tell systemd. */
+static void
+enter_running(struct step *s, enum spotd_state from)
+{
+  cmd_arg(s, SPOTD_CMD_RUNNING, from == SPOTD_RESTARTING);
+}
+
+/* RESTARTING: the failure is not the outcome, it restarts. */
+static void
+enter_restarting(struct step *s, enum spotd_state from)
+{
+  (void)from;
+  s->e->exit_code = -1;
+}
+
+/* DRAINING (and a drain started again for a notice): ask the trainer for
+ * its final checkpoint, arm the deadline the final checkpoint has, look
+ * again once the request changed the final checkpoint's state. */
+static void
+enter_draining(struct step *s, enum spotd_state from)
+{
+  uint64_t left = spotd_engine_final_ms_left(s->e, s->ev->now_mono);
+
+  (void)from;
+  cmd(s, SPOTD_CMD_REQUEST_FINAL);
+  if (left != UINT64_MAX)
+    cmd(s, SPOTD_CMD_ARM_DEADLINE)->ms = left;
+  cmd(s, SPOTD_CMD_ADVANCE);
+}
+
+/* RELAUNCHING: multi-node, only the rank whose job-wide marker lands runs
+ * the step: CLAIM, then RELAUNCH_ENDED follow. */
+static void
+enter_relaunching(struct step *s, enum spotd_state from)
+{
+  (void)from;
+  cmd(s, SPOTD_CMD_CLAIM_RELAUNCH);
 }
 
 /* EXITING: the history's last record (of the state left), then close
  * everything with the exit status (71 when nothing decided one). */
 static void
-enter_exiting(struct step *s)
+enter_exiting(struct step *s, enum spotd_state from)
 {
   struct spotd_engine *e = s->e;
 
+  e->ended_in = from;
   if (e->exit_code < 0)
     e->exit_code = EXIT_ERROR;
   cmd(s, SPOTD_CMD_HIST_END);
@@ -266,9 +332,8 @@ decide_exit(struct step *s)
 {
   struct spotd_engine *e = s->e;
   const struct spotd_facts *f = s->f;
-  const char *last = f->last_commit != NULL && f->last_commit[0]
-                         ? f->last_commit
-                         : NULL;
+  const char *last =
+      f->last_commit != NULL && f->last_commit[0] ? f->last_commit : NULL;
   /* SIGTERM in a pod (SPOTD_TERMINATION_GRACE set) is the node going
    * away: it ends as a preemption, 75 or 76, so the Job makes a new pod. */
   bool stopped = e->drain_sigterm && !e->sigterm_reclaim;
@@ -378,20 +443,17 @@ start_drain(struct step *s, const char *reason, uint64_t deadline_mono,
             int64_t deadline_wall)
 {
   struct spotd_engine *e = s->e;
-  uint64_t left;
+  enum spotd_state from = e->state;
 
   spot_strlcpy(e->reason, reason, sizeof(e->reason));
   e->deadline_mono = deadline_mono;
   e->deadline_wall = deadline_wall;
   cmd(s, SPOTD_CMD_STOP_INTERVAL);
-  if (!set_state(s, SPOTD_DRAINING))
-    return;
-  cmd(s, SPOTD_CMD_REQUEST_FINAL);
-  left = spotd_engine_final_ms_left(e, s->ev->now_mono);
-  if (left != UINT64_MAX)
-    cmd(s, SPOTD_CMD_ARM_DEADLINE)->ms = left;
-  /* the request changed the final checkpoint's state: look again */
-  cmd(s, SPOTD_CMD_ADVANCE);
+  /* A notice during a SIGTERM's drain starts it again, on its deadline. */
+  if (from == SPOTD_DRAINING)
+    enter_draining(s, from);
+  else
+    set_state(s, SPOTD_DRAINING);
 }
 
 static void
@@ -469,8 +531,6 @@ drained(struct step *s)
     cmd(s, SPOTD_CMD_ACK)->notice = &e->notice;
   if (e->cfg.relaunch && !e->drain_sigterm) {
     set_state(s, SPOTD_RELAUNCHING);
-    /* Multi-node: only the rank whose job-wide marker lands runs it. */
-    cmd(s, SPOTD_CMD_CLAIM_RELAUNCH);
     return true;
   }
   set_state(s, SPOTD_STOPPING);
@@ -591,8 +651,8 @@ no_restart(struct step *s)
   struct spotd_engine *e = s->e;
 
   if (e->exit_code != 0 && e->cfg.max_restarts == 0)
-    cmd_text(s, SPOTD_CMD_WARN, "the trainer failed (status %d): not relaunching",
-             e->exit_code);
+    cmd_text(s, SPOTD_CMD_WARN,
+             "the trainer failed (status %d): not relaunching", e->exit_code);
   set_state(s, SPOTD_FINISHING);
   advance(s);
 }
@@ -739,16 +799,11 @@ spotd_engine_step(struct spotd_engine *e, const struct spotd_event *ev,
   case SPOTD_EV_LAUNCH:
     launch(&s);
     break;
-  case SPOTD_EV_TRAINER_STARTED: {
-    bool restart = e->state == SPOTD_RESTARTING;
-
-    if (set_state(&s, SPOTD_RUNNING))
-      cmd_arg(&s, SPOTD_CMD_RUNNING, restart);
+  case SPOTD_EV_TRAINER_STARTED:
+    set_state(&s, SPOTD_RUNNING);
     break;
-  }
   case SPOTD_EV_RESTART_BEGIN:
-    if (set_state(&s, SPOTD_RESTARTING))
-      e->exit_code = -1; /* the failure is not the outcome: it restarts */
+    set_state(&s, SPOTD_RESTARTING);
     break;
   case SPOTD_EV_RELAUNCH_TRAINER:
     if (e->state == SPOTD_RESTARTING)

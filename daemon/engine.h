@@ -2,7 +2,7 @@
  * function: an event in (with the time and what the other modules report
  * as facts), commands out. No libuv, no clock, no system call: driver.c
  * turns callbacks into events and carries the commands out (the lint
- * suite's `engine` check reads the object's undefined symbols). */
+ * suite's `pure` check reads the object's undefined symbols). */
 #ifndef SPOTD_ENGINE_H
 #define SPOTD_ENGINE_H
 
@@ -55,8 +55,8 @@ struct spotd_facts {
   bool request_pending;
   bool lease_lost;
   enum final_state final;
-  bool final_is_restored; /* the final commit is the restored checkpoint */
-  const char *final_cut;  /* given up in its commit phase ("" none) */
+  bool final_is_restored;  /* the final commit is the restored checkpoint */
+  const char *final_cut;   /* given up in its commit phase ("" none) */
   const char *last_commit; /* "" none */
   int64_t last_commit_made;
   const char *upload_failed; /* "" none */
@@ -69,18 +69,18 @@ struct spotd_facts {
 };
 
 enum spotd_event_kind {
-  SPOTD_EV_STARTED,        /* the start's local part is done */
-  SPOTD_EV_RESTORING,      /* the startup restores */
-  SPOTD_EV_LAUNCH,         /* the startup is done: start the trainer */
-  SPOTD_EV_TRAINER_STARTED, /* START_TRAINER succeeded */
-  SPOTD_EV_RESTART_BEGIN,  /* restarts.c restarts the failed trainer */
+  SPOTD_EV_STARTED,          /* the start's local part is done */
+  SPOTD_EV_RESTORING,        /* the startup restores */
+  SPOTD_EV_LAUNCH,           /* the startup is done: start the trainer */
+  SPOTD_EV_TRAINER_STARTED,  /* START_TRAINER succeeded */
+  SPOTD_EV_RESTART_BEGIN,    /* restarts.c restarts the failed trainer */
   SPOTD_EV_RELAUNCH_TRAINER, /* restarts.c: the checkpoint is in place */
-  SPOTD_EV_NOTICE,         /* the node's own notice (metadata) */
-  SPOTD_EV_JOB_NOTICE,     /* a notice of the job from another rank */
-  SPOTD_EV_OPERATOR_FINAL, /* spotctl checkpoint --final */
-  SPOTD_EV_SIGNAL,         /* SIGTERM, SIGINT */
-  SPOTD_EV_ADVANCE,        /* something the engine waits on changed */
-  SPOTD_EV_DEADLINE,       /* ARM_DEADLINE's time came */
+  SPOTD_EV_NOTICE,           /* the node's own notice (metadata) */
+  SPOTD_EV_JOB_NOTICE,       /* a notice of the job from another rank */
+  SPOTD_EV_OPERATOR_FINAL,   /* spotctl checkpoint --final */
+  SPOTD_EV_SIGNAL,           /* SIGTERM, SIGINT */
+  SPOTD_EV_ADVANCE,          /* something the engine waits on changed */
+  SPOTD_EV_DEADLINE,         /* ARM_DEADLINE's time came */
   SPOTD_EV_TRAINER_EXITED,
   SPOTD_EV_PEER_CHECKED, /* PEER_CHECK found no peer's notice */
   SPOTD_EV_NO_RESTART,   /* TRY_RESTART did not restart */
@@ -88,7 +88,7 @@ enum spotd_event_kind {
   SPOTD_EV_RELAUNCH_ENDED,
   SPOTD_EV_LEASE_RELEASED, /* RELEASE_LEASE is done (or had nothing to do) */
   SPOTD_EV_LEASE_LOST,
-  SPOTD_EV_FAIL, /* a fatal error, code: the exit status */
+  SPOTD_EV_FAIL,  /* a fatal error, code: the exit status */
   SPOTD_EV_CLOSE, /* close with the status decided (else 71) */
   SPOTD_EV_LAST,
 };
@@ -105,10 +105,10 @@ struct spotd_event {
 };
 
 enum spotd_cmd_kind {
-  SPOTD_CMD_NOTIFY,        /* sd_notify text */
-  SPOTD_CMD_WARN,          /* a warning for the log and `spotctl status` */
-  SPOTD_CMD_HIST_NOTICE,   /* the history records notice */
-  SPOTD_CMD_PUBLISH,       /* multi-node: tell the other ranks notice */
+  SPOTD_CMD_NOTIFY,             /* sd_notify text */
+  SPOTD_CMD_WARN,               /* a warning for the log and `spotctl status` */
+  SPOTD_CMD_HIST_NOTICE,        /* the history records notice */
+  SPOTD_CMD_PUBLISH,            /* multi-node: tell the other ranks notice */
   SPOTD_CMD_REQUEST_CHECKPOINT, /* an early checkpoint (text: why) */
   SPOTD_CMD_FANOUT_START,
   SPOTD_CMD_START_TRAINER, /* arg 1: a restart; TRAINER_STARTED or FAIL */
@@ -126,14 +126,14 @@ enum spotd_cmd_kind {
   SPOTD_CMD_STOP_TRAINER,   /* SIGTERM, SIGKILL after ms */
   SPOTD_CMD_FREEZE,         /* SIGSTOP to the trainer's tree */
   SPOTD_CMD_CANCEL_UPLOADS,
-  SPOTD_CMD_TRAINER_GONE,   /* the trainer exited: end its requests */
-  SPOTD_CMD_PEER_CHECK,     /* PEER_CHECKED follows, or a JOB_NOTICE */
-  SPOTD_CMD_TRY_RESTART,    /* RESTART_BEGIN, or NO_RESTART */
+  SPOTD_CMD_TRAINER_GONE, /* the trainer exited: end its requests */
+  SPOTD_CMD_PEER_CHECK,   /* PEER_CHECKED follows, or a JOB_NOTICE */
+  SPOTD_CMD_TRY_RESTART,  /* RESTART_BEGIN, or NO_RESTART */
   SPOTD_CMD_RESTART_ADVANCE,
-  SPOTD_CMD_RELEASE_LEASE,  /* LEASE_RELEASED follows */
-  SPOTD_CMD_ADVANCE,        /* feed ADVANCE with the facts as they are now */
-  SPOTD_CMD_HIST_END,       /* the job history's last record */
-  SPOTD_CMD_EXIT,           /* close everything; arg: the exit status */
+  SPOTD_CMD_RELEASE_LEASE, /* LEASE_RELEASED follows */
+  SPOTD_CMD_ADVANCE,       /* feed ADVANCE with the facts as they are now */
+  SPOTD_CMD_HIST_END,      /* the job history's last record */
+  SPOTD_CMD_EXIT,          /* close everything; arg: the exit status */
   SPOTD_CMD_LAST,
 };
 
@@ -159,8 +159,8 @@ struct spotd_engine {
   struct spotd_engine_config cfg;
   enum spotd_state state;
   enum spotd_state ended_in; /* the state EXITING was entered from */
-  int exit_code;   /* -1 until decided */
-  int stop_signal; /* the SIGTERM/SIGINT that started a drain */
+  int exit_code;             /* -1 until decided */
+  int stop_signal;           /* the SIGTERM/SIGINT that started a drain */
   unsigned signals_seen;
   bool have_notice;
   struct spot_notice notice;
@@ -186,8 +186,7 @@ const char *spotd_cmd_name(enum spotd_cmd_kind k);
 uint64_t spotd_engine_ms_left(const struct spotd_engine *e, uint64_t now);
 /* Milliseconds until the drain gives the final checkpoint up: the
  * deadline less a margin for stopping the trainer (UINT64_MAX: none). */
-uint64_t spotd_engine_final_ms_left(const struct spotd_engine *e,
-                                    uint64_t now);
+uint64_t spotd_engine_final_ms_left(const struct spotd_engine *e, uint64_t now);
 /* The same instant on the wall clock, in unix ms (0: no deadline). */
 int64_t spotd_engine_final_deadline_wall(const struct spotd_engine *e);
 

@@ -408,7 +408,8 @@ verify_after_cb(uv_work_t *req, int status)
 
   spot_manifest_free(c->m);
   c->m = NULL;
-  if (d->closing || d->eng.state != SPOTD_RESTARTING || c->state != CRASH_VERIFYING)
+  if (d->closing || d->eng.state != SPOTD_RESTARTING ||
+      c->state != CRASH_VERIFYING)
     return;
   if (status < 0)
     snprintf(c->why, sizeof(c->why), "the check did not run: %s",

@@ -108,7 +108,9 @@ spotd_status_json(struct spotd *d)
     }
     if (d->eng.deadline_mono != 0)
       st.notice.seconds_left =
-          d->eng.deadline_mono > now ? (int64_t)(d->eng.deadline_mono - now) / 1000 : 0;
+          d->eng.deadline_mono > now
+              ? (int64_t)(d->eng.deadline_mono - now) / 1000
+              : 0;
   }
   if (trainer_running(d)) {
     st.has_trainer = true;

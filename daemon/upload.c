@@ -528,7 +528,8 @@ ckpt_timer_cb(uv_timer_t *t)
   if (d->closing || !request_pending(d))
     return;
   /* After a notice the deadline rules (--help): keep waiting. */
-  if (d->eng.state == SPOTD_DRAINING && d->eng.have_notice && !d->eng.drain_sigterm)
+  if (d->eng.state == SPOTD_DRAINING && d->eng.have_notice &&
+      !d->eng.drain_sigterm)
     return;
   request_end(d);
   spotd_warn(d,

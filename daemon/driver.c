@@ -121,7 +121,7 @@ facts(const struct spotd *d, struct spotd_facts *f)
 static bool
 feed(struct spotd *d, struct spotd_event *ev)
 {
-  struct spotd_cmds out;
+  struct spotd_cmds out = {.n = 0};
 
   ev->now_mono = spot_now_mono_ms();
   ev->now_wall = spot_now_wall_ms();

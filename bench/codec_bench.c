@@ -19,9 +19,9 @@
 #include <time.h>
 #include <zstd.h>
 
-#include "codec.h"
-#include "crc32c.h"
-#include "util.h"
+#include "core/codec.h"
+#include "core/crc32c.h"
+#include "core/util.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 

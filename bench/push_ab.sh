@@ -57,26 +57,29 @@ wipe
 for i in $(seq "$RUNS"); do
   for k in "${!BUILDS[@]}"; do
     b=${BUILDS[$k]}
-    /usr/bin/time -f "%e %U %S" -o "$WORK/t" "$b/client/spotctl" push \
+    /usr/bin/time -f "%e %U %S %R %w" -o "$WORK/t" "$b/client/spotctl" push \
       "$WORK/data" "s3://$SPOT_TEST_S3_BUCKET/$ROOT/b$k-r$i" \
       --endpoint "$SPOT_TEST_S3_ENDPOINT" -n "step-$(printf %06d "$i")" -q "$@"
     tail -1 "$WORK/t" >>"$WORK/times.$k"
-    echo "run $i $b: $(tail -1 "$WORK/t") (wall user sys), load $(cut -d' ' -f1 /proc/loadavg)" >&2
+    echo "run $i $b: $(tail -1 "$WORK/t") (wall user sys minflt vcsw), load $(cut -d' ' -f1 /proc/loadavg)" >&2
   done
   wipe
 done
 echo "push of $MIB MiB fp32, $RUNS alternating runs, options: ${*:-none}; load at the end $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "| build | wall s median (min-max) | CPU-s median (min-max) | every wall |"
-echo "|---|---|---|---|"
+echo "| build | wall s median (min-max) | CPU-s median (min-max) | user s | sys s | minor faults | voluntary switches | every wall |"
+echo "|---|---|---|---|---|---|---|---|"
 for k in "${!BUILDS[@]}"; do
   $PY - "${BUILDS[$k]}" "$WORK/times.$k" <<'PYEOF'
 import statistics, sys
 rows = [list(map(float, l.split())) for l in open(sys.argv[2]) if l.strip()]
 w = [r[0] for r in rows]
 c = [r[1] + r[2] for r in rows]
-print("| %s | %.2f (%.2f-%.2f) | %.2f (%.2f-%.2f) | %s |" % (
-    sys.argv[1], statistics.median(w), min(w), max(w), statistics.median(c),
-    min(c), max(c), ", ".join("%.2f" % x for x in w)))
+med = statistics.median
+print("| %s | %.2f (%.2f-%.2f) | %.2f (%.2f-%.2f) | %.2f | %.2f | %d | %d | %s |" % (
+    sys.argv[1], med(w), min(w), max(w), med(c), min(c), max(c),
+    med(r[1] for r in rows), med(r[2] for r in rows),
+    med(r[3] for r in rows), med(r[4] for r in rows),
+    ", ".join("%.2f" % x for x in w)))
 PYEOF
 done

@@ -20,8 +20,8 @@ bench/s3_mem (of the first build) with its arena touched, then
 
 The thread counts are a node of --cores cores' defaults, forced with the
 test knobs: SPOT_STORE_WORKERS = the cores (workers_default() in
-lib/io/store.c), SPOT_IO_THREADS = io_threads_default() of lib/io/s3.c for
-that many cores. Every 20 ms the script reads utime + stime of
+lib/io/store/store.c), SPOT_IO_THREADS = io_threads_default() of
+lib/io/s3.c for that many cores. Every 20 ms the script reads utime + stime of
 /proc/PID/task/TID/stat of spotctl or spotd and every process they
 started; a thread's figure is its last reading. Threads are named by role
 (docs/design.md, "Threads and the loop"); the main thread keeps the

@@ -12,9 +12,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "proto.h"
+#include "core/proto.h"
+#include "core/util.h"
 #include "spotctl.h"
-#include "util.h"
 
 struct ctl_opts {
   const char *socket;

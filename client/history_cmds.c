@@ -11,15 +11,15 @@
 #include <string.h>
 #include <uv.h>
 
-#include "aws.h"
-#include "history.h"
-#include "history_store.h"
-#include "http.h"
-#include "log.h"
-#include "s3.h"
-#include "s3url.h"
+#include "core/history.h"
+#include "core/log.h"
+#include "core/s3url.h"
+#include "core/util.h"
+#include "io/aws.h"
+#include "io/http.h"
+#include "io/s3.h"
+#include "io/store/history_store.h"
 #include "spotctl.h"
-#include "util.h"
 
 #define EVENTS_IN_MAX 100000 /* history-event: lines read */
 

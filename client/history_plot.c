@@ -18,9 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "history.h"
+#include "core/history.h"
+#include "core/util.h"
 #include "spotctl.h"
-#include "util.h"
 
 #define WIDTH 1000
 #define LEFT 150 /* lane labels */

@@ -22,15 +22,15 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "aws.h"
-#include "http.h"
-#include "latest.h"
-#include "lease.h"
-#include "log.h"
-#include "s3.h"
-#include "s3url.h"
+#include "core/log.h"
+#include "core/s3url.h"
+#include "core/util.h"
+#include "io/aws.h"
+#include "io/http.h"
+#include "io/lease.h"
+#include "io/s3.h"
+#include "io/store/latest.h"
 #include "spotctl.h"
-#include "util.h"
 
 enum {
   EXIT_BUSY = 3,  /* --no-wait and another holder */

@@ -7,10 +7,10 @@
 #include <string.h>
 #include <sys/prctl.h>
 
-#include "log.h"
+#include "core/log.h"
+#include "core/util.h"
 #include "spot-config.h"
 #include "spotctl.h"
-#include "util.h"
 
 static int cmd_help(int argc, char **argv);
 

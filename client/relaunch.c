@@ -58,10 +58,10 @@
 
 #include <openssl/evp.h>
 
+#include "core/util.h"
+#include "io/child.h"
 #include "relaunch_cloud.h"
-#include "child.h"
 #include "spotctl.h"
-#include "util.h"
 
 #define DEFAULT_TIMEOUT_MS 60000
 #define DEADLINE_MARGIN_MS 5000

@@ -24,10 +24,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "http_once.h"
+#include "core/util.h"
+#include "io/http_once.h"
 #include "relaunch_cloud.h"
 #include "spotctl.h"
-#include "util.h"
 
 #define LIST_MAX 16
 #define DEFAULT_ATTEMPTS 3

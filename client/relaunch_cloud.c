@@ -10,10 +10,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "log.h"
-#include "s3url.h"
+#include "core/log.h"
+#include "core/s3url.h"
+#include "core/util.h"
 #include "spotctl.h"
-#include "util.h"
 
 #define DEFAULT_TIMEOUT_MS 60000
 #define DEADLINE_MARGIN_MS 5000

@@ -9,10 +9,10 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "aws.h"
-#include "ec2.h"
-#include "http.h"
-#include "s3.h"
+#include "core/ec2.h"
+#include "io/aws.h"
+#include "io/http.h"
+#include "io/s3.h"
 #include "spotctl.h"
 
 struct cloud {

@@ -22,11 +22,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gce.h"
-#include "http_once.h"
+#include "core/gce.h"
+#include "core/util.h"
+#include "io/http_once.h"
 #include "relaunch_cloud.h"
 #include "spotctl.h"
-#include "util.h"
 
 #define ZONES_MAX 16
 #define DEFAULT_ENDPOINT "https://compute.googleapis.com"

@@ -6,11 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "s3url.h"
-#include "store.h"
+#include "core/log.h"
+#include "core/s3url.h"
+#include "core/util.h"
+#include "io/store/store.h"
 #include "spotctl.h"
-#include "util.h"
 
 static void
 aws_ready_cb(int err, const char *msg, void *data)

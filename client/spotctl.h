@@ -6,9 +6,9 @@
 #include <stddef.h>
 #include <uv.h>
 
-#include "aws.h"
-#include "http.h"
-#include "s3.h"
+#include "io/aws.h"
+#include "io/http.h"
+#include "io/s3.h"
 
 struct spotctl_cmd {
   const char *name;

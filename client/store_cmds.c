@@ -11,15 +11,15 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "aws.h"
-#include "http.h"
-#include "log.h"
-#include "manifest.h"
-#include "s3.h"
-#include "s3url.h"
+#include "core/log.h"
+#include "core/manifest.h"
+#include "core/s3url.h"
+#include "core/util.h"
+#include "io/aws.h"
+#include "io/http.h"
+#include "io/s3.h"
+#include "io/store/store.h"
 #include "spotctl.h"
-#include "store.h"
-#include "util.h"
 
 struct session {
   struct spotctl_s3 c;

@@ -28,12 +28,12 @@
 #include "control.h"
 #include "engine.h"
 #include "hist.h"
-#include "log.h"
+#include "core/log.h"
 #include "spot-config.h"
 #include "spotd.h"
 #include "status.h"
 #include "upload.h"
-#include "util.h"
+#include "core/util.h"
 
 #define CTL_LINE_MS 10000    /* each request line due within this */
 #define CTL_CONNS_MAX 32     /* clients at once */

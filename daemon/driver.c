@@ -25,8 +25,11 @@
 #include "engine.h"
 #include "fanout.h"
 #include "hist.h"
+#include "io/aws.h"
+#include "io/http.h"
+#include "io/meta.h"
 #include "joblease.h"
-#include "log.h"
+#include "core/log.h"
 #include "relaunch.h"
 #include "request.h"
 #include "restarts.h"
@@ -35,7 +38,7 @@
 #include "spotd.h"
 #include "trainer.h"
 #include "upload.h"
-#include "util.h"
+#include "core/util.h"
 #include "watch.h"
 
 void

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "engine.h"
-#include "notice.h"
+#include "core/notice.h"
 
 struct spotd;
 

@@ -34,9 +34,9 @@
 #include <string.h>
 
 #include "engine.h"
-#include "fsm.h"
-#include "log.h"
-#include "util.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/util.h"
 
 /* Margin kept before a deadline for stopping the trainer. */
 #define DEADLINE_MARGIN_MS 1000

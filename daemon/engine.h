@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "notice.h"
+#include "core/notice.h"
 
 enum spotd_state {
   SPOTD_INIT,

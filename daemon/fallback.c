@@ -16,10 +16,10 @@
 
 #include "engine.h"
 #include "fallback.h"
-#include "log.h"
+#include "core/log.h"
 #include "restore.h"
 #include "spotd.h"
-#include "util.h"
+#include "core/util.h"
 
 static void try_next(struct spotd *d);
 

@@ -5,7 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "store.h"
+#include "io/store/store.h"
 
 struct spotd;
 

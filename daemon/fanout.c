@@ -32,10 +32,10 @@
 
 #include "engine.h"
 #include "fanout.h"
-#include "fsm.h"
-#include "log.h"
+#include "core/fsm.h"
+#include "core/log.h"
 #include "spotd.h"
-#include "util.h"
+#include "core/util.h"
 
 #define FANOUT_POLL_MAX_MS 1000
 /* Ranks > 0 leave the relaunch to rank 0 this long: a quarter of the time

@@ -7,9 +7,9 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "buf.h"
-#include "notice.h"
-#include "s3.h"
+#include "core/buf.h"
+#include "core/notice.h"
+#include "io/s3.h"
 
 struct spotd;
 

@@ -6,9 +6,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "buf.h"
-#include "notice.h"
-#include "store.h"
+#include "core/buf.h"
+#include "core/notice.h"
+#include "io/store/store.h"
 
 struct spotd;
 

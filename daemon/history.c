@@ -1,5 +1,5 @@
 /* The job history and the metrics, fed by the engine (lib/core/history.h,
- * lib/core/metrics.h, lib/io/history_store.h say what each event means).
+ * lib/core/metrics.h, lib/io/store/history_store.h say what each event means).
  *
  * The engine calls one hist_*() function per event; each is a no-op when
  * nothing is set up (d->hist NULL) or once spotd is closing, and never
@@ -42,14 +42,14 @@
 #include "engine.h"
 #include "fanout.h"
 #include "hist.h"
-#include "history_store.h"
-#include "log.h"
-#include "metrics.h"
+#include "io/store/history_store.h"
+#include "core/log.h"
+#include "core/metrics.h"
 #include "request.h"
 #include "spotd.h"
 #include "trainer.h"
 #include "upload.h"
-#include "util.h"
+#include "core/util.h"
 
 #define HIST_CLOSE_MS 3000
 #define HIST_PENDING 8 /* checkpoints between complete and pushed */

@@ -15,7 +15,7 @@
 
 #include "engine.h"
 #include "jlog.h"
-#include "log.h"
+#include "core/log.h"
 #include "spotd.h"
 
 #define JLOG_FIELDS 6

@@ -6,7 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "lease.h"
+#include "io/lease.h"
 
 struct spotd;
 

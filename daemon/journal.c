@@ -10,9 +10,9 @@
 #include <unistd.h>
 
 #include "journal.h"
-#include "manifest.h"
+#include "core/manifest.h"
 #include "spotd.h"
-#include "util.h"
+#include "core/util.h"
 
 static bool
 newer(const struct timespec *a, const struct timespec *b)

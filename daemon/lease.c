@@ -29,13 +29,13 @@
 #include <unistd.h>
 
 #include "engine.h"
-#include "fsm.h"
+#include "core/fsm.h"
 #include "hist.h"
 #include "joblease.h"
-#include "log.h"
+#include "core/log.h"
 #include "restore.h"
 #include "spotd.h"
-#include "util.h"
+#include "core/util.h"
 
 static const char *const names[] = {
     [JOB_LEASE_NONE] = "none",           [JOB_LEASE_SKIPPED] = "skipped",

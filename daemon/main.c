@@ -21,17 +21,17 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
-#include "child.h"
+#include "io/child.h"
 #include "engine.h"
 #include "fanout.h"
 #include "jlog.h"
-#include "jobfrom.h"
-#include "log.h"
-#include "proctree.h"
+#include "io/jobfrom.h"
+#include "core/log.h"
+#include "io/proctree.h"
 #include "request.h"
 #include "spot-config.h"
 #include "spotd.h"
-#include "util.h"
+#include "core/util.h"
 
 enum {
   OPT_CONFIG = 'c',

@@ -12,11 +12,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "core/log.h"
 #include "probe.h"
 #include "restore.h"
 #include "spotd.h"
-#include "util.h"
+#include "core/util.h"
 
 #define PROBE_BODY "spotd store check\n"
 

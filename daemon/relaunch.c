@@ -11,12 +11,12 @@
 #include <string.h>
 
 #include "engine.h"
-#include "fsm.h"
+#include "core/fsm.h"
 #include "hist.h"
-#include "log.h"
+#include "core/log.h"
 #include "relaunch.h"
 #include "spotd.h"
-#include "util.h"
+#include "core/util.h"
 
 #define RELAUNCH_TIMEOUT_MS 60000
 #define RELAUNCH_MARGIN_MS 1000

@@ -7,9 +7,9 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "child.h"
-#include "notice.h"
-#include "proto.h"
+#include "io/child.h"
+#include "core/notice.h"
+#include "core/proto.h"
 
 struct spotd;
 

@@ -58,14 +58,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "reqfile.h"
+#include "core/reqfile.h"
 
 #include "engine.h"
-#include "fsm.h"
-#include "log.h"
+#include "core/fsm.h"
+#include "core/log.h"
 #include "request.h"
 #include "spotd.h"
-#include "util.h"
+#include "core/util.h"
 
 /* While a request is pending, the tree is looked at this often for
  * processes that started catching the signal. */

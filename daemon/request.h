@@ -8,8 +8,8 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "proctree.h"
-#include "reqfile.h"
+#include "io/proctree.h"
+#include "core/reqfile.h"
 
 struct spotd;
 struct req_proc;

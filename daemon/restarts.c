@@ -15,17 +15,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "crc32c.h"
+#include "core/crc32c.h"
 #include "engine.h"
-#include "fsm.h"
+#include "core/fsm.h"
 #include "hist.h"
-#include "log.h"
-#include "manifest.h"
+#include "core/log.h"
+#include "core/manifest.h"
 #include "restarts.h"
 #include "restore.h"
 #include "spotd.h"
 #include "upload.h"
-#include "util.h"
+#include "core/util.h"
 
 /* "N\n" -> N; -1 when it is not a count. */
 static int64_t

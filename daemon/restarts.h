@@ -7,10 +7,10 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "buf.h"
-#include "manifest.h"
-#include "s3.h"
-#include "store.h"
+#include "core/buf.h"
+#include "core/manifest.h"
+#include "io/s3.h"
+#include "io/store/store.h"
 
 struct spotd;
 

@@ -32,18 +32,19 @@
 
 #include "engine.h"
 #include "fallback.h"
-#include "fsm.h"
+#include "core/fsm.h"
 #include "hist.h"
 #include "joblease.h"
 #include "journal.h"
-#include "log.h"
+#include "core/log.h"
+#include "io/aws.h"
 #include "probe.h"
 #include "restarts.h"
 #include "restore.h"
 #include "runjoin.h"
 #include "spotd.h"
 #include "upload.h"
-#include "util.h"
+#include "core/util.h"
 #include "watch.h"
 
 static const char *const names[] = {

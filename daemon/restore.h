@@ -6,9 +6,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "buf.h"
-#include "s3.h"
-#include "store.h"
+#include "core/buf.h"
+#include "io/s3.h"
+#include "io/store/store.h"
 
 struct spotd;
 

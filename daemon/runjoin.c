@@ -44,13 +44,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsm.h"
-#include "log.h"
+#include "core/fsm.h"
+#include "core/log.h"
 #include "restarts.h"
 #include "restore.h"
 #include "runjoin.h"
 #include "spotd.h"
-#include "util.h"
+#include "core/util.h"
 
 #define RUNS_DIR "runs/"
 

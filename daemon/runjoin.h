@@ -5,7 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "s3.h"
+#include "io/s3.h"
 
 struct spotd;
 

@@ -53,15 +53,17 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "aws.h"
-#include "child.h"
-#include "config.h"
-#include "http.h"
-#include "meta.h"
-#include "notice.h"
-#include "proto.h"
-#include "s3.h"
-#include "store.h"
+#include "core/config.h"
+#include "core/notice.h"
+#include "core/proto.h"
+#include "io/child.h"
+#include "io/s3.h"
+#include "io/store/store.h"
+
+/* Held by pointer only: the files that call them include their headers. */
+struct spot_aws;
+struct spot_http;
+struct spot_meta;
 
 /* The modules whose state struct spotd embeds: their types. */
 #include "driver.h"

@@ -5,14 +5,15 @@
 
 #include "engine.h"
 #include "joblease.h"
-#include "manifest.h"
+#include "core/manifest.h"
 #include "relaunch.h"
 #include "restore.h"
 #include "spotd.h"
 #include "status.h"
 #include "trainer.h"
 #include "upload.h"
-#include "util.h"
+#include "core/util.h"
+#include "io/meta.h"
 
 /* Multi-node: "ranks": {rank, nranks, run, restored: {files, bytes,
  * raw_bytes, checkpoint_bytes, checkpoint_raw_bytes}} (bytes are stored,

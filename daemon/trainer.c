@@ -9,11 +9,11 @@
 #include <string.h>
 
 #include "engine.h"
-#include "log.h"
+#include "core/log.h"
 #include "request.h"
 #include "spotd.h"
 #include "trainer.h"
-#include "util.h"
+#include "core/util.h"
 
 static void
 exit_cb(struct spot_child *c, void *data)

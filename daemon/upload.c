@@ -29,16 +29,16 @@
 
 #include "control.h"
 #include "engine.h"
-#include "fsm.h"
+#include "core/fsm.h"
 #include "hist.h"
 #include "joblease.h"
-#include "log.h"
-#include "manifest.h"
+#include "core/log.h"
+#include "core/manifest.h"
 #include "request.h"
 #include "spotd.h"
 #include "trainer.h"
 #include "upload.h"
-#include "util.h"
+#include "core/util.h"
 #include "watch.h"
 
 static void start_upload(struct spotd *d, const char *name, bool follow);

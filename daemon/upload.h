@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "engine.h"
-#include "store.h"
+#include "io/store/store.h"
 
 struct spotd;
 

@@ -11,10 +11,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "log.h"
+#include "core/log.h"
 #include "spotd.h"
 #include "upload.h"
-#include "util.h"
+#include "core/util.h"
 #include "watch.h"
 
 bool

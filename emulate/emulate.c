@@ -39,11 +39,11 @@
 #include <jansson.h>
 #include <microhttpd.h>
 
+#include "core/log.h"
+#include "core/notice.h"
+#include "core/util.h"
 #include "emulate_cloud.h"
-#include "log.h"
-#include "notice.h"
 #include "spot-config.h"
-#include "util.h"
 
 #define UPLOAD_MAX (16 * 1024)
 #define TOKENS_MAX 64

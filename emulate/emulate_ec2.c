@@ -32,9 +32,9 @@
 
 #include <jansson.h>
 
-#include "buf.h"
-#include "sigv4.h"
-#include "util.h"
+#include "core/buf.h"
+#include "core/sigv4.h"
+#include "core/util.h"
 
 #define INST_MAX 64
 #define POOLS_MAX 64

@@ -32,7 +32,7 @@
 
 #include <jansson.h>
 
-#include "util.h"
+#include "core/util.h"
 
 #define INST_MAX 32
 #define OPS_MAX 128

@@ -20,6 +20,10 @@ The lines that make it a spotd job:
   then one SPOTD_COMPLETE per node after every rank is done.
 - spotd.dcp.load(state) at start: loads from spotd.resume_dir() in place
   when spotd restored a checkpoint.
+- With --staged, spotd.dcp.stage(state, step=step) in place of save():
+  each rank copies its state into host buffers and trains on; a thread
+  writes the same folder and marks it once every rank has written (wait
+  for it before destroy_process_group()).
 
 Several nodes: DCP's checkpoint is one folder for all ranks, so
 SPOTD_CKPT_DIR should be on storage every node sees. Needs torch 2.2 or
@@ -48,6 +52,8 @@ def main():
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--fsdp", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--staged", action="store_true",
+                   help="staged saves (spotd.dcp.stage)")
     a = p.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -92,11 +98,17 @@ def main():
                 print("step %d loss %.6f" % (step, loss.item()), flush=True)
         if spotd.checkpoint_requested():  # every rank, same answer
             msd, osd = get_state_dict(model, opt)
-            path = spotd.dcp.save({"model": msd, "optim": osd, "step": step},
-                                  step=step)
+            state = {"model": msd, "optim": osd, "step": step}
+            if a.staged:  # a copy; written and marked in the background
+                path = spotd.dcp.stage(state, step=step).path
+            else:
+                path = spotd.dcp.save(state, step=step)
             if rank == 0:
-                print("saved %s at step %d" % (os.path.basename(path), step),
+                print("%s %s at step %d" % ("staged" if a.staged else "saved",
+                                            os.path.basename(path), step),
                       flush=True)
+    if a.staged:
+        spotd.dcp.default_saver().wait()  # the persist in flight
     dist.destroy_process_group()
 
 

@@ -1,7 +1,7 @@
 /* AWS credentials chain (environment, shared profile files), region and
  * endpoint resolution, and the pure IMDS helpers. The async IMDS part is
  * in aws_imds.c. No I/O here other than reading the two profile files. */
-#include "aws_conf.h"
+#include "core/aws_conf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,8 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "util.h"
+#include "core/log.h"
+#include "core/util.h"
 
 #define PROFILE_NAME_MAX 41 /* inih truncates section names at 49 chars */
 #define PROFILE_FILE_MAX (1024 * 1024)

@@ -1,4 +1,4 @@
-#include "buf.h"
+#include "core/buf.h"
 
 #include <errno.h>
 #include <stdio.h>

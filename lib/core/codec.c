@@ -1,7 +1,7 @@
 /* The checkpoint codec: byte grouping + zstd, one frame per part. See
  * codec.h for the format and the choices behind it. */
 #define ZSTD_STATIC_LINKING_ONLY /* ZSTD_c_literalCompressionMode */
-#include "codec.h"
+#include "core/codec.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -10,8 +10,8 @@
 #include <string.h>
 #include <zstd.h>
 
-#include "crc32c.h"
-#include "util.h"
+#include "core/crc32c.h"
+#include "core/util.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) &&        \
     !defined(SPOT_NO_SIMD) /* -DSPOT_NO_SIMD: portable code only */

@@ -1,6 +1,6 @@
 /* The option table and its three readers: defaults, the INI file (inih)
  * and the command line. See config.h for the rules. */
-#include "config.h"
+#include "core/config.h"
 
 #include <assert.h>
 #include <ctype.h>
@@ -18,10 +18,10 @@
 
 #include <ini.h>
 
-#include "codec.h"
-#include "log.h"
-#include "s3url.h"
-#include "util.h"
+#include "core/codec.h"
+#include "core/log.h"
+#include "core/s3url.h"
+#include "core/util.h"
 
 enum type {
   T_STRING,

@@ -36,7 +36,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "buf.h"
+#include "core/buf.h"
 
 /* Longest physical line in the file, newline excluded (inih's fixed
  * 200-byte buffer, newline and NUL included). */

@@ -1,6 +1,6 @@
 /* CRC32C: the SSE4.2 crc32 instruction (8 bytes per step) when the CPU
  * has it, else slicing-by-8 tables built once. */
-#include "crc32c.h"
+#include "core/crc32c.h"
 
 #include <pthread.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /* EC2 CreateFleet request and reply, the relaunch record. Pure. */
-#include "ec2.h"
+#include "core/ec2.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -11,8 +11,8 @@
 #include <jansson.h>
 #include <openssl/evp.h>
 
-#include "sigv4.h"
-#include "util.h"
+#include "core/sigv4.h"
+#include "core/util.h"
 
 #define TEXT_CAP 4096
 #define PATH_CAP 256

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "buf.h"
+#include "core/buf.h"
 
 #define SPOT_EC2_VERSION "2016-11-15"
 #define SPOT_EC2_POOLS_MAX 64 /* overrides in one request */

@@ -1,11 +1,11 @@
 /* fsm.c: see fsm.h. */
-#include "fsm.h"
+#include "core/fsm.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "log.h"
+#include "core/log.h"
 
 const char *
 spot_fsm_name(const struct spot_fsm *m, unsigned s)

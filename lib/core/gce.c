@@ -1,5 +1,5 @@
 /* GCE insert request and replies. Pure. */
-#include "gce.h"
+#include "core/gce.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -10,7 +10,7 @@
 #include <jansson.h>
 #include <openssl/evp.h>
 
-#include "util.h"
+#include "core/util.h"
 
 static void
 copy(json_t *o, const char *key, char *dst, size_t size)

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "buf.h"
+#include "core/buf.h"
 
 #define SPOT_GCE_NAME_MAX 63
 #define SPOT_GCE_REPLY_MAX (256 * 1024)

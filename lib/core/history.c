@@ -1,6 +1,6 @@
 /* The job history: events as JSON (one table of fields drives both the
  * encoder and the strict parser) and the summary of a list of events. */
-#include "history.h"
+#include "core/history.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "core/util.h"
 
 static const char *const type_names[SPOT_HIST_LAST] = {
     [SPOT_HIST_RUN_START] = "run_start",   [SPOT_HIST_RESTORE] = "restore",

@@ -1,6 +1,6 @@
 /* The job history: what happened to a job, one small JSON event at a time,
  * and the summary a user reads ("2 runs, 1 preemption, 7 min lost"). Pure:
- * encode, strict parse and the summary; lib/io/history_store.h writes the
+ * encode, strict parse and the summary; lib/io/store/history_store.h writes the
  * events to the store and reads them back.
  *
  * An event is one JSON object (at most SPOT_HIST_EVENT_MAX bytes):

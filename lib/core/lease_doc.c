@@ -1,5 +1,5 @@
 /* The job lease document: parse, encode, judge. See lease_doc.h. */
-#include "lease_doc.h"
+#include "core/lease_doc.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "core/util.h"
 
 static int doc_err(char *err, size_t errlen, int r, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -2,7 +2,7 @@
  * Everything the restore relies on is checked in one place, validate(),
  * which both the builder (before writing) and the parser (after reading)
  * run, so a manifest we write is always one we accept. */
-#include "manifest.h"
+#include "core/manifest.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -13,8 +13,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "buf.h"
-#include "util.h"
+#include "core/buf.h"
+#include "core/util.h"
 
 /* 1970-01-01T00:00:00Z .. 9999-12-31T23:59:59Z: what RFC 3339 can say
  * with a four-digit year */

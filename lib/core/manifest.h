@@ -76,7 +76,7 @@
  * one ends), the file's stored bytes (<= SPOT_CODEC_PART_MAX) end within
  * the pack's "stored", and no two files' ranges in one pack overlap
  * (gaps between them are allowed: push pads a pack's parts with zstd
- * skippable frames, see lib/io/store_push_xfer.c, so a pack is a valid
+ * skippable frames, see lib/io/store/store_push_xfer.c, so a pack is a valid
  * zstd stream of its files' bytes). Pack keys follow the rules of keys
  * and share their namespace (no pack key is a file's key or another
  * pack's); the store names them ".pack", never "<path>.zst". A packed file
@@ -114,7 +114,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "codec.h"
+#include "core/codec.h"
 
 #define SPOT_MANIFEST_VERSION 1
 /* What a manifest that references earlier checkpoints' frames, or records
@@ -135,7 +135,7 @@
  * ~2.2 x the manifest's size for it (the text, then the parsed entries;
  * each element of "files" is parsed on its own). */
 #define SPOT_MANIFEST_FILES_MAX 300000
-/* per file: frames of a file pushed with dedup (lib/io/store_dedup.c) are
+/* per file: frames of a file pushed with dedup (lib/io/store/store_dedup.c) are
  * smaller than its parts, so more than S3's part limit */
 #define SPOT_MANIFEST_FRAMES_MAX 1048576
 /* S3's part limit: parts per file */

@@ -7,8 +7,8 @@
 
 #include <jansson.h>
 
-#include "notice.h"
-#include "util.h"
+#include "core/notice.h"
+#include "core/util.h"
 
 static void
 init_notice(struct spot_notice *n, enum spot_notice_kind kind,

@@ -5,8 +5,8 @@
 
 #include <jansson.h>
 
-#include "notice.h"
-#include "util.h"
+#include "core/notice.h"
+#include "core/util.h"
 
 static const struct {
   const char *type;

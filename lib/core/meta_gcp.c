@@ -2,8 +2,8 @@
 #include <errno.h>
 #include <string.h>
 
-#include "notice.h"
-#include "util.h"
+#include "core/notice.h"
+#include "core/util.h"
 
 /* A bare value: trimmed, 1..64 upper-case letters, digits or '_'. */
 static int

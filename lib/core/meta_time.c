@@ -1,13 +1,13 @@
 /* The two non-RFC 3339 date layouts the metadata services use. Both are
  * normalised to RFC 3339 and parsed by spot_rfc3339_parse(), so there is
  * one calendar implementation in the tree. */
-#include "notice.h"
+#include "core/notice.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "util.h"
+#include "core/util.h"
 
 static const char *const months[12] = {"Jan", "Feb", "Mar", "Apr",
                                        "May", "Jun", "Jul", "Aug",

@@ -1,5 +1,5 @@
 /* A small registry of Prometheus metrics and its text format. */
-#include "metrics.h"
+#include "core/metrics.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "core/util.h"
 
 struct series {
   char *labels;     /* rendered: k="v",k2="v2" (escaped), "" for none */

@@ -1,7 +1,7 @@
 /* Metrics for monitoring: a small registry of counters, gauges and
  * histograms with labels, rendered in the Prometheus text exposition
  * format (version 0.0.4, what node_exporter's textfile collector and
- * Prometheus scrape). Pure: no I/O; lib/io/history_store.h has
+ * Prometheus scrape). Pure: no I/O; lib/io/store/history_store.h has
  * spot_metrics_write_file() for the textfile collector.
  *
  * Bounded: at most SPOT_METRICS_FAMILIES families, SPOT_METRICS_SERIES
@@ -54,7 +54,7 @@
 
 #include <stddef.h>
 
-#include "buf.h"
+#include "core/buf.h"
 
 #define SPOT_METRICS_FAMILIES 32
 #define SPOT_METRICS_SERIES 64

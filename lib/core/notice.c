@@ -1,5 +1,5 @@
 /* Notice names, deadlines and de-duplication. */
-#include "notice.h"
+#include "core/notice.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -8,7 +8,7 @@
 
 #include <jansson.h>
 
-#include "util.h"
+#include "core/util.h"
 
 static const char *const provider_names[SPOT_PROVIDER_LAST] = {
     [SPOT_PROVIDER_NONE] = "none", [SPOT_PROVIDER_AWS] = "aws",

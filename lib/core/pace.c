@@ -1,17 +1,39 @@
 /* The concurrency controller of push and restore (pace.h). */
-#include "pace.h"
+#include "core/pace.h"
 
 #include <string.h>
+
+#include "core/fsm.h"
+#include "core/log.h"
+
+static const char *const pace_names[] = {
+    [SPOT_PACE_GROW] = "grow",
+    [SPOT_PACE_HOLD] = "hold",
+};
+
+/* GROW and HOLD may each follow the other (lib/core/fsm.h). */
+static const uint32_t pace_legal[SPOT_PACE_STATE_LAST] = {
+    [SPOT_PACE_GROW] = SPOT_FSM_BIT(SPOT_PACE_HOLD),
+    [SPOT_PACE_HOLD] = SPOT_FSM_BIT(SPOT_PACE_GROW),
+};
+
+static const struct spot_fsm pace_fsm = {
+    "pace", pace_names, SPOT_PACE_STATE_LAST, pace_legal, 0, SPOT_LOG_DEBUG};
 
 const char *
 spot_pace_state_name(enum spot_pace_state s)
 {
-  static const char *const names[] = {
-      [SPOT_PACE_GROW] = "grow",
-      [SPOT_PACE_HOLD] = "hold",
-  };
+  return spot_fsm_name(&pace_fsm, (unsigned)s);
+}
 
-  return (unsigned)s < SPOT_PACE_STATE_LAST ? names[s] : "?";
+#define set_state(p, s) set_state_at((p), (s), __FILE__, __LINE__)
+
+static void
+set_state_at(struct spot_pace *p, enum spot_pace_state s, const char *file,
+             int line)
+{
+  if (spot_fsm_move(&pace_fsm, p->state, s, file, line) > 0)
+    p->state = s;
 }
 
 unsigned
@@ -53,7 +75,7 @@ spot_pace_init(struct spot_pace *p, const struct spot_pace_config *c)
   if (p->c.window_ms == 0)
     p->c.window_ms = SPOT_PACE_WINDOW_MS;
   p->limit = p->prev_limit = p->c.start;
-  p->state = p->c.fixed ? SPOT_PACE_HOLD : SPOT_PACE_GROW;
+  p->state = p->c.fixed ? SPOT_PACE_HOLD : SPOT_PACE_GROW; /* initial state */
   p->why = "start";
 }
 
@@ -129,13 +151,13 @@ window_end(struct spot_pace *p, double little, double conn_bps, double rate,
     if (p->held < SPOT_PACE_PROBE || !saturated || p->target_reached ||
         p->limit >= c->max)
       return false;
-    p->state = SPOT_PACE_GROW;
+    set_state(p, SPOT_PACE_GROW);
     p->est_bps = little;
     p->base_rate_bps = rate;
     return set_limit(p, grow_step(p->limit), "probing");
   }
   if (p->target_reached) {
-    p->state = SPOT_PACE_HOLD;
+    set_state(p, SPOT_PACE_HOLD);
     p->held = 0;
     return false;
   }
@@ -150,7 +172,7 @@ window_end(struct spot_pace *p, double little, double conn_bps, double rate,
   p->est_bps = little;
   p->base_rate_bps = rate;
   if (!pays) {
-    p->state = SPOT_PACE_HOLD;
+    set_state(p, SPOT_PACE_HOLD);
     /* The last step did not pay: give its connections back. */
     return set_limit(p, p->prev_limit < p->limit ? p->prev_limit : p->limit,
                      "plateau");
@@ -163,7 +185,7 @@ window_end(struct spot_pace *p, double little, double conn_bps, double rate,
   }
   if (!set_limit(p, n,
                  c->target_bps > 0 ? "growing to the target" : "growing")) {
-    p->state = SPOT_PACE_HOLD; /* at the budget's limit */
+    set_state(p, SPOT_PACE_HOLD); /* at the budget's limit */
     p->held = 0;
     return false;
   }
@@ -198,7 +220,7 @@ spot_pace_sample(struct spot_pace *p, const struct spot_pace_sample *s)
     if (!p->cut_window) {
       bool changed = set_limit(p, p->limit / 2, "throttled");
 
-      p->state = SPOT_PACE_HOLD;
+      set_state(p, SPOT_PACE_HOLD);
       p->held = 0;
       p->est_bps = 0;
       p->base_rate_bps = 0;

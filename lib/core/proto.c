@@ -1,5 +1,5 @@
 /* Control protocol codec: line splitting, decoding and encoding. No I/O. */
-#include "proto.h"
+#include "core/proto.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "core/util.h"
 
 static const char *const cmd_names[SPOT_PROTO_CMD_LAST] = {
     [SPOT_PROTO_CMD_HELLO] = "hello",

@@ -78,7 +78,7 @@
 
 #include <jansson.h>
 
-#include "buf.h"
+#include "core/buf.h"
 
 #define SPOT_PROTO_VERSION 1
 #define SPOT_PROTO_MAX_LINE (64 * 1024)

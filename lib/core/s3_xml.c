@@ -4,7 +4,7 @@
  * Element names are matched without namespace processing (S3 puts every
  * element in its default namespace). Only the first three levels matter:
  * root, its children and the fields of list items. */
-#include "s3_xml.h"
+#include "core/s3_xml.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -12,7 +12,7 @@
 
 #include <expat.h>
 
-#include "util.h"
+#include "core/util.h"
 
 #define TEXT_CAP (64 * 1024)
 #define NAME_MAX_LEN 48

@@ -1,6 +1,6 @@
 /* s3:// URL parsing and job id rules. Pure: no I/O, no globals. */
-#include "s3url.h"
-#include "util.h"
+#include "core/s3url.h"
+#include "core/util.h"
 
 #include <errno.h>
 #include <stdarg.h>

@@ -1,5 +1,5 @@
 /* AWS Signature Version 4 canonical forms and signature. Pure. */
-#include "sigv4.h"
+#include "core/sigv4.h"
 
 #include <errno.h>
 #include <stdlib.h>

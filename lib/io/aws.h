@@ -8,9 +8,9 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "aws_conf.h"
-#include "http.h"
-#include "s3.h"
+#include "core/aws_conf.h"
+#include "io/http.h"
+#include "io/s3.h"
 
 /* ---- Async: the whole chain on a libuv loop ---- */
 

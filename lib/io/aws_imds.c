@@ -7,7 +7,7 @@
  * credentials and never block a request: the provider keeps returning the
  * last good credentials until a new set arrives. The IMDS token and the
  * secrets are never logged. */
-#include "aws.h"
+#include "io/aws.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "buf.h"
-#include "fsm.h"
-#include "log.h"
-#include "util.h"
+#include "core/buf.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/util.h"
 
 #define IMDS_BODY_MAX (64 * 1024)
 #define IMDS_TOKEN_MAX 4096

@@ -19,11 +19,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "child.h"
-#include "fsm.h"
-#include "log.h"
-#include "proctree.h"
-#include "util.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "io/child.h"
+#include "io/proctree.h"
 
 /* ---------------------------------------------------------- environment */
 

@@ -60,7 +60,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "proctree.h"
+#include "io/proctree.h"
 
 #define SPOT_CHILD_SHIM_ARG "--spot-exec-shim--"
 

@@ -22,11 +22,11 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include "child.h"
-#include "fsm.h"
-#include "log.h"
-#include "proctree.h"
-#include "util.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "io/child.h"
+#include "io/proctree.h"
 
 #define REAP_POLL_MS 50
 /* After the command exits, what it left running gets this long to exit on

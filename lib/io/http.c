@@ -13,15 +13,15 @@
  * cleans up the multi handle (which asks us to drop the remaining
  * sockets), closes every uv handle and frees the struct in the last close
  * callback. */
-#include "http.h"
+#include "io/http.h"
 
 #include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 
-#include "log.h"
-#include "util.h"
+#include "core/log.h"
+#include "core/util.h"
 
 struct sock_ctx {
   struct spot_http *h;

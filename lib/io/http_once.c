@@ -1,5 +1,5 @@
 /* A single blocking request over the libuv/libcurl glue. */
-#include "http_once.h"
+#include "io/http_once.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -7,8 +7,8 @@
 
 #include <uv.h>
 
+#include "core/util.h"
 #include "spot-config.h"
-#include "util.h"
 
 #define DEFAULT_TIMEOUT_MS 10000
 #define DEFAULT_MAX_REPLY (256 * 1024)

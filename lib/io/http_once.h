@@ -10,8 +10,8 @@
 
 #include <curl/curl.h>
 
-#include "buf.h"
-#include "http.h"
+#include "core/buf.h"
+#include "io/http.h"
 
 struct spot_http_req {
   const char *method; /* "GET", "PUT", "POST" */

@@ -1,5 +1,5 @@
 /* --job-from: the job id and store from the instance's metadata. */
-#include "jobfrom.h"
+#include "io/jobfrom.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -9,9 +9,9 @@
 
 #include <uv.h>
 
-#include "http.h"
-#include "http_once.h"
-#include "util.h"
+#include "core/util.h"
+#include "io/http.h"
+#include "io/http_once.h"
 
 #define TIMEOUT_MS 2000
 #define VALUE_MAX 1024

@@ -18,7 +18,7 @@
  *
  * Only set_state() changes state. Two timers with one purpose each: poll
  * (waiting) and renew (held). At most one S3 op is in flight. */
-#include "lease.h"
+#include "io/lease.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -31,9 +31,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "fsm.h"
-#include "log.h"
-#include "util.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/util.h"
 
 #define BODY_CAP SPOT_LEASE_JSON_MAX
 #define RETRY_MS 1000 /* a failed renewal is tried again this soon */

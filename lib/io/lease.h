@@ -51,8 +51,8 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "lease_doc.h"
-#include "s3.h"
+#include "core/lease_doc.h"
+#include "io/s3.h"
 
 #define SPOT_LEASE_TTL_DEFAULT_MS 30000
 #define SPOT_LEASE_POLL_DEFAULT_MS 1000

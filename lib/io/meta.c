@@ -10,7 +10,7 @@
  *
  * Parsers live in meta_aws.c, meta_gcp.c and meta_azure.c (no I/O); this
  * file only moves bytes and decides when to ask again. */
-#include "meta.h"
+#include "io/meta.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -19,10 +19,10 @@
 #include <string.h>
 #include <strings.h>
 
-#include "buf.h"
-#include "fsm.h"
-#include "log.h"
-#include "util.h"
+#include "core/buf.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/util.h"
 
 #define DEFAULT_BASE "http://169.254.169.254"
 #define AZURE_API "api-version=2020-07-01"

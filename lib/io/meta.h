@@ -31,8 +31,8 @@
 
 #include <uv.h>
 
-#include "http.h"
-#include "notice.h"
+#include "core/notice.h"
+#include "io/http.h"
 
 struct spot_meta;
 

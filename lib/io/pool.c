@@ -1,7 +1,7 @@
 /* The store's worker pool (pool.h). One mutex guards the two job lists
  * and the thread bookkeeping; the threads wait on one condition variable
  * and hand finished jobs to the loop through one uv_async_t. */
-#include "pool.h"
+#include "io/pool.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -10,8 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "log.h"
-#include "util.h"
+#include "core/log.h"
+#include "core/util.h"
 
 struct job {
   struct job *next;

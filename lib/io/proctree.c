@@ -11,8 +11,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "proctree.h"
-#include "util.h"
+#include "core/util.h"
+#include "io/proctree.h"
 
 /* ------------------------------------------------------------- parsers */
 

@@ -22,7 +22,7 @@
  * lane_mu) and wakes the lane; the lane stops the transfer and hands the
  * op back. The credentials are copied into the op when it is submitted,
  * on the caller's loop, for the provider is not thread-safe. */
-#include "s3.h"
+#include "io/s3.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -36,12 +36,12 @@
 
 #include <openssl/evp.h>
 
-#include "fsm.h"
-#include "log.h"
-#include "s3_internal.h"
-#include "sigv4.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/sigv4.h"
+#include "core/util.h"
+#include "io/s3_internal.h"
 #include "spot-config.h"
-#include "util.h"
 
 #define PAYLOAD_HASH_MAX (64 * 1024)
 #define KEY_MAX 1024
@@ -126,8 +126,9 @@ struct spot_s3 {
   unsigned io_threads;
   struct lane *lanes;
   unsigned nlanes;
-  uv_async_t *back;  /* on the caller's loop: lane ops handed back */
-  unsigned lane_out; /* lane ops not yet handed back to finish() */
+  unsigned lane_turn; /* where lane_submit()'s search starts: the next */
+  uv_async_t *back;   /* on the caller's loop: lane ops handed back */
+  unsigned lane_out;  /* lane ops not yet handed back to finish() */
   uv_mutex_t lane_mu;
   uv_cond_t lane_cond;          /* an op handed back (spot_s3_free() waits) */
   bool lane_sync;               /* lane_mu and lane_cond initialised */
@@ -1416,8 +1417,11 @@ creds_copy(struct spot_creds *dst, const struct spot_creds *src)
   return 0;
 }
 
-/* Gives op to the least busy lane: 0, 1 (not a lane op: the caller's
- * loop runs it) or negative errno (op not started). */
+/* Gives op to the least busy lane, ties taken in turn (with fewer ops in
+ * flight than lanes, the first lanes would copy every byte while the
+ * others idle, and a lane's CPU per GiB bounds the node's rate): 0, 1 (not
+ * a lane op: the caller's loop runs it) or negative errno (op not
+ * started). */
 static int
 lane_submit(struct spot_s3_op *op)
 {
@@ -1430,11 +1434,14 @@ lane_submit(struct spot_s3_op *op)
     return 1;
   if (s3->lanes == NULL && lanes_start(s3) < 0)
     return 1;
-  for (unsigned i = 0; i < s3->nlanes; i++)
-    if (l == NULL || s3->lanes[i].load < l->load)
-      l = &s3->lanes[i];
+  for (unsigned i = 0; i < s3->nlanes; i++) {
+    struct lane *c = &s3->lanes[(s3->lane_turn + i) % s3->nlanes];
+    if (l == NULL || c->load < l->load)
+      l = c;
+  }
   if (l == NULL)
     return 1;
+  s3->lane_turn = (unsigned)(l - s3->lanes + 1) % s3->nlanes;
   r = creds_get(op, &creds);
   if (r < 0)
     return r;

@@ -19,10 +19,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "aws_conf.h"
-#include "buf.h"
-#include "http.h"
-#include "s3_xml.h"
+#include "core/aws_conf.h"
+#include "core/buf.h"
+#include "core/s3_xml.h"
+#include "io/http.h"
 
 /* Supplies credentials before each request (after a refresh when they are
  * about to expire). Returns 0 and fills *out (borrowed until the next call),

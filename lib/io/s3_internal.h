@@ -7,8 +7,8 @@
 
 #include <curl/curl.h>
 
-#include "s3.h"
-#include "s3_xml.h"
+#include "core/s3_xml.h"
+#include "io/s3.h"
 
 /* The retry policy: transient network failures (connect, send/recv
  * reset, timeout, empty reply, short body), HTTP 5xx and 429, and the

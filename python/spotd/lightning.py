@@ -72,7 +72,10 @@ the background:
 Its save_checkpoint() snapshots the checkpoint Lightning made (every
 tensor copied into buffers reused from one checkpoint to the next, the
 rest deep-copied: spotd.StagedSaver) and returns; a thread writes the
-file with Lightning's own TorchCheckpointIO (or the one you give it).
+file: torch.save streamed into last.ckpt (the file Lightning's own
+TorchCheckpointIO writes, without its copy of the whole checkpoint in
+memory first, whose large copies hold the GIL and stall the steps), or
+with the checkpoint_io you give it.
 Lightning's AsyncCheckpointIO would not do: it hands the live tensors to
 its thread, which the next optimizer step changes while they are being
 written. With the plugin, SpotdCheckpoint writes each rank's data
@@ -484,19 +487,32 @@ def _build_io():
     class StagedCheckpointIO(CheckpointIO):
         """Lightning's CheckpointIO with staged saves: save_checkpoint()
         snapshots the checkpoint into host memory (spotd.StagedSaver) and
-        returns; a thread writes it with checkpoint_io (default
-        TorchCheckpointIO) and, for a save of SpotdCheckpoint, marks the
-        folder after it. limit: the staging limit (StagedSaver's)."""
+        returns; a thread writes it (default: torch.save streamed into
+        the file, as TorchCheckpointIO saves it; else with checkpoint_io)
+        and, for a save of SpotdCheckpoint, marks the folder after it.
+        checkpoint_io also loads and removes (default TorchCheckpointIO).
+        limit: the staging limit (StagedSaver's)."""
 
         def __init__(self, checkpoint_io=None, limit=None):
             super().__init__()
+            self._direct = checkpoint_io is None
             self.checkpoint_io = checkpoint_io or TorchCheckpointIO()
             self._saver = spotd.StagedSaver(limit=limit, writer=self._write)
             self._next = None  # (folder, step) of SpotdCheckpoint's save
 
         def _write(self, snap, folder, filename):
-            self.checkpoint_io.save_checkpoint(
-                snap, os.path.join(folder, filename))
+            path = os.path.join(folder, filename)
+            if not self._direct:
+                self.checkpoint_io.save_checkpoint(snap, path)
+                return
+            # What TorchCheckpointIO writes (torch.save of the dict), but
+            # streamed into the file: its _atomic_save serialises the whole
+            # checkpoint into a BytesIO first, then copies it out, large
+            # copies that hold the GIL for up to seconds each and stall
+            # the training thread the write is meant to stay out of.
+            import torch
+            with open(path, "wb") as f:
+                torch.save(snap, f)
 
         @property
         def persisting(self):

@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codec.h"
-#include "crc32c.h"
+#include "core/codec.h"
+#include "core/crc32c.h"
 
 #define PART_MAX ((size_t)1 << 20)
 

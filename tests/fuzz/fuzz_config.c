@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "buf.h"
-#include "config.h"
-#include "s3url.h"
+#include "core/buf.h"
+#include "core/config.h"
+#include "core/s3url.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

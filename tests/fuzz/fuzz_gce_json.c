@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "gce.h"
+#include "core/gce.h"
 #include "printable.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

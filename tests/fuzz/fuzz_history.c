@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "history.h"
+#include "core/history.h"
 #include "printable.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "aws_conf.h"
+#include "core/aws_conf.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lease_doc.h"
+#include "core/lease_doc.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "manifest.h"
+#include "core/manifest.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

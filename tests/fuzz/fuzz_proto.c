@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "buf.h"
-#include "proto.h"
+#include "core/buf.h"
+#include "core/proto.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -9,8 +9,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/s3_xml.h"
 #include "printable.h"
-#include "s3_xml.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

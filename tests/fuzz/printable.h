@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "util.h"
+#include "core/util.h"
 
 static inline void
 check_printable(const char *raw)

@@ -17,10 +17,10 @@
 #include <openssl/evp.h>
 #include <uv.h>
 
-#include "aws.h"
-#include "http.h"
-#include "log.h"
-#include "util.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "io/aws.h"
+#include "io/http.h"
 
 struct driver {
   uv_loop_t loop;

@@ -97,18 +97,16 @@ def main():
         kw["strategy"] = "ddp"
     cb = spotd.lightning.SpotdCheckpoint()
     if a.staged_delay is not None:
-        from lightning.fabric.plugins import TorchCheckpointIO
-
-        class SlowIO(TorchCheckpointIO):
-            """The write after a delay: the steps go on meanwhile and
+        class SlowStaged(spotd.lightning.StagedCheckpointIO):
+            """The background write (the default one: torch.save into
+            last.ckpt) after a delay: the steps go on meanwhile and
             change the live tensors in place (a snapshot that only
             referenced them would save a later state)."""
-            def save_checkpoint(self, checkpoint, path, storage_options=None):
+            def _write(self, snap, folder, filename):
                 time.sleep(a.staged_delay)
-                super().save_checkpoint(checkpoint, path, storage_options)
+                super()._write(snap, folder, filename)
 
-        kw["plugins"] = [spotd.lightning.StagedCheckpointIO(
-            checkpoint_io=SlowIO())]
+        kw["plugins"] = [SlowStaged()]
     trainer = pl.Trainer(max_steps=a.steps, accelerator="cpu",
                          devices=a.devices, logger=False,
                          enable_checkpointing=False,

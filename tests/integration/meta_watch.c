@@ -20,10 +20,10 @@
 
 #include <uv.h>
 
-#include "http.h"
-#include "log.h"
-#include "meta.h"
-#include "util.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "io/http.h"
+#include "io/meta.h"
 
 struct watch {
   uv_loop_t loop;

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "history_store.h"
-#include "metrics.h"
+#include "core/metrics.h"
+#include "io/store/history_store.h"
 
 #define LABELS_MAX 8
 

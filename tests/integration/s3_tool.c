@@ -29,12 +29,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "http.h"
-#include "log.h"
-#include "s3.h"
-#include "s3_internal.h"
-#include "sigv4.h"
-#include "util.h"
+#include "core/log.h"
+#include "core/sigv4.h"
+#include "core/util.h"
+#include "io/http.h"
+#include "io/s3.h"
+#include "io/s3_internal.h"
 
 #define MAX_PARTS_TOOL 10000
 

@@ -2,7 +2,7 @@
 """Job history against the real S3 server: a realistic sequence of events
 (two runs on two nodes, one preemption after a short notice whose final
 checkpoint did not commit, a gap without a node, a restore) goes through
-the real writer (lib/io/history_store.c, via spotctl history-event); boto3
+the real writer (lib/io/store/history_store.c, via spotctl history-event); boto3
 reads the objects back independently; `spotctl history` shows the counts
 and the lost work this test computes itself; --json matches; --plot draws
 a PNG and an SVG with one bar per run. A 2-node job (two ranks per run

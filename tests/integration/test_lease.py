@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """The job lease (lib/io/lease.c) and LATEST's forward-only update
-(lib/io/latest.c) against the real S3 server, through `spotctl lease`:
+(lib/io/store/latest.c) against the real S3 server, through `spotctl lease`:
 
 1. two acquirers at once: exactly one holds it, the other waits and takes
    it right after the release (epoch + 1); handoff time measured;

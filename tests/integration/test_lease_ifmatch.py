@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The If-Match form strategy of lib/io/lease.c and lib/io/latest.c (lease.h),
+"""The If-Match form strategy of lib/io/lease.c and lib/io/store/latest.c (lease.h),
 against a loopback stand-in for the two behaviours that matter (AWS S3
 cannot run here; Ceph 16 RGW's, which compares If-Match with the bare
 ETag, is exercised by test_lease.py against the real Ceph):

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""push --dedup (lib/io/store_dedup.c): one checkpoint file in which
+"""push --dedup (lib/io/store/store_dedup.c): one checkpoint file in which
 trainable tensors (11 % of the bytes) sit between frozen ones, as in a
 LoRA state dict saved with torch.save. Every checkpoint after the first
 stores at most 0.2x the bytes of the first (the manifest's stored bytes

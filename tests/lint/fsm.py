@@ -19,14 +19,6 @@ ALLOW = {
     ("lib/io/proctree.c", "spot_proc_parse_stat"): "a /proc state letter",
     ("daemon/request.c", "note_sent"): "how far a process was signalled",
     ("daemon/status.c", "spotd_status_json"): "a field of the status JSON",
-    ("lib/core/pace.c", None): "the pace controller: not converted yet",
-    ("lib/io/store.c", None): "the pipe's slots: not converted yet",
-    ("lib/io/store_push_xfer.c", "encode_after_cb"): "slots: not yet",
-    ("lib/io/store_push_xfer.c", "part_done_cb"): "slots: not yet",
-    ("lib/io/store_push_xfer.c", "start_sends"): "slots: not yet",
-    ("lib/io/store_restore.c", "issue_get"): "slots: not yet",
-    ("lib/io/store_restore.c", "fetch_cb"): "slots: not yet",
-    ("lib/io/store_restore.c", "pack_fetch_cb"): "slots: not yet",
 }
 
 SETTER = re.compile(r"^(\w*_)?set_state(_at)?$")

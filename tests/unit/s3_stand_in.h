@@ -10,9 +10,9 @@
 #include <string.h>
 #include <uv.h>
 
-#include "http.h"
-#include "s3.h"
-#include "util.h"
+#include "core/util.h"
+#include "io/http.h"
+#include "io/s3.h"
 
 /* An S3 stand-in on the test's own loop: every request but a PUT gets an
  * empty 404 (no such key, no uploads), a PUT gets no answer at all, and the

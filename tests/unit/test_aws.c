@@ -8,10 +8,10 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "aws.h"
-#include "buf.h"
-#include "log.h"
-#include "util.h"
+#include "core/buf.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "io/aws.h"
 
 #define SECRET "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 #define SECRET2 "je7MtGbClwBF/2Zp9Utk/h3yCo8nvbEXAMPLEKEY"

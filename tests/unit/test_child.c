@@ -12,7 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "child.h"
+#include "io/child.h"
 
 static const char *
 env_get(const struct spot_env *e, const char *name)

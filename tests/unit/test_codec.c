@@ -6,8 +6,8 @@
 #include <string.h>
 #include <zstd.h>
 
-#include "codec.h"
-#include "crc32c.h"
+#include "core/codec.h"
+#include "core/crc32c.h"
 
 #define ARRAY_N(a) (sizeof(a) / sizeof((a)[0]))
 

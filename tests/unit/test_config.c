@@ -10,10 +10,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "buf.h"
-#include "config.h"
-#include "log.h"
-#include "util.h"
+#include "core/buf.h"
+#include "core/config.h"
+#include "core/log.h"
+#include "core/util.h"
 
 #define LOAD(cfg, text, err)                                                   \
   spot_config_load_buffer((cfg), "t.conf", (text), strlen(text), false, (err), \

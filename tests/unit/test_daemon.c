@@ -8,10 +8,10 @@
 #include <string.h>
 
 #include "jlog.h"
-#include "log.h"
+#include "core/log.h"
 #include "runjoin.h"
 #include "spotd.h"
-#include "util.h"
+#include "core/util.h"
 
 /* The run a rank joins, from the markers the LIST shows. */
 static uint64_t

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ec2.h"
-#include "util.h"
+#include "core/ec2.h"
+#include "core/util.h"
 
 static const char *const tag_k[] = {"spotd-job", "spotd-store"};
 static const char *const tag_v[] = {"job-1", "s3://b/p q"};

@@ -3,8 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "fsm.h"
-#include "log.h"
+#include "core/fsm.h"
+#include "core/log.h"
 
 static char last[1024];
 static int last_level;

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gce.h"
+#include "core/gce.h"
 
 static void
 test_op(void **state)

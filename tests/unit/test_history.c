@@ -7,7 +7,7 @@
 
 #include <jansson.h>
 
-#include "history.h"
+#include "core/history.h"
 
 #define T0 ((int64_t)1764748800000) /* 2025-12-03T08:00:00Z */
 #define S(x) ((int64_t)(x)*1000)

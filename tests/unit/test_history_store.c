@@ -11,10 +11,10 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "history_store.h"
-#include "http.h"
-#include "s3.h"
-#include "util.h"
+#include "core/util.h"
+#include "io/http.h"
+#include "io/s3.h"
+#include "io/store/history_store.h"
 
 static void
 test_key(void **state)

@@ -13,7 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "lease.h"
+#include "io/lease.h"
 #include "s3_stand_in.h"
 
 static void owner_of(char *buf, size_t size, long pid, const char *boot,

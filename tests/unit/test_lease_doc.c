@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lease_doc.h"
+#include "core/lease_doc.h"
 
 #define NOW INT64_C(1796206430000) /* 2026-12-02T10:13:50Z */
 #define GRACE 2000

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codec.h"
-#include "manifest.h"
+#include "core/codec.h"
+#include "core/manifest.h"
 
 #define ARRAY_N(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "notice.h"
-#include "util.h"
+#include "core/notice.h"
+#include "core/util.h"
 
 #define NOW 1796206430000LL /* 2026-12-02T10:13:50Z */
 #define S(lit) lit, sizeof(lit) - 1

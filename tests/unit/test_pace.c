@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pace.h"
+#include "core/pace.h"
 
 #define MB 1000000.0
 #define SIM_MAX 256

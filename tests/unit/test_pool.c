@@ -9,8 +9,8 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "pool.h"
-#include "util.h"
+#include "core/util.h"
+#include "io/pool.h"
 
 struct world {
   uv_mutex_t mu;

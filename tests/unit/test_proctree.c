@@ -17,8 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "proctree.h"
-#include "util.h"
+#include "core/util.h"
+#include "io/proctree.h"
 
 static void
 test_parse_stat(void **state)

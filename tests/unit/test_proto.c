@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "buf.h"
-#include "proto.h"
+#include "core/buf.h"
+#include "core/proto.h"
 
 /* What the callback saw. */
 struct seen {

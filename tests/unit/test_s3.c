@@ -10,10 +10,10 @@
 #include <string.h>
 #include <uv.h>
 
-#include "http.h"
-#include "s3_internal.h"
-#include "util.h"
-#include "sigv4.h"
+#include "core/sigv4.h"
+#include "core/util.h"
+#include "io/http.h"
+#include "io/s3_internal.h"
 
 static int
 parse(enum spot__s3_xml_kind kind, const char *xml,

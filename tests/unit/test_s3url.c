@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "s3url.h"
+#include "core/s3url.h"
 
 static void
 test_good_urls(void **state)

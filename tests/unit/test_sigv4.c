@@ -7,8 +7,8 @@
 #include <errno.h>
 #include <string.h>
 
-#include "buf.h"
-#include "sigv4.h"
+#include "core/buf.h"
+#include "core/sigv4.h"
 
 #define SUITE_AK "AKIDEXAMPLE"
 #define SUITE_SK "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"

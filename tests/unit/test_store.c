@@ -15,13 +15,13 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "buf.h"
-#include "s3_internal.h"
-#include "http.h"
-#include "s3.h"
+#include "core/buf.h"
+#include "core/util.h"
+#include "io/http.h"
+#include "io/s3.h"
+#include "io/s3_internal.h"
+#include "io/store/store.h"
 #include "s3_stand_in.h"
-#include "store.h"
-#include "util.h"
 
 static struct spot_store_config
 cfg_of(const char *prefix)

@@ -19,10 +19,10 @@
 
 #include <sys/types.h>
 
-#include "latest.h"
-#include "manifest.h"
-#include "store_internal.h"
-#include "store_journal.h"
+#include "core/manifest.h"
+#include "io/store/latest.h"
+#include "io/store/store_internal.h"
+#include "io/store/store_journal.h"
 
 enum push_state {
   PUSH_WALK,         /* pool: list, stat and sample the files */
@@ -158,6 +158,7 @@ enum slot_state {
   SLOT_ENCODING,
   SLOT_READY,
   SLOT_SENDING,
+  SLOT_STATE_LAST,
 };
 
 enum resume_state {

@@ -37,8 +37,8 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "codec.h"
-#include "s3.h"
+#include "core/codec.h"
+#include "io/s3.h"
 
 /* codec.h's spot_xfer_sizes_check() is the rule; these name its bounds */
 #define SPOT_STORE_PART_MIN SPOT_PART_MIN

@@ -7,7 +7,7 @@
  *          back to READ (ours after all, the other If-Match form, or
  *          someone moved it: judge again)
  *   DONE   the callback, then the op is freed (it owns no handle) */
-#include "latest.h"
+#include "io/store/latest.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -15,11 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "buf.h"
-#include "fsm.h"
-#include "log.h"
-#include "manifest.h"
-#include "util.h"
+#include "core/buf.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/manifest.h"
+#include "core/util.h"
 
 enum latest_state {
   LT_LEASE,

@@ -8,10 +8,11 @@
 #include <stdatomic.h>
 #include <unistd.h>
 
-#include "codec.h"
-#include "manifest.h"
-#include "pace.h"
-#include "store.h"
+#include "core/codec.h"
+#include "core/fsm.h"
+#include "core/manifest.h"
+#include "core/pace.h"
+#include "io/store/store.h"
 
 /* A config with its strings copied and defaults filled in. */
 struct spot__store_cfg {
@@ -216,7 +217,9 @@ struct spot__store_coder *spot__store_coder_take(struct spot__store_coder *c,
 
 /* A part in flight, in push or restore: its compressed buffer, the coder
  * lent to it while it is on the pool, the S3 request while it is on the
- * wire. state 0 is free; each op names its other states. */
+ * wire. state 0 is free; each op names its other states in the machine
+ * it gives spot__store_pipe_init(), and only spot__store_slot_set_state()
+ * changes it. */
 struct spot__store_slot {
   struct spot__store_op *op;
   unsigned state;
@@ -251,13 +254,23 @@ struct spot__store_pipe {
   struct spot__store_slot *slots;
   size_t nslots, cap;
   uint64_t seq;
+  const struct spot_fsm *slot_fsm; /* the op's slot states (lib/core/fsm.h) */
 };
 
 /* part_max: the largest raw part. Fits workers and the transfers in
- * flight into cfg memory and starts the op's controller. 0 or negative
- * errno (then fini). */
+ * flight into cfg memory and starts the op's controller. slot_fsm: the
+ * machine of the op's slot states, state 0 free (its legal table names
+ * the moves of spot__store_pipe_work() and spot__store_pipe_worked()
+ * too). 0 or negative errno (then fini). */
 int spot__store_pipe_init(struct spot__store_pipe *p, struct spot__store_op *op,
-                          size_t part_max);
+                          size_t part_max, const struct spot_fsm *slot_fsm);
+/* Moves s to state through its pipe's machine (logged at debug with the
+ * slot's file and part); an illegal move is refused, logged as an
+ * internal error, and s keeps its state. */
+#define spot__store_slot_set_state(s, state)                                   \
+  spot__store_slot_set_state_at((s), (state), __FILE__, __LINE__)
+void spot__store_slot_set_state_at(struct spot__store_slot *s, unsigned state,
+                                   const char *file, int line);
 void spot__store_pipe_fini(struct spot__store_pipe *p);
 /* The oldest slot in state (any free one for 0) that ok accepts (ok may
  * be NULL), or NULL. */

@@ -6,11 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsm.h"
-#include "log.h"
-#include "manifest.h"
-#include "store_internal.h"
-#include "util.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/manifest.h"
+#include "core/util.h"
+#include "io/store/store_internal.h"
 
 #define LIST_PARALLEL 8
 #define LIST_NAMES_MAX 100000

@@ -24,8 +24,8 @@
 
 #include <jansson.h>
 
-#include "store_journal.h"
-#include "util.h"
+#include "core/util.h"
+#include "io/store/store_journal.h"
 
 #define JOURNAL_VERSION 1
 #define JOURNAL_MAX ((size_t)64 << 20)

@@ -53,11 +53,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "crc32c.h"
-#include "fsm.h"
-#include "log.h"
-#include "store_push.h"
-#include "util.h"
+#include "core/crc32c.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "io/store/store_push.h"
 
 #define SCAN_DEPTH_MAX 64
 /* Files of at least FOLLOW_MIN tracked, and op->files' room while the

@@ -44,8 +44,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "lease_doc.h"
-#include "s3.h"
+#include "core/lease_doc.h"
+#include "io/s3.h"
 
 #define SPOT_LATEST_KEY "LATEST"
 #define SPOT_LATEST_ROUNDS_MAX 64 /* compare-and-swap attempts */

@@ -2,7 +2,7 @@
  * base every store operation embeds (store_internal.h). The pipelines are
  * in store_push.c (+ store_push_xfer.c, store_resume.c, store_ranks.c,
  * store_retain.c) and store_restore.c. */
-#include "store.h"
+#include "io/store/store.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -15,11 +15,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "log.h"
-#include "manifest.h"
-#include "pool.h"
-#include "store_internal.h"
-#include "util.h"
+#include "core/log.h"
+#include "core/manifest.h"
+#include "core/util.h"
+#include "io/pool.h"
+#include "io/store/store_internal.h"
 
 const char *
 spot_store_phase_name(enum spot_store_phase p)
@@ -747,11 +747,12 @@ pipe_budget(struct spot__store_pipe *p, struct spot__store_op *op,
 
 int
 spot__store_pipe_init(struct spot__store_pipe *p, struct spot__store_op *op,
-                      size_t part_max)
+                      size_t part_max, const struct spot_fsm *slot_fsm)
 {
   size_t bound = spot_codec_bound(part_max);
   int r;
 
+  p->slot_fsm = slot_fsm;
   pipe_budget(p, op, part_max);
   r = spot__store_coders_new(p->ncoders, part_max, &p->coders);
   if (r < 0)
@@ -866,7 +867,7 @@ spot__store_pipe_work(struct spot__store_pipe *p, struct spot__store_slot *s,
     spot__store_fail_msg(s->op, r, "queueing work: %s", strerror(-r));
     return r;
   }
-  s->state = work_state;
+  spot__store_slot_set_state(s, work_state);
   s->op->active_work++;
   return 0;
 }
@@ -877,8 +878,19 @@ spot__store_pipe_worked(struct spot__store_slot *s, int status)
   s->op->active_work--;
   s->coder->busy = false;
   s->coder = NULL;
-  s->state = 0;
+  spot__store_slot_set_state(s, 0);
   return status < 0 ? status : s->work_err;
+}
+
+void
+spot__store_slot_set_state_at(struct spot__store_slot *s, unsigned state,
+                              const char *file, int line)
+{
+  if (spot_fsm_move_detail(s->op->pipe->slot_fsm, s->state, state, file, line,
+                           "name=%s file=%zu part=%zu",
+                           s->op->name != NULL ? s->op->name : "?", s->file,
+                           s->part) > 0)
+    s->state = state;
 }
 
 void

@@ -1,7 +1,7 @@
 /* The job history in the store: a fire-and-forget writer (one PUT at a
  * time from a bounded queue, pruning now and then), a reader (list + GET
  * each event), and the atomic metrics file. */
-#include "history_store.h"
+#include "io/store/history_store.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -12,10 +12,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "fsm.h"
-#include "log.h"
-#include "store_internal.h"
-#include "util.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "io/store/store_internal.h"
 
 #define DELETE_BATCH 1000
 #define READ_PARALLEL 8

@@ -32,10 +32,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fsm.h"
-#include "log.h"
-#include "store_push.h"
-#include "util.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "io/store/store_push.h"
 
 #define fail_msg(op, ...) spot__store_fail_msg(&(op)->b, __VA_ARGS__)
 

@@ -15,10 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsm.h"
-#include "log.h"
-#include "store_push.h"
-#include "util.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "io/store/store_push.h"
 
 static const char *const resume_state_names[] = {
     "journal",

@@ -55,8 +55,8 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "history.h"
-#include "store.h"
+#include "core/history.h"
+#include "io/store/store.h"
 
 #define SPOT_HISTORY_QUEUE_DEFAULT 64
 #define SPOT_HISTORY_KEEP_DEFAULT 5000

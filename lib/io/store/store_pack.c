@@ -28,9 +28,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "store_push.h"
-#include "util.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "io/store/store_push.h"
 
 struct spot__pack {
   size_t *members; /* indices in op->files */

@@ -39,12 +39,12 @@
 #include <openssl/evp.h>
 #include <zstd.h>
 
-#include "codec.h"
-#include "fsm.h"
-#include "log.h"
-#include "manifest.h"
-#include "store_internal.h"
-#include "util.h"
+#include "core/codec.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/manifest.h"
+#include "core/util.h"
+#include "io/store/store_internal.h"
 
 enum restore_state {
   R_LATEST,
@@ -75,7 +75,31 @@ enum rslot_state {
   RS_FETCHING,
   RS_FETCHED,
   RS_DECODING,
+  RS_STATE_LAST,
 };
+
+/* Fetched (the transfer's end frees it: fetched, or refetched, or
+ * failed), then decoded and written on the pool (the pool's job frees
+ * it). */
+static const char *const rslot_state_names[] = {
+    "free",
+    "fetching",
+    "fetched",
+    "decoding",
+};
+_Static_assert(SPOT_ARRAY_SIZE(rslot_state_names) == RS_STATE_LAST,
+               "rslot_state_names");
+
+static const uint32_t rslot_legal[RS_STATE_LAST] = {
+    [RS_FREE] = SPOT_FSM_BIT(RS_FETCHING) | SPOT_FSM_BIT(RS_FETCHED),
+    [RS_FETCHING] = SPOT_FSM_BIT(RS_FREE),
+    [RS_FETCHED] = SPOT_FSM_BIT(RS_DECODING),
+    [RS_DECODING] = SPOT_FSM_BIT(RS_FREE),
+};
+
+static const struct spot_fsm rslot_fsm = {
+    "restore slot", rslot_state_names, RS_STATE_LAST, rslot_legal, 0,
+    SPOT_LOG_DEBUG};
 
 struct restore_op {
   struct spot__store_op b; /* first: the op handle is its address */
@@ -797,7 +821,7 @@ issue_get(struct restore_op *op, struct spot__store_slot *s)
     return r;
   }
   spot__store_slot_sent(s, s->want);
-  s->state = RS_FETCHING;
+  spot__store_slot_set_state(s, RS_FETCHING);
   op->b.active_s3++;
   op->active_fetch++;
   return 0;
@@ -917,7 +941,7 @@ fetch_cb(const struct spot_s3_result *res, void *data)
 
   spot__store_s3_done(&op->b, &s->s3op, res);
   op->active_fetch--;
-  s->state = RS_FREE;
+  spot__store_slot_set_state(s, RS_FREE);
   if (res->err == -EMSGSIZE && res->http_status / 100 == 2) {
     fail_msg(op, -EBADMSG,
              "%s part %zu: the server sent more than the frame's %" PRIu64
@@ -941,7 +965,7 @@ fetch_cb(const struct spot_s3_result *res, void *data)
   } else {
     spot__store_slot_finished(s, s->comp_len);
     op->b.stored_done += s->comp_len;
-    s->state = RS_FETCHED;
+    spot__store_slot_set_state(s, RS_FETCHED);
   }
   pump(op);
 }
@@ -1054,7 +1078,7 @@ pack_fetch_cb(const struct spot_s3_result *res, void *data)
 
   spot__store_s3_done(&op->b, &s->s3op, res);
   op->active_fetch--;
-  s->state = RS_FREE;
+  spot__store_slot_set_state(s, RS_FREE);
   if (res->err == -EMSGSIZE && res->http_status / 100 == 2) {
     fail_msg(op, -EBADMSG,
              "%s: the server sent more than the %" PRIu64
@@ -1078,7 +1102,7 @@ pack_fetch_cb(const struct spot_s3_result *res, void *data)
       spot__store_fail_s3(&op->b, what, res);
   } else {
     op->b.stored_done += s->comp_len;
-    s->state = RS_FETCHED;
+    spot__store_slot_set_state(s, RS_FETCHED);
   }
   if (s->state == RS_FREE)
     s->nfiles = 0;
@@ -1495,7 +1519,7 @@ prepare(struct restore_op *op)
       part_max = need;
   }
   r = spot__store_pipe_init(&op->pipe, &op->b,
-                            part_max > 0 ? (size_t)part_max : 1);
+                            part_max > 0 ? (size_t)part_max : 1, &rslot_fsm);
   if (r < 0) {
     fail_msg(op, r, "%s", strerror(-r));
     return;

@@ -27,11 +27,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "codec.h"
-#include "fsm.h"
-#include "log.h"
-#include "store_push.h"
-#include "util.h"
+#include "core/codec.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "io/store/store_push.h"
 
 static const char *const push_state_names[] = {
     "walk",   "check",        "dedup",  "resume", "transfer", "verify", "ranks",

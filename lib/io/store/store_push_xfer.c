@@ -12,11 +12,11 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "crc32c.h"
-#include "fsm.h"
-#include "log.h"
-#include "store_push.h"
-#include "util.h"
+#include "core/crc32c.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "io/store/store_push.h"
 
 static const char *const file_state_names[] = {
     "wait", "creating", "open", "completing", "done", "aborting",
@@ -26,6 +26,28 @@ _Static_assert(SPOT_ARRAY_SIZE(file_state_names) == FILE_STATE_LAST,
 
 static const struct spot_fsm file_fsm = {
     "push file", file_state_names, FILE_STATE_LAST, NULL, 0, SPOT_LOG_DEBUG};
+
+/* A part's slot: read and encoded on the pool (the pool's job frees it),
+ * ready, then sent; its transfer's end frees it. */
+static const char *const slot_state_names[] = {
+    "free",
+    "encoding",
+    "ready",
+    "sending",
+};
+_Static_assert(SPOT_ARRAY_SIZE(slot_state_names) == SLOT_STATE_LAST,
+               "slot_state_names");
+
+static const uint32_t slot_legal[SLOT_STATE_LAST] = {
+    [SLOT_FREE] = SPOT_FSM_BIT(SLOT_ENCODING) | SPOT_FSM_BIT(SLOT_READY),
+    [SLOT_ENCODING] = SPOT_FSM_BIT(SLOT_FREE),
+    [SLOT_READY] = SPOT_FSM_BIT(SLOT_SENDING),
+    [SLOT_SENDING] = SPOT_FSM_BIT(SLOT_FREE),
+};
+
+static const struct spot_fsm slot_fsm = {
+    "push slot", slot_state_names, SLOT_STATE_LAST, slot_legal,
+    0,           SPOT_LOG_DEBUG};
 
 void
 spot__push_file_set_state_at(struct push_op *op, struct pfile *f,
@@ -252,7 +274,7 @@ encode_after_cb(uv_work_t *req, int status)
     op->enc_bytes += s->raw_len;
     op->enc_ns += s->work_ns;
     op->b.raw_done += s->raw_len;
-    s->state = SLOT_READY;
+    spot__store_slot_set_state(s, SLOT_READY);
   }
   spot__push_pump(op);
 }
@@ -266,7 +288,7 @@ part_done_cb(const struct spot_s3_result *res, void *data)
 
   spot__store_s3_done(&op->b, &s->s3op, res);
   op->active_xfers--;
-  s->state = SLOT_FREE;
+  spot__store_slot_set_state(s, SLOT_FREE);
   if (res->err < 0) {
     char what[600];
     snprintf(what, sizeof(what), "uploading %s part %zu", f->rel, s->part + 1);
@@ -422,7 +444,7 @@ start_sends(struct push_op *op)
     if (op->net_ms_start == 0)
       op->net_ms_start = spot_now_mono_ms();
     spot__store_slot_sent(s, s->comp_len);
-    s->state = SLOT_SENDING;
+    spot__store_slot_set_state(s, SLOT_SENDING);
     op->b.active_s3++;
     op->active_xfers++;
   }
@@ -666,6 +688,6 @@ spot__push_xfer_setup(struct push_op *op)
 
   if (r < 0)
     return r;
-  return spot__store_pipe_init(&op->pipe, &op->b,
-                               (size_t)op->b.cfg.c.part_size);
+  return spot__store_pipe_init(&op->pipe, &op->b, (size_t)op->b.cfg.c.part_size,
+                               &slot_fsm);
 }

@@ -20,10 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsm.h"
-#include "log.h"
-#include "store_push.h"
-#include "util.h"
+#include "core/fsm.h"
+#include "core/log.h"
+#include "core/util.h"
+#include "io/store/store_push.h"
 
 #define RANK_POLL_MS 500
 #define RANK_WAIT_DEFAULT_MS 60000

@@ -198,9 +198,9 @@ cmd_checkpoint(struct ctl_conn *c, const struct spot_proto_msg *m,
 {
   struct spotd *d = c->d;
 
-  if (d->state != SPOTD_RUNNING) {
+  if (d->eng.state != SPOTD_RUNNING) {
     spot_proto_encode_error(out, m->id, "cannot checkpoint now: %s",
-                            spotd_state_name(d->state));
+                            spotd_state_name(d->eng.state));
     return 0;
   }
   if (m->u.checkpoint.final) {

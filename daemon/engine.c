@@ -1,4 +1,8 @@
-/* The engine: what spotd does, as one state machine (enum spotd_state).
+/* The engine: what spotd does, as one state machine (enum spotd_state),
+ * and as a pure step function: spotd_engine_step() takes one event (the
+ * time and the facts of the other modules come with it) and returns the
+ * commands driver.c carries out. No libuv, no clock, no system call here
+ * (the lint suite's `pure` check): test_engine replays whole runs.
  *
  *   CONNECTING   credentials (env, profile, IMDS role) and the metadata
  *                provider; then (restore.c)
@@ -10,64 +14,91 @@
  *                commit, then RUNNING again; a notice or a signal drains
  *                (nothing runs to ask) instead
  *   DRAINING     a notice (or SIGTERM): the final checkpoint (upload.c)
- *                before the deadline (its own timer), else the last commit
+ *                before the deadline (ARM_DEADLINE), else the last commit
  *   RELAUNCHING  ack the notice (Azure), run the relaunch step
  *   STOPPING     SIGTERM to the trainer, SIGKILL after a grace period that
  *                ends before the deadline
  *   FINISHING    the trainer exited by itself: finish the pending upload
  *   EXITING      close every handle
  *
- * Only spotd_set_state() changes the state: it logs the transition, tells
- * systemd (STATUS=) and refuses what the table below does not allow, so
- * the state only moves forward (but RESTARTING back to RUNNING, once per
- * restart); once closing it stays EXITING.
- * spotd_advance() moves on when the state's work is done, and
- * decide_exit() is the one place that turns the outcome into the exit
+ * Only set_state() changes the state: it logs the transition, tells
+ * systemd (NOTIFY STATUS=) and refuses what legal[] does not allow, so the
+ * state only moves forward (but RESTARTING back to RUNNING, once per
+ * restart); EXITING is the end. What each state does on entry is one
+ * table, on_enter[]; advance() moves on when the state's work is done,
+ * and decide_exit() is the one place that turns the outcome into the exit
  * status and the last line. */
-#include <errno.h>
 #include <inttypes.h>
-#include <limits.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <systemd/sd-daemon.h>
-#include <unistd.h>
 
-#include "control.h"
 #include "engine.h"
-#include "fanout.h"
 #include "core/fsm.h"
-#include "hist.h"
-#include "joblease.h"
 #include "core/log.h"
-#include "io/aws.h"
-#include "io/http.h"
-#include "io/meta.h"
-#include "relaunch.h"
-#include "request.h"
-#include "restarts.h"
-#include "restore.h"
-#include "runjoin.h"
-#include "spotd.h"
-#include "trainer.h"
-#include "upload.h"
 #include "core/util.h"
-#include "watch.h"
 
 /* Margin kept before a deadline for stopping the trainer. */
 #define DEADLINE_MARGIN_MS 1000
 /* spotd's own SIGTERM: time allowed for the final checkpoint and upload
  * (systemd/spotd.service has TimeoutStopSec= above it). */
 #define SIGTERM_DRAIN_MS 90000
+#define EXIT_ERROR 71
+#define EXIT_SOFTWARE 70
+#define EXIT_UNAVAILABLE 69
+#define EXIT_LEASE_LOST 73
+#define EXIT_PREEMPTED 75
+#define EXIT_NOTHING_SAVED 76
+#define EXIT_NO_COMMAND 127
 
 static const char *const state_names[] = {
     "init",     "connecting",  "restoring", "running",   "restarting",
     "draining", "relaunching", "stopping",  "finishing", "exiting",
 };
 _Static_assert(SPOT_ARRAY_SIZE(state_names) == SPOTD_STATE_LAST, "state_names");
+
+static const char *const event_names[] = {
+    "started",        "restoring",        "launch",     "trainer-started",
+    "restart-begin",  "relaunch-trainer", "notice",     "job-notice",
+    "operator-final", "signal",           "advance",    "deadline",
+    "trainer-exited", "peer-checked",     "no-restart", "claim",
+    "relaunch-ended", "lease-released",   "lease-lost", "fail",
+    "close",
+};
+_Static_assert(SPOT_ARRAY_SIZE(event_names) == SPOTD_EV_LAST, "event_names");
+
+static const char *const cmd_names[] = {
+    "notify",
+    "warn",
+    "hist-notice",
+    "publish",
+    "request-checkpoint",
+    "fanout-start",
+    "start-trainer",
+    "running",
+    "stop-interval",
+    "abandon-restart",
+    "request-final",
+    "arm-deadline",
+    "disarm-deadline",
+    "final-deadline",
+    "final-give-up",
+    "ack",
+    "claim-relaunch",
+    "run-relaunch",
+    "stop-trainer",
+    "freeze",
+    "cancel-uploads",
+    "trainer-gone",
+    "peer-check",
+    "try-restart",
+    "restart-advance",
+    "release-lease",
+    "advance",
+    "hist-end",
+    "exit",
+};
+_Static_assert(SPOT_ARRAY_SIZE(cmd_names) == SPOTD_CMD_LAST, "cmd_names");
 
 #define B(s) SPOT_FSM_BIT(s)
 static const uint32_t legal[SPOTD_STATE_LAST] = {
@@ -96,70 +127,39 @@ spotd_state_name(enum spotd_state s)
   return spot_fsm_name(&engine_fsm, (unsigned)s);
 }
 
-bool
-spotd_set_state_at(struct spotd *d, enum spotd_state s, const char *file,
-                   int line)
+const char *
+spotd_event_name(enum spotd_event_kind k)
 {
-  int r;
+  return (unsigned)k < SPOTD_EV_LAST ? event_names[k] : "?";
+}
 
-  if (d->closing && s != SPOTD_EXITING && s != d->state)
-    r = spot_fsm_refuse(&engine_fsm, d->state, s, file, line, "closing");
-  else
-    r = spot_fsm_move(&engine_fsm, d->state, s, file, line);
-  if (r <= 0)
-    return r == 0;
-  d->state = s;
-  spotd_notify(d, "STATUS=%s", spotd_state_name(s));
-  return true;
+const char *
+spotd_cmd_name(enum spotd_cmd_kind k)
+{
+  return (unsigned)k < SPOTD_CMD_LAST ? cmd_names[k] : "?";
 }
 
 void
-spotd_notify(struct spotd *d, const char *fmt, ...)
+spotd_engine_init(struct spotd_engine *e, const struct spotd_engine_config *cfg)
 {
-  char msg[512];
-  va_list ap;
-
-  (void)d;
-  if (getenv("NOTIFY_SOCKET") == NULL)
-    return;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
-  sd_notify(0, msg);
-}
-
-void
-spotd_warn(struct spotd *d, const char *fmt, ...)
-{
-  char line[256];
-  va_list ap;
-
-  va_start(ap, fmt);
-  vsnprintf(line, sizeof(line), fmt, ap);
-  va_end(ap);
-  log_warn("%s", line);
-  if (d->nwarnings == SPOT_PROTO_MAX_WARNINGS) {
-    memmove(d->warnings[0], d->warnings[1],
-            sizeof(d->warnings[0]) * (SPOT_PROTO_MAX_WARNINGS - 1));
-    d->nwarnings--;
-  }
-  spot_strlcpy(d->warnings[d->nwarnings++], line, sizeof(d->warnings[0]));
+  memset(e, 0, sizeof(*e));
+  e->cfg = *cfg;
+  e->state = SPOTD_INIT; /* initial state */
+  e->exit_code = -1;
 }
 
 uint64_t
-spotd_ms_left(const struct spotd *d)
+spotd_engine_ms_left(const struct spotd_engine *e, uint64_t now)
 {
-  uint64_t now = spot_now_mono_ms();
-
-  if (d->deadline_mono == 0)
+  if (e->deadline_mono == 0)
     return UINT64_MAX;
-  return d->deadline_mono > now ? d->deadline_mono - now : 0;
+  return e->deadline_mono > now ? e->deadline_mono - now : 0;
 }
 
 uint64_t
-spotd_final_ms_left(const struct spotd *d)
+spotd_engine_final_ms_left(const struct spotd_engine *e, uint64_t now)
 {
-  uint64_t left = spotd_ms_left(d);
+  uint64_t left = spotd_engine_ms_left(e, now);
 
   if (left == UINT64_MAX)
     return left;
@@ -167,22 +167,160 @@ spotd_final_ms_left(const struct spotd *d)
 }
 
 int64_t
-spotd_final_deadline_wall(const struct spotd *d)
+spotd_engine_final_deadline_wall(const struct spotd_engine *e)
 {
-  if (d->deadline_mono == 0 || d->deadline_wall <= 0)
+  if (e->deadline_mono == 0 || e->deadline_wall <= 0)
     return 0;
-  return d->deadline_wall > DEADLINE_MARGIN_MS * 2
-             ? d->deadline_wall - DEADLINE_MARGIN_MS * 2
+  return e->deadline_wall > DEADLINE_MARGIN_MS * 2
+             ? e->deadline_wall - DEADLINE_MARGIN_MS * 2
              : 1;
 }
 
-void
-spotd_fail(struct spotd *d, int exit_code)
+/* ----------------------------------------------------------- commands */
+
+/* One step: the engine, the event, the commands it appends. */
+struct step {
+  struct spotd_engine *e;
+  const struct spotd_event *ev;
+  const struct spotd_facts *f;
+  struct spotd_cmds *out;
+  struct spotd_cmd spill; /* a command past SPOTD_CMDS_MAX: dropped */
+};
+
+static struct spotd_cmd *
+cmd(struct step *s, enum spotd_cmd_kind k)
 {
-  if (d->closing)
-    return;
-  d->exit_code = exit_code;
-  spotd_close(d);
+  struct spotd_cmd *c;
+
+  if (s->out->n == SPOTD_CMDS_MAX) {
+    /* Never with the engine's steps (test_engine counts them): a bug. */
+    log_err("internal: engine: more than %d commands for event %s",
+            SPOTD_CMDS_MAX, spotd_event_name(s->ev->kind));
+    memset(&s->spill, 0, sizeof(s->spill));
+    return &s->spill;
+  }
+  c = &s->out->c[s->out->n++];
+  memset(c, 0, sizeof(*c));
+  c->kind = k;
+  return c;
+}
+
+static void
+cmd_arg(struct step *s, enum spotd_cmd_kind k, int arg)
+{
+  cmd(s, k)->arg = arg;
+}
+
+static void cmd_text(struct step *s, enum spotd_cmd_kind k, const char *fmt,
+                     ...) __attribute__((format(printf, 3, 4)));
+
+static void
+cmd_text(struct step *s, enum spotd_cmd_kind k, const char *fmt, ...)
+{
+  struct spotd_cmd *c = cmd(s, k);
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(c->text, sizeof(c->text), fmt, ap);
+  va_end(ap);
+}
+
+/* ------------------------------------------------------------- states */
+
+static void enter_running(struct step *s, enum spotd_state from);
+static void enter_restarting(struct step *s, enum spotd_state from);
+static void enter_draining(struct step *s, enum spotd_state from);
+static void enter_relaunching(struct step *s, enum spotd_state from);
+static void enter_exiting(struct step *s, enum spotd_state from);
+
+/* Entry actions, one per state: what entering it does besides the log
+ * line and systemd's STATUS= (set_state() runs them). */
+static void (*const on_enter[SPOTD_STATE_LAST])(struct step *s,
+                                                enum spotd_state from) = {
+    [SPOTD_RUNNING] = enter_running,   [SPOTD_RESTARTING] = enter_restarting,
+    [SPOTD_DRAINING] = enter_draining, [SPOTD_RELAUNCHING] = enter_relaunching,
+    [SPOTD_EXITING] = enter_exiting,
+};
+
+#define set_state(s, to) set_state_at((s), (to), __FILE__, __LINE__)
+static bool
+set_state_at(struct step *s, enum spotd_state to, const char *file, int line)
+{
+  struct spotd_engine *e = s->e;
+  enum spotd_state from = e->state;
+  int r = spot_fsm_move(&engine_fsm, from, to, file, line);
+
+  if (r <= 0) {
+    if (r < 0)
+      s->out->refused = true;
+    return r == 0;
+  }
+  e->state = to;
+  cmd_text(s, SPOTD_CMD_NOTIFY, "STATUS=%s", spotd_state_name(to));
+  if (on_enter[to] != NULL)
+    on_enter[to](s, from);
+  return true;
+}
+
+/* RUNNING: the trainer runs (started, or started again): tell systemd. */
+static void
+enter_running(struct step *s, enum spotd_state from)
+{
+  cmd_arg(s, SPOTD_CMD_RUNNING, from == SPOTD_RESTARTING);
+}
+
+/* RESTARTING: the failure is not the outcome, it restarts. */
+static void
+enter_restarting(struct step *s, enum spotd_state from)
+{
+  (void)from;
+  s->e->exit_code = -1;
+}
+
+/* DRAINING (and a drain started again for a notice): ask the trainer for
+ * its final checkpoint, arm the deadline the final checkpoint has, look
+ * again once the request changed the final checkpoint's state. */
+static void
+enter_draining(struct step *s, enum spotd_state from)
+{
+  uint64_t left = spotd_engine_final_ms_left(s->e, s->ev->now_mono);
+
+  (void)from;
+  cmd(s, SPOTD_CMD_REQUEST_FINAL);
+  if (left != UINT64_MAX)
+    cmd(s, SPOTD_CMD_ARM_DEADLINE)->ms = left;
+  cmd(s, SPOTD_CMD_ADVANCE);
+}
+
+/* RELAUNCHING: multi-node, only the rank whose job-wide marker lands runs
+ * the step: CLAIM, then RELAUNCH_ENDED follow. */
+static void
+enter_relaunching(struct step *s, enum spotd_state from)
+{
+  (void)from;
+  cmd(s, SPOTD_CMD_CLAIM_RELAUNCH);
+}
+
+/* EXITING: the history's last record (of the state left), then close
+ * everything with the exit status (71 when nothing decided one). */
+static void
+enter_exiting(struct step *s, enum spotd_state from)
+{
+  struct spotd_engine *e = s->e;
+
+  e->ended_in = from;
+  if (e->exit_code < 0)
+    e->exit_code = EXIT_ERROR;
+  cmd(s, SPOTD_CMD_HIST_END);
+  cmd_arg(s, SPOTD_CMD_EXIT, e->exit_code);
+}
+
+static void
+fail(struct step *s, int code)
+{
+  if (code >= 0)
+    s->e->exit_code = code;
+  set_state(s, SPOTD_EXITING);
 }
 
 /* ------------------------------------------------------------ outcome */
@@ -190,59 +328,62 @@ spotd_fail(struct spotd *d, int exit_code)
 /* The exit status and the last line say what was preserved (README "Exit
  * status"). Runs once, when the engine is done. */
 static void
-decide_exit(struct spotd *d)
+decide_exit(struct step *s)
 {
-  const char *last = d->last_commit[0] ? d->last_commit : NULL;
+  struct spotd_engine *e = s->e;
+  const struct spotd_facts *f = s->f;
+  const char *last =
+      f->last_commit != NULL && f->last_commit[0] ? f->last_commit : NULL;
   /* SIGTERM in a pod (SPOTD_TERMINATION_GRACE set) is the node going
    * away: it ends as a preemption, 75 or 76, so the Job makes a new pod. */
-  bool stopped = d->drain_sigterm && !d->sigterm_reclaim;
+  bool stopped = e->drain_sigterm && !e->sigterm_reclaim;
   char when[32] = "";
 
   if (last != NULL)
-    spot_rfc3339_format(d->last_commit_made, when, sizeof(when));
-  if (d->state == SPOTD_FINISHING) {
+    spot_rfc3339_format(f->last_commit_made, when, sizeof(when));
+  if (e->state == SPOTD_FINISHING) {
     /* The trainer exited by itself: its status, unless it succeeded and
      * its last checkpoint could not be committed. */
-    if (d->crash.exhausted) {
+    if (f->crash_exhausted) {
       log_err("the trainer failed again (%s %d) and all %" PRId64
               " restarts are used: giving up; the last committed checkpoint "
               "is %s",
-              d->crash.last_signal ? "signal" : "status",
-              d->crash.last_signal ? d->crash.last_signal
-                                   : d->crash.last_status,
-              d->crash.used, last ? last : "none");
-      d->exit_code = SPOTD_EXIT_SOFTWARE;
+              f->crash_last_signal ? "signal" : "status",
+              f->crash_last_signal ? f->crash_last_signal
+                                   : f->crash_last_status,
+              f->crash_used, last ? last : "none");
+      e->exit_code = EXIT_SOFTWARE;
       return;
     }
-    if (d->exit_code == 0 && d->up.failed[0] != '\0') {
+    if (e->exit_code == 0 && f->upload_failed != NULL &&
+        f->upload_failed[0] != '\0') {
       log_err("the trainer finished but checkpoint %s could not be "
               "committed; the last committed checkpoint is %s",
-              d->up.failed, last ? last : "none");
-      d->exit_code = SPOTD_EXIT_UNAVAILABLE;
+              f->upload_failed, last ? last : "none");
+      e->exit_code = EXIT_UNAVAILABLE;
     }
     return;
   }
-  if (d->final.state == FINAL_COMMITTED &&
-      strcmp(d->final.name, d->restored_name) == 0) {
-    d->exit_code = stopped ? 0 : SPOTD_EXIT_PREEMPTED;
+  if (f->final == FINAL_COMMITTED && f->final_is_restored) {
+    e->exit_code = stopped ? 0 : EXIT_PREEMPTED;
     log_notice("%s before the trainer made a step: the job resumes from "
                "checkpoint %s, which it started from; no work is lost",
                stopped ? "stopped" : "preempted", last);
     return;
   }
-  if (d->final.state == FINAL_COMMITTED) {
-    d->exit_code = stopped ? 0 : SPOTD_EXIT_PREEMPTED;
+  if (f->final == FINAL_COMMITTED) {
+    e->exit_code = stopped ? 0 : EXIT_PREEMPTED;
     log_notice("%s: the final checkpoint %s is committed; the job resumes "
                "from it",
                stopped ? "stopped" : "preempted", last);
     return;
   }
-  d->exit_code = stopped ? 128 + d->stop_signal : SPOTD_EXIT_PREEMPTED;
-  if (last != NULL && d->crash.interrupted) {
+  e->exit_code = stopped ? 128 + e->stop_signal : EXIT_PREEMPTED;
+  if (last != NULL && f->crash_interrupted) {
     /* Nothing ran to checkpoint: the newest commit is all there is, and
      * the failed trainer made no step since. */
     if (stopped)
-      d->exit_code = 0;
+      e->exit_code = 0;
     log_notice("%s while restarting the failed trainer (nothing was "
                "running): the job resumes from checkpoint %s (committed %s)",
                stopped ? "stopped" : "preempted", last, when);
@@ -250,19 +391,19 @@ decide_exit(struct spotd *d)
   }
   if (last == NULL) {
     if (!stopped)
-      d->exit_code = SPOTD_EXIT_NOTHING_SAVED;
+      e->exit_code = EXIT_NOTHING_SAVED;
     log_err("%s: no checkpoint of job %s is committed: the next start "
             "begins from scratch",
-            stopped ? "stopped" : "preempted", d->cfg->job);
-  } else if (d->final.state == FINAL_NONE && !d->trainer_started) {
+            stopped ? "stopped" : "preempted", e->cfg.job);
+  } else if (f->final == FINAL_NONE && !f->trainer_started) {
     log_notice("preempted before the trainer started: the job resumes from "
                "checkpoint %s (committed %s)",
                last, when);
-  } else if (d->final.cut[0] != '\0') {
+  } else if (f->final_cut != NULL && f->final_cut[0] != '\0') {
     log_warn("%s while the final checkpoint %s was being committed: the "
              "job resumes from it if LATEST names it, else from %s "
              "(committed %s) and the work since then is lost",
-             stopped ? "stopped" : "preempted", d->final.cut, last, when);
+             stopped ? "stopped" : "preempted", f->final_cut, last, when);
   } else {
     log_warn("%s without a final checkpoint: the job resumes from %s "
              "(committed %s); the work since then is lost",
@@ -272,267 +413,248 @@ decide_exit(struct spotd *d)
 
 /* ---------------------------------------------------------- draining */
 
-static void
-deadline_cb(uv_timer_t *t)
+/* The final-checkpoint rule: whether the drain must still wait (for the
+ * final checkpoint or an upload). A request the trainer can no longer
+ * answer is given up (FINAL_GIVE_UP; ADVANCE then looks again). */
+static bool
+final_wait(struct step *s)
 {
-  struct spotd *d = spot_container_of(t, struct spotd, deadline_timer);
+  const struct spotd_facts *f = s->f;
 
-  if (d->closing || d->state != SPOTD_DRAINING)
-    return;
-  final_deadline(d);
-  spotd_advance(d);
+  switch (f->final) {
+  case FINAL_REQUESTED:
+    if (f->trainer_running || f->request_pending || !f->upload_idle)
+      return true;
+    cmd_text(s, SPOTD_CMD_FINAL_GIVE_UP,
+             "the trainer exited without a final checkpoint");
+    cmd(s, SPOTD_CMD_ADVANCE);
+    return true;
+  case FINAL_UPLOADING:
+    return true;
+  case FINAL_COMMITTED:
+    return false;
+  default:
+    return !f->upload_idle; /* an older upload is still finishing */
+  }
 }
 
 static void
-start_drain(struct spotd *d, const char *reason, uint64_t deadline_mono,
+start_drain(struct step *s, const char *reason, uint64_t deadline_mono,
             int64_t deadline_wall)
 {
-  uint64_t left;
+  struct spotd_engine *e = s->e;
+  enum spotd_state from = e->state;
 
-  spot_strlcpy(d->reason, reason, sizeof(d->reason));
-  d->deadline_mono = deadline_mono;
-  d->deadline_wall = deadline_wall;
-  uv_timer_stop(&d->interval_timer);
-  if (!spotd_set_state(d, SPOTD_DRAINING))
-    return;
-  final_begin(d, reason);
-  left = spotd_final_ms_left(d);
-  if (left != UINT64_MAX)
-    uv_timer_start(&d->deadline_timer, deadline_cb, left, 0);
-  spotd_advance(d);
+  spot_strlcpy(e->reason, reason, sizeof(e->reason));
+  e->deadline_mono = deadline_mono;
+  e->deadline_wall = deadline_wall;
+  cmd(s, SPOTD_CMD_STOP_INTERVAL);
+  /* A notice during a SIGTERM's drain starts it again, on its deadline. */
+  if (from == SPOTD_DRAINING)
+    enter_draining(s, from);
+  else
+    set_state(s, SPOTD_DRAINING);
 }
 
 static void
-notice_cb(struct spot_meta *m, const struct spot_notice *n, void *data)
+notice(struct step *s, const struct spot_notice *n, bool own)
 {
-  struct spotd *d = data;
+  struct spotd_engine *e = s->e;
   char when[32] = "none";
 
-  (void)m;
-  if (d->closing)
-    return;
   if (n->deadline_wall_ms != 0)
     spot_rfc3339_format(n->deadline_wall_ms, when, sizeof(when));
   log_notice("interruption notice: %s (%s) deadline %s id=%s", n->reason,
              spot_notice_kind_name(n->kind), when, n->id);
-  hist_notice(d, n);
+  cmd(s, SPOTD_CMD_HIST_NOTICE)->notice = n;
   if (n->kind == SPOT_NOTICE_REBALANCE) {
     /* Advisory: checkpoint early, keep training. */
-    if (d->state == SPOTD_RUNNING)
-      spotd_request_checkpoint(d, n->reason);
+    if (e->state == SPOTD_RUNNING)
+      cmd_text(s, SPOTD_CMD_REQUEST_CHECKPOINT, "%s", n->reason);
     return;
   }
-  if (m != NULL)
-    fanout_publish(d, n);
-  if (d->state == SPOTD_DRAINING && d->have_notice)
+  if (own)
+    cmd(s, SPOTD_CMD_PUBLISH)->notice = n;
+  if (e->state == SPOTD_DRAINING && e->have_notice)
     return; /* already acting on one */
-  d->have_notice = true;
-  d->notice = *n;
-  if (d->state == SPOTD_RESTARTING)
-    restart_abandon(d);
-  if (d->state == SPOTD_RUNNING || d->state == SPOTD_DRAINING ||
-      d->state == SPOTD_RESTARTING)
-    start_drain(d, n->reason, n->deadline_mono_ms, n->deadline_wall_ms);
-  else if (d->state == SPOTD_CONNECTING || d->state == SPOTD_RESTORING)
+  e->have_notice = true;
+  e->notice = *n;
+  if (e->state == SPOTD_RESTARTING)
+    cmd(s, SPOTD_CMD_ABANDON_RESTART);
+  if (e->state == SPOTD_RUNNING || e->state == SPOTD_DRAINING ||
+      e->state == SPOTD_RESTARTING)
+    start_drain(s, n->reason, n->deadline_mono_ms, n->deadline_wall_ms);
+  else if (e->state == SPOTD_CONNECTING || e->state == SPOTD_RESTORING)
     log_warn("notice before the trainer started: it will not be started");
 }
 
-void
-spotd_job_notice(struct spotd *d, const struct spot_notice *n)
+/* A notice the engine makes (a signal's, the operator's), ms from now. */
+static struct spot_notice *
+made_notice(struct step *s, uint64_t ms, const char *reason, const char *id)
 {
-  notice_cb(NULL, n, d);
-}
+  struct spot_notice *n = &s->e->made;
 
-void
-spotd_operator_final(struct spotd *d)
-{
-  struct spot_notice n;
-
-  if (d->closing || d->state != SPOTD_RUNNING)
-    return;
-  memset(&n, 0, sizeof(n));
-  n.provider = SPOT_PROVIDER_NONE;
-  n.kind = SPOT_NOTICE_TERMINATE;
-  n.deadline_wall_ms = spot_now_wall_ms() + SIGTERM_DRAIN_MS;
-  n.deadline_mono_ms = spot_now_mono_ms() + SIGTERM_DRAIN_MS;
-  spot_strlcpy(n.reason, "spotctl-final", sizeof(n.reason));
-  spot_strlcpy(n.id, "spotctl", sizeof(n.id));
-  fanout_publish(d, &n);
-  notice_cb(NULL, &n, d);
+  memset(n, 0, sizeof(*n));
+  n->provider = SPOT_PROVIDER_NONE;
+  n->kind = SPOT_NOTICE_TERMINATE;
+  n->deadline_wall_ms = s->ev->now_wall + (int64_t)ms;
+  n->deadline_mono_ms = s->ev->now_mono + ms;
+  spot_strlcpy(n->reason, reason, sizeof(n->reason));
+  spot_strlcpy(n->id, id, sizeof(n->id));
+  return n;
 }
 
 static void
-meta_status_cb(struct spot_meta *m, void *data)
+operator_final(struct step *s)
 {
-  const char *w = spot_meta_warning(m);
+  struct spot_notice *n;
 
-  if (w != NULL) {
-    log_warn("metadata: %s", w);
-    hist_meta_error(data);
-  }
-}
-
-static void
-ack_cb(int status, void *data)
-{
-  struct spotd *d = data;
-
-  if (d->closing)
+  if (s->e->state != SPOTD_RUNNING)
     return;
-  if (status < 0 && status != UV_ECANCELED)
-    spotd_warn(d, "acknowledging the scheduled event failed: %s",
-               strerror(-status));
-  else if (status == 0)
-    log_info("acknowledged scheduled event %s", d->notice.id);
+  n = made_notice(s, SIGTERM_DRAIN_MS, "spotctl-final", "spotctl");
+  cmd(s, SPOTD_CMD_PUBLISH)->notice = n;
+  notice(s, n, false);
 }
 
 /* ------------------------------------------------------------ advance */
 
 /* The drain is over: ack (Azure), relaunch step, then stop. Returns true
- * when the relaunch step runs (spotd_advance() follows its end). */
+ * when the relaunch step runs (CLAIM, then RELAUNCH_ENDED follow). */
 static bool
-drained(struct spotd *d)
+drained(struct step *s)
 {
-  uv_timer_stop(&d->deadline_timer);
-  if (d->have_notice && d->notice.provider == SPOT_PROVIDER_AZURE &&
-      d->meta != NULL && d->notice.id[0] != '\0')
-    spot_meta_ack(d->meta, d->notice.id, ack_cb, d);
-  if (d->cfg->relaunch != NULL && !d->drain_sigterm) {
-    spotd_set_state(d, SPOTD_RELAUNCHING);
-    /* Multi-node: only the rank whose job-wide marker lands runs it. */
-    if (fanout_claim_relaunch(d) == 0)
-      return true; /* spotd_relaunch_claimed() follows */
-    if (relaunch_start(d) == 0)
-      return true; /* spotd_relaunch_ended() follows */
+  struct spotd_engine *e = s->e;
+
+  cmd(s, SPOTD_CMD_DISARM_DEADLINE);
+  if (e->have_notice && e->notice.provider == SPOT_PROVIDER_AZURE &&
+      e->notice.id[0] != '\0')
+    cmd(s, SPOTD_CMD_ACK)->notice = &e->notice;
+  if (e->cfg.relaunch && !e->drain_sigterm) {
+    set_state(s, SPOTD_RELAUNCHING);
+    return true;
   }
-  spotd_set_state(d, SPOTD_STOPPING);
+  set_state(s, SPOTD_STOPPING);
   return false;
 }
 
-void
-spotd_relaunch_claimed(struct spotd *d, bool run_it)
-{
-  if (d->closing || d->state != SPOTD_RELAUNCHING)
-    return;
-  if (run_it && relaunch_start(d) == 0)
-    return; /* spotd_relaunch_ended() follows */
-  spotd_relaunch_ended(d);
-}
-
-void
-spotd_relaunch_ended(struct spotd *d)
-{
-  if (d->closing || d->state != SPOTD_RELAUNCHING)
-    return;
-  spotd_set_state(d, SPOTD_STOPPING);
-  spotd_advance(d);
-}
-
-void
-spotd_lease_lost(struct spotd *d)
-{
-  if (d->closing)
-    return;
-  upload_cancel_all(d);
-  d->exit_code = SPOTD_EXIT_LEASE_LOST;
-  if (!trainer_running(d)) {
-    spotd_fail(d, SPOTD_EXIT_LEASE_LOST);
-    return;
-  }
-  /* The next holder may start its trainer from now on: not one more step
-   * here. SIGSTOP cannot be caught; SIGKILL follows at once. The engine
-   * goes to STOPPING from whatever it was doing: nothing is committed any
-   * more, and spotd_trainer_exited() ends it with exit 73. */
-  {
-    int n = spot_child_kill(&d->trainer, SIGSTOP);
-
-    if (n >= 0)
-      log_warn("froze the trainer (SIGSTOP to %d processes of its tree); "
-               "killing it",
-               n);
-  }
-  trainer_stop(d, 0);
-  if (d->state != SPOTD_STOPPING && d->state != SPOTD_FINISHING)
-    spotd_set_state(d, SPOTD_STOPPING);
-}
-
 static void
-stop_trainer(struct spotd *d)
+stop_trainer(struct step *s)
 {
-  uint64_t grace = d->cfg->grace_ms, left = spotd_ms_left(d);
+  uint64_t grace = s->e->cfg.grace_ms,
+           left = spotd_engine_ms_left(s->e, s->ev->now_mono);
 
   if (left != UINT64_MAX) {
     left = left > DEADLINE_MARGIN_MS ? left - DEADLINE_MARGIN_MS : 0;
     if (left < grace)
       grace = left;
   }
-  trainer_stop(d, grace);
+  cmd(s, SPOTD_CMD_STOP_TRAINER)->ms = grace;
 }
 
-void
-spotd_advance(struct spotd *d)
+/* Trainer gone, uploads idle: release the job lease; LEASE_RELEASED ends
+ * the run. */
+static void
+finish(struct step *s)
 {
-  if (d->closing)
+  if (!s->f->upload_idle)
     return;
-  switch (d->state) {
+  cmd(s, SPOTD_CMD_RELEASE_LEASE);
+}
+
+static void
+advance(struct step *s)
+{
+  switch (s->e->state) {
   case SPOTD_DRAINING:
-    if (final_wait(d) || drained(d))
+    if (final_wait(s) || drained(s))
       return;
     SPOT_FALLTHROUGH;
   case SPOTD_STOPPING:
-    if (trainer_running(d)) {
-      stop_trainer(d);
+    if (s->f->trainer_running) {
+      stop_trainer(s);
       return;
     }
-    if (!upload_idle(d) || lease_release(d))
-      return;
-    decide_exit(d);
-    spotd_close(d);
+    finish(s);
     return;
   case SPOTD_RESTARTING:
-    restart_advance(d);
+    cmd(s, SPOTD_CMD_RESTART_ADVANCE);
     return;
   case SPOTD_FINISHING:
-    if (!upload_idle(d) || lease_release(d))
-      return;
-    decide_exit(d);
-    spotd_close(d);
+    finish(s);
     return;
   default:
     return;
   }
 }
 
-void
-spotd_trainer_exited(struct spotd *d)
+static void
+lease_released(struct step *s)
 {
-  if (d->closing)
+  enum spotd_state st = s->e->state;
+
+  if ((st != SPOTD_STOPPING && st != SPOTD_FINISHING) ||
+      s->f->trainer_running || !s->f->upload_idle)
     return;
-  if (d->jl.state == JOB_LEASE_LOST) {
-    spotd_fail(d, SPOTD_EXIT_LEASE_LOST);
+  decide_exit(s);
+  set_state(s, SPOTD_EXITING);
+}
+
+static void
+lease_lost(struct step *s)
+{
+  struct spotd_engine *e = s->e;
+
+  cmd(s, SPOTD_CMD_CANCEL_UPLOADS);
+  e->exit_code = EXIT_LEASE_LOST;
+  if (!s->f->trainer_running) {
+    fail(s, EXIT_LEASE_LOST);
     return;
   }
-  if (d->exit_code < 0 && d->state == SPOTD_RUNNING)
-    d->exit_code = spot_child_status(&d->trainer);
-  hist_exited(d);
-  uv_timer_stop(&d->interval_timer);
-  uv_timer_stop(&d->ckpt_timer);
-  request_end(d);
-  /* A checkpoint completed just before the exit may not have been seen. */
-  watch_scan(d);
-  upload_follow_drop(d, "the trainer exited");
-  upload_drop_local(d);
-  if (d->state == SPOTD_RUNNING) {
-    if (d->exit_code != 0 && fanout_exit_check(d))
-      return; /* a peer's preemption, or spotd_trainer_exited() again */
-    if (d->exit_code != 0 && restart_after_crash(d))
-      return; /* RESTARTING: spotd_advance() moves on */
-    if (d->exit_code != 0 && d->cfg->max_restarts == 0)
-      spotd_warn(d, "the trainer failed (status %d): not relaunching",
-                 d->exit_code);
-    spotd_set_state(d, SPOTD_FINISHING);
+  /* The next holder may start its trainer from now on: not one more step
+   * here. SIGSTOP cannot be caught; SIGKILL follows at once. The engine
+   * goes to STOPPING from whatever it was doing: nothing is committed any
+   * more, and TRAINER_EXITED ends it with exit 73. */
+  cmd(s, SPOTD_CMD_FREEZE);
+  cmd(s, SPOTD_CMD_STOP_TRAINER)->ms = 0;
+  if (e->state != SPOTD_STOPPING && e->state != SPOTD_FINISHING)
+    set_state(s, SPOTD_STOPPING);
+}
+
+static void
+trainer_exited(struct step *s)
+{
+  struct spotd_engine *e = s->e;
+
+  if (s->f->lease_lost) {
+    fail(s, EXIT_LEASE_LOST);
+    return;
   }
-  spotd_advance(d);
+  if (e->exit_code < 0 && e->state == SPOTD_RUNNING)
+    e->exit_code = s->ev->code;
+  /* its requests end; a checkpoint completed just before the exit may
+   * not have been seen */
+  cmd(s, SPOTD_CMD_TRAINER_GONE);
+  if (e->state == SPOTD_RUNNING && e->exit_code != 0) {
+    /* a peer's preemption (JOB_NOTICE), or PEER_CHECKED */
+    cmd(s, SPOTD_CMD_PEER_CHECK);
+    return;
+  }
+  if (e->state == SPOTD_RUNNING)
+    set_state(s, SPOTD_FINISHING);
+  cmd(s, SPOTD_CMD_ADVANCE);
+}
+
+/* The trainer failed and nothing restarts it. */
+static void
+no_restart(struct step *s)
+{
+  struct spotd_engine *e = s->e;
+
+  if (e->exit_code != 0 && e->cfg.max_restarts == 0)
+    cmd_text(s, SPOTD_CMD_WARN,
+             "the trainer failed (status %d): not relaunching", e->exit_code);
+  set_state(s, SPOTD_FINISHING);
+  advance(s);
 }
 
 /* The time a SIGTERM leaves: SPOTD_TERMINATION_GRACE seconds when set
@@ -542,14 +664,14 @@ spotd_trainer_exited(struct spotd *d)
  * the SIGTERM is the node's reclaim and the exit status a preemption's
  * (decide_exit). */
 static uint64_t
-sigterm_grace_ms(struct spotd *d)
+sigterm_grace_ms(struct spotd_engine *e)
 {
-  const char *v = getenv("SPOTD_TERMINATION_GRACE");
-  int64_t s;
+  const char *v = e->cfg.termination_grace;
+  int64_t sec;
 
   if (v == NULL || *v == '\0')
     return SIGTERM_DRAIN_MS;
-  if (spot_parse_int64(v, 1, 86400, &s) < 0) {
+  if (spot_parse_int64(v, 1, 86400, &sec) < 0) {
     log_warn("SPOTD_TERMINATION_GRACE '%.20s' is not 1 to 86400 seconds: "
              "using %d s",
              v, SIGTERM_DRAIN_MS / 1000);
@@ -557,9 +679,9 @@ sigterm_grace_ms(struct spotd *d)
   }
   log_info("SIGTERM grace: %" PRId64 " s (SPOTD_TERMINATION_GRACE): the node "
            "is going away, this ends as a preemption",
-           s);
-  d->sigterm_reclaim = true;
-  return (uint64_t)s * 1000;
+           sec);
+  e->sigterm_reclaim = true;
+  return (uint64_t)sec * 1000;
 }
 
 /* The signal's drain as a notice, for the history and, multi-node, for
@@ -567,385 +689,184 @@ sigterm_grace_ms(struct spotd *d)
  * drain, a Slurm or systemd stop) is the job's, with its deadline, so
  * every rank takes the final checkpoint instead of dying on the lost
  * peer. */
-static void
-signal_notice(struct spotd *d, uint64_t ms, struct spot_notice *n)
+static const struct spot_notice *
+signal_notice(struct step *s, uint64_t ms)
 {
+  struct spot_notice *n = made_notice(s, ms, "sigterm", "signal");
   char when[32] = "";
 
-  memset(n, 0, sizeof(*n));
-  n->provider = SPOT_PROVIDER_NONE;
-  n->kind = SPOT_NOTICE_TERMINATE;
-  n->deadline_wall_ms = spot_now_wall_ms() + (int64_t)ms;
-  n->deadline_mono_ms = spot_now_mono_ms() + ms;
-  spot_strlcpy(n->reason, "sigterm", sizeof(n->reason));
-  spot_strlcpy(n->id, "signal", sizeof(n->id));
   spot_rfc3339_format(n->deadline_wall_ms, when, sizeof(when));
   log_notice("drain deadline %s%s", when,
-             d->store.nranks > 1 ? ": the job's, told to the other ranks" : "");
+             s->e->cfg.nranks > 1 ? ": the job's, told to the other ranks"
+                                  : "");
   /* With a termination grace the node is going away: a preemption in the
    * history too. A plain stop stays a stop. */
-  if (d->sigterm_reclaim)
-    hist_notice(d, n);
-  fanout_publish(d, n);
+  if (s->e->sigterm_reclaim)
+    cmd(s, SPOTD_CMD_HIST_NOTICE)->notice = n;
+  cmd(s, SPOTD_CMD_PUBLISH)->notice = n;
+  return n;
 }
 
-void
-spotd_on_signal(struct spotd *d, int signum)
+static void
+on_signal(struct step *s, int signum)
 {
-  struct spot_notice n;
+  struct spotd_engine *e = s->e;
+  const struct spot_notice *n;
   uint64_t ms;
 
-  if (d->closing) {
-    log_info("signal %d: already exiting", signum);
-    return;
-  }
-  d->signals_seen++;
-  if (d->signals_seen > 1 || d->state < SPOTD_RUNNING) {
+  e->signals_seen++;
+  if (e->signals_seen > 1 || e->state < SPOTD_RUNNING) {
     log_warn("signal %d: stopping now", signum);
-    spotd_fail(d, 128 + signum);
+    fail(s, 128 + signum);
     return;
   }
   /* Already acting on a notice: the signal is the same end arriving by
    * another road (Slurm SIGTERMs the job as soon as the requeue is
    * accepted). Finish that; keep its relaunch and its exit status. */
-  if (d->have_notice && !d->drain_sigterm &&
-      (d->state == SPOTD_DRAINING || d->state == SPOTD_RELAUNCHING ||
-       d->state == SPOTD_STOPPING)) {
+  if (e->have_notice && !e->drain_sigterm &&
+      (e->state == SPOTD_DRAINING || e->state == SPOTD_RELAUNCHING ||
+       e->state == SPOTD_STOPPING)) {
     log_notice("signal %d: already stopping for the %s notice, finishing "
                "that (again to stop now)",
-               signum, d->reason);
+               signum, e->reason);
     /* With the final checkpoint committed the trainer has nothing left to
      * do, and whoever sent this (Slurm at a requeue) kills what is left
      * once its own wait is over: stop the trainer now, so the job lease
      * is released while there is time (the next node need not wait for
      * its TTL). */
-    if (d->final.state == FINAL_COMMITTED && trainer_running(d)) {
+    if (s->f->final == FINAL_COMMITTED && s->f->trainer_running) {
       log_info("the final checkpoint %s is committed: stopping the trainer "
                "now, then releasing the job lease",
-               d->last_commit);
-      trainer_stop(d, 0);
+               s->f->last_commit);
+      cmd(s, SPOTD_CMD_STOP_TRAINER)->ms = 0;
     }
     return;
   }
   log_notice("signal %d: final checkpoint, then stop (again to stop now)",
              signum);
-  d->drain_sigterm = true;
-  d->stop_signal = signum;
-  ms = sigterm_grace_ms(d);
-  if (d->state != SPOTD_RUNNING && d->state != SPOTD_RESTARTING)
+  e->drain_sigterm = true;
+  e->stop_signal = signum;
+  ms = sigterm_grace_ms(e);
+  if (e->state != SPOTD_RUNNING && e->state != SPOTD_RESTARTING)
     return; /* finishing: the trainer ended by itself */
-  signal_notice(d, ms, &n);
-  if (d->state == SPOTD_RESTARTING)
-    restart_abandon(d);
-  start_drain(d, "sigterm", n.deadline_mono_ms, n.deadline_wall_ms);
+  n = signal_notice(s, ms);
+  if (e->state == SPOTD_RESTARTING)
+    cmd(s, SPOTD_CMD_ABANDON_RESTART);
+  start_drain(s, "sigterm", n->deadline_mono_ms, n->deadline_wall_ms);
 }
-
-/* ------------------------------------------------------------- launch */
 
 static void
-interval_cb(uv_timer_t *t)
+launch(struct step *s)
 {
-  struct spotd *d = spot_container_of(t, struct spotd, interval_timer);
+  struct spotd_engine *e = s->e;
 
-  if (!d->closing && d->state == SPOTD_RUNNING)
-    spotd_request_checkpoint(d, "interval");
-}
-
-void
-spotd_launch(struct spotd *d)
-{
-  if (d->closing)
-    return;
-  fanout_start(d); /* multi-node: publishes a notice seen until now */
-  if (d->have_notice) {
+  cmd(s, SPOTD_CMD_FANOUT_START); /* multi-node: publishes a notice seen
+                                     until now */
+  if (e->have_notice) {
     /* The machine is going away: starting the trainer would only cost
      * the time left. Relaunch elsewhere and leave. */
     log_warn("notice %s before the trainer started: not starting it",
-             d->notice.reason);
-    start_drain(d, d->notice.reason, d->notice.deadline_mono_ms,
-                d->notice.deadline_wall_ms);
+             e->notice.reason);
+    start_drain(s, e->notice.reason, e->notice.deadline_mono_ms,
+                e->notice.deadline_wall_ms);
     return;
   }
-  if (trainer_start(d) < 0) {
-    hist_refused(d, "no-command");
-    spotd_fail(d, SPOTD_EXIT_NO_COMMAND);
-    return;
-  }
-  restarts_record(d);
-  hist_launched(d);
-  if (watch_start(d) < 0)
-    spotd_warn(d,
-               "cannot watch %s: checkpoints are only seen through "
-               "`spotctl done`",
-               d->ckpt_dir);
-  if (d->cfg->interval_ms > 0)
-    uv_timer_start(&d->interval_timer, interval_cb, d->cfg->interval_ms,
-                   d->cfg->interval_ms);
-  spotd_set_state(d, SPOTD_RUNNING);
-  spotd_notify(d, "READY=1\nSTATUS=running, trainer pid %d",
-               (int)d->trainer.pid);
+  cmd_arg(s, SPOTD_CMD_START_TRAINER, 0);
 }
+
+/* ---------------------------------------------------------------- step */
 
 void
-spotd_relaunch_trainer(struct spotd *d)
+spotd_engine_step(struct spotd_engine *e, const struct spotd_event *ev,
+                  struct spotd_cmds *out)
 {
-  if (d->closing || d->state != SPOTD_RESTARTING)
-    return;
-  if (trainer_start(d) < 0) {
-    spotd_fail(d, SPOTD_EXIT_NO_COMMAND);
-    return;
+  struct step s = {e, ev, &ev->facts, out, {0}};
+
+  out->n = 0;
+  out->refused = false;
+  if (e->state == SPOTD_EXITING) {
+    if (ev->kind == SPOTD_EV_SIGNAL)
+      log_info("signal %d: already exiting", ev->code);
+    return; /* once closing, whatever still arrives does nothing */
   }
-  restarts_record(d);
-  hist_restarted(d);
-  /* The watch stayed on: the folder is the same. */
-  if (d->cfg->interval_ms > 0)
-    uv_timer_start(&d->interval_timer, interval_cb, d->cfg->interval_ms,
-                   d->cfg->interval_ms);
-  spotd_set_state(d, SPOTD_RUNNING);
-  spotd_notify(d, "STATUS=running, trainer pid %d (restart %" PRId64 ")",
-               (int)d->trainer.pid, d->crash.used);
-}
-
-/* -------------------------------------------------------------- start */
-
-static int
-mkdir_p(const char *path)
-{
-  char buf[4200];
-
-  if (spot_strlcpy(buf, path, sizeof(buf)) >= sizeof(buf))
-    return -ENAMETOOLONG;
-  for (char *p = buf + 1; *p != '\0'; p++) {
-    if (*p != '/')
-      continue;
-    *p = '\0';
-    if (mkdir(buf, 0755) < 0 && errno != EEXIST)
-      return -errno;
-    *p = '/';
+  switch (ev->kind) {
+  case SPOTD_EV_STARTED:
+    set_state(&s, SPOTD_CONNECTING);
+    break;
+  case SPOTD_EV_RESTORING:
+    set_state(&s, SPOTD_RESTORING);
+    break;
+  case SPOTD_EV_LAUNCH:
+    launch(&s);
+    break;
+  case SPOTD_EV_TRAINER_STARTED:
+    set_state(&s, SPOTD_RUNNING);
+    break;
+  case SPOTD_EV_RESTART_BEGIN:
+    set_state(&s, SPOTD_RESTARTING);
+    break;
+  case SPOTD_EV_RELAUNCH_TRAINER:
+    if (e->state == SPOTD_RESTARTING)
+      cmd_arg(&s, SPOTD_CMD_START_TRAINER, 1);
+    break;
+  case SPOTD_EV_NOTICE:
+  case SPOTD_EV_JOB_NOTICE:
+    if (ev->notice != NULL)
+      notice(&s, ev->notice, ev->kind == SPOTD_EV_NOTICE);
+    break;
+  case SPOTD_EV_OPERATOR_FINAL:
+    operator_final(&s);
+    break;
+  case SPOTD_EV_SIGNAL:
+    on_signal(&s, ev->code);
+    break;
+  case SPOTD_EV_ADVANCE:
+    advance(&s);
+    break;
+  case SPOTD_EV_DEADLINE:
+    if (e->state != SPOTD_DRAINING)
+      break;
+    cmd(&s, SPOTD_CMD_FINAL_DEADLINE);
+    cmd(&s, SPOTD_CMD_ADVANCE);
+    break;
+  case SPOTD_EV_TRAINER_EXITED:
+    trainer_exited(&s);
+    break;
+  case SPOTD_EV_PEER_CHECKED:
+    if (e->state == SPOTD_RUNNING)
+      cmd(&s, SPOTD_CMD_TRY_RESTART);
+    break;
+  case SPOTD_EV_NO_RESTART:
+    if (e->state == SPOTD_RUNNING)
+      no_restart(&s);
+    break;
+  case SPOTD_EV_CLAIM:
+    if (e->state != SPOTD_RELAUNCHING)
+      break;
+    if (ev->run_it) {
+      cmd(&s, SPOTD_CMD_RUN_RELAUNCH);
+      break;
+    }
+    SPOT_FALLTHROUGH;
+  case SPOTD_EV_RELAUNCH_ENDED:
+    if (e->state != SPOTD_RELAUNCHING)
+      break;
+    set_state(&s, SPOTD_STOPPING);
+    advance(&s);
+    break;
+  case SPOTD_EV_LEASE_RELEASED:
+    lease_released(&s);
+    break;
+  case SPOTD_EV_LEASE_LOST:
+    lease_lost(&s);
+    break;
+  case SPOTD_EV_FAIL:
+    fail(&s, ev->code);
+    break;
+  case SPOTD_EV_CLOSE:
+    fail(&s, -1);
+    break;
+  default:
+    break;
   }
-  if (mkdir(buf, 0755) < 0 && errno != EEXIST)
-    return -errno;
-  return 0;
-}
-
-/* The checkpoint and journal folders, absolute (SPOTD_CKPT_DIR and
- * SPOTD_RESUME_DIR are given to the trainer as absolute paths). */
-static int
-folders(struct spotd *d)
-{
-  int r = mkdir_p(d->cfg->ckpt_dir);
-
-  if (r < 0)
-    return log_err_errno(r, "checkpoint folder %s", d->cfg->ckpt_dir);
-  d->ckpt_dir = realpath(d->cfg->ckpt_dir, NULL);
-  if (d->ckpt_dir == NULL)
-    return log_err_errno(-errno, "checkpoint folder %s", d->cfg->ckpt_dir);
-  if (asprintf(&d->journal_dir, "%s/.spotd-journal", d->ckpt_dir) < 0) {
-    d->journal_dir = NULL;
-    return -ENOMEM;
-  }
-  r = mkdir_p(d->journal_dir);
-  if (r < 0)
-    return log_err_errno(r, "journal folder %s", d->journal_dir);
-  return 0;
-}
-
-static void
-store_config(struct spotd *d)
-{
-  const struct spot_config *c = d->cfg;
-
-  d->store.bucket = c->bucket;
-  d->store.prefix = c->prefix;
-  d->store.job = c->job;
-  d->store.part_size = c->part_size;
-  d->store.parallel = (unsigned)c->parallel;
-  d->store.memory = c->memory;
-  d->store.target_rate = c->target_rate;
-  d->store.pack_threshold =
-      c->pack_threshold == 0 ? SPOT_STORE_PACK_OFF : c->pack_threshold;
-  d->store.compress = c->compress == SPOT_CONFIG_COMPRESS_NONE
-                          ? SPOT_STORE_COMPRESS_NEVER
-                          : SPOT_STORE_COMPRESS_AUTO;
-  d->store.keep = (unsigned)c->keep;
-  d->store.follow_symlinks = c->follow_symlinks;
-  d->store.dedup = c->dedup && c->nranks <= 1;
-  d->store.journal_dir = d->journal_dir;
-  d->store.rank = (unsigned)c->rank;
-  d->store.nranks = (unsigned)c->nranks;
-  d->store.rank_wait_ms = c->rank_wait_ms;
-  d->store.reshard = c->reshard;
-  snprintf(d->store_url, sizeof(d->store_url), "s3://%s/%s%s%s", c->bucket,
-           c->prefix, c->prefix[0] ? "/" : "", c->job);
-}
-
-static int
-meta_start(struct spotd *d)
-{
-  static const enum spot_provider providers[] = {
-      [SPOT_CONFIG_PROVIDER_AWS] = SPOT_PROVIDER_AWS,
-      [SPOT_CONFIG_PROVIDER_GCP] = SPOT_PROVIDER_GCP,
-      [SPOT_CONFIG_PROVIDER_AZURE] = SPOT_PROVIDER_AZURE,
-      [SPOT_CONFIG_PROVIDER_NONE] = SPOT_PROVIDER_NONE,
-  };
-  struct spot_meta_config mc;
-  int r;
-
-  spot_meta_config_init(&mc);
-  mc.provider = SPOT_PROVIDER_AUTO;
-  if (d->cfg->provider != SPOT_CONFIG_PROVIDER_AUTO &&
-      (unsigned)d->cfg->provider < SPOT_ARRAY_SIZE(providers))
-    mc.provider = providers[d->cfg->provider];
-  mc.base_url = d->cfg->metadata_url;
-  mc.poll_interval_ms = (unsigned)d->cfg->poll_interval_ms;
-  mc.imdsv1_fallback = d->cfg->imdsv1;
-  mc.vm_name = d->cfg->vm_name;
-  mc.status_cb = meta_status_cb;
-  if (mc.provider == SPOT_PROVIDER_NONE)
-    return 0;
-  r = spot_meta_new(d->loop, d->http, &mc, notice_cb, d, &d->meta);
-  if (r == 0)
-    r = spot_meta_start(d->meta);
-  if (r < 0)
-    return log_err_errno(r, "metadata watcher");
-  return 0;
-}
-
-void
-spotd_handles_init(struct spotd *d)
-{
-  uv_timer_init(d->loop, &d->interval_timer);
-  uv_timer_init(d->loop, &d->ckpt_timer);
-  uv_timer_init(d->loop, &d->deadline_timer);
-  uv_timer_init(d->loop, &d->relaunch.timer);
-  restarts_init(d);
-  spot_child_init(&d->trainer, d->loop);
-  spot_child_init(&d->relaunch.child, d->loop);
-  fanout_init(d);
-}
-
-static int
-start(struct spotd *d)
-{
-  int r;
-
-  d->exit_code = -1;
-  d->steps.step = -1;
-  d->last_commit_step = -1;
-  d->steps.rate = -1;
-  d->start_wall_ms = spot_now_wall_ms();
-  spotd_handles_init(d);
-  r = folders(d);
-  if (r < 0) {
-    /* The checkpoint folder is the local disk's: read-only, full, no
-     * permission. Exit as the restore's local errors do. */
-    if (r != -ENOMEM)
-      d->exit_code = SPOTD_EXIT_IOERR;
-    return r;
-  }
-  store_config(d);
-  hist_init(d);
-  r = control_start(d);
-  if (r == 0)
-    r = request_open(d);
-  if (r < 0)
-    return r;
-  r = spot_http_new(d->loop, &d->http);
-  if (r < 0)
-    return log_err_errno(r, "HTTP client");
-  r = meta_start(d);
-  if (r == 0)
-    r = restore_start(d);
-  if (r < 0)
-    return r;
-  spotd_set_state(d, SPOTD_CONNECTING);
-  return 0;
-}
-
-int
-spotd_start(struct spotd *d)
-{
-  int r = start(d);
-
-  if (r < 0) {
-    if (d->exit_code < 0) /* else the start said which */
-      d->exit_code = SPOTD_EXIT_ERROR;
-    spotd_close(d);
-  }
-  return r;
-}
-
-void
-spotd_restoring(struct spotd *d)
-{
-  spotd_set_state(d, SPOTD_RESTORING);
-}
-
-bool
-spotd_restart_begin(struct spotd *d)
-{
-  if (!spotd_set_state(d, SPOTD_RESTARTING))
-    return false;
-  d->exit_code = -1; /* the failure is not the outcome: it restarts */
-  return true;
-}
-
-/* -------------------------------------------------------------- close */
-
-static void
-timer_close(uv_timer_t *t)
-{
-  if (t->loop != NULL && !uv_is_closing((uv_handle_t *)t)) {
-    uv_timer_stop(t);
-    uv_close((uv_handle_t *)t, NULL);
-  }
-}
-
-void
-spotd_free_clients(struct spotd *d)
-{
-  spot_s3_free(d->s3);
-  d->s3 = NULL;
-  spot_aws_close(d->aws, NULL, NULL);
-  d->aws = NULL;
-  if (d->http != NULL)
-    spot_http_close(d->http, NULL, NULL);
-  d->http = NULL;
-}
-
-void
-spotd_close(struct spotd *d)
-{
-  if (d->closing)
-    return;
-  hist_end(d);
-  d->closing = true;
-  spotd_set_state(d, SPOTD_EXITING);
-  spotd_notify(d, "STOPPING=1");
-  upload_cancel_all(d);
-  if (d->restore.op != NULL)
-    spot_store_cancel(d->restore.op);
-  if (d->restore.s3op != NULL)
-    spot_s3_cancel(d->restore.s3op);
-  relaunch_close(d);
-  restart_close(d);
-  runjoin_close(d);
-  fanout_close(d);
-  lease_close(d);
-  spot_child_close(&d->trainer);
-  request_close(d);
-  watch_close(d);
-  control_close(d);
-  timer_close(&d->interval_timer);
-  timer_close(&d->ckpt_timer);
-  timer_close(&d->deadline_timer);
-  timer_close(&d->watchdog);
-  if (d->meta != NULL) {
-    spot_meta_close(d->meta, NULL, NULL);
-    d->meta = NULL;
-  }
-  /* The S3 client, credentials and HTTP go last, from main(), once the
-   * store operations have delivered their cancellation. */
-  if (d->exit_code < 0)
-    d->exit_code = SPOTD_EXIT_ERROR;
 }

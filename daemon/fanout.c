@@ -280,7 +280,7 @@ poll_cb(uv_timer_t *t)
 {
   struct spotd *d = spot_container_of(t, struct spotd, fan.timer);
 
-  if (d->closing || d->state != SPOTD_RUNNING)
+  if (d->closing || d->eng.state != SPOTD_RUNNING)
     return;
   (void)poll_once(d);
 }
@@ -333,7 +333,7 @@ claim_key(struct spotd *d)
    * the lost peer may not know the job's newest commit yet, and the
    * marker must be one for the whole job. */
   snprintf(rel, sizeof(rel), "relaunched/%s/%s", fanout_run_id(d),
-           d->reason[0] ? d->reason : "none");
+           d->eng.reason[0] ? d->eng.reason : "none");
   return spot_store_key_dup(&d->store, NULL, rel);
 }
 
@@ -407,7 +407,7 @@ claim_cb(const struct spot_s3_result *res, void *data)
   } else if (res->err == -EEXIST || reading) {
     log_notice("relaunch: another rank already ran the job's relaunch step "
                "for checkpoint %s (%s): not running it again",
-               d->last_commit[0] ? d->last_commit : "none", d->reason);
+               d->last_commit[0] ? d->last_commit : "none", d->eng.reason);
     claimed(d, false);
   } else {
     spotd_warn(d,

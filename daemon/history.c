@@ -502,7 +502,7 @@ hist_relaunched(struct spotd *d, bool ok)
   backend_of(d->cfg->relaunch, backend, sizeof(backend));
   SPOT_HIST_SET(&ev, backend, backend);
   SPOT_HIST_SET(&ev, result, ok ? "ok" : "failed");
-  SPOT_HIST_SET(&ev, reason, d->reason);
+  SPOT_HIST_SET(&ev, reason, d->eng.reason);
   emit(d, &ev);
 }
 
@@ -620,16 +620,16 @@ outcome(const struct spotd *d)
   /* Never started: a refusal (lease, restore, command), whatever the exit
    * status says; a notice or a signal before the start stays what it
    * is. */
-  if (!d->trainer_started && !d->have_notice && !d->drain_sigterm)
-    return d->signals_seen > 0 ? "stopped" : "refused";
-  if (d->have_notice && !d->drain_sigterm)
+  if (!d->trainer_started && !d->eng.have_notice && !d->eng.drain_sigterm)
+    return d->eng.signals_seen > 0 ? "stopped" : "refused";
+  if (d->eng.have_notice && !d->eng.drain_sigterm)
     return "preempted";
   /* SIGTERM with a termination grace: the node is going away. */
-  if (d->drain_sigterm)
-    return d->sigterm_reclaim ? "preempted" : "stopped";
+  if (d->eng.drain_sigterm)
+    return d->eng.sigterm_reclaim ? "preempted" : "stopped";
   /* The trainer ended by itself: with an error (or a signal) it crashed,
    * whatever spotd did next; a success is "exited". */
-  if (d->state == SPOTD_FINISHING)
+  if (d->eng.ended_in == SPOTD_FINISHING)
     return d->crash.exhausted || d->trainer.exit_status != 0 ||
                    d->trainer.term_signal != 0
                ? "crashed"
@@ -666,7 +666,7 @@ run_end(struct spotd *d)
   emit(d, &ev);
 }
 
-/* From spotd_close(), before the state becomes EXITING. */
+/* The engine's HIST_END, as it enters EXITING (from eng.ended_in). */
 void
 hist_end(struct spotd *d)
 {

@@ -3,7 +3,7 @@
  * SPOTD_JOB, and SPOTD_CHECKPOINT / SPOTD_REASON when the line names one
  * (spot_log_fields(), lib/core/log.c), so `journalctl SPOTD_JOB=ID` or
  * `journalctl SPOTD_CHECKPOINT=NAME` finds them. The reason falls back to
- * the drain's (d->reason) while one runs. When the journal refuses a line
+ * the drain's (d->eng.reason) while one runs. When the journal refuses a line
  * it goes to stderr with its <N> prefix, as without this sink. lib/core
  * stays free of libsystemd: this is a sink (spot_log_set_sink). */
 #include <stdio.h>
@@ -24,7 +24,7 @@
 /* Lines also come from the S3 client's I/O threads and the store's
  * workers (a retry's warning during a drain), which must not read struct
  * spotd while the loop writes it (a notice after a SIGTERM rewrites
- * d->reason mid-drain). The sink runs under the log's lock, one line at a
+ * d->eng.reason mid-drain). The sink runs under the log's lock, one line at a
  * time: lines from the loop's thread refresh this copy of the drain's
  * reason, and every line reads the copy. */
 static uv_thread_t loop_thread;
@@ -57,7 +57,7 @@ sink(int level, const char *line, void *data)
 
   if (uv_thread_equal(&self, &loop_thread))
     snprintf(drain_reason, sizeof(drain_reason), "%s",
-             d->state >= SPOTD_DRAINING ? d->reason : "");
+             d->eng.state >= SPOTD_DRAINING ? d->eng.reason : "");
   spot_log_fields(line, &f);
   if (f.reason[0] == '\0' && drain_reason[0] != '\0')
     snprintf(f.reason, sizeof(f.reason), "%s", drain_reason);

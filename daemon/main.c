@@ -226,9 +226,9 @@ run_daemon(struct spot_config *cfg, char **argv)
   free(d.restore.probe_key);
   fanout_fini(&d);
   request_fini(&d);
-  log_info("exit status %d", d.exit_code);
+  log_info("exit status %d", d.eng.exit_code);
   jlog_stop();
-  return d.exit_code < 0 ? SPOTD_EXIT_ERROR : d.exit_code;
+  return d.eng.exit_code < 0 ? SPOTD_EXIT_ERROR : d.eng.exit_code;
 }
 
 static void

@@ -57,7 +57,7 @@ record(struct spotd *d, int status, bool ok)
   }
   a = &r->attempts[r->n++];
   a->wall_ms = spot_now_wall_ms();
-  spot_strlcpy(a->reason, d->reason, sizeof(a->reason));
+  spot_strlcpy(a->reason, d->eng.reason, sizeof(a->reason));
   a->exit_status = status;
   a->ok = ok;
   hist_relaunched(d, ok);
@@ -107,8 +107,8 @@ step_env(struct spotd *d, struct spot_env *e, const char *ckpt)
   char deadline[32] = "";
   int r = spot_env_init(e, false);
 
-  if (d->deadline_wall != 0)
-    spot_rfc3339_format(d->deadline_wall, deadline, sizeof(deadline));
+  if (d->eng.deadline_wall != 0)
+    spot_rfc3339_format(d->eng.deadline_wall, deadline, sizeof(deadline));
   if (r == 0)
     r = spot_env_set(e, "SPOTD_JOB", "%s", d->cfg->job);
   if (r == 0)
@@ -116,7 +116,7 @@ step_env(struct spotd *d, struct spot_env *e, const char *ckpt)
   if (r == 0)
     r = spot_env_set(e, "SPOTD_CHECKPOINT", "%s", ckpt);
   if (r == 0)
-    r = spot_env_set(e, "SPOTD_REASON", "%s", d->reason);
+    r = spot_env_set(e, "SPOTD_REASON", "%s", d->eng.reason);
   if (r == 0)
     r = spot_env_set(e, "SPOTD_DEADLINE", "%s", deadline);
   if (r < 0)
@@ -145,7 +145,7 @@ spawn(struct spotd *d, char **argv)
   o.exit_cb = exit_cb;
   o.data = d;
   log_info("relaunch: running '%s' (checkpoint %s, reason %s)",
-           d->cfg->relaunch, ckpt[0] ? ckpt : "none", d->reason);
+           d->cfg->relaunch, ckpt[0] ? ckpt : "none", d->eng.reason);
   r = spot_child_spawn(&rs->child, &o);
   spot_env_fini(&env);
   if (r < 0)

@@ -164,7 +164,7 @@ backoff_cb(uv_timer_t *t)
 {
   struct spotd *d = spot_container_of(t, struct spotd, crash.timer);
 
-  if (d->closing || d->state != SPOTD_RESTARTING ||
+  if (d->closing || d->eng.state != SPOTD_RESTARTING ||
       d->crash.state != CRASH_BACKOFF)
     return;
   crash_set_state(d, CRASH_WAITING);
@@ -233,7 +233,7 @@ download_cb(const struct spot_store_result *res, void *data)
   int64_t wall = d->last_commit_wall;
 
   d->crash.restore = NULL;
-  if (d->closing || d->state != SPOTD_RESTARTING ||
+  if (d->closing || d->eng.state != SPOTD_RESTARTING ||
       d->crash.state != CRASH_DOWNLOAD)
     return;
   if (res->err < 0) {
@@ -408,7 +408,8 @@ verify_after_cb(uv_work_t *req, int status)
 
   spot_manifest_free(c->m);
   c->m = NULL;
-  if (d->closing || d->state != SPOTD_RESTARTING || c->state != CRASH_VERIFYING)
+  if (d->closing || d->eng.state != SPOTD_RESTARTING ||
+      c->state != CRASH_VERIFYING)
     return;
   if (status < 0)
     snprintf(c->why, sizeof(c->why), "the check did not run: %s",
@@ -434,7 +435,7 @@ manifest_cb(const struct spot_s3_result *res, void *data)
   int r;
 
   c->get = NULL;
-  if (d->closing || d->state != SPOTD_RESTARTING ||
+  if (d->closing || d->eng.state != SPOTD_RESTARTING ||
       c->state != CRASH_MANIFEST) {
     spot_buf_fini(&c->body);
     return;

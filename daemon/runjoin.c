@@ -433,14 +433,14 @@ static void
 leave(struct spotd *d)
 {
   struct run_join *j = &d->run;
-  bool over = d->exit_code == SPOTD_EXIT_PREEMPTED ||
-              d->exit_code == SPOTD_EXIT_NOTHING_SAVED;
+  bool over = d->eng.exit_code == SPOTD_EXIT_PREEMPTED ||
+              d->eng.exit_code == SPOTD_EXIT_NOTHING_SAVED;
   char *key = mark_key(d, j->run, over ? "over" : "left", !over);
   int r = -ENOMEM;
 
   set_state(d, RUNJOIN_LEAVING);
   snprintf(j->body, sizeof(j->body), "rank=%u\nstatus=%d\nat_ms=%lld\n",
-           d->store.rank, d->exit_code, (long long)spot_now_wall_ms());
+           d->store.rank, d->eng.exit_code, (long long)spot_now_wall_ms());
   if (key != NULL)
     r = spot_s3_put(d->s3, d->store.bucket, key, j->body, strlen(j->body), 0,
                     leave_cb, d, &j->op);

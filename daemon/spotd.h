@@ -8,8 +8,11 @@
  * headers for those types. Files (all but main.c build libspotd, so
  * tests can link the engine in-process):
  *   main.c     arguments, config, signals, sd_notify, the loop
- *   engine.c   the engine's state machine (enum spotd_state): start,
- *              notices, drain, stop, exit status, close
+ *   engine.c   the engine's state machine (enum spotd_state) as a pure
+ *              step function: event in, commands out (no libuv, no
+ *              system call); notices, drain, stop, exit status
+ *   driver.c   the engine's executor: callbacks become events, commands
+ *              are carried out through the modules; start, close
  *   upload.c   checkpoint requests, uploads (enum upload_state), the
  *              final checkpoint (enum final_state)
  *   restore.c  the startup: credentials, journal resume, restore
@@ -63,6 +66,7 @@ struct spot_http;
 struct spot_meta;
 
 /* The modules whose state struct spotd embeds: their types. */
+#include "driver.h"
 #include "engine.h"
 #include "fanout.h"
 #include "fallback.h"
@@ -115,9 +119,9 @@ struct spotd {
   uv_loop_t *loop;
   struct spot_config *cfg;
   char **argv; /* the training command */
-  enum spotd_state state;
-  int exit_code;   /* -1 until decided */
-  int stop_signal; /* the SIGTERM/SIGINT that started a drain */
+  /* the engine's state, exit status, notice and deadline: engine.c's,
+   * moved by driver.c's events only */
+  struct spotd_engine eng;
 
   /* S3 and the store */
   struct spot_http *http;
@@ -128,15 +132,7 @@ struct spotd {
 
   /* metadata */
   struct spot_meta *meta;
-  bool have_notice;
-  struct spot_notice notice;
-  char reason[SPOT_NOTICE_REASON_MAX];
-  uint64_t deadline_mono; /* 0 = none */
-  int64_t deadline_wall;
-  bool drain_sigterm; /* draining because of SIGTERM/SIGINT, no relaunch */
-  /* SPOTD_TERMINATION_GRACE set: a SIGTERM ends as a preemption */
-  bool sigterm_reclaim;
-  uv_timer_t deadline_timer; /* the drain's deadline */
+  uv_timer_t deadline_timer; /* the drain's deadline (ARM_DEADLINE) */
 
   /* the trainer and its checkpoints */
   struct spot_child trainer;
@@ -217,7 +213,6 @@ struct spotd {
   uv_signal_t sigterm, sigint, sighup;
   uv_timer_t watchdog;
   uint64_t watchdog_usec;
-  unsigned signals_seen;
 
   struct spotd_hist *hist; /* history.c: job history and metrics */
 

@@ -93,23 +93,25 @@ spotd_status_json(struct spotd *d)
   uint64_t now = spot_now_mono_ms();
 
   memset(&st, 0, sizeof(st));
-  st.state = spotd_state_name(d->state);
+  st.state = spotd_state_name(d->eng.state);
   st.job = d->cfg->job;
   st.store = d->store_url;
   st.provider = d->meta != NULL
                     ? spot_provider_name(spot_meta_provider(d->meta))
                     : "none";
-  if (d->have_notice || d->state == SPOTD_DRAINING) {
+  if (d->eng.have_notice || d->eng.state == SPOTD_DRAINING) {
     st.has_notice = true;
-    st.notice.kind = d->reason[0] ? d->reason : d->notice.reason;
+    st.notice.kind = d->eng.reason[0] ? d->eng.reason : d->eng.notice.reason;
     st.notice.seconds_left = -1;
-    if (d->deadline_wall != 0) {
-      spot_rfc3339_format(d->deadline_wall, deadline, sizeof(deadline));
+    if (d->eng.deadline_wall != 0) {
+      spot_rfc3339_format(d->eng.deadline_wall, deadline, sizeof(deadline));
       st.notice.deadline = deadline;
     }
-    if (d->deadline_mono != 0)
+    if (d->eng.deadline_mono != 0)
       st.notice.seconds_left =
-          d->deadline_mono > now ? (int64_t)(d->deadline_mono - now) / 1000 : 0;
+          d->eng.deadline_mono > now
+              ? (int64_t)(d->eng.deadline_mono - now) / 1000
+              : 0;
   }
   if (trainer_running(d)) {
     st.has_trainer = true;

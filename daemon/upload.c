@@ -483,30 +483,12 @@ final_begin(struct spotd *d, const char *reason)
   }
 }
 
-bool
-final_wait(struct spotd *d)
-{
-  switch (d->final.state) {
-  case FINAL_REQUESTED:
-    if (trainer_running(d) || request_pending(d) || !upload_idle(d))
-      return true;
-    final_give_up(d, "the trainer exited without a final checkpoint");
-    return !upload_idle(d);
-  case FINAL_UPLOADING:
-    return true;
-  case FINAL_COMMITTED:
-    return false;
-  default:
-    return !upload_idle(d); /* an older upload is still finishing */
-  }
-}
-
 /* A complete folder while draining: it is the final checkpoint, and goes
  * first (an older upload is cancelled). Returns true when it was queued. */
 static bool
 final_complete(struct spotd *d, const char *name)
 {
-  if (d->state != SPOTD_DRAINING)
+  if (d->eng.state != SPOTD_DRAINING)
     return false;
   if (d->final.state != FINAL_REQUESTED && d->final.state != FINAL_UPLOADING)
     return false;
@@ -546,7 +528,8 @@ ckpt_timer_cb(uv_timer_t *t)
   if (d->closing || !request_pending(d))
     return;
   /* After a notice the deadline rules (--help): keep waiting. */
-  if (d->state == SPOTD_DRAINING && d->have_notice && !d->drain_sigterm)
+  if (d->eng.state == SPOTD_DRAINING && d->eng.have_notice &&
+      !d->eng.drain_sigterm)
     return;
   request_end(d);
   spotd_warn(d,
@@ -562,7 +545,7 @@ ckpt_timer_cb(uv_timer_t *t)
            (double)d->cfg->ckpt_timeout_ms / 1000.0);
   control_commit_event(d, "", -ETIMEDOUT, msg);
   /* A SIGTERM drain waited on this very request. */
-  if (d->state == SPOTD_DRAINING)
+  if (d->eng.state == SPOTD_DRAINING)
     final_give_up(d, "no final checkpoint");
   spotd_advance(d);
 }
@@ -960,7 +943,7 @@ start_upload(struct spotd *d, const char *name, bool follow)
   /* After a notice every second counts: start at many transfers at once
    * (within the memory budget); a periodic upload starts gently and grows
    * only while it pays, so training keeps its network. */
-  sc.parallel_start = d->state == SPOTD_DRAINING && d->have_notice
+  sc.parallel_start = d->eng.state == SPOTD_DRAINING && d->eng.have_notice
                           ? SPOT_STORE_PARALLEL_URGENT
                           : SPOT_STORE_PARALLEL_GENTLE;
   log_info("uploading checkpoint %s%s", name,
@@ -1005,7 +988,7 @@ upload_follow_maybe(struct spotd *d, const char *name)
   if (!d->cfg->overlap || d->store.dedup || !request_pending(d) || d->closing ||
       d->cfg->nranks > 1 || !upload_idle(d) || d->up.follow_seq == d->req.seq ||
       watch_is_known(d, name) ||
-      (d->state != SPOTD_RUNNING && d->state != SPOTD_DRAINING) ||
+      (d->eng.state != SPOTD_RUNNING && d->eng.state != SPOTD_DRAINING) ||
       !lease_may_commit(d))
     return;
   /* A folder the trainer made for this request, not one an earlier save
@@ -1054,7 +1037,7 @@ complete_note(struct spotd *d, const char *name)
     uv_timer_stop(&d->ckpt_timer);
   }
   log_info("checkpoint %s is complete%s", name,
-           d->state == SPOTD_DRAINING ? " (final)" : "");
+           d->eng.state == SPOTD_DRAINING ? " (final)" : "");
   return final_complete(d, name);
 }
 

@@ -6,19 +6,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine.h"
 #include "io/store/store.h"
 
 struct spotd;
 
-/* The final checkpoint of a drain. */
-enum final_state {
-  FINAL_NONE,      /* no drain, or no trainer to ask */
-  FINAL_REQUESTED, /* the trainer was asked; no complete folder yet */
-  FINAL_UPLOADING, /* complete; uploading (or waiting for a cancel) */
-  FINAL_COMMITTED,
-  FINAL_ABANDONED, /* given up: the last commit stays */
-  FINAL_STATE_LAST,
-};
+/* The final checkpoint of a drain: enum final_state is engine.h's (the
+ * engine's rule reads it). */
 
 /* The push of checkpoint folders (upload.c), one at a time. */
 enum upload_state {
@@ -98,8 +92,6 @@ void upload_cancel_all(struct spotd *d);
 const char *final_state_name(enum final_state s);
 /* The drain starts: ask the running trainer for its final checkpoint. */
 void final_begin(struct spotd *d, const char *reason);
-/* The drain must still wait (for the final checkpoint or an upload). */
-bool final_wait(struct spotd *d);
 /* The deadline (or the checkpoint timeout) passed. */
 void final_give_up(struct spotd *d, const char *why);
 void final_deadline(struct spotd *d);

@@ -29,8 +29,9 @@ ALLOW = {
     ("*", "spotd"): "struct spotd is the daemon's one state: every module's "
     "functions take it, and it embeds the modules' state structs by value "
     "(spotd.h includes their headers for those types)",
-    ("*", "engine"): "a module reports its events to the engine, its owner "
-    "(engine.h), which calls it",
+    ("*", "driver"): "a module reports its events to the engine's driver, its "
+    "owner (driver.h), which steps the engine and carries its commands out "
+    "by calling the module",
     ("*", "restore"): "the startup's steps (probe, runjoin, fallback, the "
     "RESTARTS counter, the lease) report to the restore, their owner "
     "(restore_probed(), restore_joined()...)",

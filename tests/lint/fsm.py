@@ -4,7 +4,8 @@ whose name ends in set_state or set_state_at) asks spot_fsm_move(),
 spot_fsm_move_detail() or spot_fsm_refuse(), and a machine's state field
 is written only in its setter, or once where the object is made (the line
 says /* initial state */); in daemon/ only engine.c moves the engine's
-state or sets the exit status. ALLOW lists the writes that are not a machine
+state or writes anything of it (struct spotd_engine, d->eng: the state,
+the exit status, the notice), and only driver.c steps it. ALLOW lists the writes that are not a machine
 of the helper's (yet), each with its reason.
 
 Usage: fsm.py SRCDIR"""
@@ -77,19 +78,29 @@ def main():
                       "constructor marks its line /* initial state */)" %
                       (path, i + 1, fn))
                 bad += 1
-    # The engine's state and the exit status are engine.c's: the other
-    # modules of daemon/ report events.
+    # The engine's state (struct spotd_engine: the state, the exit status,
+    # the notice, the deadline) is engine.c's: the other modules of
+    # daemon/ report events (driver.h), and driver.c alone steps it.
     engine = re.compile(r"\bspotd_set_state(_at)?\s*\(|"
-                        r"\bd(->|\.)(state|exit_code)\s*=(?!=)")
+                        r"\beng(->|\.)\w+(\.\w+|\[[^]]*\])*\s*"
+                        r"([-+*/|&^]|<<|>>)?=(?!=)|"
+                        r"\b(memset|memcpy|memmove|spot_strlcpy|snprintf)"
+                        r"\s*\(\s*&?\w+(->|\.)eng\b")
+    stepper = re.compile(r"\bspotd_engine_(step|init)\s*\(")
     for path in files:
         if not path.startswith("daemon/") or path == "daemon/engine.c":
             continue
         with open(path, encoding="utf-8") as f:
             for i, l in enumerate(f, 1):
-                if engine.search(l.split("/*")[0]):
+                code = l.split("/*")[0]
+                if engine.search(code):
                     print("%s:%d: only daemon/engine.c moves the engine's "
-                          "state or sets the exit status (report an event "
-                          "to the engine instead)" % (path, i))
+                          "state or writes its fields (report an event "
+                          "to the engine instead: driver.h)" % (path, i))
+                    bad += 1
+                if path != "daemon/driver.c" and stepper.search(code):
+                    print("%s:%d: only daemon/driver.c steps the engine" %
+                          (path, i))
                     bad += 1
     if bad:
         print("%d problem(s): see tests/lint/fsm.py" % bad)

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Static checks, one per invocation:
-#   banned | layers | includes | cycles | fsm | cppcheck | clang-tidy |
-#   format | programs
+#   banned | layers | includes | cycles | fsm | pure | cppcheck |
+#   clang-tidy | format | programs
 # Usage: lint.sh CHECK SRCDIR BUILDDIR
 set -uo pipefail
 check=$1 src=$2 build=$3
@@ -108,6 +108,45 @@ cycles)
 fsm)
   # Every state machine goes through lib/core/fsm.h (tests/lint/fsm.py).
   exec /usr/bin/python3 tests/lint/fsm.py "$src"
+  ;;
+pure)
+  # The engine (daemon/engine.c) is a pure step function: its object file
+  # calls no libuv and no system call, only the pure libc functions below
+  # (and what a sanitizer or _FORTIFY_SOURCE adds) and lib/core, what
+  # libspot-core.a defines (layers keeps libuv out of it).
+  obj=$build/daemon/libspotd-engine.a.p/engine.c.o
+  core=$build/lib/libspot-core.a
+  if [ ! -f "$obj" ] || [ ! -f "$core" ]; then
+    echo "engine: $obj or $core is missing: build first (ninja -C $build)"
+    exit 1
+  fi
+  libc='memcpy|memmove|memset|memcmp|strcmp|strncmp|strlen|snprintf|vsnprintf'
+  allow="^(($libc)|__(($libc)_chk|stack_chk_fail)|__(asan|ubsan|tsan|msan|sanitizer|gcov|llvm)_.*)\$"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  if ! nm --defined-only -g "$core" >"$tmp/core.nm" || ! nm -u "$obj" >"$tmp/undefined.nm"; then
+    echo "engine: nm failed"
+    exit 1
+  fi
+  awk 'NF == 3 {print $3}' "$tmp/core.nm" | sort -u >"$tmp/core"
+  rc=0
+  n=0
+  while read -r sym; do
+    n=$((n + 1))
+    case "$sym" in uv_* | spot_io_* | curl_*)
+      echo "daemon/engine.c calls $sym: the engine is pure (driver.c runs libuv)"
+      rc=1
+      continue
+      ;;
+    esac
+    [[ $sym =~ $allow ]] && continue
+    grep -qxF -- "$sym" "$tmp/core" && continue
+    echo "daemon/engine.c calls $sym: not a pure libc function nor lib/core's" \
+      "(a system call, the clock, I/O: a command for driver.c instead)"
+    rc=1
+  done < <(awk '{print $NF}' "$tmp/undefined.nm")
+  [ $rc -eq 0 ] && echo "pure: daemon/engine.c: $n undefined symbols, all pure"
+  exit $rc
   ;;
 programs)
   # Every program a test, tool or benchmark runs comes from an essential

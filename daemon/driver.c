@@ -33,7 +33,7 @@
 #include "relaunch.h"
 #include "request.h"
 #include "restarts.h"
-#include "restore.h"
+#include "startup.h"
 #include "runjoin.h"
 #include "spotd.h"
 #include "trainer.h"

@@ -5,7 +5,7 @@
  * (the lint suite's `pure` check): test_engine replays whole runs.
  *
  *   CONNECTING   credentials (env, profile, IMDS role) and the metadata
- *                provider; then (restore.c)
+ *                provider; then (startup.c)
  *   RESTORING    a journaled upload, then the newest committed checkpoint
  *   RUNNING      the trainer runs; periodic and requested checkpoints are
  *                signalled, complete folders are pushed (upload.c)

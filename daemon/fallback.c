@@ -4,8 +4,8 @@
  * committed checkpoints and restores the newest one that verifies. The
  * status shows a warning naming the bad checkpoint and "restored" names
  * the one restored. Runs inside the startup's RESTORING state
- * (restore.c): every operation lives in d->restore.op, so closing cancels
- * it. Nothing else falls back: not the local disk (restore.c exits 74),
+ * (startup.c): every operation lives in d->restore.op, so closing cancels
+ * it. Nothing else falls back: not the local disk (startup.c exits 74),
  * not the network or the server, not a rank count (65): an older
  * checkpoint there would silently roll the training back. */
 #include <errno.h>
@@ -17,7 +17,7 @@
 #include "engine.h"
 #include "fallback.h"
 #include "core/log.h"
-#include "restore.h"
+#include "startup.h"
 #include "spotd.h"
 #include "core/util.h"
 

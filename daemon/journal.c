@@ -1,6 +1,6 @@
 /* The journal scan: a spotd killed mid-upload left a journal
  * (CKPT_DIR/.spotd-journal/JOB--NAME.json) next to the checkpoint folder.
- * The newest one whose folder is still complete is resumed by restore.c
+ * The newest one whose folder is still complete is resumed by startup.c
  * (its parts already stored are not sent again); older ones are dropped
  * and their uploads aborted by the next commit's retention. */
 #include <dirent.h>

@@ -19,7 +19,7 @@
  *              and spotd exits SPOTD_EXIT_LEASE_LOST
  *
  * Taken after the store check and before the journal resume and the
- * restore (restore.c), so a node never restores while another runs the
+ * restore (startup.c), so a node never restores while another runs the
  * job's trainer. */
 #include <errno.h>
 #include <inttypes.h>
@@ -33,7 +33,7 @@
 #include "hist.h"
 #include "joblease.h"
 #include "core/log.h"
-#include "restore.h"
+#include "startup.h"
 #include "spotd.h"
 #include "core/util.h"
 

@@ -4,7 +4,7 @@
  * upload, after training from scratch. One line says what is wrong and
  * spotd exits 69 (SPOTD_EXIT_UNAVAILABLE).
  *
- * Part of the startup (restore.c): PUT -> GET -> DELETE, then
+ * Part of the startup (startup.c): PUT -> GET -> DELETE, then
  * restore_probed(). After close its callbacks do nothing. */
 #include <errno.h>
 #include <stdio.h>
@@ -14,7 +14,7 @@
 
 #include "core/log.h"
 #include "probe.h"
-#include "restore.h"
+#include "startup.h"
 #include "spotd.h"
 #include "core/util.h"
 

@@ -22,7 +22,7 @@
 #include "core/log.h"
 #include "core/manifest.h"
 #include "restarts.h"
-#include "restore.h"
+#include "startup.h"
 #include "spotd.h"
 #include "upload.h"
 #include "core/util.h"

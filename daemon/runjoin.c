@@ -47,7 +47,7 @@
 #include "core/fsm.h"
 #include "core/log.h"
 #include "restarts.h"
-#include "restore.h"
+#include "startup.h"
 #include "runjoin.h"
 #include "spotd.h"
 #include "core/util.h"

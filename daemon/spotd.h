@@ -15,7 +15,7 @@
  *              are carried out through the modules; start, close
  *   upload.c   checkpoint requests, uploads (enum upload_state), the
  *              final checkpoint (enum final_state)
- *   restore.c  the startup: credentials, journal resume, restore
+ *   startup.c  the startup: credentials, journal resume, restore
  *              (enum restore_state)
  *   probe.c    the store check of the startup (PUT, GET, DELETE a probe)
  *   lease.c    the job lease around the engine (enum job_lease_state)
@@ -74,7 +74,7 @@ struct spot_meta;
 #include "relaunch.h"
 #include "request.h"
 #include "restarts.h"
-#include "restore.h"
+#include "startup.h"
 #include "runjoin.h"
 #include "upload.h"
 #include "watch.h"

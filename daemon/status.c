@@ -7,7 +7,7 @@
 #include "joblease.h"
 #include "core/manifest.h"
 #include "relaunch.h"
-#include "restore.h"
+#include "startup.h"
 #include "spotd.h"
 #include "status.h"
 #include "trainer.h"

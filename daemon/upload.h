@@ -69,7 +69,7 @@ int spotd_checkpoint_complete(struct spotd *d, const char *name);
 bool upload_idle(const struct spotd *d);
 /* The newest commit this spotd knows (d->last_commit and its step, when
  * it was made and since when this spotd has it): the one writer of that
- * fact, for a commit of its own (upload.c), a restore (restore.c) and a
+ * fact, for a commit of its own (upload.c), a restore (startup.c) and a
  * restart's download (restarts.c). made_ms: when it was committed;
  * known_ms: when this spotd committed or restored it. */
 void upload_set_last_commit(struct spotd *d, const char *name, int64_t step,

@@ -32,8 +32,8 @@ ALLOW = {
     ("*", "driver"): "a module reports its events to the engine's driver, its "
     "owner (driver.h), which steps the engine and carries its commands out "
     "by calling the module",
-    ("*", "restore"): "the startup's steps (probe, runjoin, fallback, the "
-    "RESTARTS counter, the lease) report to the restore, their owner "
+    ("*", "startup"): "the startup's steps (probe, runjoin, fallback, the "
+    "RESTARTS counter, the lease) report to the startup, their owner "
     "(restore_probed(), restore_joined()...)",
     ("*", "history"): "hist.h records what the modules report (hist_*()): "
     "history.c only reads their state back, for the metrics",

@@ -40,7 +40,7 @@
 #include "io/aws.h"
 #include "probe.h"
 #include "restarts.h"
-#include "restore.h"
+#include "startup.h"
 #include "runjoin.h"
 #include "spotd.h"
 #include "upload.h"

@@ -1,7 +1,7 @@
-/* restore.c: the startup: credentials, journal resume, restore
+/* startup.c: the startup: credentials, journal resume, restore
  * (enum restore_state). */
-#ifndef SPOTD_RESTORE_H
-#define SPOTD_RESTORE_H
+#ifndef SPOTD_STARTUP_H
+#define SPOTD_STARTUP_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -36,7 +36,7 @@ struct restore_op {
   struct spot_buf probe_body;
 };
 
-/* restore.c: what this rank downloaded (multi-node: only its files). */
+/* startup.c: what this rank downloaded (multi-node: only its files). */
 struct restored {
   uint64_t files, raw_bytes, stored_bytes;    /* downloaded by this rank */
   uint64_t ckpt_raw_bytes, ckpt_stored_bytes; /* the whole checkpoint */

@@ -343,14 +343,43 @@ start_trainer(struct spotd *d, bool restart)
   feed_kind(d, SPOTD_EV_TRAINER_STARTED, 0);
 }
 
+/* The pending request's --ckpt-timeout passed (request.c): dropped, and
+ * whoever waited on it told; after a notice the deadline rules (--help),
+ * so the request stays. */
+void
+spotd_request_timed_out(struct spotd *d)
+{
+  char msg[128];
+
+  if (d->eng.state == SPOTD_DRAINING && d->eng.have_notice &&
+      !d->eng.drain_sigterm)
+    return;
+  request_drop(d);
+  spotd_warn(d,
+             "no checkpoint completed within %.0f s of request %llu: no "
+             "folder of %s got its SPOTD_COMPLETE marker",
+             (double)d->cfg->ckpt_timeout_ms / 1000.0,
+             (unsigned long long)d->req.seq, d->ckpt_dir);
+  upload_follow_drop(d, "checkpoint timeout");
+  /* `spotctl checkpoint --wait` waited on this request: no commit comes. */
+  snprintf(msg, sizeof(msg),
+           "no checkpoint completed within %.0f s of the request "
+           "(--ckpt-timeout)",
+           (double)d->cfg->ckpt_timeout_ms / 1000.0);
+  control_commit_event(d, "", -ETIMEDOUT, msg);
+  /* A SIGTERM drain waited on this very request. */
+  if (d->eng.state == SPOTD_DRAINING)
+    final_give_up(d, "no final checkpoint");
+  spotd_advance(d);
+}
+
 /* The trainer exited: its requests end, the timers that ask it stop. */
 static void
 trainer_gone(struct spotd *d)
 {
   hist_exited(d);
   uv_timer_stop(&d->interval_timer);
-  uv_timer_stop(&d->ckpt_timer);
-  request_end(d);
+  request_drop(d);
   /* A checkpoint completed just before the exit may not have been seen. */
   watch_scan(d);
   upload_follow_drop(d, "the trainer exited");
@@ -587,7 +616,7 @@ void
 spotd_handles_init(struct spotd *d)
 {
   uv_timer_init(d->loop, &d->interval_timer);
-  uv_timer_init(d->loop, &d->ckpt_timer);
+  request_handles_init(d);
   uv_timer_init(d->loop, &d->deadline_timer);
   uv_timer_init(d->loop, &d->relaunch.timer);
   restarts_init(d);
@@ -708,7 +737,6 @@ close_handles(struct spotd *d)
   watch_close(d);
   control_close(d);
   timer_close(&d->interval_timer);
-  timer_close(&d->ckpt_timer);
   timer_close(&d->deadline_timer);
   timer_close(&d->watchdog);
   if (d->meta != NULL) {

@@ -39,6 +39,8 @@ void spotd_relaunch_trainer(struct spotd *d);
 /* A fatal error: exit status, one line already logged, close. */
 void spotd_fail(struct spotd *d, int exit_code);
 void spotd_trainer_exited(struct spotd *d);
+/* request.c: the pending request's --ckpt-timeout passed. */
+void spotd_request_timed_out(struct spotd *d);
 /* `spotctl checkpoint --final`: the operator preempts the job, as a
  * notice with SIGTERM's drain time, told to the other ranks. */
 void spotd_operator_final(struct spotd *d);

@@ -352,7 +352,7 @@ hist_requested(struct spotd *d, const char *why)
   d->hist->signal_wall = spot_now_wall_ms();
 }
 
-/* Called before the request ends (request_end()). */
+/* Called before the request ends (request_completed()). */
 void
 hist_complete(struct spotd *d, const char *name)
 {
@@ -374,7 +374,7 @@ hist_complete(struct spotd *d, const char *name)
   c->capture_wall = spot_now_wall_ms();
   if (request_pending(d)) {
     spot_strlcpy(c->reason, h->why, sizeof(c->reason));
-    c->save_s = (double)(c->complete_mono - d->ckpt_signal_mono) / 1000.0;
+    c->save_s = (double)(c->complete_mono - d->req.signal_mono) / 1000.0;
     c->capture_wall = h->signal_wall;
     spot_metrics_observe(h->m, SPOT_M_SAVE_SECONDS, NULL, c->save_s);
   } else {

@@ -60,7 +60,9 @@
 
 #include "core/reqfile.h"
 
+#include "driver.h"
 #include "engine.h"
+#include "hist.h"
 #include "core/fsm.h"
 #include "core/log.h"
 #include "request.h"
@@ -277,6 +279,10 @@ request_close(struct spotd *d)
 {
   struct ckpt_req *q = &d->req;
 
+  if (q->timeout.loop != NULL && !uv_is_closing((uv_handle_t *)&q->timeout)) {
+    uv_timer_stop(&q->timeout);
+    uv_close((uv_handle_t *)&q->timeout, NULL);
+  }
   if (q->resend.loop != NULL && !uv_is_closing((uv_handle_t *)&q->resend)) {
     uv_timer_stop(&q->resend);
     uv_close((uv_handle_t *)&q->resend, NULL);
@@ -516,7 +522,9 @@ request_set_deadline(struct spotd *d, int64_t wall_ms)
   (void)slot_store(d, SPOT_REQ_OFF_DEADLINE, (uint64_t)d->req.deadline_ms);
 }
 
-void
+/* The request is over (served, dropped): back to REQ_IDLE, its timers
+ * stopped. The one place a request ends. */
+static void
 request_end(struct spotd *d)
 {
   struct ckpt_req *q = &d->req;
@@ -527,6 +535,68 @@ request_end(struct spotd *d)
   store_counters(d);
   if (q->resend.loop != NULL)
     uv_timer_stop(&q->resend);
+  if (q->timeout.loop != NULL)
+    uv_timer_stop(&q->timeout);
+}
+
+void
+request_completed(struct spotd *d)
+{
+  if (!request_pending(d))
+    return;
+  d->req.last_save_ms = spot_now_mono_ms() - d->req.signal_mono;
+  request_end(d);
+}
+
+void
+request_drop(struct spotd *d)
+{
+  request_end(d);
+}
+
+static void
+timeout_cb(uv_timer_t *t)
+{
+  struct spotd *d = spot_container_of(t, struct spotd, req.timeout);
+
+  if (!d->closing && request_pending(d))
+    spotd_request_timed_out(d); /* the driver decides: drop it or wait */
+}
+
+void
+request_handles_init(struct spotd *d)
+{
+  uv_timer_init(d->loop, &d->req.timeout);
+}
+
+void
+spotd_request_checkpoint(struct spotd *d, const char *why)
+{
+  unsigned helpers, caught, sent;
+  char sig[16];
+
+  if (!spot_child_running(&d->trainer) || d->closing)
+    return;
+  if (request_pending(d)) {
+    log_info("checkpoint requested (%s): one is already in progress", why);
+    return;
+  }
+  request_begin(d, &helpers, &caught, &sent);
+  d->req.signal_mono = spot_now_mono_ms();
+  hist_requested(d, why);
+  log_info("checkpoint requested (%s): request %llu; %u process%s of the "
+           "trainer read%s it; SIG%s sent to %u (%u catch%s it) (%s)",
+           why, (unsigned long long)d->req.seq, helpers,
+           helpers == 1 ? "" : "es", helpers == 1 ? "s" : "",
+           spot_config_signal_name(d->cfg->signal, sig, sizeof(sig)), sent,
+           caught, caught == 1 ? "es" : "",
+           spot_config_signal_target_name(d->cfg->signal_target));
+  if (caught == 0 && helpers == 0)
+    log_info("no process of the trainer catches the signal or reads the "
+             "request file yet: the request waits in the file, and the "
+             "signal goes to a process once it catches it");
+  if (d->cfg->ckpt_timeout_ms > 0 && d->req.timeout.loop != NULL)
+    uv_timer_start(&d->req.timeout, timeout_cb, d->cfg->ckpt_timeout_ms, 0);
 }
 
 bool

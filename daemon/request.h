@@ -30,7 +30,11 @@ struct ckpt_req {
   char env_id[48]; /* "DEV:INO" of fstat(): SPOTD_REQUEST_ID */
   bool tampered;   /* told once: someone else wrote into the file */
   uint64_t seq;
-  uv_timer_t resend; /* while pending: processes that start catching */
+  uv_timer_t resend;     /* while pending: processes that start catching */
+  uv_timer_t timeout;    /* while pending: --ckpt-timeout */
+  uint64_t signal_mono;  /* when the pending (or last) request was made */
+  uint64_t last_save_ms; /* request to complete, the last one served (0:
+                            none yet): the estimate of the next save */
   /* The processes of the trainer's tree that catch or ignore the signal,
    * or got it for the request pending, as of the last scan, sorted by
    * pid (request.c): one entry per process, as many as the tree holds. */
@@ -60,8 +64,19 @@ void request_begin(struct spotd *d, unsigned *helpers, unsigned *caught,
 /* The time by which the trainer's checkpoint must be complete (unix ms,
  * 0 none): in the file now, and with every later request. */
 void request_set_deadline(struct spotd *d, int64_t wall_ms);
-/* The request is over (served, dropped): back to REQ_IDLE. */
-void request_end(struct spotd *d);
+/* The request's own timer (its timeout), on d->loop: spotd_handles_init()
+ * calls it, request_close() closes it. */
+void request_handles_init(struct spotd *d);
+/* Asks the trainer for a checkpoint (why: for the log and the history):
+ * a new request, its timeout started; nothing when the trainer is not
+ * running or one is pending already. */
+void spotd_request_checkpoint(struct spotd *d, const char *why);
+/* A checkpoint folder completed: a pending request is served (its time
+ * kept for the estimate). */
+void request_completed(struct spotd *d);
+/* The pending request is dropped: the trainer is gone, the final
+ * checkpoint's time is up, or it timed out. */
+void request_drop(struct spotd *d);
 /* A request was made and is not over yet (REQ_PENDING). */
 bool request_pending(const struct spotd *d);
 const char *req_state_name(enum req_state s);

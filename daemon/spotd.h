@@ -155,10 +155,7 @@ struct spotd {
 
   /* checkpoint requests */
   struct ckpt_req req;
-  uint64_t ckpt_signal_mono; /* when the trainer got the signal */
   uv_timer_t interval_timer;
-  uv_timer_t ckpt_timer; /* request timeout */
-  uint64_t last_save_ms; /* signal -> complete, for the estimate */
 
   /* watch */
   uv_fs_event_t dir_ev;

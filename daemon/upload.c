@@ -254,7 +254,7 @@ final_deadline(struct spotd *d)
 {
   switch (d->final.state) {
   case FINAL_REQUESTED:
-    request_end(d);
+    request_drop(d);
     final_give_up(d, "the trainer did not complete a final checkpoint "
                      "before the deadline");
     break;
@@ -471,7 +471,7 @@ final_begin(struct spotd *d, const char *reason)
     spotd_request_checkpoint(d, reason);
   /* Deadline-aware: say early when it cannot fit. */
   if (d->up.last_bps > 0 && left != UINT64_MAX) {
-    double est = (double)d->last_save_ms +
+    double est = (double)d->req.last_save_ms +
                  (double)d->up.last_raw / d->up.last_bps * 1000.0;
     if (est > (double)left)
       spotd_warn(d,
@@ -515,69 +515,6 @@ final_pushed(struct spotd *d, const char *name, int err)
     final_set_state(d, FINAL_COMMITTED);
   else if (err != -ECANCELED)
     final_give_up(d, "the final checkpoint could not be committed");
-}
-
-/* ----------------------------------------------------------- requests */
-
-static void
-ckpt_timer_cb(uv_timer_t *t)
-{
-  struct spotd *d = spot_container_of(t, struct spotd, ckpt_timer);
-  char msg[128];
-
-  if (d->closing || !request_pending(d))
-    return;
-  /* After a notice the deadline rules (--help): keep waiting. */
-  if (d->eng.state == SPOTD_DRAINING && d->eng.have_notice &&
-      !d->eng.drain_sigterm)
-    return;
-  request_end(d);
-  spotd_warn(d,
-             "no checkpoint completed within %.0f s of request %llu: no "
-             "folder of %s got its SPOTD_COMPLETE marker",
-             (double)d->cfg->ckpt_timeout_ms / 1000.0,
-             (unsigned long long)d->req.seq, d->ckpt_dir);
-  upload_follow_drop(d, "checkpoint timeout");
-  /* `spotctl checkpoint --wait` waited on this request: no commit comes. */
-  snprintf(msg, sizeof(msg),
-           "no checkpoint completed within %.0f s of the request "
-           "(--ckpt-timeout)",
-           (double)d->cfg->ckpt_timeout_ms / 1000.0);
-  control_commit_event(d, "", -ETIMEDOUT, msg);
-  /* A SIGTERM drain waited on this very request. */
-  if (d->eng.state == SPOTD_DRAINING)
-    final_give_up(d, "no final checkpoint");
-  spotd_advance(d);
-}
-
-void
-spotd_request_checkpoint(struct spotd *d, const char *why)
-{
-  unsigned helpers, caught, sent;
-  char sig[16];
-
-  if (!trainer_running(d) || d->closing)
-    return;
-  if (request_pending(d)) {
-    log_info("checkpoint requested (%s): one is already in progress", why);
-    return;
-  }
-  request_begin(d, &helpers, &caught, &sent);
-  d->ckpt_signal_mono = spot_now_mono_ms();
-  hist_requested(d, why);
-  log_info("checkpoint requested (%s): request %llu; %u process%s of the "
-           "trainer read%s it; SIG%s sent to %u (%u catch%s it) (%s)",
-           why, (unsigned long long)d->req.seq, helpers,
-           helpers == 1 ? "" : "es", helpers == 1 ? "s" : "",
-           spot_config_signal_name(d->cfg->signal, sig, sizeof(sig)), sent,
-           caught, caught == 1 ? "es" : "",
-           spot_config_signal_target_name(d->cfg->signal_target));
-  if (caught == 0 && helpers == 0)
-    log_info("no process of the trainer catches the signal or reads the "
-             "request file yet: the request waits in the file, and the "
-             "signal goes to a process once it catches it");
-  if (d->cfg->ckpt_timeout_ms > 0)
-    uv_timer_start(&d->ckpt_timer, ckpt_timer_cb, d->cfg->ckpt_timeout_ms, 0);
 }
 
 /* ------------------------------------------------------------ uploads */
@@ -994,7 +931,7 @@ upload_follow_maybe(struct spotd *d, const char *name)
   /* A folder the trainer made for this request, not one an earlier save
    * left behind: changed since the signal (1 s of clock slack). */
   signal_wall = spot_now_wall_ms() -
-                (int64_t)(spot_now_mono_ms() - d->ckpt_signal_mono) - 1000;
+                (int64_t)(spot_now_mono_ms() - d->req.signal_mono) - 1000;
   snprintf(path, sizeof(path), "%s/%s", d->ckpt_dir, name);
   if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode) ||
       (int64_t)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000 <
@@ -1031,11 +968,7 @@ complete_note(struct spotd *d, const char *name)
   watch_mark_known(d, name);
   hist_complete(d, name);
   spot_strlcpy(d->last_complete, name, sizeof(d->last_complete));
-  if (request_pending(d)) {
-    d->last_save_ms = spot_now_mono_ms() - d->ckpt_signal_mono;
-    request_end(d);
-    uv_timer_stop(&d->ckpt_timer);
-  }
+  request_completed(d);
   log_info("checkpoint %s is complete%s", name,
            d->eng.state == SPOTD_DRAINING ? " (final)" : "");
   return final_complete(d, name);

@@ -60,8 +60,7 @@ struct final_ckpt {
   char cut[256];
 };
 
-/* upload.c: checkpoint requests, uploads, the final checkpoint rule */
-void spotd_request_checkpoint(struct spotd *d, const char *why);
+/* upload.c: uploads, the final checkpoint rule */
 /* A complete checkpoint folder appeared (watch.c or `spotctl done`).
  * Returns 0, or -EINVAL / -ENOENT with a reason for `done`. */
 int spotd_checkpoint_complete(struct spotd *d, const char *name);

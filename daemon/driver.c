@@ -30,6 +30,7 @@
 #include "io/meta.h"
 #include "joblease.h"
 #include "core/log.h"
+#include "probe.h"
 #include "relaunch.h"
 #include "request.h"
 #include "restarts.h"
@@ -745,4 +746,16 @@ close_handles(struct spotd *d)
   }
   /* The S3 client, credentials and HTTP go last, from main(), once the
    * store operations have delivered their cancellation. */
+}
+
+void
+spotd_free(struct spotd *d)
+{
+  free(d->journal_dir);
+  d->journal_dir = NULL;
+  free(d->ckpt_dir);
+  d->ckpt_dir = NULL;
+  probe_fini(d);
+  fanout_fini(d);
+  request_fini(d);
 }

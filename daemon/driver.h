@@ -56,6 +56,10 @@ bool spotd_restart_begin(struct spotd *d);
 /* After the loop ran dry once closing: frees the clients the start made
  * (S3, AWS credentials, HTTP), in dependency order. */
 void spotd_free_clients(struct spotd *d);
+/* After the loop is closed: frees what the start and its modules made
+ * (the folders' paths, the probe's key, the fan-out's and the request
+ * file's state), so the caller frees only what it made itself. */
+void spotd_free(struct spotd *d);
 /* The engine's deadlines, on the monotonic clock now. */
 uint64_t spotd_ms_left(const struct spotd *d);
 uint64_t spotd_final_ms_left(const struct spotd *d);

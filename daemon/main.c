@@ -23,12 +23,10 @@
 
 #include "io/child.h"
 #include "engine.h"
-#include "fanout.h"
 #include "jlog.h"
 #include "io/jobfrom.h"
 #include "core/log.h"
 #include "io/proctree.h"
-#include "request.h"
 #include "spot-config.h"
 #include "spotd.h"
 #include "core/util.h"
@@ -221,11 +219,7 @@ run_daemon(struct spot_config *cfg, char **argv)
     jlog_stop();
     return SPOTD_EXIT_ERROR;
   }
-  free(d.journal_dir);
-  free(d.ckpt_dir);
-  free(d.restore.probe_key);
-  fanout_fini(&d);
-  request_fini(&d);
+  spotd_free(&d);
   log_info("exit status %d", d.eng.exit_code);
   jlog_stop();
   return d.eng.exit_code < 0 ? SPOTD_EXIT_ERROR : d.eng.exit_code;

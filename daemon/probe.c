@@ -139,3 +139,10 @@ probe_start(struct spotd *d)
                   strlen(PROBE_BODY), 0, put_cb, d, &d->restore.s3op) < 0)
     restore_probed(d, -ENOMEM);
 }
+
+void
+probe_fini(struct spotd *d)
+{
+  free(d->restore.probe_key);
+  d->restore.probe_key = NULL;
+}

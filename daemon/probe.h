@@ -6,5 +6,7 @@ struct spotd;
 
 /* The store check; restore_probed() follows. */
 void probe_start(struct spotd *d);
+/* After the loop: frees the probe's key (probe_start() made it). */
+void probe_fini(struct spotd *d);
 
 #endif

@@ -131,10 +131,14 @@ feed(struct spotd *d, struct spotd_event *ev)
   ev->now_wall = spot_now_wall_ms();
   facts(d, &ev->facts);
   spotd_engine_step(&d->eng, ev, &out);
+  if (out.dropped > 0)
+    log_err("internal: engine: %u commands past %d for event %s dropped",
+            out.dropped, SPOTD_CMDS_MAX, spotd_event_name(ev->kind));
   /* A command's nested step may have closed spotd: what this step asked
-   * after that has nothing left to act on. */
-  for (unsigned i = 0; i < out.n && !d->closing; i++)
-    execute(d, &out.c[i]);
+   * after that has nothing left to act on, but its log lines. */
+  for (unsigned i = 0; i < out.n; i++)
+    if (!d->closing || out.c[i].kind == SPOTD_CMD_LOG)
+      execute(d, &out.c[i]);
   return !out.refused;
 }
 
@@ -504,6 +508,9 @@ execute(struct spotd *d, const struct spotd_cmd *c)
     break;
   case SPOTD_CMD_EXIT:
     close_handles(d);
+    break;
+  case SPOTD_CMD_LOG:
+    spot_log(c->arg, "%s", c->text);
     break;
   default:
     break;

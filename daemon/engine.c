@@ -97,6 +97,7 @@ static const char *const cmd_names[] = {
     "advance",
     "hist-end",
     "exit",
+    "log",
 };
 _Static_assert(SPOT_ARRAY_SIZE(cmd_names) == SPOTD_CMD_LAST, "cmd_names");
 
@@ -193,9 +194,9 @@ cmd(struct step *s, enum spotd_cmd_kind k)
   struct spotd_cmd *c;
 
   if (s->out->n == SPOTD_CMDS_MAX) {
-    /* Never with the engine's steps (test_engine counts them): a bug. */
-    log_err("internal: engine: more than %d commands for event %s",
-            SPOTD_CMDS_MAX, spotd_event_name(s->ev->kind));
+    /* Never with the engine's steps (test_engine counts them): a bug,
+     * which the driver reports. */
+    s->out->dropped++;
     memset(&s->spill, 0, sizeof(s->spill));
     return &s->spill;
   }
@@ -203,6 +204,23 @@ cmd(struct step *s, enum spotd_cmd_kind k)
   memset(c, 0, sizeof(*c));
   c->kind = k;
   return c;
+}
+
+/* A line for the log, as a command the driver carries out in its order
+ * among the others: the engine writes nothing itself. */
+static void elog(struct step *s, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void
+elog(struct step *s, int level, const char *fmt, ...)
+{
+  struct spotd_cmd *c = cmd(s, SPOTD_CMD_LOG);
+  va_list ap;
+
+  c->arg = level;
+  va_start(ap, fmt);
+  (void)vsnprintf(c->text, sizeof(c->text), fmt, ap);
+  va_end(ap);
 }
 
 static void
@@ -345,37 +363,40 @@ decide_exit(struct step *s)
     /* The trainer exited by itself: its status, unless it succeeded and
      * its last checkpoint could not be committed. */
     if (f->crash_exhausted) {
-      log_err("the trainer failed again (%s %d) and all %" PRId64
-              " restarts are used: giving up; the last committed checkpoint "
-              "is %s",
-              f->crash_last_signal ? "signal" : "status",
-              f->crash_last_signal ? f->crash_last_signal
-                                   : f->crash_last_status,
-              f->crash_used, last ? last : "none");
+      elog(s, SPOT_LOG_ERR,
+           "the trainer failed again (%s %d) and all %" PRId64
+           " restarts are used: giving up; the last committed checkpoint "
+           "is %s",
+           f->crash_last_signal ? "signal" : "status",
+           f->crash_last_signal ? f->crash_last_signal : f->crash_last_status,
+           f->crash_used, last ? last : "none");
       e->exit_code = EXIT_SOFTWARE;
       return;
     }
     if (e->exit_code == 0 && f->upload_failed != NULL &&
         f->upload_failed[0] != '\0') {
-      log_err("the trainer finished but checkpoint %s could not be "
-              "committed; the last committed checkpoint is %s",
-              f->upload_failed, last ? last : "none");
+      elog(s, SPOT_LOG_ERR,
+           "the trainer finished but checkpoint %s could not be "
+           "committed; the last committed checkpoint is %s",
+           f->upload_failed, last ? last : "none");
       e->exit_code = EXIT_UNAVAILABLE;
     }
     return;
   }
   if (f->final == FINAL_COMMITTED && f->final_is_restored) {
     e->exit_code = stopped ? 0 : EXIT_PREEMPTED;
-    log_notice("%s before the trainer made a step: the job resumes from "
-               "checkpoint %s, which it started from; no work is lost",
-               stopped ? "stopped" : "preempted", last);
+    elog(s, SPOT_LOG_NOTICE,
+         "%s before the trainer made a step: the job resumes from "
+         "checkpoint %s, which it started from; no work is lost",
+         stopped ? "stopped" : "preempted", last);
     return;
   }
   if (f->final == FINAL_COMMITTED) {
     e->exit_code = stopped ? 0 : EXIT_PREEMPTED;
-    log_notice("%s: the final checkpoint %s is committed; the job resumes "
-               "from it",
-               stopped ? "stopped" : "preempted", last);
+    elog(s, SPOT_LOG_NOTICE,
+         "%s: the final checkpoint %s is committed; the job resumes "
+         "from it",
+         stopped ? "stopped" : "preempted", last);
     return;
   }
   e->exit_code = stopped ? 128 + e->stop_signal : EXIT_PREEMPTED;
@@ -384,30 +405,35 @@ decide_exit(struct step *s)
      * the failed trainer made no step since. */
     if (stopped)
       e->exit_code = 0;
-    log_notice("%s while restarting the failed trainer (nothing was "
-               "running): the job resumes from checkpoint %s (committed %s)",
-               stopped ? "stopped" : "preempted", last, when);
+    elog(s, SPOT_LOG_NOTICE,
+         "%s while restarting the failed trainer (nothing was "
+         "running): the job resumes from checkpoint %s (committed %s)",
+         stopped ? "stopped" : "preempted", last, when);
     return;
   }
   if (last == NULL) {
     if (!stopped)
       e->exit_code = EXIT_NOTHING_SAVED;
-    log_err("%s: no checkpoint of job %s is committed: the next start "
-            "begins from scratch",
-            stopped ? "stopped" : "preempted", e->cfg.job);
+    elog(s, SPOT_LOG_ERR,
+         "%s: no checkpoint of job %s is committed: the next start "
+         "begins from scratch",
+         stopped ? "stopped" : "preempted", e->cfg.job);
   } else if (f->final == FINAL_NONE && !f->trainer_started) {
-    log_notice("preempted before the trainer started: the job resumes from "
-               "checkpoint %s (committed %s)",
-               last, when);
+    elog(s, SPOT_LOG_NOTICE,
+         "preempted before the trainer started: the job resumes from "
+         "checkpoint %s (committed %s)",
+         last, when);
   } else if (f->final_cut != NULL && f->final_cut[0] != '\0') {
-    log_warn("%s while the final checkpoint %s was being committed: the "
-             "job resumes from it if LATEST names it, else from %s "
-             "(committed %s) and the work since then is lost",
-             stopped ? "stopped" : "preempted", f->final_cut, last, when);
+    elog(s, SPOT_LOG_WARNING,
+         "%s while the final checkpoint %s was being committed: the "
+         "job resumes from it if LATEST names it, else from %s "
+         "(committed %s) and the work since then is lost",
+         stopped ? "stopped" : "preempted", f->final_cut, last, when);
   } else {
-    log_warn("%s without a final checkpoint: the job resumes from %s "
-             "(committed %s); the work since then is lost",
-             stopped ? "stopped" : "preempted", last, when);
+    elog(s, SPOT_LOG_WARNING,
+         "%s without a final checkpoint: the job resumes from %s "
+         "(committed %s); the work since then is lost",
+         stopped ? "stopped" : "preempted", last, when);
   }
 }
 
@@ -464,8 +490,8 @@ notice(struct step *s, const struct spot_notice *n, bool own)
 
   if (n->deadline_wall_ms != 0)
     spot_rfc3339_format(n->deadline_wall_ms, when, sizeof(when));
-  log_notice("interruption notice: %s (%s) deadline %s id=%s", n->reason,
-             spot_notice_kind_name(n->kind), when, n->id);
+  elog(s, SPOT_LOG_NOTICE, "interruption notice: %s (%s) deadline %s id=%s",
+       n->reason, spot_notice_kind_name(n->kind), when, n->id);
   cmd(s, SPOTD_CMD_HIST_NOTICE)->notice = n;
   if (n->kind == SPOT_NOTICE_REBALANCE) {
     /* Advisory: checkpoint early, keep training. */
@@ -485,7 +511,8 @@ notice(struct step *s, const struct spot_notice *n, bool own)
       e->state == SPOTD_RESTARTING)
     start_drain(s, n->reason, n->deadline_mono_ms, n->deadline_wall_ms);
   else if (e->state == SPOTD_CONNECTING || e->state == SPOTD_RESTORING)
-    log_warn("notice before the trainer started: it will not be started");
+    elog(s, SPOT_LOG_WARNING,
+         "notice before the trainer started: it will not be started");
 }
 
 /* A notice the engine makes (a signal's, the operator's), ms from now. */
@@ -664,22 +691,25 @@ no_restart(struct step *s)
  * the SIGTERM is the node's reclaim and the exit status a preemption's
  * (decide_exit). */
 static uint64_t
-sigterm_grace_ms(struct spotd_engine *e)
+sigterm_grace_ms(struct step *s)
 {
+  struct spotd_engine *e = s->e;
   const char *v = e->cfg.termination_grace;
   int64_t sec;
 
   if (v == NULL || *v == '\0')
     return SIGTERM_DRAIN_MS;
   if (spot_parse_int64(v, 1, 86400, &sec) < 0) {
-    log_warn("SPOTD_TERMINATION_GRACE '%.20s' is not 1 to 86400 seconds: "
-             "using %d s",
-             v, SIGTERM_DRAIN_MS / 1000);
+    elog(s, SPOT_LOG_WARNING,
+         "SPOTD_TERMINATION_GRACE '%.20s' is not 1 to 86400 seconds: "
+         "using %d s",
+         v, SIGTERM_DRAIN_MS / 1000);
     return SIGTERM_DRAIN_MS;
   }
-  log_info("SIGTERM grace: %" PRId64 " s (SPOTD_TERMINATION_GRACE): the node "
-           "is going away, this ends as a preemption",
-           sec);
+  elog(s, SPOT_LOG_INFO,
+       "SIGTERM grace: %" PRId64 " s (SPOTD_TERMINATION_GRACE): the node "
+       "is going away, this ends as a preemption",
+       sec);
   e->sigterm_reclaim = true;
   return (uint64_t)sec * 1000;
 }
@@ -696,9 +726,8 @@ signal_notice(struct step *s, uint64_t ms)
   char when[32] = "";
 
   spot_rfc3339_format(n->deadline_wall_ms, when, sizeof(when));
-  log_notice("drain deadline %s%s", when,
-             s->e->cfg.nranks > 1 ? ": the job's, told to the other ranks"
-                                  : "");
+  elog(s, SPOT_LOG_NOTICE, "drain deadline %s%s", when,
+       s->e->cfg.nranks > 1 ? ": the job's, told to the other ranks" : "");
   /* With a termination grace the node is going away: a preemption in the
    * history too. A plain stop stays a stop. */
   if (s->e->sigterm_reclaim)
@@ -716,7 +745,7 @@ on_signal(struct step *s, int signum)
 
   e->signals_seen++;
   if (e->signals_seen > 1 || e->state < SPOTD_RUNNING) {
-    log_warn("signal %d: stopping now", signum);
+    elog(s, SPOT_LOG_WARNING, "signal %d: stopping now", signum);
     fail(s, 128 + signum);
     return;
   }
@@ -726,27 +755,29 @@ on_signal(struct step *s, int signum)
   if (e->have_notice && !e->drain_sigterm &&
       (e->state == SPOTD_DRAINING || e->state == SPOTD_RELAUNCHING ||
        e->state == SPOTD_STOPPING)) {
-    log_notice("signal %d: already stopping for the %s notice, finishing "
-               "that (again to stop now)",
-               signum, e->reason);
+    elog(s, SPOT_LOG_NOTICE,
+         "signal %d: already stopping for the %s notice, finishing "
+         "that (again to stop now)",
+         signum, e->reason);
     /* With the final checkpoint committed the trainer has nothing left to
      * do, and whoever sent this (Slurm at a requeue) kills what is left
      * once its own wait is over: stop the trainer now, so the job lease
      * is released while there is time (the next node need not wait for
      * its TTL). */
     if (s->f->final == FINAL_COMMITTED && s->f->trainer_running) {
-      log_info("the final checkpoint %s is committed: stopping the trainer "
-               "now, then releasing the job lease",
-               s->f->last_commit);
+      elog(s, SPOT_LOG_INFO,
+           "the final checkpoint %s is committed: stopping the trainer "
+           "now, then releasing the job lease",
+           s->f->last_commit);
       cmd(s, SPOTD_CMD_STOP_TRAINER)->ms = 0;
     }
     return;
   }
-  log_notice("signal %d: final checkpoint, then stop (again to stop now)",
-             signum);
+  elog(s, SPOT_LOG_NOTICE,
+       "signal %d: final checkpoint, then stop (again to stop now)", signum);
   e->drain_sigterm = true;
   e->stop_signal = signum;
-  ms = sigterm_grace_ms(e);
+  ms = sigterm_grace_ms(s);
   if (e->state != SPOTD_RUNNING && e->state != SPOTD_RESTARTING)
     return; /* finishing: the trainer ended by itself */
   n = signal_notice(s, ms);
@@ -765,8 +796,9 @@ launch(struct step *s)
   if (e->have_notice) {
     /* The machine is going away: starting the trainer would only cost
      * the time left. Relaunch elsewhere and leave. */
-    log_warn("notice %s before the trainer started: not starting it",
-             e->notice.reason);
+    elog(s, SPOT_LOG_WARNING,
+         "notice %s before the trainer started: not starting it",
+         e->notice.reason);
     start_drain(s, e->notice.reason, e->notice.deadline_mono_ms,
                 e->notice.deadline_wall_ms);
     return;
@@ -783,10 +815,11 @@ spotd_engine_step(struct spotd_engine *e, const struct spotd_event *ev,
   struct step s = {e, ev, &ev->facts, out, {0}};
 
   out->n = 0;
+  out->dropped = 0;
   out->refused = false;
   if (e->state == SPOTD_EXITING) {
     if (ev->kind == SPOTD_EV_SIGNAL)
-      log_info("signal %d: already exiting", ev->code);
+      elog(&s, SPOT_LOG_INFO, "signal %d: already exiting", ev->code);
     return; /* once closing, whatever still arrives does nothing */
   }
   switch (ev->kind) {

@@ -134,6 +134,7 @@ enum spotd_cmd_kind {
   SPOTD_CMD_ADVANCE,       /* feed ADVANCE with the facts as they are now */
   SPOTD_CMD_HIST_END,      /* the job history's last record */
   SPOTD_CMD_EXIT,          /* close everything; arg: the exit status */
+  SPOTD_CMD_LOG,           /* a line for the log: arg its level, text */
   SPOTD_CMD_LAST,
 };
 
@@ -143,15 +144,17 @@ struct spotd_cmd {
   uint64_t ms;
   const struct spot_notice *notice; /* the engine's, valid until its next
                                        step */
-  char text[224];
+  char text[512];
 };
 
-#define SPOTD_CMDS_MAX 16
+#define SPOTD_CMDS_MAX 32
 
 struct spotd_cmds {
   struct spotd_cmd c[SPOTD_CMDS_MAX];
   unsigned n;
-  bool refused; /* the event asked for a move the table does not allow */
+  unsigned dropped; /* commands past SPOTD_CMDS_MAX (a bug: the driver
+                       says so) */
+  bool refused;     /* the event asked for a move the table does not allow */
 };
 
 /* The engine's state: moved only by spotd_engine_step(). */

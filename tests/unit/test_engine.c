@@ -39,6 +39,7 @@ struct row {
   const char *want; /* the commands, as render() writes them */
   enum spotd_state st;
   bool refused;
+  const char *log; /* a line the step logs holds this (NULL: not checked) */
 };
 
 struct scenario {
@@ -90,6 +91,17 @@ static const struct spot_notice rebalance = {
     .reason = "aws-rebalance",
 };
 
+/* Whether a line the step logs (a LOG command: the engine writes none
+ * itself) holds text. */
+static bool
+logged(const struct spotd_cmds *o, const char *text)
+{
+  for (unsigned i = 0; i < o->n; i++)
+    if (o->c[i].kind == SPOTD_CMD_LOG && strstr(o->c[i].text, text) != NULL)
+      return true;
+  return false;
+}
+
 /* The commands as one line: their names, with what they carry. */
 static void
 render(const struct spotd_cmds *o, char *buf, size_t size)
@@ -99,8 +111,12 @@ render(const struct spotd_cmds *o, char *buf, size_t size)
   buf[0] = '\0';
   for (unsigned i = 0; i < o->n && len < size; i++) {
     const struct spotd_cmd *c = &o->c[i];
-    int w = snprintf(buf + len, size - len, "%s%s", i ? " " : "",
-                     spotd_cmd_name(c->kind));
+    int w;
+
+    if (c->kind == SPOTD_CMD_LOG)
+      continue; /* the lines: logged() */
+    w = snprintf(buf + len, size - len, "%s%s", len > 0 ? " " : "",
+                 spotd_cmd_name(c->kind));
 
     if (w < 0)
       break;
@@ -195,6 +211,10 @@ replay(const struct scenario *sc)
     assert_string_equal(got, r->want);
     assert_int_equal(e.state, r->st);
     assert_int_equal(out.refused, r->refused);
+    assert_int_equal(out.dropped, 0);
+    if (r->log != NULL && !logged(&out, r->log))
+      fail_msg("%s, row %zu (%s): no log line holds \"%s\"", sc->name, i,
+               spotd_event_name(r->ev), r->log);
     for (unsigned k = 0; k < out.n; k++)
       if (out.c[k].kind == SPOTD_CMD_EXIT) {
         assert_int_equal(exit_code, -1); /* once */
@@ -1316,7 +1336,8 @@ test_sigterm_nothing_committed(void **state)
        .f = TR | ST,
        .want = "publish:sigterm stop-interval notify:draining "
                "request-final arm-deadline:88000 advance",
-       .st = SPOTD_DRAINING},
+       .st = SPOTD_DRAINING,
+       .log = "signal 15: final checkpoint, then stop"},
       {.ev = SPOTD_EV_TRAINER_EXITED,
        .t = 6000,
        .code = 143,
@@ -1341,7 +1362,8 @@ test_sigterm_nothing_committed(void **state)
        .f = ST,
        .final = FINAL_ABANDONED,
        .want = "notify:exiting hist-end exit:143",
-       .st = SPOTD_EXITING},
+       .st = SPOTD_EXITING,
+       .log = "stopped: no checkpoint of job engine-test is committed"},
       END,
   };
   static const struct row pod[] = {
@@ -1352,7 +1374,8 @@ test_sigterm_nothing_committed(void **state)
        .f = TR | ST,
        .want = "hist-notice:sigterm publish:sigterm stop-interval "
                "notify:draining request-final arm-deadline:3000 advance",
-       .st = SPOTD_DRAINING},
+       .st = SPOTD_DRAINING,
+       .log = "SIGTERM grace: 5 s (SPOTD_TERMINATION_GRACE)"},
       {.ev = SPOTD_EV_TRAINER_EXITED,
        .t = 6000,
        .code = 143,

@@ -733,6 +733,8 @@ close_handles(struct spotd *d)
   upload_cancel_all(d);
   if (d->restore.op != NULL)
     spot_store_cancel(d->restore.op);
+  if (d->fb.op != NULL)
+    spot_store_cancel(d->fb.op);
   if (d->restore.s3op != NULL)
     spot_s3_cancel(d->restore.s3op);
   relaunch_close(d);

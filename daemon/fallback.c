@@ -4,10 +4,10 @@
  * committed checkpoints and restores the newest one that verifies. The
  * status shows a warning naming the bad checkpoint and "restored" names
  * the one restored. Runs inside the startup's RESTORING state
- * (startup.c): every operation lives in d->restore.op, so closing cancels
- * it. Nothing else falls back: not the local disk (startup.c exits 74),
- * not the network or the server, not a rank count (65): an older
- * checkpoint there would silently roll the training back. */
+ * (startup.c), with an operation slot of its own, d->fb.op (one writer:
+ * this file), which closing cancels. Nothing else falls back: not the local
+ * disk (startup.c exits 74), not the network or the server, not a rank count
+ * (65): an older checkpoint there would silently roll the training back. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,7 +70,7 @@ fallback_done_cb(const struct spot_store_result *res, void *data)
 {
   struct spotd *d = data;
 
-  d->restore.op = NULL;
+  d->fb.op = NULL;
   if (d->closing)
     return;
   restore_finished(d, res);
@@ -94,10 +94,10 @@ try_next(struct spotd *d)
       spot_rm_tree(tmp);
     restore_store_config(d, &sc);
     r = spot_store_restore(d->loop, &sc, name, tmp, NULL, fallback_done_cb, d,
-                           &d->restore.op);
+                           &d->fb.op);
     if (r == 0)
       return;
-    d->restore.op = NULL;
+    d->fb.op = NULL;
     /* not a verdict on the checkpoint (memory): stop here */
     log_err("restore: starting the restore of %s: %s", name, strerror(-r));
     restore_failed(d, SPOTD_EXIT_ERROR);
@@ -117,7 +117,7 @@ list_cb(const struct spot_store_list_result *res, void *data)
 {
   struct spotd *d = data;
 
-  d->restore.op = NULL;
+  d->fb.op = NULL;
   if (d->closing)
     return;
   if (res->err < 0) {
@@ -153,9 +153,9 @@ fallback_next(struct spotd *d, const struct spot_store_result *res)
     return true;
   }
   d->fb.listed = true;
-  r = spot_store_list(d->loop, &d->store, list_cb, d, &d->restore.op);
+  r = spot_store_list(d->loop, &d->store, list_cb, d, &d->fb.op);
   if (r < 0) {
-    d->restore.op = NULL;
+    d->fb.op = NULL;
     return false;
   }
   return true;

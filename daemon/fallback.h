@@ -13,6 +13,7 @@ struct spotd;
  * and the committed ones still to try, newest first. */
 #define SPOTD_FALLBACK_MAX 16
 struct fallback {
+  struct spot_store_op *op; /* the listing or an older one's restore */
   bool listed;
   char bad[SPOTD_FALLBACK_MAX][256];
   size_t nbad;

@@ -1428,20 +1428,24 @@ lane_submit(struct spot_s3_op *op)
   struct spot_s3 *s3 = op->s3;
   const struct spot_creds *creds = NULL;
   struct lane *l = NULL;
+  unsigned n;
   int r;
 
   if (!lane_wanted(op))
     return 1;
   if (s3->lanes == NULL && lanes_start(s3) < 0)
     return 1;
-  for (unsigned i = 0; i < s3->nlanes; i++) {
-    struct lane *c = &s3->lanes[(s3->lane_turn + i) % s3->nlanes];
-    if (l == NULL || c->load < l->load)
-      l = c;
-  }
+  n = s3->nlanes;
+  if (n == 0)
+    return 1;
+  for (unsigned i = 0, k = s3->lane_turn < n ? s3->lane_turn : 0; i < n;
+       i++, k = k + 1 < n ? k + 1 : 0)
+    if (l == NULL || s3->lanes[k].load < l->load)
+      l = &s3->lanes[k];
   if (l == NULL)
     return 1;
-  s3->lane_turn = (unsigned)(l - s3->lanes + 1) % s3->nlanes;
+  s3->lane_turn =
+      (unsigned)(l - s3->lanes) + 1 < n ? (unsigned)(l - s3->lanes) + 1 : 0;
   r = creds_get(op, &creds);
   if (r < 0)
     return r;

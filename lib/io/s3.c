@@ -126,9 +126,8 @@ struct spot_s3 {
   unsigned io_threads;
   struct lane *lanes;
   unsigned nlanes;
-  unsigned lane_turn; /* where lane_submit()'s search starts: the next */
-  uv_async_t *back;   /* on the caller's loop: lane ops handed back */
-  unsigned lane_out;  /* lane ops not yet handed back to finish() */
+  uv_async_t *back;  /* on the caller's loop: lane ops handed back */
+  unsigned lane_out; /* lane ops not yet handed back to finish() */
   uv_mutex_t lane_mu;
   uv_cond_t lane_cond;          /* an op handed back (spot_s3_free() waits) */
   bool lane_sync;               /* lane_mu and lane_cond initialised */
@@ -1417,11 +1416,10 @@ creds_copy(struct spot_creds *dst, const struct spot_creds *src)
   return 0;
 }
 
-/* Gives op to the least busy lane, ties taken in turn (with fewer ops in
- * flight than lanes, the first lanes would copy every byte while the
- * others idle, and a lane's CPU per GiB bounds the node's rate): 0, 1 (not
- * a lane op: the caller's loop runs it) or negative errno (op not
- * started). */
+/* Gives op to the least busy lane (ties: the first, so the lanes' own
+ * connections are reused; spreading 4 transfers over 8 lanes measured
+ * more CPU in all, bench/results/threads.md): 0, 1 (not a lane op: the
+ * caller's loop runs it) or negative errno (op not started). */
 static int
 lane_submit(struct spot_s3_op *op)
 {
@@ -1436,16 +1434,11 @@ lane_submit(struct spot_s3_op *op)
   if (s3->lanes == NULL && lanes_start(s3) < 0)
     return 1;
   n = s3->nlanes;
-  if (n == 0)
-    return 1;
-  for (unsigned i = 0, k = s3->lane_turn < n ? s3->lane_turn : 0; i < n;
-       i++, k = k + 1 < n ? k + 1 : 0)
-    if (l == NULL || s3->lanes[k].load < l->load)
-      l = &s3->lanes[k];
+  for (unsigned i = 0; i < n; i++)
+    if (l == NULL || s3->lanes[i].load < l->load)
+      l = &s3->lanes[i];
   if (l == NULL)
     return 1;
-  s3->lane_turn =
-      (unsigned)(l - s3->lanes) + 1 < n ? (unsigned)(l - s3->lanes) + 1 : 0;
   r = creds_get(op, &creds);
   if (r < 0)
     return r;

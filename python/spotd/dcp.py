@@ -453,19 +453,7 @@ class StagedSaver(_st.StagedSaver):
     def _snapshot(self, torch, state_dict, leaves, types):
         """The state with every tensor (local shard) copied into this
         saver's buffers."""
-        bufs = self._buffers(leaves)
-        devices = set()
-        for key, t in leaves:
-            b = bufs[key]
-            if b is t:
-                continue  # no buffer (not strided): cloned in _rebuild
-            if t.is_cuda:
-                devices.add(t.device)
-                b.copy_(t.detach(), non_blocking=True)
-            else:
-                b.copy_(t.detach())
-        for dev in devices:
-            torch.cuda.synchronize(dev)
+        bufs = self._copy(torch, leaves)
         return _rebuild(state_dict, (), bufs, {}, types)
 
     def _save(self, dcp, snap, path, group):

@@ -284,6 +284,19 @@ class StagedSaver:
                 raise
             h._finish(None, time.monotonic() - t0)
             return h
+        bufs = self._copy(torch, leaves)
+        snap = _rebuild(state, (), bufs, {})
+        h.staged = True
+        th = threading.Thread(target=self._persist, args=(h, snap),
+                              name="spotd-persist", daemon=False)
+        self._inflight = (h, th)
+        th.start()
+        return h
+
+    def _copy(self, torch, leaves):
+        """This saver's buffers for leaves, each holding its tensor's bytes
+        as they are now (CUDA copies queued, then waited for once per
+        device); a leaf without a buffer maps to itself."""
         bufs = self._buffers(leaves)
         devices = set()
         for key, t in leaves:
@@ -297,13 +310,7 @@ class StagedSaver:
                 b.copy_(t.detach())
         for dev in devices:  # the copies are queued: wait for them once
             torch.cuda.synchronize(dev)
-        snap = _rebuild(state, (), bufs, {})
-        h.staged = True
-        th = threading.Thread(target=self._persist, args=(h, snap),
-                              name="spotd-persist", daemon=False)
-        self._inflight = (h, th)
-        th.start()
-        return h
+        return bufs
 
     def _join_previous(self, what):
         """Waits for the persist in flight; (its name, its error) when it

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "io/lease.h"
@@ -18,6 +19,12 @@
 
 static void owner_of(char *buf, size_t size, long pid, const char *boot,
                      const char *host);
+
+/* The instance part of every owner id this test makes, its own per run:
+ * a lock file is named by a hash of the whole id, and the files a killed
+ * holder (a child here, a spotd of another test) leaves behind would
+ * otherwise be found under a pid used again (pid_max is 32768 here). */
+static char instance[48];
 
 /* A child that names itself comm, holds its lock (spot_lease_lock_hold
  * under the owner id of its pid) when asked, and sleeps until killed. */
@@ -70,7 +77,9 @@ owner_of(char *buf, size_t size, long pid, const char *boot, const char *host)
     snprintf(o.boot, sizeof(o.boot), "%s", boot);
   if (host != NULL)
     snprintf(o.host, sizeof(o.host), "%s", host);
-  assert_int_equal(spot_lease_owner_format(NULL, &o, buf, size), 0);
+  assert_int_equal(spot_lease_owner_format(
+                       instance[0] != '\0' ? instance : NULL, &o, buf, size),
+                   0);
 }
 
 static void
@@ -95,6 +104,8 @@ test_holder_gone(void **state)
   pid_t live, other, dead, unlocked;
 
   (void)state;
+  snprintf(instance, sizeof(instance), "unit-%ld-%ld", (long)getpid(),
+           (long)time(NULL));
   live = holder("spotd", true);
   other = holder("spotd-1.2", true); /* a spotd under another name */
   dead = holder("spotd", true);

@@ -358,19 +358,12 @@ class StagedSaver(_st.StagedSaver):
         super().__init__(limit=limit, root=root)
         self.storage_writer = storage_writer
 
-    def reserve(self, state_dict):
-        """Allocates (and touches) this rank's buffers for state_dict's
-        layout ahead of the first stage(); not a collective. Returns the
-        bytes reserved, or 0 when they do not fit the limit."""
+    def _leaves(self, state_dict):
+        """This rank's tensors (a sharded tensor's local shards): what
+        reserve() allocates buffers for; reserve() is not a collective."""
         leaves = []
         _walk(state_dict, (), leaves, {}, _sharded_types())
-        need = sum(_st._nbytes(t) for _, t in leaves)
-        if need > self.limit:
-            return 0
-        with self._lock:
-            self._wait_previous(None)
-            self._buffers(leaves)
-        return need
+        return leaves
 
     def stage(self, state_dict, step=None, name=None, folder=None,
               filename=None, mark=True):

@@ -206,8 +206,7 @@ class StagedSaver:
         """Allocates (and touches) the buffers for state's layout ahead of
         the first stage(), outside the checkpoint's stall. Returns the
         bytes reserved, or 0 when the state does not fit the limit."""
-        leaves = []
-        _walk(state, (), leaves, {})
+        leaves = self._leaves(state)
         need = sum(_nbytes(t) for _, t in leaves)
         if need > self.limit:
             return 0
@@ -215,6 +214,13 @@ class StagedSaver:
             self._wait_previous(None)
             self._buffers(leaves)
         return need
+
+    def _leaves(self, state):
+        """(key, tensor) of every tensor of state, as the buffers are
+        keyed."""
+        leaves = []
+        _walk(state, (), leaves, {})
+        return leaves
 
     # ------------------------------------------------------------ stage
     def stage(self, state, step=None, name=None, folder=None,

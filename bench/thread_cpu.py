@@ -21,9 +21,11 @@ bench/s3_mem (of the first build) with its arena touched, then
 The thread counts are a node of --cores cores' defaults, forced with the
 test knobs: SPOT_STORE_WORKERS = the cores (workers_default() in
 lib/io/store/store.c), SPOT_IO_THREADS = io_threads_default() of
-lib/io/s3.c for that many cores. Every 20 ms the script reads utime + stime of
-/proc/PID/task/TID/stat of spotctl or spotd and every process they
-started; a thread's figure is its last reading. Threads are named by role
+lib/io/s3.c for that many cores. Every 20 ms the script reads each
+thread's time on the CPU (/proc/PID/task/TID/schedstat, in ns; utime +
+stime of its stat file, 10 ms ticks, where there is no schedstat) of
+spotctl or spotd and every process they started; a thread's figure is
+its last reading. Threads are named by role
 (docs/design.md, "Threads and the loop"); the main thread keeps the
 program's name and runs its loop. For spotctl the total is exact (wait4's
 rusage); "unsampled" is what ended between two readings.
@@ -73,8 +75,20 @@ def descendants(root):
     return out
 
 
+def thread_cpu(pid, tid, rest):
+    """A thread's CPU seconds: schedstat's time on the CPU, in ns (the
+    stat file's utime + stime count 10 ms ticks, too coarse for threads
+    that use tens of ms), else those ticks."""
+    try:
+        with open("/proc/%d/task/%s/schedstat" % (pid, tid), "rb") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        # fields 14 and 15 (utime, stime); rest[0] is field 3
+        return (int(rest[11]) + int(rest[12])) / HZ
+
+
 def sample(root, seen, comm_of):
-    """Reads every thread's CPU ticks into seen[(pid, tid)]."""
+    """Reads every thread's CPU seconds into seen[(pid, tid)]."""
     for pid in descendants(root):
         try:
             tids = os.listdir("/proc/%d/task" % pid)
@@ -89,11 +103,10 @@ def sample(root, seen, comm_of):
             lp, rp = st.find(b"("), st.rfind(b")")
             comm = st[lp + 1:rp].decode(errors="replace")
             rest = st[rp + 2:].split()
-            # fields 14 and 15 (utime, stime); rest[0] is field 3
-            ticks = int(rest[11]) + int(rest[12])
+            cpu = thread_cpu(pid, t, rest)
             key = (pid, int(t))
-            if ticks >= seen.get(key, 0):
-                seen[key] = ticks
+            if cpu >= seen.get(key, 0):
+                seen[key] = cpu
             comm_of[key] = comm
 
 
@@ -114,7 +127,7 @@ def by_name(seen, comm_of, root):
             while "%s#%d" % (name, k) in out:
                 k += 1
             name = "%s#%d" % (name, k)
-        out[name] = seen[key] / HZ
+        out[name] = seen[key]
     return out
 
 

@@ -16,7 +16,11 @@ bench/s3_mem (of the first build) with its arena touched, then
   spotd  spotd run with a trainer that hard-links the same folder as
          step-000001 under SPOTD_CKPT_DIR and writes SPOTD_COMPLETE; spotd
          uploads and commits it (sampled until its log says so, then
-         stopped).
+         stopped). The figures are the upload's: the trainer waits until
+         spotd has started it and idled 0.3 s, a sample is taken, and
+         only then makes the folder; every thread's CPU is counted from
+         that sample (--spotd-whole: from spotd's start, its lease and
+         the trainer's launch included, as before 2026-12-07).
 
 The thread counts are a node of --cores cores' defaults, forced with the
 test knobs: SPOT_STORE_WORKERS = the cores (workers_default() in
@@ -147,11 +151,14 @@ def start_s3_mem(build, work, gib):
     return p, "http://127.0.0.1:%s" % open(port).read().strip()
 
 
-def run_sampled(argv, env, until=None, timeout=600):
+def run_sampled(argv, env, until=None, timeout=600, start=None):
     """Runs argv, sampling its tree every 20 ms. until(): stop sampling
-    and kill the tree when it returns true. Returns (by-name seconds,
-    wall, exact total or None)."""
+    and kill the tree when it returns true. start(): called after each
+    sample until it returns true; that sample is the baseline, subtracted
+    from every thread (the wall counts from it too). Returns (by-name
+    seconds, wall, exact total or None)."""
     seen, comm_of = {}, {}
+    base = None
     t0 = time.monotonic()
     p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
                          stderr=open(env["TC_ERR"], "w"),
@@ -159,6 +166,9 @@ def run_sampled(argv, env, until=None, timeout=600):
     exact = None
     while True:
         sample(p.pid, seen, comm_of)
+        if start is not None and base is None and start():
+            base = dict(seen)
+            t0 = time.monotonic()
         wpid, status, ru = os.wait4(p.pid, os.WNOHANG)
         if wpid == p.pid:
             exact = ru.ru_utime + ru.ru_stime
@@ -175,6 +185,8 @@ def run_sampled(argv, env, until=None, timeout=600):
             raise SystemExit("%s timed out" % argv[0])
         time.sleep(0.02)
     wall = time.monotonic() - t0
+    if base is not None:
+        seen = {k: v - base.get(k, 0) for k, v in seen.items()}
     return by_name(seen, comm_of, p.pid), wall, exact
 
 
@@ -203,6 +215,10 @@ def main():
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(),
                                                    "spotd-thread-cpu"))
     ap.add_argument("--out")
+    ap.add_argument("--spotd-whole", action="store_true",
+                    help="spotd: count from its start (its start, lease "
+                    "and trainer launch too), not from the checkpoint's "
+                    "appearance")
     a = ap.parse_args()
     builds = a.build or [os.path.join(SRC, "build")]
     bio = {b: (int(b.rsplit(":", 1)[1]) if ":" in b else None) for b in builds}
@@ -242,7 +258,8 @@ def main():
                              "s3://bench/tc/push-%d" % r, "-q"], e)
                         cpu["(unsampled)"] = max(0.0, exact - sum(cpu.values()))
                     else:
-                        cpu, wall = run_spotd(bdir, a.work, data, e, r)
+                        cpu, wall = run_spotd(bdir, a.work, data, e, r,
+                                              whole=a.spotd_whole)
                 except BaseException:
                     srv.kill()
                     raise
@@ -261,13 +278,18 @@ def main():
             f.write("\n".join(lines) + "\n")
 
 
-def run_spotd(build, work, data, env, r):
+def run_spotd(build, work, data, env, r, whole=False):
     wd = os.path.join(work, "spotd-%d" % r)
     subprocess.run(["rm", "-rf", wd], check=True)
     os.makedirs(os.path.join(wd, "ckpt"))
     step = os.path.join(wd, "ckpt", "step-000001")
+    go = os.path.join(wd, "go")
     trainer = ("cp -al '%s' '%s' && : > '%s/SPOTD_COMPLETE' && exec sleep 600"
                % (data, step, step))
+    if not whole:
+        # the checkpoint appears once the baseline is taken (start below)
+        trainer = ("while [ ! -e '%s' ]; do sleep 0.02; done; %s"
+                   % (go, trainer))
     log = os.path.join(wd, "spotd.err")
     env = dict(env, TC_ERR=log)
     argv = [os.path.join(build, "daemon", "spotd"), "run", "--job", "tc-%d" % r,
@@ -282,7 +304,25 @@ def run_spotd(build, work, data, env, r):
                 return b"committed" in f.read()
         except OSError:
             return False
-    cpu, wall, _ = run_sampled(argv, env, until=committed)
+    started = []
+
+    def start():
+        """spotd has started the trainer and idled 0.3 s: the baseline,
+        then the checkpoint."""
+        if not started:
+            try:
+                with open(log, "rb") as f:
+                    if b"trainer pid=" not in f.read():
+                        return False
+            except OSError:
+                return False
+            started.append(time.monotonic())
+        if time.monotonic() - started[0] < 0.3:
+            return False
+        open(go, "w").close()
+        return True
+    cpu, wall, _ = run_sampled(argv, env, until=committed,
+                               start=None if whole else start)
     cpu = {k: v for k, v in cpu.items()
            if not k.startswith(("[sh]", "[cp]", "[sleep]"))}
     return cpu, wall

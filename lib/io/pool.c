@@ -1,6 +1,7 @@
 /* The store's worker pool (pool.h). One mutex guards the two job lists
  * and the thread bookkeeping; the threads wait on one condition variable
- * and hand finished jobs to the loop through one uv_async_t. */
+ * (a thread back from a job hands the next to one waiting there) and hand
+ * finished jobs to the loop through one uv_async_t. */
 #include "io/pool.h"
 
 #include <errno.h>
@@ -70,6 +71,7 @@ worker(void *arg)
 {
   struct spot_pool *p = arg;
   sigset_t all;
+  bool back = false; /* back from a job, not woken from the wait */
 
   /* Signals are the loop's business (uv_signal_t): never run a handler
    * on a worker in the middle of a job. */
@@ -80,10 +82,21 @@ worker(void *arg)
   for (;;) {
     struct job *j;
 
-    while (p->queued == NULL && !p->stopping) {
+    /* A thread back from a job leaves the next one to a thread that
+     * waits for work, when one does, and waits in its turn. With more
+     * threads than cores the threads that happen to be on a core would
+     * otherwise take every job as it is queued while the woken ones
+     * wait for a core: a few threads did most of an upload (6 or 7 of
+     * its 64 parts on one of 16), and their share of the bytes bounds
+     * the node's rate where the cores are many. The hand-over costs a
+     * wake-up per job; a job is a part, milliseconds of work. */
+    while ((p->queued == NULL || (back && p->idle > 0)) && !p->stopping) {
+      if (p->queued != NULL)
+        uv_cond_signal(&p->cond); /* to one that waits: it takes it */
       p->idle++;
       uv_cond_wait(&p->cond, &p->mu);
       p->idle--;
+      back = false;
     }
     if (p->stopping)
       break;
@@ -92,6 +105,8 @@ worker(void *arg)
     p->nqueued--;
     if (p->queued == NULL)
       p->queued_tail = NULL;
+    else if (p->idle > 0)
+      uv_cond_signal(&p->cond); /* more waiting: wake the next taker */
     j->next = p->running;
     p->running = j;
     uv_mutex_unlock(&p->mu);
@@ -100,6 +115,7 @@ worker(void *arg)
     unlink_running(p, j);
     push_tail(&p->done, &p->done_tail, j);
     uv_async_send(&p->async);
+    back = true;
   }
   uv_mutex_unlock(&p->mu);
 }

@@ -7,8 +7,10 @@
  * once per job, in completion order, with status 0 or UV_ECANCELED (a
  * job cancelled before it started). Threads start on demand, one per job
  * waiting with none idle, up to the pool's maximum; an idle thread sleeps
- * on a condition variable and costs no CPU. The store makes one pool per
- * operation, so spotd has none while it waits for a notice.
+ * on a condition variable and costs no CPU. A thread back from a job
+ * leaves the next job to an idle one, if any, so the jobs spread over the
+ * threads even where the threads outnumber the cores. The store makes
+ * one pool per operation, so spotd has none while it waits for a notice.
  *
  * Everything here except the work callbacks runs on the loop's thread. */
 #ifndef SPOT_POOL_H

@@ -21,13 +21,21 @@ included) leaves no torn checkpoint: the previous one stays LATEST.
 
 - The snapshot is a real copy: the optimizer may change the tensors in
   place right after stage() returns. CPU tensors are copied with
-  Tensor.copy_ (torch's intra-op threads); CUDA tensors into pinned host
-  buffers with non_blocking copies and one synchronisation at the end.
+  Tensor.copy_ on several threads (the caller's and a small pool of its
+  own; the threads argument, else $SPOTD_STAGE_THREADS, else the usable
+  CPUs up to MAX_THREADS, divided by torch's intra-op threads), a large
+  tensor in pieces of PIECE bytes so that the threads share it; CUDA
+  tensors into pinned host buffers with non_blocking copies and one
+  synchronisation at the end.
 - The buffers are allocated at the first stage() (or by reserve()) and
   reused while the state keeps its layout (same paths, shapes, dtypes):
-  a fresh buffer pays a page fault per 4 KiB on first touch, a reused one
-  does not. One set of buffers: a stage() while the previous persist
-  still runs waits for it (one line on stderr says so).
+  a fresh buffer pays a page fault per page on first touch, a reused one
+  does not. A CPU buffer of HUGE bytes or more is anonymous memory
+  advised for transparent huge pages (MADV_HUGEPAGE): a fault per 2 MiB
+  instead of per 4 KiB, at the first touch and wherever the kernel or a
+  hypervisor makes the pages fault again. One set of buffers: a stage()
+  while the previous persist still runs waits for it (one line on stderr
+  says so).
 - Bounded: the buffers never exceed the limit (the limit argument, else
   $SPOTD_STAGE_MEMORY: bytes or a size such as 8G or 512M; default half
   the machine's memory). A state that does not fit is saved synchronously
@@ -55,19 +63,26 @@ Reading a staged checkpoint back: torch.load(os.path.join(
 spotd.resume_dir(), spotd.staged.FILENAME)) gives the state as staged.
 """
 import copy
+import itertools
+import mmap
 import os
 import re
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import spotd
 
 __all__ = ["StagedSaver", "StagedSave", "stage", "FILENAME", "ENV_MEMORY",
-           "parse_size"]
+           "ENV_THREADS", "parse_size"]
 
 FILENAME = "state.pt"
 ENV_MEMORY = "SPOTD_STAGE_MEMORY"
+ENV_THREADS = "SPOTD_STAGE_THREADS"
+MAX_THREADS = 8  # the default's cap: a few threads fill the memory bus
+PIECE = 16 << 20  # bytes: a large CPU tensor is copied in pieces this big
+HUGE = 2 << 20  # bytes: a CPU buffer this large is mapped for huge pages
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30,
           "T": 1 << 40}
@@ -89,6 +104,37 @@ def _default_limit():
     except (ValueError, OSError, AttributeError):
         total = 8 << 30
     return total // 2
+
+
+def _threads_arg(threads):
+    """The copy threads asked for (threads=, else $SPOTD_STAGE_THREADS),
+    or None for the default."""
+    if threads is None:
+        env = os.environ.get(ENV_THREADS, "").strip()
+        if not env:
+            return None
+        try:
+            threads = int(env)
+        except ValueError:
+            raise ValueError("%s=%r: not a number of threads"
+                             % (ENV_THREADS, env)) from None
+    if isinstance(threads, bool) or not isinstance(threads, int) or \
+            threads < 1:
+        raise ValueError("StagedSaver: threads must be an integer >= 1, "
+                         "not %r" % (threads,))
+    return int(threads)
+
+
+def default_threads():
+    """The copy threads of a saver given none: the CPUs this process may
+    run on, at most MAX_THREADS, divided by torch's intra-op threads
+    (each copy_ of a thread may use them all), at least 1."""
+    import torch
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_THREADS) // max(1, torch.get_num_threads()))
 
 
 def _gib(n):
@@ -154,10 +200,13 @@ class StagedSaver:
     what the background thread runs to write the snapshot (default
     torch.save); it must leave every file in folder (done() fsyncs them
     before the marker). root: the checkpoints' folder (spotd.ckpt_root()).
+    threads: how many threads copy the CPU tensors in stage(), the
+    caller's included (default $SPOTD_STAGE_THREADS, else
+    default_threads(); 1: the calling thread alone).
     """
 
     def __init__(self, limit=None, filename=FILENAME, writer=None,
-                 root=None):
+                 root=None, threads=None):
         if limit is None:
             env = os.environ.get(ENV_MEMORY)
             limit = parse_size(env) if env else _default_limit()
@@ -166,6 +215,7 @@ class StagedSaver:
         if int(limit) < 0:
             raise ValueError("StagedSaver: limit must be >= 0")
         self.limit = int(limit)
+        self.threads = _threads_arg(threads)  # None: default_threads()
         self.filename = filename
         self.writer = writer or _torch_save
         self.root = root
@@ -301,19 +351,25 @@ class StagedSaver:
 
     def _copy(self, torch, leaves):
         """This saver's buffers for leaves, each holding its tensor's bytes
-        as they are now (CUDA copies queued, then waited for once per
-        device); a leaf without a buffer maps to itself."""
+        as they are now (CUDA copies queued first, CPU tensors copied by
+        the copy threads meanwhile, then the CUDA copies waited for once
+        per device); a leaf without a buffer maps to itself."""
         bufs = self._buffers(leaves)
         devices = set()
+        pieces = []  # (buffer, source) of CPU tensors, large ones split
         for key, t in leaves:
             b = bufs[key]
             if b is t:
                 continue  # no buffer (not strided): cloned in _rebuild
+            t = t.detach()
             if t.is_cuda:
                 devices.add(t.device)
-                b.copy_(t.detach(), non_blocking=True)
+                b.copy_(t, non_blocking=True)
+            elif t.device.type == "cpu":
+                _pieces(b, t, pieces)
             else:
-                b.copy_(t.detach())
+                b.copy_(t)
+        _copy_pieces(pieces, self.threads)
         for dev in devices:  # the copies are queued: wait for them once
             torch.cuda.synchronize(dev)
         return bufs
@@ -361,8 +417,7 @@ class StagedSaver:
                 # kept in _bufs (the user's tensor is no buffer to copy into)
                 out[key] = t
                 continue
-            b = torch.empty(t.shape, dtype=t.dtype, device="cpu",
-                            pin_memory=bool(t.is_cuda))
+            b = _host_empty(torch, t)
             b.zero_()  # the first touch now, not in a checkpoint's stall
             keep[key] = b
             out[key] = b
@@ -391,6 +446,105 @@ def _label(what):
 
 def _nbytes(t):
     return t.numel() * t.element_size()
+
+
+def _host_empty(torch, t):
+    """An uninitialised host tensor shaped as t: pinned for a CUDA tensor;
+    for any other of HUGE bytes or more, anonymous memory advised for huge
+    pages (the tensor keeps the mapping; it is unmapped with the tensor);
+    else, or where that fails, torch.empty."""
+    nbytes = _nbytes(t)
+    if not t.is_cuda and nbytes >= HUGE and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            m = mmap.mmap(-1, nbytes,
+                          flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            try:
+                m.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:
+                pass  # THP off: 4 KiB pages, as torch.empty's
+            return torch.frombuffer(m, dtype=t.dtype,
+                                    count=t.numel()).view(t.shape)
+        except (OSError, ValueError, TypeError, RuntimeError):
+            pass  # a dtype frombuffer lacks, no memory: torch's allocator
+    return torch.empty(t.shape, dtype=t.dtype, device="cpu",
+                       pin_memory=bool(t.is_cuda))
+
+
+def _pieces(b, t, out):
+    """Appends to out the (buffer, source) pairs that copy CPU tensor t
+    into its buffer b: a contiguous tensor larger than PIECE in pieces of
+    about PIECE bytes (flat views of both), so that the copy threads
+    share it; any other whole."""
+    nbytes = _nbytes(t)
+    if nbytes <= PIECE or t.dtype != b.dtype or t.is_quantized or \
+            t.is_conj() or t.is_neg() or not t.is_contiguous() or \
+            not b.is_contiguous():
+        out.append((b, t))
+        return
+    fb, ft = b.view(-1), t.view(-1)
+    n = ft.numel()
+    step = -(-n // -(-nbytes // PIECE))
+    for i in range(0, n, step):
+        out.append((fb[i:i + step], ft[i:i + step]))
+
+
+_pool = {"ex": None, "size": 0, "pid": None}
+_pool_lock = threading.Lock()
+
+
+def _submit(n, fn):
+    """Runs fn on n threads of the process's copy pool (made at the first
+    use, reused, made again larger or after a fork: a child has none of
+    its parent's threads); their futures."""
+    with _pool_lock:
+        ex = _pool["ex"]
+        if ex is None or _pool["size"] < n or _pool["pid"] != os.getpid():
+            if ex is not None and _pool["pid"] == os.getpid():
+                ex.shutdown(wait=False)  # its idle threads end
+            ex = ThreadPoolExecutor(max_workers=n,
+                                    thread_name_prefix="spotd-copy")
+            _pool.update(ex=ex, size=n, pid=os.getpid())
+        return [ex.submit(fn) for _ in range(n)]
+
+
+def _copy_pieces(pieces, threads):
+    """copy_ of every (buffer, source) pair, on threads threads (None:
+    default_threads()), the caller's included; returns once all are
+    copied (raises the first error). copy_ releases the GIL: the threads
+    copy in parallel. A piece is taken by whichever thread is free, so a
+    thread the machine runs less (other processes) holds nobody up."""
+    n = threads or default_threads()
+    n = min(n, len(pieces))
+    if n <= 1 or sum(_nbytes(t) for _, t in pieces) < 2 * PIECE:
+        for b, t in pieces:
+            b.copy_(t)
+        return
+    nxt = itertools.count()  # next() of it is atomic under the GIL
+    stop = []
+
+    def run():
+        while not stop:
+            i = next(nxt)
+            if i >= len(pieces):
+                return
+            b, t = pieces[i]
+            b.copy_(t)
+
+    futs = _submit(n - 1, run)
+    err = None
+    try:
+        run()
+    except BaseException as e:  # noqa: B902 - raised below, once all stop
+        stop.append(1)
+        err = e
+    for f in futs:  # none may still write into the buffers on return
+        try:
+            f.result()
+        except BaseException as e:  # noqa: B902
+            stop.append(1)
+            err = err or e
+    if err is not None:
+        raise err
 
 
 def _is_tensor(x):

@@ -932,6 +932,47 @@ with contextlib.redirect_stderr(err):
         out["next_raised"] = True
 out["fail_line"] = err.getvalue()
 out["sizes"] = [spotd.staged.parse_size(x) for x in ("512M", "8G", "1024")]
+# the copy on threads: a 40 MiB tensor in pieces, an odd-strided one whole
+torch.manual_seed(1)
+big_t = torch.randn(10 << 20)
+odd = torch.randn(64, 48).t()
+ref_big, ref_odd = big_t.clone(), odd.clone()
+mt = spotd.StagedSaver(limit="256M", threads=3, writer=writer)
+gate.clear(); entered.clear()
+hm = mt.stage({"big": big_t, "odd": odd}, step=30)
+out["copy_threads"] = sorted({t.name.rsplit("_", 1)[0] for t in
+                              threading.enumerate()
+                              if t.name.startswith("spotd-copy")})
+big_t.mul_(-1); odd.add_(1)      # the optimizer, in place
+entered.wait(30); gate.set(); hm.wait(30)
+got = torch.load(os.path.join(hm.path, "state.pt"))
+out["mt_equal"] = bool(torch.equal(got["big"], ref_big)) and \
+    bool(torch.equal(got["odd"], ref_odd))
+smaps = open("/proc/self/smaps").read().split("\n")
+addr = mt._bufs[("big",)].data_ptr() if ("big",) in mt._bufs else \
+    next(b.data_ptr() for b in mt._bufs.values() if b.numel() == 10 << 20)
+out["big_advised"] = False
+for i, line in enumerate(smaps):
+    head = line.split(" ", 1)[0]
+    if "-" in head and all(c in "0123456789abcdef-" for c in head):
+        lo, hi = (int(x, 16) for x in head.split("-"))
+        if lo <= addr < hi:
+            for l2 in smaps[i + 1:i + 30]:
+                if l2.startswith("VmFlags:"):
+                    out["big_advised"] = " hg" in l2
+                    break
+            break
+bad = []
+for arg, env in ((0, None), (True, None), (None, "two")):
+    if env is not None:
+        os.environ[spotd.staged.ENV_THREADS] = env
+    try:
+        spotd.StagedSaver(threads=arg)
+        bad.append(None)
+    except ValueError as e:
+        bad.append(str(e))
+    os.environ.pop(spotd.staged.ENV_THREADS, None)
+out["bad_threads"] = bad
 print(json.dumps(out))
 """
 
@@ -983,6 +1024,17 @@ def test_staged(c, tmp):
             "the state at stage() time", what)
     c.check(r["sizes"] == [512 << 20, 8 << 30, 1024],
             "staged: sizes parse (512M, 8G, 1024)", repr(r["sizes"]))
+    c.check(r["copy_threads"] == ["spotd-copy"] and r["mt_equal"],
+            "staged: threads=3 copies on the saver's copy threads, a large "
+            "tensor in pieces and a strided one whole, and saves the state "
+            "at stage() time", what)
+    c.check(r["big_advised"], "staged: a CPU buffer of 2 MiB or more is "
+            "mapped for huge pages (VmFlags hg)", what)
+    bad = r["bad_threads"]
+    c.check(len(bad) == 3 and all(bad) and "threads must be" in bad[0] and
+            "SPOTD_STAGE_THREADS='two'" in bad[2],
+            "staged: threads=0, threads=True and SPOTD_STAGE_THREADS=two "
+            "are refused with a line that says why", repr(bad))
 
 
 def main():

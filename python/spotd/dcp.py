@@ -352,10 +352,12 @@ class StagedSaver(_st.StagedSaver):
     $SPOTD_STAGE_MEMORY, else half the machine's memory; 0: always
     synchronous). storage_writer(path): the DCP StorageWriter to write
     with (default DCP's FileSystemWriter(path)). root: the checkpoints'
-    folder (spotd.ckpt_root())."""
+    folder (spotd.ckpt_root()). threads: the copy threads (see
+    spotd.StagedSaver)."""
 
-    def __init__(self, limit=None, storage_writer=None, root=None):
-        super().__init__(limit=limit, root=root)
+    def __init__(self, limit=None, storage_writer=None, root=None,
+                 threads=None):
+        super().__init__(limit=limit, root=root, threads=threads)
         self.storage_writer = storage_writer
 
     def _leaves(self, state_dict):

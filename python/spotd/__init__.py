@@ -610,6 +610,38 @@ def _call(cmd, args, timeout):
         return None
 
 
+def _write_file(name, body, flags):
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | flags, 0o644)
+    try:
+        while body:
+            body = body[os.write(fd, body):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_marker(path, body):
+    """Writes path/SPOTD_COMPLETE whole: body into a file beside the folder
+    whose name starts with a dot (spotd never takes one for a checkpoint),
+    fsynced, then renamed into the folder. spotd may read the marker the
+    moment it appears: written in place, it could be read empty between
+    its creation and the write, and a folder named checkpoint-N would
+    then be committed with no step. In place only where the rename cannot
+    be done (the folder on another file system, a parent not writable)."""
+    tmp = os.path.join(os.path.dirname(path), ".spotd-marker-%d-%d" % (
+        os.getpid(), threading.get_ident()))
+    try:
+        _write_file(tmp, body, os.O_TRUNC)
+        os.rename(tmp, os.path.join(path, MARKER))
+        return
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+    _write_file(os.path.join(path, MARKER), body, os.O_TRUNC)
+
+
 def done(path, strict=True, step=None):
     """Marks the checkpoint folder path complete, as `spotctl done` does:
     fsyncs everything in it, creates SPOTD_COMPLETE (fsynced, with the
@@ -628,15 +660,7 @@ def done(path, strict=True, step=None):
             raise ValueError("done(): step must be >= 0, not %d" % step)
         body = b"step=%d\n" % step
     _fsync_tree(path)
-    marker = os.path.join(path, MARKER)
-    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                 0o644)
-    try:
-        while body:
-            body = body[os.write(fd, body):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _write_marker(path, body)
     _fsync_path(path, directory=True)
     _fsync_path(os.path.dirname(path), directory=True)
     ans = _notify(path)

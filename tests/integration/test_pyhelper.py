@@ -89,17 +89,23 @@ def env(**kv):
 
 @contextlib.contextmanager
 def fsync_recorder(events):
-    """Records ("fsync", path) for every os.fsync in the block."""
-    real = os.fsync
+    """Records ("fsync", path) for every os.fsync in the block, and
+    ("create", path) for every os.open that may create a file."""
+    real, real_open = os.fsync, os.open
 
     def rec(fd):
         events.append(("fsync", os.readlink("/proc/self/fd/%d" % fd)))
         return real(fd)
-    os.fsync = rec
+
+    def rec_open(path, flags, *a, **kw):
+        if flags & os.O_CREAT:
+            events.append(("create", os.path.abspath(path)))
+        return real_open(path, flags, *a, **kw)
+    os.fsync, os.open = rec, rec_open
     try:
         yield
     finally:
-        os.fsync = real
+        os.fsync, os.open = real, real_open
 
 
 NO_SPOTD = dict(SPOTD_CKPT_DIR=None, SPOTD_RESUME_DIR=None, SPOTD_SOCKET=None,
@@ -135,8 +141,18 @@ def test_complete_after_files(c, tmp):
             pass
     c.check(ck2.name == "step-000007-1",
             "a taken name gets a suffix (folder never reused)", ck2.name)
-    synced = [p for _, p in events]
-    first_marker = synced.index(marker) if marker in synced else -1
+    synced = [p for k, p in events if k == "fsync"]
+    created = [p for k, p in events if k == "create"]
+    # the marker's body is written into a hidden file beside the folder,
+    # fsynced, then renamed into place: it never appears empty
+    tmps = [p for p in synced if os.path.dirname(p) == root and
+            os.path.basename(p).startswith(".spotd-marker-")]
+    c.check(marker not in created and len(tmps) >= 1 and not [
+        n for n in os.listdir(root) if n.startswith(".")],
+            "the marker is renamed into place whole (never created empty "
+            "in the folder), nothing left beside it", "\n".join(
+                "%s %s" % e for e in events))
+    first_marker = synced.index(tmps[0]) if tmps else -1
     for p in ("model.pt", "extra.bin", "sub/opt.pt", "sub", ""):
         full = os.path.normpath(os.path.join(ck.path, p))
         c.check(full in synced[:first_marker],

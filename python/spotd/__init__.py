@@ -610,8 +610,10 @@ def _call(cmd, args, timeout):
         return None
 
 
-def _write_file(name, body, flags):
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | flags, 0o644)
+def _write_file(name, body):
+    """Writes body into file name (made or truncated) and fsyncs it."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                 0o644)
     try:
         while body:
             body = body[os.write(fd, body):]
@@ -631,7 +633,7 @@ def _write_marker(path, body):
     tmp = os.path.join(os.path.dirname(path), ".spotd-marker-%d-%d" % (
         os.getpid(), threading.get_ident()))
     try:
-        _write_file(tmp, body, os.O_TRUNC)
+        _write_file(tmp, body)
         os.rename(tmp, os.path.join(path, MARKER))
         return
     except OSError:
@@ -639,7 +641,7 @@ def _write_marker(path, body):
             os.unlink(tmp)
         except OSError:
             pass
-    _write_file(os.path.join(path, MARKER), body, os.O_TRUNC)
+    _write_file(os.path.join(path, MARKER), body)
 
 
 def done(path, strict=True, step=None):
